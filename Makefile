@@ -1,0 +1,23 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test run bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+run: $(STAMP)
+	$(PY) examples/two_nodes.py
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) *.egg-info

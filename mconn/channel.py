@@ -1,0 +1,244 @@
+"""Channels: descriptors, send queues, chunking, reassembly and the priority scheduler.
+
+Theory of operation (specs/wire.md section 4, specs/scheduling.md).
+
+Sending. Each channel holds up to ``send_queue_capacity`` whole messages plus the one
+being cut into packets. Every packet but a message's last carries exactly the negotiated
+payload size. The next packet comes from the pending channel with the lowest
+``recently_sent / priority``. ``recently_sent`` counts the bytes a channel put on the wire
+(headers included) and decays continuously, ``exp(-dt / DECAY_TAU)`` (the reference
+multiplies by 0.8 every 2 s, a step every 2 s; ours is the same average decay without
+the steps). Decaying every channel on every packet would cost O(channels); instead every
+channel stores ``recently_sent * exp((t - epoch) / tau)`` so that one common factor
+decays them all at once, and comparisons need no decay at all. When the factor grows
+large the stored values are rescaled.
+
+Once a channel is chosen it keeps the wire while its ratio stays at or below the
+runner-up's: the greedy choice per packet, computed per run of packets.
+
+Receiving. Payloads append to a per-channel bytearray until eof; a message is checked
+against ``recv_message_capacity`` before its bytes are kept.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+
+from mconn.errors import MessageTooLarge
+
+#: Time constant of the recently_sent decay, in seconds: 0.8 per 2 s on average.
+DECAY_TAU = 2.0 / math.log(1.25)
+_RESCALE_AT = 1e12
+
+#: Default largest reassembled message (21 MiB, CometBFT's RecvMessageCapacity).
+DEFAULT_RECV_MESSAGE_CAPACITY = 22020096
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChannelDescriptor:
+    """What a reactor declares about one of its channels.
+
+    :param id: the channel's byte id (0..255), unique across a Switch's reactors.
+    :param priority: relative share of bandwidth under contention (>= 1).
+    :param send_queue_capacity: whole messages queued per peer before ``try_send``
+        returns False (the one being sent is not counted).
+    :param recv_message_capacity: the largest reassembled message accepted.
+    """
+
+    id: int
+    priority: int = 1
+    send_queue_capacity: int = 1
+    recv_message_capacity: int = DEFAULT_RECV_MESSAGE_CAPACITY
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.id, int) or not 0 <= self.id <= 255:
+            raise ValueError(f"channel id must be an integer in 0..255, got {self.id!r}")
+        if not isinstance(self.priority, int) or self.priority < 1:
+            raise ValueError(f"channel {self.id:#04x}: priority must be an integer >= 1, got {self.priority!r}")
+        if not isinstance(self.send_queue_capacity, int) or self.send_queue_capacity < 1:
+            raise ValueError(
+                f"channel {self.id:#04x}: send_queue_capacity must be an integer >= 1, "
+                f"got {self.send_queue_capacity!r}"
+            )
+        if not isinstance(self.recv_message_capacity, int) or self.recv_message_capacity < 0:
+            raise ValueError(
+                f"channel {self.id:#04x}: recv_message_capacity must be an integer >= 0, "
+                f"got {self.recv_message_capacity!r}"
+            )
+
+
+def msg_header(channel_id: int, eof: bool, length: int) -> bytes:
+    """The bytes of a msg packet before its payload: 03 | ch | eof | uvarint length."""
+    size = (length.bit_length() + 7) // 8
+    return bytes((3, channel_id, 1 if eof else 0, size)) + length.to_bytes(size, "big")
+
+
+class ChannelStats:
+    """Counters of one channel on one connection."""
+
+    __slots__ = ("bytes_sent", "messages_sent", "bytes_received", "messages_received")
+
+    def __init__(self) -> None:
+        self.bytes_sent = 0
+        self.messages_sent = 0
+        self.bytes_received = 0
+        self.messages_received = 0
+
+
+class Channel:
+    """Per-connection state of one channel: its queue, its current message, reassembly."""
+
+    __slots__ = (
+        "id", "priority", "capacity", "recv_capacity", "queue", "sending", "offset",
+        "stored_sent", "receiving", "stats", "_full_header", "_full_payload",
+    )
+
+    def __init__(self, desc: ChannelDescriptor) -> None:
+        self.id = desc.id
+        self.priority = desc.priority
+        self.capacity = desc.send_queue_capacity
+        self.recv_capacity = desc.recv_message_capacity
+        self.queue: collections.deque[bytes] = collections.deque()
+        self.sending: memoryview | None = None
+        self.offset = 0
+        self.stored_sent = 0.0
+        self.receiving = bytearray()
+        self.stats = ChannelStats()
+        self._full_header = b""
+        self._full_payload = -1
+
+    @property
+    def queue_depth(self) -> int:
+        """Messages waiting, counting the one being sent."""
+        return len(self.queue) + (self.sending is not None)
+
+    @property
+    def is_pending(self) -> bool:
+        return self.sending is not None or bool(self.queue)
+
+    def enqueue(self, message: bytes) -> bool:
+        """Queue a whole message; False when ``send_queue_capacity`` are already waiting."""
+        if len(self.queue) >= self.capacity:
+            return False
+        self.queue.append(message)
+        return True
+
+    def emit(self, parts: list, payload: int, budget: int) -> tuple[int, int]:
+        """Append packets of the current message to ``parts`` until ``budget`` wire bytes.
+
+        Returns ``(wire_bytes, messages_finished)``. At least one packet is emitted.
+        """
+        if self.sending is None:
+            self.sending = memoryview(self.queue.popleft())
+            self.offset = 0
+        mv = self.sending
+        offset = self.offset
+        total = len(mv)
+        if self._full_payload != payload:
+            self._full_header = msg_header(self.id, False, payload)
+            self._full_payload = payload
+        full = self._full_header
+        wire = 0
+        finished = 0
+        while True:
+            remaining = total - offset
+            if remaining > payload:
+                parts.append(full)
+                parts.append(mv[offset : offset + payload])
+                offset += payload
+                wire += len(full) + payload
+            else:
+                header = msg_header(self.id, True, remaining)
+                parts.append(header)
+                if remaining:
+                    parts.append(mv[offset:])
+                wire += len(header) + remaining
+                finished += 1
+                self.stats.messages_sent += 1
+                if not self.queue or wire >= budget:
+                    self.sending = None
+                    break
+                mv = self.sending = memoryview(self.queue.popleft())
+                offset = 0
+                total = len(mv)
+                continue
+            if wire >= budget:
+                break
+        self.offset = offset
+        self.stats.bytes_sent += wire
+        return wire, finished
+
+    def reassemble(self, eof: int, data: memoryview) -> bytes | None:
+        """Add one packet's payload; the whole message once ``eof`` is set."""
+        buf = self.receiving
+        if len(buf) + len(data) > self.recv_capacity:
+            size = len(buf) + len(data)
+            buf.clear()
+            raise MessageTooLarge(
+                f"message on channel {self.id:#04x} reached {size} bytes, over its "
+                f"recv_message_capacity {self.recv_capacity}"
+            )
+        self.stats.bytes_received += len(data)
+        if eof:
+            self.stats.messages_received += 1
+            if not buf:
+                return bytes(data)
+            buf += data
+            message = bytes(buf)
+            buf.clear()
+            return message
+        buf += data
+        return None
+
+
+class Scheduler:
+    """Chooses which channel's packets go out next (see the theory of operation above)."""
+
+    def __init__(self, channels: list[Channel], now: float) -> None:
+        self.channels = channels
+        self._epoch = now
+
+    def pending(self) -> bool:
+        return any(c.is_pending for c in self.channels)
+
+    def recently_sent(self, channel: Channel, now: float) -> float:
+        """The decayed byte count of ``channel`` at ``now`` (for statistics and tests)."""
+        return channel.stored_sent * math.exp(-(now - self._epoch) / DECAY_TAU)
+
+    def next_packets(self, now: float, payload: int, budget: int) -> tuple[list, int]:
+        """Packets worth about ``budget`` wire bytes, as a list of byte parts to join.
+
+        Returns ``(parts, wire_bytes)``; ``parts`` is empty when nothing is pending.
+        """
+        scale = math.exp((now - self._epoch) / DECAY_TAU)
+        if scale > _RESCALE_AT:
+            for c in self.channels:
+                c.stored_sent /= scale
+            self._epoch = now
+            scale = 1.0
+        parts: list = []
+        sent = 0
+        pending = [c for c in self.channels if c.sending is not None or c.queue]
+        while pending and sent < budget:
+            if len(pending) == 1:
+                chosen = pending[0]
+                limit = budget - sent
+            else:
+                # Lowest ratio wins; ties go to the channel declared first.
+                chosen = min(pending, key=_ratio)
+                runner_up = min((c for c in pending if c is not chosen), key=_ratio)
+                # Bytes the chosen channel may send before its ratio passes the runner-up's.
+                room = (_ratio(runner_up) - _ratio(chosen)) * chosen.priority / scale
+                limit = max(1, min(budget - sent, int(room)))
+            wire, _ = chosen.emit(parts, payload, limit)
+            chosen.stored_sent += wire * scale
+            sent += wire
+            if not chosen.is_pending:
+                pending.remove(chosen)
+        return parts, sent
+
+
+def _ratio(channel: Channel) -> float:
+    return channel.stored_sent / channel.priority

@@ -1,0 +1,80 @@
+"""Config: every tunable of a Switch and its connections, validated once.
+
+Defaults follow CometBFT where its users did not complain about them
+(../shared/research/mconn-anchors.md section 2.1) and say so where they differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+#: Largest max_packet_payload accepted in a Config (go-wire allows more; buffers do not).
+MAX_PACKET_PAYLOAD_LIMIT = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Config:
+    """Settings of a Switch; every field is keyword-only and checked in ``__post_init__``.
+
+    Times are seconds, rates bytes per second (None: unlimited).
+    """
+
+    #: Send a ping after this long with nothing received.
+    ping_interval: float = 60.0
+    #: After a ping, the connection is dead if nothing at all arrives within this.
+    pong_timeout: float = 45.0
+    #: Largest payload of one msg packet we send and accept; both sides use the smaller.
+    max_packet_payload: int = 1024
+    #: How long ``Peer.send`` waits for room in a full queue before it fires False.
+    send_timeout: float = 10.0
+    #: From connection made to the peer's hello accepted.
+    handshake_timeout: float = 10.0
+    #: Per TCP connection attempt of ``Switch.dial``.
+    dial_timeout: float = 3.0
+    max_inbound_peers: int = 40
+    max_outbound_peers: int = 10
+    send_rate: float | None = None
+    recv_rate: float | None = None
+    #: Largest hello body accepted, checked before it is buffered.
+    max_hello_size: int = 4096
+    #: Largest body of any other extension packet (close, ...), checked before buffering.
+    max_control_size: int = 1024
+    #: Wire bytes the scheduler hands the transport per call (the transport's
+    #: IPushProducer pause stops it earlier).
+    write_batch_bytes: int = 65536
+    #: Period of the per-channel statistics telemetry event (0 disables it).
+    stats_interval: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout"):
+            _check_positive(name, getattr(self, name))
+        _check_int(
+            "max_packet_payload", self.max_packet_payload, 1, MAX_PACKET_PAYLOAD_LIMIT
+        )
+        _check_int("max_inbound_peers", self.max_inbound_peers, 0)
+        _check_int("max_outbound_peers", self.max_outbound_peers, 0)
+        _check_int("max_hello_size", self.max_hello_size, 64)
+        _check_int("max_control_size", self.max_control_size, 64)
+        _check_int("write_batch_bytes", self.write_batch_bytes, 1)
+        for name in ("send_rate", "recv_rate"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_positive(name, value)
+        if not isinstance(self.stats_interval, (int, float)) or self.stats_interval < 0:
+            raise ValueError(f"Config.stats_interval must be >= 0, got {self.stats_interval!r}")
+
+    def replace(self, **changes) -> "Config":
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"Config.{name} must be a positive finite number, got {value!r}")
+
+
+def _check_int(name: str, value, low: int, high: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bound = f"in {low}..{high}" if high is not None else f">= {low}"
+        raise ValueError(f"Config.{name} must be an integer {bound}, got {value!r}")

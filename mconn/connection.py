@@ -1,0 +1,297 @@
+"""The MConnection state machine, sans I/O: bytes and ``now`` in, events and bytes out.
+
+The Twisted adapter (protocol.py) feeds ``receive_data``, writes ``data_to_send``, and
+calls ``handle_timeout`` at ``next_deadline()``. Nothing here reads a clock or touches a
+socket (STYLE.md 1).
+
+States and transitions are the table ``TRANSITIONS`` (specs/connection.md section 1 is
+derived from it); a (state, input) pair missing from it is a protocol error.
+
+Keepalive (specs/connection.md section 3): after ``ping_interval`` with nothing received a
+ping goes out; if nothing at all arrives within ``pong_timeout`` after it, the connection
+failed. Only received bytes prove the peer alive. Every ping is answered with a pong, and
+control packets go out before data.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from mconn.channel import Channel, ChannelDescriptor, Scheduler
+from mconn.config import Config
+from mconn.errors import (
+    HandshakeTimeout,
+    LocalProtocolError,
+    PongTimeout,
+    RemoteProtocolError,
+    UnexpectedPacket,
+    UnknownChannel,
+    UnknownPacketType,
+)
+from mconn.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived, PongReceived
+from mconn.frame_buffer import MSG, PING, PONG, FrameBuffer
+from mconn.handshake import check_hello
+from mconn.rate import TokenBucket
+from mconn.wire import FIRST_OPTIONAL_TYPE, Hello, PacketType, decode_close, decode_hello, encode_close, encode_extension, encode_hello
+
+#: Close texts are cut to this many characters so that they fit max_control_size.
+CLOSE_TEXT_LIMIT = 200
+PING_BYTES = bytes([PING])
+PONG_BYTES = bytes([PONG])
+
+
+class State(enum.Enum):
+    HANDSHAKING = "handshaking"  # our hello is out; waiting for theirs
+    OPEN = "open"
+    CLOSING = "closing"  # we sent a close packet
+    CLOSED = "closed"
+
+
+class Input(enum.Enum):
+    HELLO = "hello"
+    MSG = "msg"
+    PING = "ping"
+    PONG = "pong"
+    CLOSE_RECEIVED = "close received"
+    CLOSE_SENT = "close sent"
+
+
+S, I = State, Input
+#: (state, input) -> next state. Anything missing is a protocol error.
+TRANSITIONS: dict[tuple[State, Input], State] = {
+    (S.HANDSHAKING, I.HELLO): S.OPEN,
+    (S.HANDSHAKING, I.CLOSE_RECEIVED): S.CLOSED,
+    (S.HANDSHAKING, I.CLOSE_SENT): S.CLOSING,
+    (S.OPEN, I.MSG): S.OPEN,
+    (S.OPEN, I.PING): S.OPEN,
+    (S.OPEN, I.PONG): S.OPEN,
+    (S.OPEN, I.CLOSE_RECEIVED): S.CLOSED,
+    (S.OPEN, I.CLOSE_SENT): S.CLOSING,
+    # After our close, the peer's last packets are read and ignored.
+    (S.CLOSING, I.MSG): S.CLOSING,
+    (S.CLOSING, I.PING): S.CLOSING,
+    (S.CLOSING, I.PONG): S.CLOSING,
+    (S.CLOSING, I.HELLO): S.CLOSING,
+    (S.CLOSING, I.CLOSE_RECEIVED): S.CLOSED,
+}
+del S, I
+
+_INPUT_OF_TYPE = {PING: Input.PING, PONG: Input.PONG, MSG: Input.MSG}
+
+
+class Connection:
+    """One MConnection between us and a peer, as a plain object.
+
+    :param config: limits and timers.
+    :param hello: what we announce (handshake.make_hello).
+    :param channels: our channel descriptors, in priority tie-break order.
+    :param now: the current time, in seconds, from the caller's clock.
+    """
+
+    def __init__(self, *, config: Config, hello: Hello, channels: list[ChannelDescriptor], now: float) -> None:
+        self.config = config
+        self.hello = hello
+        self.state = State.HANDSHAKING
+        self.peer_hello: Hello | None = None
+        self.max_packet_payload = config.max_packet_payload
+        self.channels: dict[int, Channel] = {d.id: Channel(d) for d in channels}
+        self._scheduler = Scheduler(list(self.channels.values()), now)
+        self._buffer = FrameBuffer(
+            max_payload=config.max_packet_payload,
+            default_extension_limit=config.max_control_size,
+            extension_limits={PacketType.HELLO: config.max_hello_size},
+        )
+        self._control: list[bytes] = [encode_extension(PacketType.HELLO, encode_hello(hello))]
+        self._started = now
+        self._last_received = now
+        self._ping_sent_at: float | None = None
+        self._send_bucket = TokenBucket(config.send_rate, now) if config.send_rate else None
+        self._recv_bucket = TokenBucket(config.recv_rate, now) if config.recv_rate else None
+        self.bytes_received = 0
+        self.bytes_sent = 0
+        self.error: RemoteProtocolError | None = None
+
+    # -- inbound -----------------------------------------------------------------
+
+    def receive_data(self, data: bytes, now: float) -> list:
+        """Feed bytes from the transport; returns the events they complete.
+
+        A protocol violation ends the list with ConnectionFailed; the events before it
+        (whole messages that arrived before the bad bytes) are still valid.
+        """
+        if self.state is State.CLOSED or not data:
+            return []
+        self._last_received = now
+        self.bytes_received += len(data)
+        if self._recv_bucket is not None:
+            self._recv_bucket.spend(len(data), now)
+        events: list = []
+        packets, error = self._buffer.feed(data)
+        while True:
+            try:
+                self._process(packets, events, now)
+            except RemoteProtocolError as e:
+                error = e
+            if error is not None:
+                self._fail(error, events)
+                break
+            if not self._buffer.paused:
+                break
+            # Decoding paused after an extension packet (limits may have changed): go on.
+            packets, error = self._buffer.feed(b"")
+        return events
+
+    def _process(self, packets: list, events: list, now: float) -> None:
+        channels = self.channels
+        append = events.append
+        for packet in packets:
+            kind = packet[0]
+            if kind == MSG and self.state is State.OPEN:
+                _, channel_id, eof, data = packet
+                channel = channels.get(channel_id)
+                if channel is None:
+                    raise UnknownChannel(
+                        f"msg packet on channel {channel_id:#04x}, which this node does not have "
+                        f"(channels: {', '.join(f'{c:#04x}' for c in channels) or 'none'})"
+                    )
+                message = channel.reassemble(eof, data)
+                if message is not None:
+                    append(MessageReceived(channel_id=channel_id, message=message))
+                continue
+            if kind in _INPUT_OF_TYPE:
+                self._transition(_INPUT_OF_TYPE[kind], packet)
+                if self.state is not State.OPEN:
+                    continue  # closing: read and ignore
+                if kind == PING:
+                    self._control.append(PONG_BYTES)
+                elif self._ping_sent_at is not None:
+                    append(PongReceived(round_trip=now - self._ping_sent_at))
+                    self._ping_sent_at = None
+            elif kind == PacketType.HELLO:
+                self._transition(Input.HELLO, packet)
+                if self.state is State.OPEN:
+                    self._open(decode_hello(packet[1]), events)
+            elif kind == PacketType.CLOSE:
+                code, text = decode_close(packet[1])
+                self._transition(Input.CLOSE_RECEIVED, packet)
+                append(CloseReceived(code=code, text=text))
+            elif kind >= FIRST_OPTIONAL_TYPE:
+                continue  # an optional extension we do not know: step over it
+            else:
+                raise UnknownPacketType(f"unknown critical extension packet type {kind:#04x}")
+
+    def _transition(self, event: Input, packet: tuple) -> None:
+        new = TRANSITIONS.get((self.state, event))
+        if new is None:
+            if event is Input.MSG and self.state is State.HANDSHAKING:
+                raise UnexpectedPacket(f"msg packet on channel {packet[1]:#04x} before the hello")
+            raise UnexpectedPacket(f"{event.value} packet not allowed while the connection is {self.state.value}")
+        self.state = new
+
+    def _open(self, hello: Hello, events: list) -> None:
+        self.max_packet_payload = check_hello(self.hello, hello)
+        self._buffer.max_payload = self.max_packet_payload
+        self.peer_hello = hello
+        events.append(HelloReceived(hello=hello, max_packet_payload=self.max_packet_payload))
+
+    def _fail(self, error: RemoteProtocolError, events: list) -> None:
+        """The connection is over; the only thing left to send is a close naming why."""
+        self.error = error
+        self.state = State.CLOSED
+        text = str(error)[:CLOSE_TEXT_LIMIT]
+        self._control[:] = [encode_extension(PacketType.CLOSE, encode_close(type(error).__name__, text))]
+        events.append(ConnectionFailed(error=error))
+
+    # -- outbound ----------------------------------------------------------------
+
+    def queue_message(self, channel_id: int, message: bytes) -> bool:
+        """Queue a whole message on one of our channels; False when its queue is full."""
+        if self.state is not State.OPEN:
+            raise LocalProtocolError(f"cannot send on channel {channel_id:#04x}: connection is {self.state.value}")
+        channel = self.channels.get(channel_id)
+        if channel is None:
+            raise LocalProtocolError(f"channel {channel_id:#04x} is not one of this connection's channels")
+        return channel.enqueue(message)
+
+    def close(self, code: str, text: str = "") -> None:
+        """Queue a close packet; nothing but it goes out afterwards."""
+        if self.state in (State.CLOSING, State.CLOSED):
+            return
+        self.state = TRANSITIONS[(self.state, Input.CLOSE_SENT)]
+        self._control.append(encode_extension(PacketType.CLOSE, encode_close(code, text[:CLOSE_TEXT_LIMIT])))
+
+    def wants_to_send(self) -> bool:
+        return bool(self._control) or (self.state is State.OPEN and self._scheduler.pending())
+
+    def data_to_send(self, now: float, budget: int | None = None) -> bytes:
+        """The next bytes for the transport: control packets first, then scheduled data.
+
+        ``budget`` caps the data bytes (default ``config.write_batch_bytes``); send_rate
+        caps it further. Returns b"" when there is nothing to send now.
+        """
+        parts: list = []
+        if self._control:
+            parts.extend(self._control)
+            self._control.clear()
+        if self.state is State.OPEN:
+            limit = self.config.write_batch_bytes if budget is None else budget
+            if self._send_bucket is not None:
+                limit = min(limit, int(self._send_bucket.available(now)))
+            if limit > 0:
+                data, sent = self._scheduler.next_packets(now, self.max_packet_payload, limit)
+                if sent:
+                    parts.extend(data)
+                    if self._send_bucket is not None:
+                        self._send_bucket.spend(sent, now)
+        if not parts:
+            return b""
+        out = b"".join(parts)
+        self.bytes_sent += len(out)
+        return out
+
+    # -- time --------------------------------------------------------------------
+
+    def next_deadline(self) -> float | None:
+        """When ``handle_timeout`` must next be called (None: no timer needed)."""
+        if self.state is State.CLOSED:
+            return None
+        if self.state is State.HANDSHAKING:
+            return self._started + self.config.handshake_timeout
+        if self._awaiting_pong():
+            deadline = self._ping_sent_at + self.config.pong_timeout
+        else:
+            deadline = self._last_received + self.config.ping_interval
+        if self._send_bucket is not None and self._scheduler.pending():
+            deadline = min(deadline, self._send_bucket.ready_time())
+        return deadline
+
+    def _awaiting_pong(self) -> bool:
+        """A ping is out and nothing at all has arrived since."""
+        return self._ping_sent_at is not None and self._last_received < self._ping_sent_at
+
+    def receive_ready_at(self, now: float) -> float:
+        """When recv_rate allows reading again (``now`` when it does already)."""
+        return now if self._recv_bucket is None else max(now, self._recv_bucket.ready_time())
+
+    def handle_timeout(self, now: float) -> list:
+        """Run the timers that are due; returns the events they cause."""
+        events: list = []
+        if self.state is State.HANDSHAKING and now >= self._started + self.config.handshake_timeout:
+            self._fail(
+                HandshakeTimeout(f"no hello from the peer within handshake_timeout {self.config.handshake_timeout}s"),
+                events,
+            )
+        elif self.state is State.OPEN:
+            if self._awaiting_pong():
+                if now >= self._ping_sent_at + self.config.pong_timeout:
+                    self._fail(
+                        PongTimeout(
+                            f"nothing received within pong_timeout {self.config.pong_timeout}s after our ping "
+                            f"(last data {now - self._last_received:.3f}s ago)"
+                        ),
+                        events,
+                    )
+            elif now >= self._last_received + self.config.ping_interval:
+                self._ping_sent_at = now
+                self._control.append(PING_BYTES)
+        return events

@@ -1,0 +1,108 @@
+"""The one family of mconn errors.
+
+``MConnError`` is the root. ``LocalProtocolError`` means the caller misused the API;
+``RemoteProtocolError`` means the peer misbehaved and its connection is dropped. Every
+message names what was wrong and the values involved (specs/wire.md, specs/handshake.md).
+"""
+
+
+class MConnError(Exception):
+    """Base class of every error mconn raises."""
+
+
+class ProtocolError(MConnError):
+    """The MConnection protocol was violated, by one side or the other."""
+
+
+class LocalProtocolError(ProtocolError):
+    """This side misused the API (for example, sent on a closed connection)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent something the protocol forbids; its connection is closed."""
+
+
+class MalformedPacket(RemoteProtocolError):
+    """A packet's bytes do not follow specs/wire.md."""
+
+
+class UnknownPacketType(MalformedPacket):
+    """A packet type byte that this node does not know and may not skip."""
+
+
+class PacketTooLarge(MalformedPacket):
+    """A declared length exceeds the limit for its packet type."""
+
+
+class UnexpectedPacket(RemoteProtocolError):
+    """A well-formed packet arrived in a state that does not allow it."""
+
+
+class UnknownChannel(RemoteProtocolError):
+    """A msg packet named a channel this node does not have."""
+
+
+class MessageTooLarge(RemoteProtocolError):
+    """A reassembled message grew past the channel's recv_message_capacity."""
+
+
+class HandshakeError(RemoteProtocolError):
+    """The hello was malformed, incompatible, or did not arrive in time."""
+
+
+class HandshakeTimeout(HandshakeError):
+    """No hello within handshake_timeout."""
+
+
+class IncompatiblePeer(HandshakeError):
+    """The peer's hello is well-formed but cannot work with ours."""
+
+
+class PongTimeout(RemoteProtocolError):
+    """Nothing was received within pong_timeout after a ping."""
+
+
+class PeerRejected(MConnError):
+    """The Switch refused a peer (duplicate, self, limits, id mismatch).
+
+    ``reason`` is a short stable word (``duplicate``, ``self``, ``inbound_limit``...)
+    that telemetry and close packets carry.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class PeerIdMismatch(PeerRejected):
+    """The peer's node id is not the one that was dialed."""
+
+    def __init__(self, expected: str, actual: str) -> None:
+        super().__init__(
+            "id_mismatch",
+            f"dialed node id {expected} but the peer says it is {actual}",
+        )
+        self.expected = expected
+        self.actual = actual
+
+
+class PeerClosed(MConnError):
+    """The peer closed the connection on purpose with a close packet."""
+
+    def __init__(self, code: str, text: str) -> None:
+        super().__init__(f"peer closed the connection: {code}" + (f" ({text})" if text else ""))
+        self.code = code
+        self.text = text
+
+
+class ConnectionLost(MConnError):
+    """The transport went away without a close packet."""
+
+
+class ConnectionClosed(MConnError):
+    """This side closed the connection (``peer.close`` or the Switch stopping)."""
+
+    def __init__(self, code: str, text: str = "") -> None:
+        super().__init__(f"closed by this node: {code}" + (f" ({text})" if text else ""))
+        self.code = code
+        self.text = text

@@ -1,0 +1,52 @@
+"""Events: the facts the sans-I/O core reports (STYLE.md 6).
+
+Each is a frozen, keyword-only dataclass named in the past tense. The Twisted adapter
+(protocol.py) dispatches on their type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mconn.errors import RemoteProtocolError
+from mconn.wire import Hello
+
+_event = dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+
+
+@_event
+class HelloReceived:
+    """The peer's hello arrived and is compatible; the connection is open."""
+
+    hello: Hello
+    max_packet_payload: int
+
+
+@_event
+class MessageReceived:
+    """A whole message was reassembled on a channel."""
+
+    channel_id: int
+    message: bytes
+
+
+@_event
+class PongReceived:
+    """A pong answered our ping after ``round_trip`` seconds."""
+
+    round_trip: float
+
+
+@_event
+class CloseReceived:
+    """The peer closed the connection on purpose (specs/wire.md section 3.2)."""
+
+    code: str
+    text: str
+
+
+@_event
+class ConnectionFailed:
+    """The peer broke the protocol or went silent; the connection is over."""
+
+    error: RemoteProtocolError

@@ -1,0 +1,170 @@
+"""Bytes in, whole packets out: the incremental decoder of the inbound stream.
+
+Theory of operation. MConnection packets carry no outer length (specs/wire.md section 2),
+so the buffer walks each packet's header as bytes arrive: the type byte; for a msg
+packet the channel, eof and go-wire length; for an extension packet its length. Every
+length is checked against its limit *before* a byte of the body is kept (STYLE.md 5), and
+every header byte is validated as soon as it arrives, so a one-byte-at-a-time stream
+fails at the same byte as a whole one. Only an incomplete packet's bytes stay buffered
+between calls, so the buffer never holds more than one packet's header plus its limit.
+
+Decoded packets are plain tuples for speed; tests/core/test_codec_equivalence.py proves
+this decoder agrees with the construct declarations of wire.py:
+
+    (PING,)  (PONG,)  (MSG, channel_id, eof, data: memoryview)  (type, body: bytes)
+"""
+
+from __future__ import annotations
+
+from mconn.errors import MalformedPacket, PacketTooLarge, UnknownPacketType
+from mconn.wire import FIRST_EXTENSION_TYPE, MAX_UVARINT_SIZE, PacketType
+
+PING = PacketType.PING.value
+PONG = PacketType.PONG.value
+MSG = PacketType.MSG.value
+
+_PING_PACKET = (PING,)
+_PONG_PACKET = (PONG,)
+
+
+class FrameBuffer:
+    """Splits the inbound byte stream into packets, enforcing size limits early.
+
+    :param max_payload: the largest msg packet payload accepted.
+    :param extension_limits: the largest body accepted per extension type; types not
+        listed use ``default_extension_limit``.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_payload: int,
+        default_extension_limit: int,
+        extension_limits: dict[int, int] | None = None,
+    ) -> None:
+        self.max_payload = max_payload
+        self.default_extension_limit = default_extension_limit
+        self.extension_limits = dict(extension_limits or {})
+        self._tail = b""
+        #: True when the last ``feed`` stopped after an extension packet with bytes left.
+        self.paused = False
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held back because their packet is not complete yet."""
+        return len(self._tail)
+
+    def feed(self, data: bytes, *, stop_after_extension: bool = True) -> tuple[list, Exception | None]:
+        """Decode as many whole packets as ``data`` completes.
+
+        Returns ``(packets, error)``. ``error`` is a MalformedPacket subclass when the
+        stream broke the format; the packets before the bad bytes are still returned, and
+        the buffer must not be fed again. With ``stop_after_extension`` decoding pauses
+        after each extension packet (the caller may change limits after a hello); call
+        ``feed(b"")`` to go on.
+        """
+        if self._tail:
+            data = self._tail + data
+        mv = memoryview(data)
+        n = len(data)
+        pos = 0
+        out: list = []
+        append = out.append
+        max_payload = self.max_payload
+        error = None
+        stopped = False
+        while pos < n:
+            t = data[pos]
+            if t == MSG:
+                # 03 | ch | eof | size | len (size bytes) | data
+                if pos + 4 > n:
+                    if pos + 2 < n and data[pos + 2] > 1:
+                        error = self._bad_eof(data[pos + 1], data[pos + 2])
+                    break
+                eof = data[pos + 2]
+                if eof > 1:
+                    error = self._bad_eof(data[pos + 1], eof)
+                    break
+                size = data[pos + 3]
+                if size > MAX_UVARINT_SIZE:
+                    error = self._bad_size(size, "msg")
+                    break
+                start = pos + 4 + size
+                if start > n:
+                    # The length is not all here; its leading bytes may already be too big.
+                    error = self._check_partial_length(data[pos + 4 : n], size, max_payload, "msg")
+                    break
+                if size == 2:
+                    length = (data[pos + 4] << 8) | data[pos + 5]
+                else:
+                    length = int.from_bytes(data[pos + 4 : start], "big")
+                if length > max_payload:
+                    error = PacketTooLarge(
+                        f"msg packet on channel {data[pos + 1]:#04x} declares {length} payload "
+                        f"bytes, over max_packet_payload {max_payload}"
+                    )
+                    break
+                end = start + length
+                if end > n:
+                    break
+                append((MSG, data[pos + 1], eof, mv[start:end]))
+                pos = end
+            elif t == PING:
+                append(_PING_PACKET)
+                pos += 1
+            elif t == PONG:
+                append(_PONG_PACKET)
+                pos += 1
+            elif t >= FIRST_EXTENSION_TYPE:
+                if pos + 2 > n:
+                    break
+                size = data[pos + 1]
+                if size > MAX_UVARINT_SIZE:
+                    error = self._bad_size(size, f"extension {t:#04x}")
+                    break
+                start = pos + 2 + size
+                limit = self.extension_limits.get(t, self.default_extension_limit)
+                if start > n:
+                    error = self._check_partial_length(data[pos + 2 : n], size, limit, f"extension {t:#04x}")
+                    break
+                length = int.from_bytes(data[pos + 2 : start], "big")
+                if length > limit:
+                    error = PacketTooLarge(
+                        f"extension packet {t:#04x} declares a {length}-byte body, over its limit {limit}"
+                    )
+                    break
+                end = start + length
+                if end > n:
+                    break
+                append((t, bytes(mv[start:end])))
+                pos = end
+                if stop_after_extension:
+                    stopped = pos < n
+                    break
+            else:
+                error = UnknownPacketType(f"unknown packet type {t:#04x} at stream offset +{pos}")
+                break
+        self.paused = stopped
+        if error is not None:
+            self._tail = b""
+        elif pos < n:
+            self._tail = bytes(mv[pos:])
+        else:
+            self._tail = b""
+        return out, error
+
+    @staticmethod
+    def _bad_eof(channel_id: int, eof: int) -> MalformedPacket:
+        return MalformedPacket(f"msg packet on channel {channel_id:#04x} has eof byte {eof:#04x}; only 0x00 and 0x01 are allowed")
+
+    @staticmethod
+    def _bad_size(size: int, what: str) -> MalformedPacket:
+        return MalformedPacket(f"{what} length has size byte {size:#04x}, over the go-wire maximum {MAX_UVARINT_SIZE}")
+
+    @staticmethod
+    def _check_partial_length(head: bytes, size: int, limit: int, what: str) -> Exception | None:
+        """With only the first bytes of a big-endian length, fail early if it must exceed ``limit``."""
+        lower_bound = int.from_bytes(head, "big") << (8 * (size - len(head)))
+        if lower_bound > limit:
+            return PacketTooLarge(f"{what} declares at least {lower_bound} bytes, over its limit {limit}")
+        return None

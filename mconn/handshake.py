@@ -1,0 +1,47 @@
+"""The hello exchange, pure: what we announce and whether the peer's hello can work.
+
+specs/handshake.md is the prose form. Each side sends its hello as its first packet,
+without waiting for the other's; the connection opens when the peer's hello arrives and
+passes ``check_hello``. Who the peer is allowed to be (duplicates, self, limits, the id
+that was dialed) is the Switch's decision, made on the HelloReceived event.
+"""
+
+from __future__ import annotations
+
+from mconn.channel import ChannelDescriptor
+from mconn.errors import IncompatiblePeer
+from mconn.wire import PROTOCOL_VERSION, ChannelInfo, Hello
+
+
+def make_hello(
+    *,
+    node_id: str,
+    channels: list[ChannelDescriptor],
+    max_packet_payload: int,
+    listen_address: str = "",
+    fields: tuple[tuple[int, bytes], ...] = (),
+) -> Hello:
+    """Our hello: the protocol version, who we are and the channels we offer."""
+    return Hello(
+        version=PROTOCOL_VERSION,
+        node_id=node_id,
+        max_packet_payload=max_packet_payload,
+        channels=tuple(
+            ChannelInfo(id=c.id, priority=c.priority, recv_message_capacity=c.recv_message_capacity)
+            for c in channels
+        ),
+        listen_address=listen_address,
+        fields=fields,
+    )
+
+
+def check_hello(ours: Hello, theirs: Hello) -> int:
+    """Raise IncompatiblePeer if ``theirs`` cannot work with ``ours``.
+
+    Returns the negotiated max_packet_payload: the smaller of the two.
+    """
+    if theirs.version != ours.version:
+        raise IncompatiblePeer(
+            f"peer {theirs.node_id} speaks protocol version {theirs.version}; we speak {ours.version}"
+        )
+    return min(ours.max_packet_payload, theirs.max_packet_payload)

@@ -1,0 +1,201 @@
+"""The Twisted adapter: a thin Protocol around the sans-I/O Connection (STYLE.md 2).
+
+``dataReceived`` hands bytes to the core and dispatches the events it returns;
+``pump`` writes what the core has to send until the transport pauses us (we are the
+transport's IPushProducer, so a slow peer stops the scheduler instead of growing a
+buffer); one DelayedCall follows ``core.next_deadline()``. Data reaches the transport in
+the same reactor turn it was queued in: there is no flush timer.
+"""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from mconn.connection import Connection, State
+from mconn.errors import ConnectionLost, PeerClosed, PeerRejected
+from mconn.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived, PongReceived
+
+log = Logger(namespace="mconn")
+
+#: After a close packet, how long the transport may take to flush before it is aborted.
+CLOSE_LINGER = 2.0
+
+
+@implementer(IPushProducer)
+class MConnectionProtocol(Protocol):
+    """One connection of a Switch. ``peer`` is set once the handshake is accepted."""
+
+    def __init__(self, switch, *, is_outbound: bool, expected_node_id: str | None = None) -> None:
+        self.switch = switch
+        self.is_outbound = is_outbound
+        self.expected_node_id = expected_node_id
+        self.core: Connection | None = None
+        self.peer = None
+        self.remote_address = ""
+        #: Why the connection ended, once known (an mconn error instance).
+        self.end_reason: Exception | None = None
+        self._clock = switch.clock
+        self.started = self._clock.seconds()
+        #: Fires with the Peer once the handshake is accepted, or fails with why not.
+        self.handshake = Deferred()
+        if not is_outbound:
+            self.handshake.addErrback(lambda failure: None)  # nobody waits on inbound ones
+        self._paused = False
+        self._timer = None
+        self._linger = None
+        self._handlers = {
+            HelloReceived: self._on_hello,
+            MessageReceived: self._on_message,
+            PongReceived: self._on_pong,
+            CloseReceived: self._on_close,
+            ConnectionFailed: self._on_failed,
+        }
+
+    # -- Protocol ----------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        self.remote_address = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+        self.core = self.switch._new_connection_core(self._clock.seconds())
+        self.transport.registerProducer(self, True)
+        self.switch._connection_made(self)
+        self.pump()
+        self._rearm()
+
+    def dataReceived(self, data: bytes) -> None:
+        core = self.core
+        now = self._clock.seconds()
+        handlers = self._handlers
+        for event in core.receive_data(data, now):
+            if self.end_reason is not None and not isinstance(event, ConnectionFailed):
+                continue  # we are closing: nothing more reaches the reactors
+            handlers[type(event)](event)
+        self.pump()
+        self._rearm()
+        ready = core.receive_ready_at(now)
+        if ready > now and self.transport is not None and core.state is State.OPEN:
+            self.transport.pauseProducing()
+            self._clock.callLater(ready - now, self._resume_reading)
+
+    def connectionLost(self, reason) -> None:
+        self._paused = True
+        for call in (self._timer, self._linger):
+            if call is not None and call.active():
+                call.cancel()
+        self._timer = self._linger = None
+        if self.end_reason is None:
+            self.end_reason = ConnectionLost(f"connection lost: {reason.getErrorMessage()}")
+        if self.core is not None:
+            self.core.state = State.CLOSED
+        self.switch._connection_lost(self, self.end_reason)
+
+    # -- IPushProducer -------------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        self.pump()
+
+    def stopProducing(self) -> None:
+        self._paused = True
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None and self.core.state is State.OPEN:
+            self.transport.resumeProducing()
+
+    # -- sending -------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Write what the core has to send until it has nothing or the transport is full."""
+        core = self.core
+        write = self.transport.write
+        now = self._clock.seconds()
+        while not self._paused or core.state is not State.OPEN:
+            # Once closing, only the close packet is left, and it goes out even when paused.
+            data = core.data_to_send(now)
+            if not data:
+                break
+            write(data)
+        if self.peer is not None:
+            self.peer._drain_waiting()
+        if core.state is State.CLOSING or core.state is State.CLOSED:
+            self._disconnect()
+
+    def close(self, reason: Exception) -> None:
+        """Close on purpose: a close packet naming ``reason``, then disconnect."""
+        if self.end_reason is None:
+            self.end_reason = reason
+        code = getattr(reason, "code", None) or getattr(reason, "reason", "closed")
+        self.core.close(code, str(reason))
+        self.pump()
+
+    def _disconnect(self) -> None:
+        if self._linger is None:
+            self.transport.loseConnection()
+            self._linger = self._clock.callLater(CLOSE_LINGER, self.transport.abortConnection)
+
+    # -- timers --------------------------------------------------------------------
+
+    def _rearm(self) -> None:
+        deadline = self.core.next_deadline()
+        timer = self._timer
+        if deadline is None:
+            if timer is not None and timer.active():
+                timer.cancel()
+            self._timer = None
+            return
+        if timer is not None and timer.active():
+            if timer.getTime() <= deadline:
+                return  # it fires early, finds nothing due, and re-arms
+            timer.cancel()
+        self._timer = self._clock.callLater(max(0.0, deadline - self._clock.seconds()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        for event in self.core.handle_timeout(self._clock.seconds()):
+            self._handlers[type(event)](event)
+        self.pump()
+        self._rearm()
+
+    # -- events --------------------------------------------------------------------
+
+    def _on_hello(self, event: HelloReceived) -> None:
+        try:
+            self.peer = self.switch._hello_received(self, event)
+        except PeerRejected as rejection:
+            self.switch._peer_rejected(self, event.hello, rejection)
+            self.close(rejection)
+
+    def _on_message(self, event: MessageReceived) -> None:
+        self.switch._route(event.channel_id, self.peer, event.message)
+
+    def _on_pong(self, event: PongReceived) -> None:
+        if self.peer is not None:
+            self.peer.round_trip = event.round_trip
+
+    def _on_close(self, event: CloseReceived) -> None:
+        self.end_reason = PeerClosed(event.code, event.text)
+        self._disconnect()
+
+    def _on_failed(self, event: ConnectionFailed) -> None:
+        self.end_reason = event.error
+        self.switch._protocol_error(self, event.error)
+
+
+class MConnectionFactory(Factory):
+    """Builds protocols for one Switch, inbound or outbound."""
+
+    def __init__(self, switch, *, is_outbound: bool, expected_node_id: str | None = None) -> None:
+        self.switch = switch
+        self.is_outbound = is_outbound
+        self.expected_node_id = expected_node_id
+
+    def buildProtocol(self, addr):
+        return MConnectionProtocol(self.switch, is_outbound=self.is_outbound, expected_node_id=self.expected_node_id)
+

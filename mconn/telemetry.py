@@ -1,0 +1,38 @@
+"""Structured telemetry: every event mconn logs, by stable name (specs/telemetry.md).
+
+Events go through ``twisted.logger`` in the ``mconn`` namespace with keyword fields, never
+pre-formatted strings, so that a jsonFileLogObserver writes them as data a pipeline can
+read. Each carries ``event`` (the stable name below) and ``node_id`` (the logging node).
+"""
+
+from __future__ import annotations
+
+from twisted.logger import Logger
+
+log = Logger(namespace="mconn")
+
+#: Stable event names and their human-readable formats. specs/telemetry.md lists the
+#: fields of each; tests/adapter/test_telemetry.py checks them against the spec.
+FORMATS = {
+    "listening": "{node_id} listening on {address}",
+    "connection_made": "{node_id} {direction} connection with {remote_address}",
+    "handshake_done": "{node_id} handshake with {peer_id} at {remote_address} done",
+    "peer_rejected": "{node_id} refused {peer_id} at {remote_address}: {reason}: {message}",
+    "protocol_error": "{node_id} protocol error from {peer_id} at {remote_address}: {error_type}: {error}",
+    "connection_lost": "{node_id} connection with {peer_id} at {remote_address} ended: {reason_type}: {reason}",
+    "channel_stats": "{node_id} channel {channel_id} with {peer_id}: queue {queue_depth}",
+    "reactor_error": "{node_id} reactor {reactor} failed in {method} for {peer_id}",
+}
+
+_LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "reactor_error": "error"}
+
+
+def emit(event: str, **fields) -> None:
+    """Log one telemetry event with its fields."""
+    level = _LEVELS.get(event, "info")
+    getattr(log, level)(FORMATS[event], event=event, **fields)
+
+
+def emit_failure(event: str, **fields) -> None:
+    """Log one telemetry event together with the exception being handled."""
+    log.failure(FORMATS[event], event=event, **fields)

@@ -1,0 +1,271 @@
+"""The wire format, declared once with construct (specs/wire.md is its prose form).
+
+This module is the single source of truth for the bytes on the wire. The hot path
+(frame_buffer.py for decoding, channel.py for encoding msg packets) is hand-written for
+speed; tests/core/test_codec_equivalence.py proves it byte-identical to these
+declarations with hypothesis, on valid and malformed input.
+
+Packet types (specs/wire.md section 2)::
+
+    01                                   ping
+    02                                   pong
+    03 | ch (1) | eof (1) | uvarint len | data          msg packet (Tendermint go-wire)
+    TT | uvarint len | body              extension packet, TT >= 04
+
+Extension types 04..7F are critical (an unknown one is a protocol error); 80..FF are
+optional (an unknown one is stepped over). Every parse failure becomes MalformedPacket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from construct import (
+    Adapter,
+    Bytes,
+    Check,
+    Construct,
+    ConstructError,
+    Error,
+    GreedyBytes,
+    GreedyRange,
+    Int8ub,
+    OneOf,
+    Pass,
+    PascalString,
+    Prefixed,
+    PrefixedArray,
+    Struct,
+    Switch,
+    Terminated,
+    stream_read,
+    stream_write,
+    this,
+)
+
+from mconn.errors import MalformedPacket
+
+PROTOCOL_VERSION = 1
+NODE_ID_BYTES = 20
+MAX_UVARINT_SIZE = 8
+MAX_CHANNELS = 256
+
+
+class PacketType(enum.IntEnum):
+    """The type byte that starts every packet (specs/wire.md section 2)."""
+
+    PING = 0x01
+    PONG = 0x02
+    MSG = 0x03
+    HELLO = 0x04
+    CLOSE = 0x05
+
+
+FIRST_EXTENSION_TYPE = 0x04
+FIRST_OPTIONAL_TYPE = 0x80
+
+
+class GoWireUvarint(Construct):
+    """go-wire's unsigned varint: one size byte N (0..8), then N big-endian bytes.
+
+    ``00`` is zero; ``02 01 2c`` is 300. A size byte over 8 (which includes go-wire's
+    negative forms ``F1``...) fails. Non-minimal forms such as ``02 00 05`` are accepted
+    on read, as go-wire does; writes are always minimal.
+    """
+
+    def _parse(self, stream, context, path):
+        size = stream_read(stream, 1, path)[0]
+        if size > MAX_UVARINT_SIZE:
+            raise MalformedPacket(f"varint size byte {size:#04x} is over {MAX_UVARINT_SIZE}")
+        if size == 0:
+            return 0
+        return int.from_bytes(stream_read(stream, size, path), "big")
+
+    def _build(self, obj, stream, context, path):
+        if not isinstance(obj, int) or obj < 0 or obj >= 1 << (8 * MAX_UVARINT_SIZE):
+            raise MalformedPacket(f"varint value {obj!r} is not an integer in 0..2**64-1")
+        size = (obj.bit_length() + 7) // 8
+        stream_write(stream, bytes([size]) + obj.to_bytes(size, "big"), size + 1, path)
+        return obj
+
+    def _sizeof(self, context, path):
+        raise NotImplementedError("a go-wire varint has a variable size")
+
+
+uvarint = GoWireUvarint()
+
+#: go-wire byte slice: uvarint length, then the bytes.
+ByteSlice = Prefixed(uvarint, GreedyBytes)
+#: go-wire string: a byte slice holding UTF-8.
+String = PascalString(uvarint, "utf8")
+
+
+class _BoolByte(Adapter):
+    """A byte that must be 00 or 01 (the msg packet's eof)."""
+
+    def _decode(self, obj, context, path):
+        return bool(obj)
+
+    def _encode(self, obj, context, path):
+        return 1 if obj else 0
+
+
+# 03 | channel id (1 byte) | eof (1 byte: 01 ends the message, 00 more follow) | ByteSlice
+MsgPacket = Struct(
+    "channel_id" / Int8ub,
+    "eof" / _BoolByte(OneOf(Int8ub, [0, 1])),
+    "data" / ByteSlice,
+)
+
+# TT | uvarint length | body   (TT >= 04; the body's layout depends on TT)
+ExtensionBody = Struct("body" / ByteSlice)
+
+# One whole packet, and nothing after it.
+Packet = Struct(
+    "type" / Int8ub,
+    "payload"
+    / Switch(
+        this.type,
+        {PacketType.PING: Pass, PacketType.PONG: Pass, PacketType.MSG: MsgPacket},
+        default=Switch(this.type >= FIRST_EXTENSION_TYPE, {True: ExtensionBody}, default=Error),
+    ),
+    Terminated,
+)
+
+# Hello body (specs/handshake.md section 2):
+#   uvarint version | 20 bytes node id | uvarint max_packet_payload |
+#   uvarint n_channels | n x (id (1) | uvarint priority | uvarint recv_message_capacity) |
+#   String listen address | fields: repeated (tag (1) | ByteSlice value) until the end
+ChannelEntry = Struct(
+    "id" / Int8ub,
+    "priority" / uvarint,
+    Check(this.priority >= 1),
+    "recv_message_capacity" / uvarint,
+)
+HelloField = Struct("tag" / Int8ub, "value" / ByteSlice)
+HelloBody = Struct(
+    "version" / uvarint,
+    "node_id" / Bytes(NODE_ID_BYTES),
+    "max_packet_payload" / uvarint,
+    Check(this.max_packet_payload >= 1),
+    "channels" / PrefixedArray(uvarint, ChannelEntry),
+    Check(lambda ctx: len(ctx.channels) <= MAX_CHANNELS),
+    Check(lambda ctx: len({c.id for c in ctx.channels}) == len(ctx.channels)),
+    "listen_address" / String,
+    "fields" / GreedyRange(HelloField),
+    Terminated,
+)
+
+# Close body (specs/wire.md section 3.2): String code | String text
+CloseBody = Struct("code" / String, "text" / String, Terminated)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class ChannelInfo:
+    """One channel as a peer announces it in its hello."""
+
+    id: int
+    priority: int
+    recv_message_capacity: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Hello:
+    """A decoded hello: what a peer says about itself (specs/handshake.md)."""
+
+    version: int
+    node_id: str
+    max_packet_payload: int
+    channels: tuple[ChannelInfo, ...]
+    listen_address: str = ""
+    #: Optional fields by tag; unknown tags are kept and ignored (room for resumption).
+    fields: tuple[tuple[int, bytes], ...] = ()
+
+
+def _parse(declaration, data: bytes, what: str):
+    """Parse ``data`` with a declaration; every failure becomes MalformedPacket."""
+    try:
+        return declaration.parse(data)
+    except MalformedPacket:
+        raise
+    except (ConstructError, IndexError, KeyError, ValueError, UnicodeDecodeError) as e:
+        raise MalformedPacket(f"malformed {what} ({len(data)} bytes): {e}") from None
+
+
+def encode_hello(hello: Hello) -> bytes:
+    """The hello body (without the extension header)."""
+    return HelloBody.build(
+        dict(
+            version=hello.version,
+            node_id=bytes.fromhex(hello.node_id),
+            max_packet_payload=hello.max_packet_payload,
+            channels=[
+                dict(id=c.id, priority=c.priority, recv_message_capacity=c.recv_message_capacity)
+                for c in hello.channels
+            ],
+            listen_address=hello.listen_address,
+            fields=[dict(tag=t, value=v) for t, v in hello.fields],
+        )
+    )
+
+
+def decode_hello(body: bytes) -> Hello:
+    """Decode a hello body; raises MalformedPacket naming what is wrong."""
+    c = _parse(HelloBody, body, "hello")
+    return Hello(
+        version=c.version,
+        node_id=c.node_id.hex(),
+        max_packet_payload=c.max_packet_payload,
+        channels=tuple(
+            ChannelInfo(id=e.id, priority=e.priority, recv_message_capacity=e.recv_message_capacity)
+            for e in c.channels
+        ),
+        listen_address=c.listen_address,
+        fields=tuple((f.tag, f.value) for f in c.fields),
+    )
+
+
+def encode_close(code: str, text: str = "") -> bytes:
+    """The close body (without the extension header)."""
+    return CloseBody.build(dict(code=code, text=text))
+
+
+def decode_close(body: bytes) -> tuple[str, str]:
+    """Decode a close body into (code, text)."""
+    c = _parse(CloseBody, body, "close")
+    return c.code, c.text
+
+
+def encode_extension(packet_type: int, body: bytes) -> bytes:
+    """A whole extension packet: type byte, uvarint length, body."""
+    return Packet.build(dict(type=packet_type, payload=dict(body=body)))
+
+
+def encode_packet(packet_type: int, **payload) -> bytes:
+    """Build any packet from the declaration (the reference encoder; not the hot path)."""
+    if packet_type in (PacketType.PING, PacketType.PONG):
+        return Packet.build(dict(type=packet_type, payload=None))
+    if packet_type == PacketType.MSG:
+        return Packet.build(dict(type=packet_type, payload=payload))
+    return encode_extension(packet_type, payload["body"])
+
+
+def decode_packet(data: bytes):
+    """Parse exactly one whole packet with the declaration (the reference decoder).
+
+    Returns ``(type, payload)`` where payload is None for ping/pong, a
+    ``(channel_id, eof, data)`` tuple for a msg packet, and the body bytes for an
+    extension packet.
+    """
+    c = _parse(Packet, data, "packet")
+    if c.type == PacketType.MSG:
+        return c.type, (c.payload.channel_id, c.payload.eof, c.payload.data)
+    if c.type >= FIRST_EXTENSION_TYPE:
+        return c.type, c.payload.body
+    return c.type, None
+
+
+def encode_uvarint(value: int) -> bytes:
+    """go-wire uvarint bytes for ``value``."""
+    return uvarint.build(value)
