@@ -1,0 +1,1 @@
+"""Built-in reactors, one per module, using only mconn's public API."""
