@@ -29,9 +29,22 @@ from mconn.errors import (
     UnknownPacketType,
 )
 from mconn.node_key import NodeKey
-from mconn.peer import Peer
 from mconn.reactor import Reactor
-from mconn.switch import Switch
+
+# The Twisted layer is imported on first use, so that importing the pure core
+# (mconn.wire, mconn.connection, ...) never imports Twisted (STYLE.md 1).
+_LAZY = {"Peer": "mconn.peer", "Switch": "mconn.switch"}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mconn' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "ChannelDescriptor",

@@ -16,13 +16,14 @@ large the stored values are rescaled.
 Once a channel is chosen it keeps the wire while its ratio stays at or below the
 runner-up's: the greedy choice per packet, computed per run of packets.
 
-Receiving. Payloads append to a per-channel bytearray until eof; a message is checked
+Receiving. Payloads append to a per-channel buffer until eof; a message is checked
 against ``recv_message_capacity`` before its bytes are kept.
 """
 
 from __future__ import annotations
 
 import collections
+import io
 import dataclasses
 import math
 
@@ -92,7 +93,7 @@ class Channel:
 
     __slots__ = (
         "id", "priority", "capacity", "recv_capacity", "queue", "sending", "offset",
-        "stored_sent", "receiving", "stats", "_full_header", "_full_payload",
+        "stored_sent", "receiving", "receiving_size", "stats", "_full_header", "_full_payload",
     )
 
     def __init__(self, desc: ChannelDescriptor) -> None:
@@ -104,7 +105,8 @@ class Channel:
         self.sending: memoryview | None = None
         self.offset = 0
         self.stored_sent = 0.0
-        self.receiving = bytearray()
+        self.receiving: io.BytesIO | None = None
+        self.receiving_size = 0
         self.stats = ChannelStats()
         self._full_header = b""
         self._full_payload = -1
@@ -171,25 +173,34 @@ class Channel:
         return wire, finished
 
     def reassemble(self, eof: int, data: memoryview) -> bytes | None:
-        """Add one packet's payload; the whole message once ``eof`` is set."""
-        buf = self.receiving
-        if len(buf) + len(data) > self.recv_capacity:
-            size = len(buf) + len(data)
-            buf.clear()
+        """Add one packet's payload; the whole message once ``eof`` is set.
+
+        Partial messages accumulate in a BytesIO: it grows geometrically and hands its
+        buffer over without a copy, where a bytearray would reallocate every 12.5%.
+        """
+        size = self.receiving_size + len(data)
+        if size > self.recv_capacity:
+            self.receiving = None
+            self.receiving_size = 0
             raise MessageTooLarge(
                 f"message on channel {self.id:#04x} reached {size} bytes, over its "
                 f"recv_message_capacity {self.recv_capacity}"
             )
-        self.stats.bytes_received += len(data)
+        stats = self.stats
+        stats.bytes_received += len(data)
+        buf = self.receiving
         if eof:
-            self.stats.messages_received += 1
-            if not buf:
+            stats.messages_received += 1
+            if buf is None:
                 return bytes(data)
-            buf += data
-            message = bytes(buf)
-            buf.clear()
-            return message
-        buf += data
+            buf.write(data)
+            self.receiving = None
+            self.receiving_size = 0
+            return buf.getvalue()
+        if buf is None:
+            buf = self.receiving = io.BytesIO()
+        buf.write(data)
+        self.receiving_size = size
         return None
 
 

@@ -144,41 +144,48 @@ class Connection:
     def _process(self, packets: list, events: list, now: float) -> None:
         channels = self.channels
         append = events.append
+        is_open = self.state is State.OPEN
         for packet in packets:
             kind = packet[0]
-            if kind == MSG and self.state is State.OPEN:
-                _, channel_id, eof, data = packet
-                channel = channels.get(channel_id)
+            if kind == MSG and is_open:
+                # The hot path: (MSG, channel_id, eof, data), see frame_buffer.py.
+                channel = channels.get(packet[1])
                 if channel is None:
                     raise UnknownChannel(
-                        f"msg packet on channel {channel_id:#04x}, which this node does not have "
+                        f"msg packet on channel {packet[1]:#04x}, which this node does not have "
                         f"(channels: {', '.join(f'{c:#04x}' for c in channels) or 'none'})"
                     )
-                message = channel.reassemble(eof, data)
+                message = channel.reassemble(packet[2], packet[3])
                 if message is not None:
-                    append(MessageReceived(channel_id=channel_id, message=message))
+                    append(MessageReceived(channel_id=packet[1], message=message))
                 continue
-            if kind in _INPUT_OF_TYPE:
-                self._transition(_INPUT_OF_TYPE[kind], packet)
-                if self.state is not State.OPEN:
-                    continue  # closing: read and ignore
-                if kind == PING:
-                    self._control.append(PONG_BYTES)
-                elif self._ping_sent_at is not None:
-                    append(PongReceived(round_trip=now - self._ping_sent_at))
-                    self._ping_sent_at = None
-            elif kind == PacketType.HELLO:
-                self._transition(Input.HELLO, packet)
-                if self.state is State.OPEN:
-                    self._open(decode_hello(packet[1]), events)
-            elif kind == PacketType.CLOSE:
-                code, text = decode_close(packet[1])
-                self._transition(Input.CLOSE_RECEIVED, packet)
-                append(CloseReceived(code=code, text=text))
-            elif kind >= FIRST_OPTIONAL_TYPE:
-                continue  # an optional extension we do not know: step over it
-            else:
-                raise UnknownPacketType(f"unknown critical extension packet type {kind:#04x}")
+            self._process_other(kind, packet, events, now)
+            is_open = self.state is State.OPEN
+
+    def _process_other(self, kind: int, packet: tuple, events: list, now: float) -> None:
+        """Every packet but a msg packet on an open connection."""
+        append = events.append
+        if kind in _INPUT_OF_TYPE:
+            self._transition(_INPUT_OF_TYPE[kind], packet)
+            if self.state is not State.OPEN:
+                return  # closing: read and ignore
+            if kind == PING:
+                self._control.append(PONG_BYTES)
+            elif self._ping_sent_at is not None:
+                append(PongReceived(round_trip=now - self._ping_sent_at))
+                self._ping_sent_at = None
+        elif kind == PacketType.HELLO:
+            self._transition(Input.HELLO, packet)
+            if self.state is State.OPEN:
+                self._open(decode_hello(packet[1]), events)
+        elif kind == PacketType.CLOSE:
+            code, text = decode_close(packet[1])
+            self._transition(Input.CLOSE_RECEIVED, packet)
+            append(CloseReceived(code=code, text=text))
+        elif kind >= FIRST_OPTIONAL_TYPE:
+            return  # an optional extension we do not know: step over it
+        else:
+            raise UnknownPacketType(f"unknown critical extension packet type {kind:#04x}")
 
     def _transition(self, event: Input, packet: tuple) -> None:
         new = TRANSITIONS.get((self.state, event))

@@ -50,6 +50,19 @@ class FrameBuffer:
         self.paused = False
 
     @property
+    def max_payload(self) -> int:
+        """The largest msg packet payload accepted."""
+        return self._max_payload
+
+    @max_payload.setter
+    def max_payload(self, value: int) -> None:
+        self._max_payload = value
+        size = (value.bit_length() + 7) // 8
+        # eof 00 | size | length: how a full (not last) packet of a message continues
+        # after its channel byte. Spotting it with one comparison is the bulk fast path.
+        self._full_tail = bytes((0, size)) + value.to_bytes(size, "big")
+
+    @property
     def buffered(self) -> int:
         """Bytes held back because their packet is not complete yet."""
         return len(self._tail)
@@ -70,13 +83,21 @@ class FrameBuffer:
         pos = 0
         out: list = []
         append = out.append
-        max_payload = self.max_payload
+        max_payload = self._max_payload
+        full_tail = self._full_tail
+        full_skip = 2 + len(full_tail)
         error = None
         stopped = False
         while pos < n:
             t = data[pos]
             if t == MSG:
                 # 03 | ch | eof | size | len (size bytes) | data
+                start = pos + full_skip
+                if data[pos + 2 : start] == full_tail and start + max_payload <= n:
+                    end = start + max_payload
+                    append((MSG, data[pos + 1], 0, mv[start:end]))
+                    pos = end
+                    continue
                 if pos + 4 > n:
                     if pos + 2 < n and data[pos + 2] > 1:
                         error = self._bad_eof(data[pos + 1], data[pos + 2])

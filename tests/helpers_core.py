@@ -1,0 +1,204 @@
+"""Helpers for the pure-core tests: vectors, a reference packet splitter, CorePair.
+
+Nothing here imports Twisted. ``CorePair`` is two sans-I/O Connections wired back to back
+(like h11's ConnectionPair): ``pump(now)`` moves each side's ``data_to_send`` into the
+other's ``receive_data`` until both are quiet.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pathlib
+
+from mconn import wire
+from mconn.channel import ChannelDescriptor
+from mconn.config import Config
+from mconn.connection import Connection
+from mconn.events import HelloReceived
+from mconn.frame_buffer import FrameBuffer
+from mconn.handshake import make_hello
+from mconn.wire import PacketType
+
+SPECS = pathlib.Path(__file__).resolve().parents[1] / "specs"
+NODE_A = "aa" * 20
+NODE_B = "bb" * 20
+CH = 0x20
+
+
+# -- vectors -----------------------------------------------------------------------
+
+
+def load_vectors(name: str) -> dict:
+    """specs/vectors/<name>.json."""
+    return json.loads((SPECS / "vectors" / f"{name}.json").read_text())
+
+
+def expand(spec) -> bytes:
+    """Bytes of a vector value: hex (spaces allowed) or a list of hex / {repeat, count} parts."""
+    if isinstance(spec, str):
+        return bytes.fromhex(spec)
+    if isinstance(spec, dict):
+        return bytes.fromhex(spec["repeat"]) * spec["count"]
+    return b"".join(expand(part) for part in spec)
+
+
+# -- the reference splitter: the construct declarations, never the hot path ----------
+
+
+def split_packets(data: bytes) -> list[bytes]:
+    """Cut a stream of whole packets into packets, using only wire.py's declarations."""
+    stream = io.BytesIO(data)
+    out = []
+    while stream.tell() < len(data):
+        start = stream.tell()
+        kind = stream.read(1)[0]
+        if kind == PacketType.MSG:
+            wire.MsgPacket.parse_stream(stream)
+        elif kind >= wire.FIRST_EXTENSION_TYPE:
+            wire.ExtensionBody.parse_stream(stream)
+        elif kind not in (PacketType.PING, PacketType.PONG):
+            raise AssertionError(f"packet type {kind:#04x} at offset {start}")
+        out.append(data[start : stream.tell()])
+    return out
+
+
+def decode_stream(data: bytes) -> list:
+    """Every packet of ``data`` as ``wire.decode_packet`` returns it."""
+    return [wire.decode_packet(p) for p in split_packets(data)]
+
+
+def msg_payloads(data: bytes) -> list[tuple[int, bool, bytes]]:
+    """(channel_id, eof, payload) of the msg packets in ``data``."""
+    return [payload for kind, payload in decode_stream(data) if kind == PacketType.MSG]
+
+
+# -- connections ----------------------------------------------------------------------
+
+
+def make_connection(
+    *,
+    node_id: str = NODE_A,
+    channels: list[ChannelDescriptor] | None = None,
+    config: Config | None = None,
+    now: float = 0.0,
+) -> Connection:
+    channels = [ChannelDescriptor(CH)] if channels is None else channels
+    config = config or Config()
+    hello = make_hello(node_id=node_id, channels=channels, max_packet_payload=config.max_packet_payload)
+    return Connection(config=config, hello=hello, channels=channels, now=now)
+
+
+def hello_packet(
+    *,
+    node_id: str = NODE_B,
+    channels: list[ChannelDescriptor] | None = None,
+    max_packet_payload: int = 1024,
+    version: int = wire.PROTOCOL_VERSION,
+) -> bytes:
+    """A peer's whole hello packet."""
+    channels = [ChannelDescriptor(CH)] if channels is None else channels
+    hello = make_hello(node_id=node_id, channels=channels, max_packet_payload=max_packet_payload)
+    body = wire.encode_hello(wire.Hello(**{**_fields(hello), "version": version}))
+    return wire.encode_extension(PacketType.HELLO, body)
+
+
+def _fields(hello: wire.Hello) -> dict:
+    return {name: getattr(hello, name) for name in hello.__dataclass_fields__}
+
+
+def open_connection(*, peer_payload: int = 1024, now: float = 0.0, **kwargs) -> Connection:
+    """A Connection that has sent its hello and accepted the peer's, at time ``now``."""
+    conn = make_connection(now=now, **kwargs)
+    assert conn.data_to_send(now)[0] == PacketType.HELLO
+    events = conn.receive_data(hello_packet(max_packet_payload=peer_payload), now)
+    assert [type(e) for e in events] == [HelloReceived], events
+    return conn
+
+
+def msg(channel_id: int, data: bytes, eof: bool = True) -> bytes:
+    return wire.encode_packet(PacketType.MSG, channel_id=channel_id, eof=eof, data=data)
+
+
+class CorePair:
+    """Two Connections talking to each other through their byte interfaces."""
+
+    def __init__(self, a: Connection, b: Connection) -> None:
+        self.a = a
+        self.b = b
+        #: Every chunk each side wrote, in order.
+        self.sent_by_a: list[bytes] = []
+        self.sent_by_b: list[bytes] = []
+
+    @classmethod
+    def make(
+        cls,
+        *,
+        config_a: Config | None = None,
+        config_b: Config | None = None,
+        channels_a: list[ChannelDescriptor] | None = None,
+        channels_b: list[ChannelDescriptor] | None = None,
+        now: float = 0.0,
+    ) -> "CorePair":
+        a = make_connection(node_id=NODE_A, channels=channels_a, config=config_a, now=now)
+        b = make_connection(node_id=NODE_B, channels=channels_b, config=config_b, now=now)
+        return cls(a, b)
+
+    def pump(self, now: float, *, budget: int | None = None) -> tuple[list, list]:
+        """Move bytes both ways until neither side has any; returns (events of a, events of b)."""
+        events_a: list = []
+        events_b: list = []
+        while True:
+            to_b = self.a.data_to_send(now, budget)
+            to_a = self.b.data_to_send(now, budget)
+            if not to_b and not to_a:
+                return events_a, events_b
+            if to_b:
+                self.sent_by_a.append(to_b)
+                events_b += self.b.receive_data(to_b, now)
+            if to_a:
+                self.sent_by_b.append(to_a)
+                events_a += self.a.receive_data(to_a, now)
+
+
+# -- the frame buffer ---------------------------------------------------------------
+
+
+def frame_buffer(max_payload: int = 1024, max_hello_size: int = 4096, max_control_size: int = 1024) -> FrameBuffer:
+    """A FrameBuffer with the limits a Connection gives it."""
+    return FrameBuffer(
+        max_payload=max_payload,
+        default_extension_limit=max_control_size,
+        extension_limits={PacketType.HELLO: max_hello_size},
+    )
+
+
+def as_decoded(packet: tuple):
+    """A FrameBuffer packet in the form ``wire.decode_packet`` returns."""
+    kind = packet[0]
+    if kind == PacketType.MSG:
+        return kind, (packet[1], bool(packet[2]), bytes(packet[3]))
+    if len(packet) == 1:
+        return kind, None
+    return kind, bytes(packet[1])
+
+
+def feed_whole(buffer, data: bytes) -> tuple[list, Exception | None]:
+    """Feed ``data`` in one call (resuming after extension packets); decoded packets, error."""
+    packets, error = buffer.feed(data)
+    out = [as_decoded(p) for p in packets]
+    while error is None and buffer.paused:
+        packets, error = buffer.feed(b"")
+        out += [as_decoded(p) for p in packets]
+    return out, error
+
+
+def feed_bytewise(buffer, data: bytes) -> tuple[list, Exception | None, int | None]:
+    """Feed ``data`` one byte at a time; decoded packets, error, index of the failing byte."""
+    out: list = []
+    for i in range(len(data)):
+        packets, error = feed_whole(buffer, data[i : i + 1])
+        out += packets
+        if error is not None:
+            return out, error, i
+    return out, None, None
