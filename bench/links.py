@@ -30,8 +30,10 @@ from zope.interface import implementer
 from mconn import ChannelDescriptor, Reactor
 
 _LENGTH = struct.Struct(">I")
-#: Frames the raw sender collects before one writeSequence.
+#: The raw sender hands its frames to the transport in one writeSequence once it has
+#: collected this many, or this many bytes.
 RAW_BATCH_FRAMES = 128
+RAW_BATCH_BYTES = 65536
 #: Largest frame the raw receiver accepts (mconn's default recv_message_capacity).
 RAW_MAX_FRAME = 22020096
 
@@ -59,6 +61,7 @@ class RawLink(Protocol):
         self._buf = bytearray()
         self._paused = False
         self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._waiter = None
 
     def connectionMade(self) -> None:
@@ -101,7 +104,8 @@ class RawLink(Protocol):
         pending = self._pending
         pending.append(_LENGTH.pack(len(msg)))
         pending.append(msg)
-        if len(pending) >= 2 * RAW_BATCH_FRAMES:
+        self._pending_bytes += len(msg)
+        if self._pending_bytes >= RAW_BATCH_BYTES or len(pending) >= 2 * RAW_BATCH_FRAMES:
             self.flush()
         return True
 
@@ -120,6 +124,7 @@ class RawLink(Protocol):
     def flush(self) -> None:
         if self._pending:
             parts, self._pending = self._pending, []
+            self._pending_bytes = 0
             self.transport.writeSequence(parts)
 
     def close(self) -> None:

@@ -115,7 +115,9 @@ class FrameBuffer:
                     # The length is not all here; its leading bytes may already be too big.
                     error = self._check_partial_length(data[pos + 4 : n], size, max_payload, "msg")
                     break
-                if size == 2:
+                if size == 1:
+                    length = data[pos + 4]
+                elif size == 2:
                     length = (data[pos + 4] << 8) | data[pos + 5]
                 else:
                     length = int.from_bytes(data[pos + 4 : start], "big")

@@ -70,10 +70,14 @@ class MConnectionProtocol(Protocol):
         core = self.core
         now = self._clock.seconds()
         handlers = self._handlers
+        route = self.switch._route
         for event in core.receive_data(data, now):
-            if self.end_reason is not None and not isinstance(event, ConnectionFailed):
+            if self.end_reason is not None and type(event) is not ConnectionFailed:
                 continue  # we are closing: nothing more reaches the reactors
-            handlers[type(event)](event)
+            if type(event) is MessageReceived:  # the hot path
+                route(event.channel_id, self.peer, event.message)
+            else:
+                handlers[type(event)](event)
         self.pump()
         self._rearm()
         ready = core.receive_ready_at(now)

@@ -54,6 +54,8 @@ class Switch(Service):
                 self._reactor_by_channel[desc.id] = reactor
                 self.channels.append(desc)
             reactor.switch = self
+        #: channel id -> the owning reactor's bound ``receive`` (the routing hot path).
+        self._receivers = {ch: reactor.receive for ch, reactor in self._reactor_by_channel.items()}
         #: Connected peers by node id.
         self.peers: dict[str, Peer] = {}
         #: Every live connection, handshaking or not.
@@ -217,7 +219,16 @@ class Switch(Service):
         )
 
     def _route(self, channel_id: int, peer: Peer, message: bytes) -> None:
-        self._call_reactor(self._reactor_by_channel[channel_id], "receive", peer, channel_id, peer, message)
+        try:
+            self._receivers[channel_id](channel_id, peer, message)
+        except Exception:
+            telemetry.emit_failure(
+                "reactor_error",
+                node_id=self.node_id,
+                reactor=type(self._reactor_by_channel[channel_id]).__name__,
+                method="receive",
+                peer_id=peer.node_id,
+            )
 
     def _connection_lost(self, proto, reason: Exception) -> None:
         self.connections.discard(proto)

@@ -1,0 +1,241 @@
+"""The four measurements, written once against the link interface of links.py.
+
+Every message starts with a kind byte, so the receiver needs no channel to classify it
+(the raw baseline has none):
+
+    B  bulk payload            S  small payload
+    L  latency probe: kind | monotonic_ns (8 bytes, big-endian) | padding
+    R  round-trip request: kind | sequence (8 bytes) | padding; the receiver echoes it
+    E  end of the measurement: the receiver reports and closes
+
+Times come from ``time.monotonic_ns`` (CLOCK_MONOTONIC on Linux), which both processes
+share, so a latency probe's one-way delay is measured by the receiver directly.
+Throughput is measured by the receiver, from the arrival of the first whole message of a
+kind to the arrival of the last one, over the bytes of the messages after the first.
+"""
+
+from __future__ import annotations
+
+import time
+
+from links import Handler
+
+from mconn import ChannelDescriptor
+
+BULK, SMALL, LATENCY, ROUND_TRIP, END = b"BSLRE"
+BULK_SIZE = 1 << 20
+SMALL_SIZE = 100
+PROBE_INTERVAL = 0.005
+
+BULK_CHANNEL = ChannelDescriptor(0x10, priority=1, send_queue_capacity=8)
+SMALL_CHANNEL = ChannelDescriptor(0x20, priority=1, send_queue_capacity=10000)
+PROBE_CHANNEL = ChannelDescriptor(0x30, priority=10, send_queue_capacity=1000)
+RTT_CHANNEL = ChannelDescriptor(0x40, priority=1, send_queue_capacity=16)
+
+#: The mconn channels each scenario declares (on both sides).
+CHANNELS = {
+    "bulk": [BULK_CHANNEL],
+    "small": [SMALL_CHANNEL],
+    "priority": [BULK_CHANNEL, PROBE_CHANNEL],
+    "rtt": [RTT_CHANNEL],
+}
+
+_END_MESSAGE = bytes([END])
+
+
+def padded(kind: int, field: int, size: int) -> bytes:
+    """kind | field (8 bytes big-endian) | zero padding, ``size`` bytes in all."""
+    return bytes([kind]) + field.to_bytes(8, "big") + bytes(size - 9)
+
+
+def summarize(samples_ns: list[int]) -> dict:
+    """Percentiles of latencies in nanoseconds, reported in milliseconds."""
+    if not samples_ns:
+        return {"n": 0}
+    ordered = sorted(samples_ns)
+    n = len(ordered)
+
+    def pct(p: float) -> float:
+        return ordered[min(n - 1, int(p * n))] / 1e6
+
+    return {
+        "n": n,
+        "p50_ms": pct(0.50),
+        "p90_ms": pct(0.90),
+        "p99_ms": pct(0.99),
+        "max_ms": ordered[-1] / 1e6,
+        "mean_ms": sum(ordered) / n / 1e6,
+    }
+
+
+# -- receiver ---------------------------------------------------------------------
+
+
+class Sink(Handler):
+    """The receiving end of every scenario: counts, timestamps, echoes, reports."""
+
+    def __init__(self, link, report) -> None:
+        self.link = link
+        self._report = report
+        #: kind -> [messages, bytes after the first, first arrival ns, last arrival ns]
+        self._counts: dict[int, list] = {}
+        self._probe_delays: list[int] = []
+        self._done = False
+
+    def message(self, channel: int, msg: bytes) -> None:
+        kind = msg[0]
+        now = time.monotonic_ns()
+        if kind == ROUND_TRIP:
+            self.link.send_now(channel, msg)
+        elif kind == LATENCY:
+            self._probe_delays.append(now - int.from_bytes(msg[1:9], "big"))
+        elif kind == END:
+            self._finish()
+        else:
+            c = self._counts.get(kind)
+            if c is None:
+                self._counts[kind] = [1, 0, now, now]
+            else:
+                c[0] += 1
+                c[1] += len(msg)
+                c[3] = now
+
+    def closed(self) -> None:
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        result = {}
+        for kind, (messages, size, first, last) in self._counts.items():
+            seconds = (last - first) / 1e9
+            result[chr(kind)] = {
+                "messages": messages,
+                "seconds": seconds,
+                "bytes_per_s": size / seconds if seconds > 0 else None,
+                "messages_per_s": (messages - 1) / seconds if seconds > 0 else None,
+            }
+        if self._probe_delays:
+            result["probe"] = summarize(self._probe_delays)
+        self._report(result)
+        self.link.close()
+
+
+# -- senders ----------------------------------------------------------------------
+
+
+class Filler:
+    """Keeps one channel's queue full with copies of ``msg`` until ``until`` (monotonic s)."""
+
+    def __init__(self, link, channel: int, msg: bytes, until: float, on_done) -> None:
+        self.link = link
+        self.channel = channel
+        self.msg = msg
+        self.until = until
+        self.sent = 0
+        self._on_done = on_done
+
+    def run(self) -> None:
+        link, channel, msg, until = self.link, self.channel, self.msg, self.until
+        while time.monotonic() < until:
+            for _ in range(64):
+                if not link.offer(channel, msg):
+                    link.flush()
+                    link.offer_later(channel, msg, self._queued)
+                    return
+                self.sent += 1
+            link.flush()
+        link.flush()
+        link.offer_later(channel, _END_MESSAGE, lambda: None)
+        self._on_done()
+
+    def _queued(self) -> None:
+        self.sent += 1
+        self.run()
+
+
+class Sender(Handler):
+    """The sending end: runs one scenario for ``duration`` seconds, then reports."""
+
+    def __init__(self, link, scenario: str, duration: float, clock, report, rtt_count: int = 2000) -> None:
+        self.link = link
+        self.scenario = scenario
+        self.clock = clock
+        self._report = report
+        self._until = time.monotonic() + duration
+        self._result: dict = {}
+        self._filler = None
+        self._probe_call = None
+        self._probes_sent = 0
+        self._probes_refused = 0
+        self._rtt_count = rtt_count
+        self._rtt_warmup = max(20, rtt_count // 10)
+        self._rtt_seq = 0
+        self._rtt_started = 0
+        self._rtt_samples: list[int] = []
+
+    def start(self) -> None:
+        getattr(self, f"_start_{self.scenario}")()
+
+    def _start_bulk(self) -> None:
+        self._fill(BULK_CHANNEL.id, padded(BULK, 0, BULK_SIZE))
+
+    def _start_small(self) -> None:
+        self._fill(SMALL_CHANNEL.id, padded(SMALL, 0, SMALL_SIZE))
+
+    def _start_priority(self) -> None:
+        from twisted.internet.task import LoopingCall
+
+        self._probe_call = LoopingCall(self._probe)
+        self._probe_call.clock = self.clock
+        self._probe_call.start(PROBE_INTERVAL, now=False)
+        self._fill(BULK_CHANNEL.id, padded(BULK, 0, BULK_SIZE))
+
+    def _fill(self, channel: int, msg: bytes) -> None:
+        self._filler = Filler(self.link, channel, msg, self._until, self._filled)
+        self._filler.run()
+
+    def _filled(self) -> None:
+        self._result["sent"] = self._filler.sent
+        if self._probe_call is not None and self._probe_call.running:
+            self._probe_call.stop()
+
+    def _probe(self) -> None:
+        msg = padded(LATENCY, time.monotonic_ns(), SMALL_SIZE)
+        if self.link.send_now(PROBE_CHANNEL.id, msg):
+            self._probes_sent += 1
+        else:
+            self._probes_refused += 1
+
+    def _start_rtt(self) -> None:
+        self._next_request()
+
+    def _next_request(self) -> None:
+        done = self._rtt_seq >= self._rtt_count + self._rtt_warmup
+        if done or time.monotonic() >= self._until:
+            self.link.send_now(RTT_CHANNEL.id, _END_MESSAGE)
+            return
+        msg = padded(ROUND_TRIP, self._rtt_seq, SMALL_SIZE)
+        self._rtt_started = time.perf_counter_ns()
+        if not self.link.send_now(RTT_CHANNEL.id, msg):
+            raise RuntimeError("round-trip request refused with nothing outstanding")
+
+    def message(self, channel: int, msg: bytes) -> None:
+        if msg[0] != ROUND_TRIP or int.from_bytes(msg[1:9], "big") != self._rtt_seq:
+            raise RuntimeError(f"unexpected reply {msg[:9]!r} (expected sequence {self._rtt_seq})")
+        elapsed = time.perf_counter_ns() - self._rtt_started
+        if self._rtt_seq >= self._rtt_warmup:
+            self._rtt_samples.append(elapsed)
+        self._rtt_seq += 1
+        self._next_request()
+
+    def closed(self) -> None:
+        if self._probe_call is not None and self._probe_call.running:
+            self._probe_call.stop()
+        if self._probes_sent or self._probes_refused:
+            self._result["probes_sent"] = self._probes_sent
+            self._result["probes_refused"] = self._probes_refused
+        if self._rtt_samples:
+            self._result["rtt"] = summarize(self._rtt_samples)
+        self._report(self._result)

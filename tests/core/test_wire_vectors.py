@@ -1,0 +1,261 @@
+"""The golden vectors of specs/vectors/*.json through every codec of the core.
+
+Each valid packet goes through the construct declaration (wire.decode_packet /
+encode_packet), through the hand-written FrameBuffer (whole and one byte at a time) and
+through an open Connection; each invalid one is refused by exactly the layers the vector
+names (see "invalid_comment" in wire.json), with exactly the error class it names.
+"""
+
+import pytest
+
+from mconn import errors, wire
+from mconn.channel import Channel, ChannelDescriptor
+from mconn.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived
+from mconn.handshake import check_hello, make_hello
+from mconn.node_key import node_id_from_public_key
+from mconn.wire import PacketType
+from tests.helpers_core import (
+    expand,
+    feed_bytewise,
+    feed_whole,
+    frame_buffer,
+    load_vectors,
+    make_connection,
+    open_connection,
+    split_packets,
+)
+
+WIRE = load_vectors("wire")
+HELLO = load_vectors("hello")
+LIMITS = WIRE["limits"]
+VALID = {v["name"]: v for v in WIRE["valid"]}
+OPEN_CHANNELS = [ChannelDescriptor(0x20), ChannelDescriptor(0x30)]
+
+
+def _ids(vectors):
+    return [v["name"] for v in vectors]
+
+
+def _limited_buffer():
+    return frame_buffer(LIMITS["max_packet_payload"], LIMITS["max_hello_size"], LIMITS["max_control_size"])
+
+
+def _expected(decoded: dict):
+    """A vector's "decoded" in the form wire.decode_packet returns."""
+    kind = decoded["type"]
+    if kind == "ping":
+        return PacketType.PING, None
+    if kind == "pong":
+        return PacketType.PONG, None
+    if kind == "msg":
+        return PacketType.MSG, (decoded["channel_id"], decoded["eof"], expand(decoded["data"]))
+    return decoded["packet_type"], expand(decoded["body"])
+
+
+def test_vector_files_are_well_formed():
+    for vectors in (WIRE["valid"], WIRE["invalid"], HELLO["valid"], HELLO["invalid"]):
+        names = _ids(vectors)
+        assert len(names) == len(set(names)), "vector names must be unique"
+    for v in WIRE["invalid"]:
+        assert set(v["rejected_by"]) <= {"decode_packet", "stream", "connection"}, v["name"]
+        assert ("fails_at" in v) == ("stream" in v["rejected_by"]), v["name"]
+        assert "stream" not in v["rejected_by"] or "connection" in v["rejected_by"], v["name"]
+
+
+# -- valid packets ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vector", WIRE["valid"], ids=_ids(WIRE["valid"]))
+def test_valid_vector_decodes_with_the_declaration(vector):
+    assert wire.decode_packet(expand(vector["hex"])) == _expected(vector["decoded"])
+
+
+@pytest.mark.parametrize("vector", WIRE["valid"], ids=_ids(WIRE["valid"]))
+def test_valid_vector_encodes_to_its_canonical_bytes(vector):
+    kind, payload = _expected(vector["decoded"])
+    if kind == PacketType.MSG:
+        channel_id, eof, data = payload
+        built = wire.encode_packet(kind, channel_id=channel_id, eof=eof, data=data)
+    elif kind in (PacketType.PING, PacketType.PONG):
+        built = wire.encode_packet(kind)
+    else:
+        built = wire.encode_packet(kind, body=payload)
+    assert built == expand(vector.get("canonical_hex", vector["hex"]))
+
+
+@pytest.mark.parametrize("vector", WIRE["valid"], ids=_ids(WIRE["valid"]))
+def test_valid_vector_through_frame_buffer(vector):
+    data = expand(vector["hex"])
+    expected = [_expected(vector["decoded"])]
+
+    buffer = _limited_buffer()
+    assert feed_whole(buffer, data) == (expected, None)
+    assert buffer.buffered == 0
+
+    buffer = _limited_buffer()
+    assert feed_bytewise(buffer, data) == (expected, None, None)
+    assert buffer.buffered == 0
+
+
+def test_valid_vectors_concatenated_through_frame_buffer():
+    data = b"".join(expand(v["hex"]) for v in WIRE["valid"])
+    expected = [_expected(v["decoded"]) for v in WIRE["valid"]]
+    assert feed_whole(_limited_buffer(), data) == (expected, None)
+    assert feed_bytewise(_limited_buffer(), data) == (expected, None, None)
+
+
+def test_close_vectors_decode_to_code_and_text():
+    closes = [v for v in WIRE["valid"] if "close" in v["decoded"]]
+    assert closes
+    for v in closes:
+        body = expand(v["decoded"]["body"])
+        expected = (v["decoded"]["close"]["code"], v["decoded"]["close"]["text"])
+        assert wire.decode_close(body) == expected
+        assert wire.encode_close(*expected) == body
+
+
+@pytest.mark.parametrize("vector", WIRE["valid"], ids=_ids(WIRE["valid"]))
+def test_valid_vector_through_an_open_connection(vector):
+    conn = open_connection(channels=OPEN_CHANNELS)
+    events = conn.receive_data(expand(vector["hex"]), 1.0)
+    decoded = vector["decoded"]
+    if decoded["type"] == "msg" and decoded["eof"]:
+        expected = [MessageReceived(channel_id=decoded["channel_id"], message=expand(decoded["data"]))]
+    elif "close" in decoded:
+        expected = [CloseReceived(**decoded["close"])]
+    else:
+        expected = []  # ping, pong nobody asked for, a first chunk, an optional extension
+    assert events == expected
+    assert conn.error is None
+    assert conn.data_to_send(1.0) == (b"\x02" if decoded["type"] == "ping" else b"")
+
+
+# -- chunking --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", WIRE["messages"], ids=_ids(WIRE["messages"]))
+def test_message_is_chunked_into_the_vector_packets(case):
+    message = expand(case["message"])
+    expected = [expand(VALID[name]["hex"]) for name in case["packets"]]
+    channel = Channel(ChannelDescriptor(case["channel_id"]))
+    assert channel.enqueue(message)
+    parts: list = []
+    channel.emit(parts, case["max_packet_payload"], budget=1 << 30)
+    assert split_packets(b"".join(parts)) == expected
+
+
+@pytest.mark.parametrize("case", WIRE["messages"], ids=_ids(WIRE["messages"]))
+def test_chunked_vector_packets_reassemble_in_a_connection(case):
+    conn = open_connection(channels=[ChannelDescriptor(case["channel_id"])])
+    first, *rest = [expand(VALID[name]["hex"]) for name in case["packets"]]
+    assert conn.receive_data(first, 1.0) == []
+    events = conn.receive_data(b"".join(rest), 1.0)
+    assert events == [MessageReceived(channel_id=case["channel_id"], message=expand(case["message"]))]
+
+
+# -- invalid packets -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vector", WIRE["invalid"], ids=_ids(WIRE["invalid"]))
+def test_invalid_vector_with_decode_packet(vector):
+    data = expand(vector["hex"])
+    if "decode_packet" in vector["rejected_by"]:
+        # The reference decoder reports every failure as MalformedPacket.
+        with pytest.raises(errors.MalformedPacket):
+            wire.decode_packet(data)
+    else:
+        wire.decode_packet(data)
+
+
+@pytest.mark.parametrize("vector", WIRE["invalid"], ids=_ids(WIRE["invalid"]))
+def test_invalid_vector_with_frame_buffer(vector):
+    data = expand(vector["hex"])
+    error_class = getattr(errors, vector["error"])
+    if "stream" in vector["rejected_by"]:
+        packets, error = feed_whole(_limited_buffer(), data)
+        assert packets == []
+        assert type(error) is error_class, error
+        buffer = _limited_buffer()
+        packets, error, index = feed_bytewise(buffer, data)
+        assert (packets, type(error), index) == ([], error_class, vector["fails_at"])
+        assert buffer.buffered == 0
+    else:
+        assert feed_whole(_limited_buffer(), data)[1] is None
+        assert feed_bytewise(_limited_buffer(), data)[1] is None
+
+
+@pytest.mark.parametrize("vector", WIRE["invalid"], ids=_ids(WIRE["invalid"]))
+def test_invalid_vector_with_a_connection(vector):
+    data = expand(vector["hex"])
+    if data[0] == PacketType.HELLO:
+        conn = make_connection(channels=OPEN_CHANNELS)
+    else:
+        conn = open_connection(channels=OPEN_CHANNELS)
+    events = conn.receive_data(data, 1.0)
+    if "connection" in vector["rejected_by"]:
+        assert [type(e) for e in events] == [ConnectionFailed]
+        assert type(events[0].error) is getattr(errors, vector["error"])
+        assert conn.error is events[0].error
+    else:
+        assert not any(isinstance(e, ConnectionFailed) for e in events)
+
+
+# -- hellos ----------------------------------------------------------------------------
+
+
+def _hello_from(decoded: dict) -> wire.Hello:
+    return wire.Hello(
+        version=decoded["version"],
+        node_id=decoded["node_id"],
+        max_packet_payload=decoded["max_packet_payload"],
+        channels=tuple(wire.ChannelInfo(**c) for c in decoded["channels"]),
+        listen_address=decoded["listen_address"],
+        fields=tuple((tag, expand(value)) for tag, value in decoded["fields"]),
+    )
+
+
+@pytest.mark.parametrize("vector", HELLO["valid"], ids=_ids(HELLO["valid"]))
+def test_hello_vector_decodes_and_encodes(vector):
+    body = expand(vector["hex"])
+    expected = _hello_from(vector["decoded"])
+    assert wire.decode_hello(body) == expected
+    assert wire.encode_hello(expected) == body
+
+
+@pytest.mark.parametrize("vector", HELLO["valid"], ids=_ids(HELLO["valid"]))
+def test_hello_vector_node_id_is_derived_from_its_public_key(vector):
+    assert node_id_from_public_key(bytes.fromhex(vector["public_key"])) == vector["decoded"]["node_id"]
+
+
+@pytest.mark.parametrize("vector", [v for v in HELLO["valid"] if "packet_hex" in v])
+def test_hello_packet_vector_opens_a_connection(vector):
+    packet = expand(vector["packet_hex"])
+    assert wire.decode_packet(packet) == (PacketType.HELLO, expand(vector["hex"]))
+    assert feed_bytewise(_limited_buffer(), packet) == ([(PacketType.HELLO, expand(vector["hex"]))], None, None)
+    conn = make_connection()
+    expected = _hello_from(vector["decoded"])
+    assert conn.receive_data(packet, 0.5) == [HelloReceived(hello=expected, max_packet_payload=1024)]
+
+
+@pytest.mark.parametrize("vector", HELLO["invalid"], ids=_ids(HELLO["invalid"]))
+def test_invalid_hello_vector(vector):
+    assert vector["error"] == "MalformedPacket"
+    with pytest.raises(errors.MalformedPacket, match="hello|varint"):
+        wire.decode_hello(expand(vector["hex"]))
+
+
+@pytest.mark.parametrize("vector", HELLO["invalid"], ids=_ids(HELLO["invalid"]))
+def test_invalid_hello_vector_fails_a_connection(vector):
+    conn = make_connection()
+    body = expand(vector["hex"])
+    events = conn.receive_data(wire.encode_extension(PacketType.HELLO, body), 0.5)
+    assert [type(e) for e in events] == [ConnectionFailed]
+    assert type(events[0].error) is errors.MalformedPacket
+
+
+@pytest.mark.parametrize("vector", HELLO["incompatible"], ids=_ids(HELLO["incompatible"]))
+def test_incompatible_hello_vector(vector):
+    theirs = wire.decode_hello(expand(vector["hex"]))
+    ours = make_hello(node_id="cc" * 20, channels=[], max_packet_payload=1024)
+    with pytest.raises(getattr(errors, vector["error"])):
+        check_hello(ours, theirs)
