@@ -64,7 +64,6 @@ class MConnectionProtocol(Protocol):
         self.transport.registerProducer(self, True)
         self.switch._connection_made(self)
         self.pump()
-        self._rearm()
 
     def dataReceived(self, data: bytes) -> None:
         core = self.core
@@ -79,7 +78,6 @@ class MConnectionProtocol(Protocol):
             else:
                 handlers[type(event)](event)
         self.pump()
-        self._rearm()
         ready = core.receive_ready_at(now)
         if ready > now and self.transport is not None and core.state is State.OPEN:
             self.transport.pauseProducing()
@@ -130,6 +128,8 @@ class MConnectionProtocol(Protocol):
             self.peer._drain_waiting()
         if core.state is State.CLOSING or core.state is State.CLOSED:
             self._disconnect()
+        else:
+            self._rearm()  # send_rate may have left data for later
 
     def close(self, reason: Exception) -> None:
         """Close on purpose: a close packet naming ``reason``, then disconnect."""
@@ -165,7 +165,6 @@ class MConnectionProtocol(Protocol):
         for event in self.core.handle_timeout(self._clock.seconds()):
             self._handlers[type(event)](event)
         self.pump()
-        self._rearm()
 
     # -- events --------------------------------------------------------------------
 
