@@ -31,7 +31,7 @@ from mconn.errors import MessageTooLarge
 
 #: Time constant of the recently_sent decay, in seconds: 0.8 per 2 s on average.
 DECAY_TAU = 2.0 / math.log(1.25)
-_RESCALE_AT = 1e12
+_RESCALE_EXPONENT = math.log(1e12)
 
 #: Default largest reassembled message (21 MiB, CometBFT's RecvMessageCapacity).
 DEFAULT_RECV_MESSAGE_CAPACITY = 22020096
@@ -54,20 +54,24 @@ class ChannelDescriptor:
     recv_message_capacity: int = DEFAULT_RECV_MESSAGE_CAPACITY
 
     def __post_init__(self) -> None:
-        if not isinstance(self.id, int) or not 0 <= self.id <= 255:
+        if not _is_int(self.id) or not 0 <= self.id <= 255:
             raise ValueError(f"channel id must be an integer in 0..255, got {self.id!r}")
-        if not isinstance(self.priority, int) or self.priority < 1:
+        if not _is_int(self.priority) or self.priority < 1:
             raise ValueError(f"channel {self.id:#04x}: priority must be an integer >= 1, got {self.priority!r}")
-        if not isinstance(self.send_queue_capacity, int) or self.send_queue_capacity < 1:
+        if not _is_int(self.send_queue_capacity) or self.send_queue_capacity < 1:
             raise ValueError(
                 f"channel {self.id:#04x}: send_queue_capacity must be an integer >= 1, "
                 f"got {self.send_queue_capacity!r}"
             )
-        if not isinstance(self.recv_message_capacity, int) or self.recv_message_capacity < 0:
+        if not _is_int(self.recv_message_capacity) or self.recv_message_capacity < 0:
             raise ValueError(
                 f"channel {self.id:#04x}: recv_message_capacity must be an integer >= 0, "
                 f"got {self.recv_message_capacity!r}"
             )
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def msg_header(channel_id: int, eof: bool, length: int) -> bytes:
@@ -223,12 +227,14 @@ class Scheduler:
 
         Returns ``(parts, wire_bytes)``; ``parts`` is empty when nothing is pending.
         """
-        scale = math.exp((now - self._epoch) / DECAY_TAU)
-        if scale > _RESCALE_AT:
+        exponent = (now - self._epoch) / DECAY_TAU
+        if exponent > _RESCALE_EXPONENT:
+            # Fold the decay into the stored values (they may underflow to 0: fine).
             for c in self.channels:
-                c.stored_sent /= scale
+                c.stored_sent *= math.exp(-exponent)
             self._epoch = now
-            scale = 1.0
+            exponent = 0.0
+        scale = math.exp(exponent)
         parts: list = []
         sent = 0
         pending = [c for c in self.channels if c.sending is not None or c.queue]

@@ -61,8 +61,8 @@ class Config:
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
-        if not isinstance(self.stats_interval, (int, float)) or self.stats_interval < 0:
-            raise ValueError(f"Config.stats_interval must be >= 0, got {self.stats_interval!r}")
+        if not (type(self.stats_interval) in (int, float) and self.stats_interval == 0):
+            _check_positive("stats_interval", self.stats_interval)
 
     def replace(self, **changes) -> "Config":
         """A copy with some fields changed (validated again)."""

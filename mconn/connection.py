@@ -135,7 +135,7 @@ class Connection:
             if error is not None:
                 self._fail(error, events)
                 break
-            if not self._buffer.paused:
+            if not self._buffer.paused or self.state is State.CLOSED:
                 break
             # Decoding paused after an extension packet (limits may have changed): go on.
             packets, error = self._buffer.feed(b"")
@@ -160,6 +160,8 @@ class Connection:
                     append(MessageReceived(channel_id=packet[1], message=message))
                 continue
             self._process_other(kind, packet, events, now)
+            if self.state is State.CLOSED:
+                return  # the peer closed: whatever follows is ignored
             is_open = self.state is State.OPEN
 
     def _process_other(self, kind: int, packet: tuple, events: list, now: float) -> None:
@@ -204,9 +206,10 @@ class Connection:
     def _fail(self, error: RemoteProtocolError, events: list) -> None:
         """The connection is over; the only thing left to send is a close naming why."""
         self.error = error
+        if self.state is not State.CLOSING:  # a close of ours already on its way says why
+            text = str(error)[:CLOSE_TEXT_LIMIT]
+            self._control[:] = [encode_extension(PacketType.CLOSE, encode_close(type(error).__name__, text))]
         self.state = State.CLOSED
-        text = str(error)[:CLOSE_TEXT_LIMIT]
-        self._control[:] = [encode_extension(PacketType.CLOSE, encode_close(type(error).__name__, text))]
         events.append(ConnectionFailed(error=error))
 
     # -- outbound ----------------------------------------------------------------
@@ -260,8 +263,8 @@ class Connection:
 
     def next_deadline(self) -> float | None:
         """When ``handle_timeout`` must next be called (None: no timer needed)."""
-        if self.state is State.CLOSED:
-            return None
+        if self.state is State.CLOSED or self.state is State.CLOSING:
+            return None  # the adapter bounds the close itself (protocol.CLOSE_LINGER)
         if self.state is State.HANDSHAKING:
             return self._started + self.config.handshake_timeout
         if self._awaiting_pong():
@@ -269,7 +272,10 @@ class Connection:
         else:
             deadline = self._last_received + self.config.ping_interval
         if self._send_bucket is not None and self._scheduler.pending():
-            deadline = min(deadline, self._send_bucket.ready_time())
+            # Only when the rate is what holds data back (not a paused transport).
+            ready = self._send_bucket.ready_time()
+            if ready is not None:
+                deadline = min(deadline, ready)
         return deadline
 
     def _awaiting_pong(self) -> bool:
@@ -278,7 +284,8 @@ class Connection:
 
     def receive_ready_at(self, now: float) -> float:
         """When recv_rate allows reading again (``now`` when it does already)."""
-        return now if self._recv_bucket is None else max(now, self._recv_bucket.ready_time())
+        ready = None if self._recv_bucket is None else self._recv_bucket.ready_time()
+        return now if ready is None else max(now, ready)
 
     def handle_timeout(self, now: float) -> list:
         """Run the timers that are due; returns the events they cause."""

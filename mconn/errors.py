@@ -47,7 +47,10 @@ class MessageTooLarge(RemoteProtocolError):
 
 
 class HandshakeError(RemoteProtocolError):
-    """The hello was malformed, incompatible, or did not arrive in time."""
+    """The handshake failed: an incompatible hello, or none in time.
+
+    A hello whose bytes are malformed is a MalformedPacket, like any other packet.
+    """
 
 
 class HandshakeTimeout(HandshakeError):

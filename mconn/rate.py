@@ -35,8 +35,8 @@ class TokenBucket:
         self._refill(now)
         self._tokens -= nbytes
 
-    def ready_time(self) -> float:
-        """When the bucket is next out of debt (a past time if it already is)."""
-        if self._tokens > 0:
-            return self._stamp
-        return self._stamp + (1e-6 - self._tokens) / self.rate
+    def ready_time(self) -> float | None:
+        """When at least one whole byte may be spent; None if it may be already."""
+        if self._tokens >= 1:
+            return None
+        return self._stamp + (1 - self._tokens) / self.rate

@@ -24,7 +24,6 @@ import enum
 from construct import (
     Adapter,
     Bytes,
-    Check,
     Construct,
     ConstructError,
     Error,
@@ -140,7 +139,6 @@ Packet = Struct(
 ChannelEntry = Struct(
     "id" / Int8ub,
     "priority" / uvarint,
-    Check(this.priority >= 1),
     "recv_message_capacity" / uvarint,
 )
 HelloField = Struct("tag" / Int8ub, "value" / ByteSlice)
@@ -148,10 +146,7 @@ HelloBody = Struct(
     "version" / uvarint,
     "node_id" / Bytes(NODE_ID_BYTES),
     "max_packet_payload" / uvarint,
-    Check(this.max_packet_payload >= 1),
     "channels" / PrefixedArray(uvarint, ChannelEntry),
-    Check(lambda ctx: len(ctx.channels) <= MAX_CHANNELS),
-    Check(lambda ctx: len({c.id for c in ctx.channels}) == len(ctx.channels)),
     "listen_address" / String,
     "fields" / GreedyRange(HelloField),
     Terminated,
@@ -211,8 +206,23 @@ def encode_hello(hello: Hello) -> bytes:
 
 
 def decode_hello(body: bytes) -> Hello:
-    """Decode a hello body; raises MalformedPacket naming what is wrong."""
+    """Decode a hello body; raises MalformedPacket naming what is wrong.
+
+    Beyond the layout, a hello must announce max_packet_payload >= 1 and at most 256
+    channels, each once, each with priority >= 1 (specs/handshake.md section 2).
+    """
     c = _parse(HelloBody, body, "hello")
+    if c.max_packet_payload < 1:
+        raise MalformedPacket(f"hello announces max_packet_payload {c.max_packet_payload}; it must be >= 1")
+    if len(c.channels) > MAX_CHANNELS:
+        raise MalformedPacket(f"hello lists {len(c.channels)} channels; at most {MAX_CHANNELS} exist")
+    seen = set()
+    for entry in c.channels:
+        if entry.id in seen:
+            raise MalformedPacket(f"hello lists channel {entry.id:#04x} twice")
+        seen.add(entry.id)
+        if entry.priority < 1:
+            raise MalformedPacket(f"hello gives channel {entry.id:#04x} priority {entry.priority}; priorities are >= 1")
     return Hello(
         version=c.version,
         node_id=c.node_id.hex(),

@@ -13,12 +13,10 @@ from mconn.channel import Channel, ChannelDescriptor, Scheduler, msg_header
 from mconn.errors import MalformedPacket, PacketTooLarge
 from mconn.frame_buffer import FrameBuffer
 from mconn.wire import PacketType
-from tests.helpers_core import as_decoded, decode_stream, feed_whole, split_packets
+from tests.helpers_core import decode_stream, feed_whole
 
-settings.register_profile(
-    "core", max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
-settings.load_profile("core")
+#: Modest example counts keep tests/core fast; no deadline (CI machines vary).
+CORE = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 #: Limits out of reach, for properties where only the format may decide.
 UNLIMITED = 1 << 64
@@ -87,6 +85,7 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
 # -- (a) valid msg packets: FrameBuffer output == decode_packet --------------------------
 
 
+@CORE
 @given(packet=msg_packets(), max_payload=st.integers(1, 4096), cuts=st.lists(st.integers(0, 4000), max_size=4))
 def test_frame_buffer_equals_declaration_on_msg_packets(packet, max_payload, cuts):
     raw, decoded = packet
@@ -109,6 +108,7 @@ def test_frame_buffer_equals_declaration_on_msg_packets(packet, max_payload, cut
         assert f"{data_len}" in str(error) or "at least" in str(error)
 
 
+@CORE
 @given(packets=st.lists(any_packets(max_data=40), min_size=1, max_size=8), cuts=st.lists(st.integers(0, 400), max_size=6))
 def test_frame_buffer_equals_declaration_on_packet_streams(packets, cuts):
     stream = b"".join(packets)
@@ -125,12 +125,14 @@ def test_frame_buffer_equals_declaration_on_packet_streams(packets, cuts):
 # -- (b) the hand-written header == the declaration --------------------------------------
 
 
+@CORE
 @given(channel_id=st.integers(0, 255), eof=st.booleans(), data=st.binary(max_size=3000))
 def test_msg_header_plus_data_equals_encode_packet(channel_id, eof, data):
     built = wire.encode_packet(PacketType.MSG, channel_id=channel_id, eof=eof, data=data)
     assert msg_header(channel_id, eof, len(data)) + data == built
 
 
+@CORE
 @given(channel_id=st.integers(0, 255), eof=st.booleans(), length=st.integers(0, (1 << 64) - 1))
 def test_msg_header_length_is_the_declared_uvarint(channel_id, eof, length):
     header = msg_header(channel_id, eof, length)
@@ -141,6 +143,7 @@ def test_msg_header_length_is_the_declared_uvarint(channel_id, eof, length):
 # -- (c) malformed input: both accept or both reject -------------------------------------
 
 
+@CORE
 @given(data=malformed_bytes())
 def test_frame_buffer_and_declaration_agree_on_arbitrary_bytes(data):
     """Accept/reject agreement for single packets, prefix by prefix.
@@ -176,6 +179,7 @@ def test_frame_buffer_and_declaration_agree_on_arbitrary_bytes(data):
         assert all(_rejects(data[:j]) for j in range(error_at + 1, len(data) + 1))
 
 
+@CORE
 @given(data=malformed_bytes(), suffix=st.binary(max_size=16))
 def test_stream_error_cannot_be_repaired_by_more_bytes(data, suffix):
     """An error reported before any packet means no continuation is a valid packet."""
@@ -207,7 +211,7 @@ def schedules(draw):
     return ids, priorities, messages, payload, budgets, refill_every
 
 
-@settings(max_examples=150)
+@settings(CORE, max_examples=150)
 @given(case=schedules())
 def test_scheduler_output_reassembles_into_the_messages(case):
     ids, priorities, messages, payload, budgets, refill_every = case
@@ -242,9 +246,31 @@ def test_scheduler_output_reassembles_into_the_messages(case):
             assert len(chunks[-1]) <= payload and (len(chunks[-1]) > 0 or len(chunks) == 1)
             received[channel_id].append(b"".join(chunks))
             partial[channel_id] = []
-        elif False:  # pragma: no cover
-            pass
-    assert all(not p for p in partial.values())
-    sent_per_channel = {i: [m for c, m in ((ids[c], m) for c, m in messages) if c == i] for i in ids}
-    assert received == sent_per_channel
-    assert split_packets(bytes(stream))  # the whole stream is whole packets (or empty)
+    assert all(not chunks for chunks in partial.values()), "a message was left unfinished"
+    expected: dict[int, list[bytes]] = {i: [] for i in ids}
+    for index, message in messages:
+        expected[ids[index]].append(message)
+    assert received == expected
+
+
+@settings(CORE, max_examples=150)
+@given(
+    payload=st.integers(1, 1500),
+    sizes=st.lists(st.integers(0, 3000), min_size=1, max_size=5),
+    cuts=st.lists(st.integers(0, 40000), max_size=8),
+)
+def test_frame_buffer_reads_scheduler_output_like_the_declaration(payload, sizes, cuts):
+    """Full-size chunks are FrameBuffer's fast path; its limit is the chunk size itself."""
+    channels = [Channel(ChannelDescriptor(i, send_queue_capacity=8)) for i in (0x03, 0x20)]
+    for n, size in enumerate(sizes):
+        assert channels[n % 2].enqueue(bytes([n]) * size)
+    parts, _ = Scheduler(channels, now=0.0).next_packets(0.0, payload, budget=1 << 30)
+    stream = b"".join(parts)
+    buffer = FrameBuffer(max_payload=payload, default_extension_limit=1024)
+    out: list = []
+    for chunk in _split(stream, cuts):
+        got, error = feed_whole(buffer, chunk)
+        assert error is None
+        out += got
+    assert out == decode_stream(stream)
+    assert buffer.buffered == 0

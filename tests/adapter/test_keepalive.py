@@ -1,0 +1,123 @@
+"""Keepalive over a StringTransport and a Clock (specs/connection.md section 3).
+
+After ping_interval with nothing received a ping goes out; if nothing at all arrives
+within pong_timeout after it, the connection fails with PongTimeout. Only received bytes
+prove the peer alive: our own outgoing traffic does not.
+"""
+
+from helpers import PING, PONG, close_packets_in, msg_packet, open_connection, parse_packets
+from mconn import Config, PongTimeout
+
+CONFIG = Config(ping_interval=10, pong_timeout=4)
+
+
+def test_ping_after_ping_interval_of_silence():
+    """Nothing is sent before ping_interval; then exactly one ping."""
+    h = open_connection(config=CONFIG)
+    h.clock.advance(9.9)
+    assert h.take() == b""
+    h.clock.advance(0.1)
+    assert parse_packets(h.take()) == [(PING,)]
+    h.clock.advance(3.9)
+    assert h.take() == b""  # one ping per silence, not one per timer
+
+
+def test_pong_timeout_drops_the_connection():
+    """No byte within pong_timeout after the ping: close packet PongTimeout, disconnect, remove_peer."""
+    h = open_connection(config=CONFIG)
+    peer = h.peer
+    h.clock.advance(10)
+    h.take()
+    h.clock.advance(3.9)
+    assert not h.transport.disconnecting
+    h.clock.advance(0.1)
+    assert h.transport.disconnecting
+    [(code, _)] = close_packets_in(h.take())
+    assert code == "PongTimeout"
+    h.lose()
+    [(removed, reason)] = h.reactor.removed()
+    assert removed is peer
+    assert type(reason) is PongTimeout
+    assert "pong_timeout 4" in str(reason)
+    h.switch._check_invariants()
+
+
+def test_pong_timeout_is_logged(telemetry):
+    """A pong timeout is a protocol_error event naming the peer."""
+    h = open_connection(config=CONFIG)
+    h.clock.advance(10)
+    h.clock.advance(4)
+    [event] = telemetry.named("protocol_error")
+    assert event["error_type"] == "PongTimeout"
+    assert event["peer_id"] == h.peer_node_id
+
+
+def test_pong_cancels_the_pong_timeout_and_measures_round_trip():
+    """A pong after our ping keeps the connection and sets peer.round_trip."""
+    h = open_connection(config=CONFIG)
+    h.clock.advance(10)
+    h.clock.advance(1.5)
+    h.feed(bytes([PONG]))
+    assert h.peer.round_trip == 1.5
+    h.clock.advance(4)
+    assert not h.transport.disconnecting
+
+
+def test_any_received_bytes_cancel_the_pong_timeout():
+    """Any received packet, not only a pong, proves the peer alive."""
+    h = open_connection(config=CONFIG)
+    h.clock.advance(10)
+    h.take()
+    h.clock.advance(3)
+    h.feed(msg_packet(0x20, b"still here"))
+    h.clock.advance(3)  # past the ping's pong deadline (14)
+    assert not h.transport.disconnecting
+    assert h.take() == b""
+    h.clock.advance(7)  # 10 s after the message: the next ping
+    assert parse_packets(h.take()) == [(PING,)]
+    assert h.reactor.received(0x20) == [b"still here"]
+
+
+def test_received_bytes_postpone_the_ping():
+    """Each received byte restarts the ping_interval countdown."""
+    h = open_connection(config=CONFIG)
+    for _ in range(5):
+        h.clock.advance(9)
+        h.feed(bytes([PING]))
+        assert parse_packets(h.take()) == [(PONG,)]  # answers, but never pings
+    assert not h.transport.disconnecting
+
+
+def test_outgoing_traffic_does_not_postpone_the_ping():
+    """Sending every second does not delay the ping: only received bytes count."""
+    h = open_connection(config=CONFIG)
+    for _ in range(9):
+        h.clock.advance(1)
+        assert h.peer.try_send(0x21, b"chatter")
+    h.take()
+    h.clock.advance(1)
+    assert parse_packets(h.take()) == [(PING,)]
+
+
+def test_outgoing_traffic_does_not_prevent_the_pong_timeout():
+    """A peer that only receives from us, and sends nothing, is dropped after the ping."""
+    h = open_connection(config=CONFIG)
+    h.clock.advance(10)
+    for _ in range(4):
+        assert not h.transport.disconnecting
+        assert h.peer.try_send(0x21, b"chatter")
+        h.clock.advance(1)
+    assert h.transport.disconnecting
+    assert close_packets_in(h.take())[-1][0] == "PongTimeout"
+
+
+def test_pong_is_sent_before_queued_data():
+    """A pong goes out ahead of data already waiting in the queues."""
+    h = open_connection(config=CONFIG)
+    h.proto.pauseProducing()
+    assert h.peer.try_send(0x20, b"queued")
+    h.feed(bytes([PING]))
+    h.proto.resumeProducing()
+    packets = parse_packets(h.take())
+    assert packets[0] == (PONG,)
+    assert packets[1][3] == b"queued"

@@ -1,0 +1,189 @@
+"""specs/telemetry.md against the events a live two-switch exchange emits, so neither drifts.
+
+The field tables of the spec are parsed; a scripted exchange over in-memory transports
+makes every event in mconn.telemetry.FORMATS happen at least once; each emitted event
+must carry exactly the documented fields, with the documented types, at the documented
+level, and survive a round trip through Twisted's JSON log format.
+"""
+
+import pathlib
+import re
+
+import pytest
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import eventAsJSON, eventFromJSON, formatEvent
+
+from helpers import RawPeer, RecordingReactor, Telemetry, hello_packet, msg_packet
+from mconn import ChannelDescriptor, Config
+from mconn.telemetry import FORMATS
+from mconn.testing import MemoryNetwork
+
+SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "telemetry.md"
+
+_HEADING = re.compile(r"^### `(\w+)`\s*$")
+_LEVEL = re.compile(r"^Level `(\w+)`")
+_ROW = re.compile(r"^\| `([\w\[\].]+)` \| ([^|]+?) \|")
+
+TYPE_CHECKS = {
+    "str": lambda v: isinstance(v, str),
+    "str or null": lambda v: v is None or isinstance(v, str),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, float),
+    "list of int": lambda v: isinstance(v, list) and all(isinstance(i, int) for i in v),
+    "list of object": lambda v: isinstance(v, list) and all(isinstance(i, dict) for i in v),
+}
+
+
+def parse_spec(text: str) -> dict:
+    """{event: {"level": str, "fields": {name: type}, "items": {list_field: {name: type}}}}."""
+    events: dict = {}
+    current = None
+    for line in text.splitlines():
+        heading = _HEADING.match(line)
+        if heading:
+            current = events.setdefault(heading.group(1), {"level": None, "fields": {}, "items": {}})
+            continue
+        if current is None:
+            continue
+        level = _LEVEL.match(line)
+        if level:
+            current["level"] = level.group(1)
+        row = _ROW.match(line)
+        if row:
+            name, type_name = row.group(1), row.group(2).strip()
+            assert type_name in TYPE_CHECKS, f"unknown type {type_name!r} for {name} in {SPEC.name}"
+            if "[]." in name:
+                parent, child = name.split("[].")
+                current["items"].setdefault(parent, {})[child] = type_name
+            else:
+                current["fields"][name] = type_name
+    return events
+
+
+SPEC_EVENTS = parse_spec(SPEC.read_text())
+
+CHANNELS = [ChannelDescriptor(0x20, priority=5), ChannelDescriptor(0x21, priority=1)]
+
+
+class Grumpy(RecordingReactor):
+    """Raises on every receive (for reactor_error)."""
+
+    def receive(self, channel_id, peer, message):
+        super().receive(channel_id, peer, message)
+        raise RuntimeError("grumpy")
+
+
+@pytest.fixture(scope="module")
+def emitted():
+    """Every mconn event of a scripted exchange that makes each kind of event happen."""
+    capture = Telemetry().start()
+    try:
+        network = MemoryNetwork(MemoryReactorClock())
+        config = Config(stats_interval=5)
+        a = network.switch([RecordingReactor(CHANNELS[:1]), Grumpy(CHANNELS[1:])], config=config)
+        b = network.switch([RecordingReactor(CHANNELS)], config=config)
+        a.startService()
+        b.startService()
+        a.listen("tcp:26656:interface=127.0.0.1")  # listening
+        b.dial(f"{a.node_id}@127.0.0.1:26656")  # connection_made, handshake_done
+        [link] = network.complete_dials()
+        peer = link.peer_of(b)
+        peer.try_send(0x20, b"block")
+        peer.try_send(0x21, b"upsets a reactor")  # reactor_error
+        network.flush()
+        network.advance(5)  # channel_stats
+        impostor = RawPeer(hello_packet(b.node_id, CHANNELS))  # peer_rejected (duplicate)
+        network.connect_raw(impostor, a)
+        early = RawPeer(b"\x00")  # protocol_error without a peer
+        network.connect_raw(early, a)
+        late = RawPeer(hello_packet("ab" * 20, CHANNELS) + msg_packet(0x99, b"?"))  # ... with one
+        network.connect_raw(late, a)
+        network.flush()
+        a.stopService()  # connection_lost, both sides
+        b.stopService()
+        network.flush()
+        return list(capture.events)
+    finally:
+        capture.stop()
+
+
+def fields_of(event: dict) -> set:
+    return {k for k in event if not k.startswith("log_")}
+
+
+def test_spec_lists_exactly_the_events_of_telemetry_formats():
+    """Every event name in FORMATS has a section in the spec, and no section is extra."""
+    assert set(SPEC_EVENTS) == set(FORMATS)
+    for name, spec in SPEC_EVENTS.items():
+        assert spec["level"], f"{name}: no level in the spec"
+        assert {"event", "node_id"} <= set(spec["fields"]), f"{name}: every event has event and node_id"
+
+
+def test_the_exchange_emits_every_event(emitted):
+    """The scripted exchange covers every documented event (so the next tests check them all)."""
+    assert {e["event"] for e in emitted} == set(FORMATS)
+
+
+def test_events_carry_exactly_the_documented_fields(emitted):
+    """Each emitted event has the spec's fields for it: none missing, none extra."""
+    for event in emitted:
+        spec = SPEC_EVENTS[event["event"]]
+        assert fields_of(event) == set(spec["fields"]), event["event"]
+        for parent, children in spec["items"].items():
+            for item in event[parent]:
+                assert set(item) == set(children), f"{event['event']}.{parent}[]"
+
+
+def test_field_values_have_the_documented_types(emitted):
+    """Each field's value has the spec's type, items of object lists included."""
+    for event in emitted:
+        spec = SPEC_EVENTS[event["event"]]
+        for name, type_name in spec["fields"].items():
+            assert TYPE_CHECKS[type_name](event[name]), f"{event['event']}.{name} = {event[name]!r} is not {type_name}"
+        for parent, children in spec["items"].items():
+            for item in event[parent]:
+                for name, type_name in children.items():
+                    assert TYPE_CHECKS[type_name](item[name]), f"{event['event']}.{parent}[].{name}"
+
+
+def test_events_are_logged_at_the_documented_level(emitted):
+    for event in emitted:
+        assert event["log_level"].name == SPEC_EVENTS[event["event"]]["level"], event["event"]
+
+
+def test_events_are_in_the_mconn_namespace_with_the_event_name_in_the_field(emitted):
+    for event in emitted:
+        assert event["log_namespace"] == "mconn"
+        assert event["log_format"] == FORMATS[event["event"]]
+
+
+def test_events_render_with_their_format(emitted):
+    """The human-readable format of every event renders from its fields."""
+    for event in emitted:
+        text = formatEvent(event)
+        assert "Unable to format" not in text and "MISSING" not in text, text
+        assert event["node_id"] in text
+
+
+def test_events_survive_the_json_log_format(emitted):
+    """eventAsJSON/eventFromJSON (what jsonFileLogObserver writes) keep every documented field."""
+    for event in emitted:
+        loaded = eventFromJSON(eventAsJSON(event))
+        for name in SPEC_EVENTS[event["event"]]["fields"]:
+            assert loaded[name] == event[name], f"{event['event']}.{name}"
+        if event["event"] == "reactor_error":
+            assert "RuntimeError" in loaded["log_failure"].getTraceback()
+
+
+def test_common_field_values(emitted):
+    """node_id and peer_id are 40 hex characters; direction is inbound or outbound."""
+    for event in emitted:
+        assert re.fullmatch(r"[0-9a-f]{40}", event["node_id"])
+        if event.get("peer_id") is not None:
+            assert re.fullmatch(r"[0-9a-f]{40}", event["peer_id"])
+        if "direction" in event:
+            assert event["direction"] in ("inbound", "outbound")
+    reasons = {e["reason"] for e in emitted if e["event"] == "peer_rejected"}
+    assert reasons == {"duplicate"}
+    errors = {(e["error_type"], e["peer_id"] is None) for e in emitted if e["event"] == "protocol_error"}
+    assert errors == {("UnknownPacketType", True), ("UnknownChannel", False)}

@@ -1,0 +1,156 @@
+"""FrameBuffer: bytes in, whole packets out; bad bytes refused at the earliest byte.
+
+specs/wire.md sections 2 and 5: every header byte is judged as it arrives, and every
+length against its limit before a byte of the body is kept.
+"""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mconn.errors import MalformedPacket, PacketTooLarge, UnknownPacketType
+from mconn.frame_buffer import FrameBuffer
+from mconn.wire import PacketType
+from tests.helpers_core import feed_bytewise, feed_whole, frame_buffer, msg
+
+
+def _hex(text: str) -> bytes:
+    return bytes.fromhex(text)
+
+
+def test_packets_come_out_on_their_last_byte_when_fed_one_byte_at_a_time():
+    stream = _hex("01") + msg(0x20, b"hello") + _hex("02") + _hex("80 01 03 010203") + msg(0x21, b"")
+    buffer = frame_buffer()
+    emitted_at = []
+    for i in range(len(stream)):
+        packets, error = feed_whole(buffer, stream[i : i + 1])
+        assert error is None
+        emitted_at += [(i, p) for p in packets]
+    assert emitted_at == [
+        (0, (PacketType.PING, None)),
+        (10, (PacketType.MSG, (0x20, True, b"hello"))),
+        (11, (PacketType.PONG, None)),
+        (17, (0x80, b"\x01\x02\x03")),
+        (21, (PacketType.MSG, (0x21, True, b""))),
+    ]
+    assert buffer.buffered == 0
+
+
+def test_incomplete_packet_is_kept_not_refused():
+    buffer = frame_buffer()
+    assert buffer.feed(_hex("03 20 01 01 05 6865")) == ([], None)
+    assert buffer.buffered == 7
+    packets, error = buffer.feed(_hex("6c6c6f 01"))
+    assert error is None
+    assert [(p[0], p[1], p[2], bytes(p[3])) for p in packets[:1]] == [(PacketType.MSG, 0x20, 1, b"hello")]
+    assert packets[1:] == [(PacketType.PING,)]
+    assert buffer.buffered == 0
+
+
+BAD_INPUTS = [
+    # (name, bytes, error class, index of the byte that fails, words the message must name)
+    ("type 00", "00", UnknownPacketType, 0, ["0x00"]),
+    ("type 00 after a ping", "01 00", UnknownPacketType, 1, ["0x00"]),
+    ("eof 02", "03 20 02 01 05", MalformedPacket, 2, ["eof", "0x02", "0x20"]),
+    ("eof ff", "03 07 ff", MalformedPacket, 2, ["eof", "0xff", "0x07"]),
+    ("size byte 09", "03 20 01 09 00", MalformedPacket, 3, ["0x09", "8"]),
+    ("size byte f1 (negative in go-wire)", "03 20 01 f1 01", MalformedPacket, 3, ["0xf1"]),
+    ("length 1025", "03 20 01 02 04 01", PacketTooLarge, 5, ["1025", "1024", "0x20"]),
+    ("length 65536, refused at its first byte", "03 20 01 03 01 00 00", PacketTooLarge, 4, ["65536", "1024"]),
+    ("length 2**64-1", "03 20 01 08 ff ff ff ff ff ff ff ff", PacketTooLarge, 4, ["1024"]),
+    ("non-minimal length 1025, refused at its last byte", "03 20 01 08 00 00 00 00 00 00 04 01", PacketTooLarge, 11, ["1025"]),
+    ("hello body 4097", "04 02 10 01", PacketTooLarge, 3, ["0x04", "4097", "4096"]),
+    ("hello body 65536", "04 03 01 00 00", PacketTooLarge, 2, ["0x04", "4096"]),
+    ("close body 1025", "05 02 04 01", PacketTooLarge, 3, ["0x05", "1025", "1024"]),
+    ("optional extension body 1025", "80 02 04 01", PacketTooLarge, 3, ["0x80", "1025", "1024"]),
+    ("extension size byte 09", "7f 09", MalformedPacket, 1, ["0x09"]),
+]
+
+
+@pytest.mark.parametrize("name, data, error_class, fails_at, words", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_fails_at_its_earliest_byte(name, data, error_class, fails_at, words):
+    data = _hex(data)
+    buffer = frame_buffer()
+    packets, error, index = feed_bytewise(buffer, data)
+    assert type(error) is error_class
+    assert index == fails_at
+    for word in words:
+        assert word in str(error), (word, str(error))
+    assert buffer.buffered == 0
+
+    # Fed whole, the same error; fed only up to the failing byte, already the error.
+    assert type(feed_whole(frame_buffer(), data)[1]) is error_class
+    assert type(feed_whole(frame_buffer(), data[: fails_at + 1])[1]) is error_class
+    # One byte less is only "need more" (unless nothing but the failing byte came before).
+    assert feed_whole(frame_buffer(), data[:fails_at])[1] is None
+
+
+def test_packets_before_the_bad_bytes_are_returned_with_the_error():
+    packets, error = frame_buffer().feed(_hex("01") + msg(0x20, b"ok") + _hex("02 00 01"))
+    assert [p[0] for p in packets] == [PacketType.PING, PacketType.MSG, PacketType.PONG]
+    assert bytes(packets[1][3]) == b"ok"
+    assert isinstance(error, UnknownPacketType)
+
+
+def test_oversized_msg_is_refused_before_its_body_arrives():
+    buffer = frame_buffer(max_payload=100)
+    header = _hex("03 20 00 01 65")  # 101 bytes declared
+    packets, error = buffer.feed(header)
+    assert packets == []
+    assert isinstance(error, PacketTooLarge)
+    assert "101" in str(error) and "100" in str(error)
+    assert buffer.buffered == 0
+
+
+def test_exactly_the_limit_is_accepted():
+    buffer = frame_buffer(max_payload=100, max_control_size=64)
+    data = msg(0x20, b"x" * 100) + _hex("80 01 40") + b"y" * 64
+    packets, error = feed_whole(buffer, data)
+    assert error is None
+    assert packets == [(PacketType.MSG, (0x20, True, b"x" * 100)), (0x80, b"y" * 64)]
+
+
+def test_extension_limits_are_per_type():
+    buffer = FrameBuffer(max_payload=1024, default_extension_limit=10, extension_limits={0x81: 20})
+    assert feed_whole(buffer, _hex("81 01 14") + bytes(20))[1] is None
+    assert isinstance(feed_whole(buffer, _hex("80 01 14"))[1], PacketTooLarge)
+
+
+def test_decoding_pauses_after_an_extension_so_limits_can_change():
+    """A Connection lowers max_payload after the hello; the next packet must see it."""
+    buffer = frame_buffer(max_payload=1024)
+    hello = _hex("04 01 02 abcd")
+    packet = msg(0x20, b"z" * 600)
+    packets, error = buffer.feed(hello + packet)
+    assert (packets, error, buffer.paused) == ([(PacketType.HELLO, b"\xab\xcd")], None, True)
+    assert buffer.buffered == len(packet)
+    buffer.max_payload = 512
+    packets, error = buffer.feed(b"")
+    assert packets == []
+    assert isinstance(error, PacketTooLarge) and "600" in str(error) and "512" in str(error)
+
+
+def test_without_pausing_extensions_do_not_stop_decoding():
+    packets, error = frame_buffer().feed(_hex("80 00 01 02"), stop_after_extension=False)
+    assert ([p[0] for p in packets], error) == ([0x80, PacketType.PING, PacketType.PONG], None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payloads=st.lists(st.binary(max_size=300), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(0, 2000), max_size=10),
+)
+def test_buffer_holds_at_most_one_incomplete_packet(payloads, cuts):
+    packets = [msg(0x20, p) for p in payloads]
+    stream = b"".join(packets)
+    ends = [sum(len(p) for p in packets[: i + 1]) for i in range(len(packets))]
+    buffer = frame_buffer(max_payload=300)
+    fed = 0
+    for cut in sorted({c % (len(stream) + 1) for c in cuts}) + [len(stream)]:
+        assert feed_whole(buffer, stream[fed:cut])[1] is None
+        fed = cut
+        start_of_incomplete = max([e for e in ends if e <= fed], default=0)
+        # Exactly the bytes of the packet still incomplete are kept, nothing more.
+        assert buffer.buffered == fed - start_of_incomplete
+        assert buffer.buffered <= 4 + 2 + 300
+    assert buffer.buffered == 0

@@ -1,0 +1,307 @@
+"""Shared test helpers: packet builders, a recording reactor, a raw peer, log capture.
+
+Packets are built with the construct declarations of mconn/wire.py (the reference
+encoder), never with the hot-path encoder the code under test uses. The in-memory
+transports come from ``mconn.testing``, the only module that imports twisted.test.iosim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from twisted.internet.error import ConnectionDone
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
+from twisted.internet.testing import EventLoggingObserver, StringTransport
+from twisted.logger import globalLogPublisher
+from twisted.python.failure import Failure
+
+from mconn import ChannelDescriptor, Config, NodeKey, Reactor, Switch
+from mconn.frame_buffer import FrameBuffer
+from mconn.handshake import make_hello
+from mconn.protocol import MConnectionFactory
+from mconn.wire import (
+    PROTOCOL_VERSION,
+    PacketType,
+    decode_close,
+    encode_close,
+    encode_hello,
+    encode_packet,
+    encode_uvarint,
+)
+
+PING = PacketType.PING
+PONG = PacketType.PONG
+MSG = PacketType.MSG
+HELLO = PacketType.HELLO
+CLOSE = PacketType.CLOSE
+
+
+def new_node_id() -> str:
+    return NodeKey.generate().node_id
+
+
+# -- packets ----------------------------------------------------------------------
+
+
+def hello_packet(
+    node_id: str,
+    channels=(),
+    *,
+    max_packet_payload: int = 1024,
+    version: int = PROTOCOL_VERSION,
+    listen_address: str = "",
+) -> bytes:
+    """A whole hello packet (specs/handshake.md), built from the declaration."""
+    hello = make_hello(
+        node_id=node_id, channels=list(channels), max_packet_payload=max_packet_payload, listen_address=listen_address
+    )
+    hello = dataclasses.replace(hello, version=version)
+    return encode_packet(HELLO, body=encode_hello(hello))
+
+
+def msg_packet(channel_id: int, data: bytes, *, eof: bool = True) -> bytes:
+    return encode_packet(MSG, channel_id=channel_id, eof=eof, data=data)
+
+
+def message_packets(channel_id: int, message: bytes, payload: int = 1024) -> bytes:
+    """A whole message cut into msg packets of at most ``payload`` bytes."""
+    pieces = [message[i : i + payload] for i in range(0, len(message), payload)] or [b""]
+    return b"".join(msg_packet(channel_id, p, eof=i == len(pieces) - 1) for i, p in enumerate(pieces))
+
+
+def close_packet(code: str, text: str = "") -> bytes:
+    return encode_packet(CLOSE, body=encode_close(code, text))
+
+
+def extension_packet(packet_type: int, body: bytes) -> bytes:
+    return bytes([packet_type]) + encode_uvarint(len(body)) + body
+
+
+def parse_packets(data: bytes) -> list[tuple]:
+    """Split a byte stream into packets: ``(PING,)``, ``(MSG, ch, eof, bytes)``, ``(type, body)``.
+
+    Close packets come back as ``(CLOSE, code, text)``.
+    """
+    buffer = FrameBuffer(max_payload=1 << 30, default_extension_limit=1 << 30)
+    packets, error = buffer.feed(bytes(data), stop_after_extension=False)
+    assert error is None, error
+    assert buffer.buffered == 0, f"{buffer.buffered} bytes of an incomplete packet"
+    out = []
+    for packet in packets:
+        if packet[0] == MSG:
+            out.append((MSG, packet[1], packet[2], bytes(packet[3])))
+        elif packet[0] == CLOSE:
+            out.append((CLOSE, *decode_close(packet[1])))
+        else:
+            out.append(packet)
+    return out
+
+
+def messages_in(data: bytes) -> list[tuple[int, bytes]]:
+    """The whole messages in a byte stream, as ``(channel_id, message)`` in wire order."""
+    partial: dict[int, bytearray] = {}
+    out = []
+    for packet in parse_packets(data):
+        if packet[0] == MSG:
+            _, channel_id, eof, payload = packet
+            partial.setdefault(channel_id, bytearray()).extend(payload)
+            if eof:
+                out.append((channel_id, bytes(partial.pop(channel_id))))
+    return out
+
+
+def close_packets_in(data: bytes) -> list[tuple[str, str]]:
+    return [(p[1], p[2]) for p in parse_packets(data) if p[0] == CLOSE]
+
+
+# -- reactors and peers -----------------------------------------------------------
+
+
+class RecordingReactor(Reactor):
+    """Owns ``channels`` and records every call, in order, in ``calls``.
+
+    Entries: ``("add_peer", peer)``, ``("receive", channel_id, peer, message)``,
+    ``("remove_peer", peer, reason)``.
+    """
+
+    def __init__(self, channels=()) -> None:
+        self.channels = list(channels)
+        self.calls: list[tuple] = []
+        #: Called as ``on_receive(channel_id, peer, message)`` after a receive is recorded.
+        self.on_receive = None
+
+    def get_channels(self):
+        return self.channels
+
+    def add_peer(self, peer) -> None:
+        self.calls.append(("add_peer", peer))
+
+    def remove_peer(self, peer, reason) -> None:
+        self.calls.append(("remove_peer", peer, reason))
+
+    def receive(self, channel_id, peer, message) -> None:
+        self.calls.append(("receive", channel_id, peer, message))
+        if self.on_receive is not None:
+            self.on_receive(channel_id, peer, message)
+
+    def received(self, channel_id=None, peer=None) -> list[bytes]:
+        return [
+            c[3]
+            for c in self.calls
+            if c[0] == "receive" and channel_id in (None, c[1]) and (peer is None or c[2] is peer)
+        ]
+
+    def removed(self) -> list[tuple]:
+        """``(peer, reason)`` of every remove_peer call."""
+        return [(c[1], c[2]) for c in self.calls if c[0] == "remove_peer"]
+
+    def methods_for(self, peer) -> list[str]:
+        return [c[0] for c in self.calls if c[1] is peer or (c[0] == "receive" and c[2] is peer)]
+
+
+class RawPeer(Protocol):
+    """A scripted peer that speaks bytes: records what it receives and why it was dropped."""
+
+    def __init__(self, greeting: bytes = b"") -> None:
+        self.greeting = greeting
+        self.data = bytearray()
+        self.lost = None
+
+    def connectionMade(self) -> None:
+        if self.greeting:
+            self.transport.write(self.greeting)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+
+    def connectionLost(self, reason) -> None:
+        self.lost = reason
+
+    def send(self, data: bytes) -> None:
+        self.transport.write(data)
+
+
+# -- one connection over a StringTransport ----------------------------------------
+
+
+class AutoPausingTransport(StringTransport):
+    """A StringTransport that pauses its producer once ``limit`` bytes are buffered."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def write(self, data) -> None:
+        super().write(data)
+        if self.producer is not None and len(self.value()) > self.limit and self.producerState != "paused":
+            self.producerState = "paused"
+            self.producer.pauseProducing()
+
+    def drain(self) -> bytes:
+        """Take the buffered bytes and resume the producer, as a socket that emptied."""
+        data = self.value()
+        self.clear()
+        self.producerState = "producing"
+        self.producer.resumeProducing()
+        return data
+
+
+@dataclasses.dataclass
+class Harness:
+    """One MConnectionProtocol over a StringTransport, driven by a Clock."""
+
+    clock: Clock
+    switch: Switch
+    reactor: RecordingReactor
+    proto: object
+    transport: StringTransport
+    peer_node_id: str
+    #: What the protocol wrote in connectionMade (our hello).
+    written_on_connect: bytes = b""
+
+    @property
+    def peer(self):
+        return self.proto.peer
+
+    def feed(self, data: bytes) -> None:
+        self.proto.dataReceived(data)
+
+    def take(self) -> bytes:
+        """The bytes written since the last take."""
+        data = self.transport.value()
+        self.transport.clear()
+        return data
+
+    def lose(self) -> None:
+        """The transport reports the connection gone (after loseConnection, say)."""
+        self.proto.connectionLost(Failure(ConnectionDone("closed")))
+
+
+CHANNELS = [
+    ChannelDescriptor(0x20, priority=5, send_queue_capacity=1),
+    ChannelDescriptor(0x21, priority=1, send_queue_capacity=2, recv_message_capacity=4096),
+]
+
+
+def open_connection(
+    *,
+    channels=CHANNELS,
+    peer_channels=None,
+    config: Config | None = None,
+    transport: StringTransport | None = None,
+    handshake: bool = True,
+    peer_max_packet_payload: int | None = None,
+    is_outbound: bool = False,
+) -> Harness:
+    """A Switch with one connection over a StringTransport; the peer's hello is fed if ``handshake``.
+
+    ``peer_channels`` (default: the same as ``channels``) is what the fake peer announces.
+    The bytes written before this returns (our hello) are taken.
+    """
+    clock = Clock()
+    config = config or Config()
+    reactor = RecordingReactor(channels)
+    switch = Switch([reactor], clock=clock, config=config)
+    proto = MConnectionFactory(switch, is_outbound=is_outbound).buildProtocol(None)
+    transport = transport if transport is not None else StringTransport()
+    proto.makeConnection(transport)
+    harness = Harness(clock, switch, reactor, proto, transport, new_node_id(), transport.value())
+    if handshake:
+        harness.feed(
+            hello_packet(
+                harness.peer_node_id,
+                channels if peer_channels is None else peer_channels,
+                max_packet_payload=peer_max_packet_payload or config.max_packet_payload,
+            )
+        )
+        assert harness.peer is not None, "handshake was not accepted"
+    harness.take()
+    return harness
+
+
+# -- telemetry ----------------------------------------------------------------------
+
+
+class Telemetry:
+    """The mconn telemetry events seen by an EventLoggingObserver on the global publisher."""
+
+    def __init__(self) -> None:
+        self.observer = EventLoggingObserver()
+
+    def start(self) -> "Telemetry":
+        globalLogPublisher.addObserver(self.observer)
+        return self
+
+    def stop(self) -> None:
+        globalLogPublisher.removeObserver(self.observer)
+
+    @property
+    def events(self) -> list[dict]:
+        return [e for e in self.observer if e.get("log_namespace") == "mconn" and "event" in e]
+
+    def named(self, name: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == name]
+
+    def names(self) -> list[str]:
+        return [e["event"] for e in self.events]
