@@ -31,8 +31,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+BULK_SIZE = 1 << 20  # scenarios.BULK_SIZE (not imported here: it imports mconn)
 OUT_DIR = os.path.join(HERE, "out")
-SCENARIOS = ("bulk", "small", "priority", "rtt")
+SCENARIOS = ("bulk", "priority", "small", "rtt")
 IMPLS = ("raw", "mconn")
 
 #: (label, target kind, bound) per the issue; "ratio" targets compare mconn/raw.
@@ -231,28 +232,38 @@ def run_pair(args, impl: str, scenario: str) -> dict:
 
 
 def figures(scenario: str, r: dict) -> dict:
-    """The numbers a scenario's raw results reduce to (plus each process's CPU share)."""
+    """The numbers one measurement reduces to, with each process's CPU share and cost.
+
+    ``cpu_us`` is CPU time per unit of work (per MB, per message, per round trip) from
+    connection to report: steadier than rates on a machine whose two vCPUs contend.
+    """
     recv, send = r["recv"], r["send"]
-    cpu = {
-        "cpu_share": {side: round(r[side]["process"]["cpu_share"], 2) for side in ("send", "recv")},
-        "minor_faults": {side: r[side]["process"]["minor_faults"] for side in ("send", "recv")},
-    }
-    return dict(_figures(scenario, recv, send), **cpu)
+    out, units = _figures(scenario, recv, send)
+    out["cpu_share"] = {side: round(r[side]["process"]["cpu_share"], 3) for side in ("send", "recv")}
+    out["minor_faults"] = {side: r[side]["process"]["minor_faults"] for side in ("send", "recv")}
+    if units:
+        out["cpu_us"] = {side: r[side]["process"]["cpu_s"] * 1e6 / units for side in ("send", "recv")}
+    return out
 
 
-def _figures(scenario: str, recv: dict, send: dict) -> dict:
+def _figures(scenario: str, recv: dict, send: dict) -> tuple[dict, float | None]:
+    """(figures, units of work for the CPU cost) of one measurement."""
     if scenario == "bulk":
-        return {"MB_per_s": recv["B"]["bytes_per_s"] / 1e6, "messages": recv["B"]["messages"], "seconds": recv["B"]["seconds"]}
+        b = recv["B"]
+        return {"MB_per_s": b["bytes_per_s"] / 1e6, "messages": b["messages"], "seconds": b["seconds"]}, (
+            b["messages"] * BULK_SIZE / 1e6
+        )
     if scenario == "small":
-        return {"messages_per_s": recv["S"]["messages_per_s"], "messages": recv["S"]["messages"], "seconds": recv["S"]["seconds"]}
+        m = recv["S"]
+        return {"messages_per_s": m["messages_per_s"], "messages": m["messages"], "seconds": m["seconds"]}, m["messages"]
     if scenario == "priority":
         return {
             "bulk_MB_per_s": recv["B"]["bytes_per_s"] / 1e6,
             "probe": recv.get("probe", {"n": 0}),
             "probes_sent": send.get("probes_sent", 0),
             "probes_refused": send.get("probes_refused", 0),
-        }
-    return {"rtt": send["rtt"]}
+        }, None
+    return {"rtt": send["rtt"], "round_trips": send["round_trips"]}, send["round_trips"]
 
 
 def median_of(rounds: list):
@@ -281,16 +292,23 @@ def judge(results: dict) -> list[dict]:
             "pass": passed,
         })
 
+    def cpu_rows(scenario, unit):
+        for side, name in (("send", "sender"), ("recv", "receiver")):
+            row(f"  CPU {name}", unit, raw[scenario]["cpu_us"][side], mc[scenario]["cpu_us"][side])
+
     if "bulk" in raw and "bulk" in mc:
         a, b = raw["bulk"]["MB_per_s"], mc["bulk"]["MB_per_s"]
         row("bulk 1 MiB msgs", "MB/s", a, b, TARGETS["bulk"], b / a >= 0.30)
+        cpu_rows("bulk", "us/MB")
     if "small" in raw and "small" in mc:
         a, b = raw["small"]["messages_per_s"], mc["small"]["messages_per_s"]
         row("small 100 B msgs", "msg/s", a, b, TARGETS["small"], b / a >= 0.15)
+        cpu_rows("small", "us/msg")
     if "rtt" in raw and "rtt" in mc:
         a, b = raw["rtt"]["rtt"], mc["rtt"]["rtt"]
         row("round trip p50", "ms", a["p50_ms"], b["p50_ms"], TARGETS["rtt"], b["p50_ms"] / a["p50_ms"] <= 1.4)
         row("round trip p99", "ms", a["p99_ms"], b["p99_ms"])
+        cpu_rows("rtt", "us/rt")
     if "priority" in raw and "priority" in mc:
         a, b = raw["priority"], mc["priority"]
         p99_ok = b["probe"].get("p99_ms", float("inf")) <= 5.0

@@ -238,4 +238,5 @@ class Sender(Handler):
             self._result["probes_refused"] = self._probes_refused
         if self._rtt_samples:
             self._result["rtt"] = summarize(self._rtt_samples)
+            self._result["round_trips"] = self._rtt_seq
         self._report(self._result)

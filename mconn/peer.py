@@ -13,6 +13,7 @@ import dataclasses
 
 from twisted.internet import defer
 
+from mconn.connection import State
 from mconn.errors import ConnectionClosed
 from mconn.wire import ChannelInfo, Hello
 
@@ -72,9 +73,10 @@ class Peer:
 
     def _accepts(self, channel_id: int, message) -> bool:
         """False for channels either side lacks; ValueError for oversized messages."""
-        if self.state != "connected":
-            return False
-        ours = self._protocol.core.channels.get(channel_id)
+        core = self._protocol.core
+        if self.state != "connected" or core.state is not State.OPEN:
+            return False  # closing: nothing more can be queued
+        ours = core.channels.get(channel_id)
         theirs = self.channels.get(channel_id)
         if ours is None or theirs is None:
             return False
@@ -117,14 +119,24 @@ class Peer:
         self._waiting[channel_id].remove(entry)
         entry[1].callback(False)
 
-    def _drain_waiting(self) -> None:
-        """Move waiting sends into queues that have room (called after each pump)."""
+    def _drain_waiting(self) -> bool:
+        """Move waiting sends into queues that have room (called after each pump).
+
+        Returns True if any moved. Their Deferreds fire after the move, so a callback
+        that sends again sees consistent queues.
+        """
         core = self._protocol.core
-        for channel_id, waiting in self._waiting.items():
+        if core.state is not State.OPEN:
+            return False
+        queued = []
+        for channel_id, waiting in list(self._waiting.items()):
             while waiting and core.queue_message(channel_id, waiting[0][0]):
-                message, d, timer = waiting.popleft()
+                _, d, timer = waiting.popleft()
                 timer.cancel()
-                d.callback(True)
+                queued.append(d)
+        for d in queued:
+            d.callback(True)
+        return bool(queued)
 
     def _fail_waiting(self) -> None:
         for waiting in self._waiting.values():

@@ -118,14 +118,17 @@ class MConnectionProtocol(Protocol):
         core = self.core
         write = self.transport.write
         now = self._clock.seconds()
-        while not self._paused or core.state is not State.OPEN:
-            # Once closing, only the close packet is left, and it goes out even when paused.
-            data = core.data_to_send(now)
-            if not data:
+        while True:
+            while not self._paused or core.state is not State.OPEN:
+                # Once closing, only the close packet is left, and it goes out even when paused.
+                data = core.data_to_send(now)
+                if not data:
+                    break
+                write(data)
+            # Sends waiting for room take the room just made, and go out too.
+            moved = self.peer is not None and self.peer._drain_waiting()
+            if not moved or self._paused:
                 break
-            write(data)
-        if self.peer is not None:
-            self.peer._drain_waiting()
         if core.state is State.CLOSING or core.state is State.CLOSED:
             self._disconnect()
         else:
@@ -136,7 +139,8 @@ class MConnectionProtocol(Protocol):
         if self.end_reason is None:
             self.end_reason = reason
         code = getattr(reason, "code", None) or getattr(reason, "reason", "closed")
-        self.core.close(code, str(reason))
+        text = getattr(reason, "text", None)
+        self.core.close(code, str(reason) if text is None else text)
         self.pump()
 
     def _disconnect(self) -> None:

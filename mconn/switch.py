@@ -182,6 +182,7 @@ class Switch(Service):
             config=self.config,
         )
         self.peers[peer.node_id] = peer
+        proto.peer = peer
         telemetry.emit(
             "handshake_done",
             node_id=self.node_id,

@@ -24,7 +24,7 @@ FORMATS = {
     "reactor_error": "{node_id} reactor {reactor} failed in {method} for {peer_id}",
 }
 
-_LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "reactor_error": "error"}
+_LEVELS = {"protocol_error": "warn", "peer_rejected": "warn"}
 
 
 def emit(event: str, **fields) -> None:

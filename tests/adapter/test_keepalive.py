@@ -121,3 +121,16 @@ def test_pong_is_sent_before_queued_data():
     packets = parse_packets(h.take())
     assert packets[0] == (PONG,)
     assert packets[1][3] == b"queued"
+
+
+def test_even_an_incomplete_packet_proves_the_peer_alive():
+    """The first byte of a packet still in flight cancels the pong timeout."""
+    h = open_connection(config=CONFIG)
+    h.clock.advance(10)
+    h.clock.advance(3)
+    data = msg_packet(0x21, b"slow link")
+    h.feed(data[:1])
+    h.clock.advance(2)  # past the pong deadline (14)
+    assert not h.transport.disconnecting
+    h.feed(data[1:])
+    assert h.reactor.received(0x21) == [b"slow link"]

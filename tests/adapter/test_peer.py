@@ -170,6 +170,19 @@ def test_close_with_waiting_sends():
     assert isinstance(reason, ConnectionClosed) and reason.code == "closed"
 
 
+@pytest.mark.parametrize("ending", [b"\x00", close_packet("shutdown")], ids=["protocol error", "close packet"])
+def test_connection_ending_while_a_send_waits(ending):
+    """Bad bytes or a close packet read while a send waits: dataReceived does not raise,
+    the connection ends, and the send fires False."""
+    h = connection()
+    paused_and_full(h)
+    d = h.peer.send(0x20, b"waiting")
+    h.feed(ending)
+    assert h.transport.disconnecting
+    h.lose()
+    assert d.result is False
+
+
 def test_reply_to_a_message_that_arrived_with_a_close_packet():
     """A reactor replying to the peer's last message, read together with its close packet,
     gets False from try_send rather than an exception."""

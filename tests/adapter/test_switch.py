@@ -346,6 +346,10 @@ def test_max_inbound_peers_is_enforced(network, telemetry):
     assert refused.inbound.peer is None
     assert isinstance(refused.outbound.end_reason, PeerClosed) and refused.outbound.end_reason.code == "inbound_limit"
     assert [e["reason"] for e in telemetry.named("peer_rejected")] == ["inbound_limit"]
+    # The refused spoke had accepted the hub's hello: it sees add_peer, then PeerClosed.
+    [(_, reason)] = spokes[2].blocks.removed()
+    assert [c[0] for c in spokes[2].blocks.calls] == ["add_peer", "remove_peer"]
+    assert isinstance(reason, PeerClosed) and reason.code == "inbound_limit"
     # A peer leaving makes room for the next.
     links[0].peer_of(spokes[0].switch).close()
     network.flush()
