@@ -7,6 +7,7 @@ The scenarios (scenarios.py) drive a *link* and never look below it:
     send_now(channel, msg) -> bool   send a latency-critical message (no waiting)
     flush()                          hand batched frames to the transport
     close()
+    kernel_queues() -> (sendq, recvq)  bytes the kernel holds for the connection
 
 and call ``link.handler.message(channel, msg)`` / ``link.handler.closed()``.
 
@@ -20,8 +21,10 @@ selects ``Int32StringReceiver`` on the receiving side to check that claim.
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import struct
+import termios
 
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
@@ -53,6 +56,15 @@ class Handler:
 #: experiment, off by default): {"nodelay": bool, "notsent_lowat": int | None}.
 SOCKET_OPTIONS: dict = {"nodelay": False, "notsent_lowat": None}
 TCP_NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
+
+
+def kernel_queues(transport) -> tuple[int, int]:
+    """(unsent-or-unacked bytes in the socket's send queue, unread bytes in its receive
+    queue): what the kernel holds for this connection right now (Linux ioctls)."""
+    fd = transport.getHandle().fileno()
+    sendq = struct.unpack("i", fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0"))[0]
+    recvq = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+    return sendq, recvq
 
 
 def apply_socket_options(transport) -> None:
@@ -164,6 +176,9 @@ class RawLink(Protocol):
         self.flush()
         self.transport.loseConnection()
 
+    def kernel_queues(self) -> tuple[int, int]:
+        return kernel_queues(self.transport)
+
     # IPushProducer
 
     def pauseProducing(self) -> None:
@@ -233,6 +248,10 @@ class MconnLink:
 
     def close(self) -> None:
         self.peer.close("benchmark done")
+
+    def kernel_queues(self) -> tuple[int, int]:
+        # A diagnostic only: mconn has no public way to reach the socket.
+        return kernel_queues(self.peer._protocol.transport)
 
 
 class LinkReactor(Reactor):

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import time
 
-from links import Handler
+from twisted.internet.task import LoopingCall
 
 from mconn import ChannelDescriptor
+
+from links import Handler
 
 BULK, SMALL, LATENCY, ROUND_TRIP, END = b"BSLRE"
 BULK_SIZE = 1 << 20
@@ -41,6 +43,7 @@ CHANNELS = {
 }
 
 _END_MESSAGE = bytes([END])
+_SIZES = {BULK: BULK_SIZE, SMALL: SMALL_SIZE}
 
 
 def padded(kind: int, field: int, size: int) -> bytes:
@@ -68,6 +71,14 @@ def summarize(samples_ns: list[int]) -> dict:
     }
 
 
+def summarize_bytes(samples: list[int]) -> dict:
+    """Median and maximum of byte counts, in KiB."""
+    if not samples:
+        return {"n": 0}
+    ordered = sorted(samples)
+    return {"n": len(ordered), "p50_KiB": ordered[len(ordered) // 2] / 1024, "max_KiB": ordered[-1] / 1024}
+
+
 # -- receiver ---------------------------------------------------------------------
 
 
@@ -79,7 +90,10 @@ class Sink(Handler):
         self._report = report
         #: kind -> [messages, bytes after the first, first arrival ns, last arrival ns]
         self._counts: dict[int, list] = {}
+        #: Messages whose length is not their kind's (none expected: a check on delivery).
+        self._malformed = 0
         self._probe_delays: list[int] = []
+        self._recvq: list[int] = []
         self._done = False
 
     def message(self, channel: int, msg: bytes) -> None:
@@ -89,9 +103,12 @@ class Sink(Handler):
             self.link.send_now(channel, msg)
         elif kind == LATENCY:
             self._probe_delays.append(now - int.from_bytes(msg[1:9], "big"))
+            self._recvq.append(self.link.kernel_queues()[1])
         elif kind == END:
             self._finish()
         else:
+            if len(msg) != _SIZES.get(kind, -1):
+                self._malformed += 1
             c = self._counts.get(kind)
             if c is None:
                 self._counts[kind] = [1, 0, now, now]
@@ -118,6 +135,8 @@ class Sink(Handler):
             }
         if self._probe_delays:
             result["probe"] = summarize(self._probe_delays)
+            result["recvq_at_probe"] = summarize_bytes(self._recvq)
+        result["malformed"] = self._malformed
         self._report(result)
         self.link.close()
 
@@ -169,6 +188,7 @@ class Sender(Handler):
         self._probe_call = None
         self._probes_sent = 0
         self._probes_refused = 0
+        self._sendq: list[int] = []
         self._rtt_count = rtt_count
         self._rtt_warmup = max(20, rtt_count // 10)
         self._rtt_seq = 0
@@ -185,8 +205,6 @@ class Sender(Handler):
         self._fill(SMALL_CHANNEL.id, padded(SMALL, 0, SMALL_SIZE))
 
     def _start_priority(self) -> None:
-        from twisted.internet.task import LoopingCall
-
         self._probe_call = LoopingCall(self._probe)
         self._probe_call.clock = self.clock
         self._probe_call.start(PROBE_INTERVAL, now=False)
@@ -203,6 +221,7 @@ class Sender(Handler):
 
     def _probe(self) -> None:
         msg = padded(LATENCY, time.monotonic_ns(), SMALL_SIZE)
+        self._sendq.append(self.link.kernel_queues()[0])  # bytes ahead of the probe in the kernel
         if self.link.send_now(PROBE_CHANNEL.id, msg):
             self._probes_sent += 1
         else:
@@ -236,6 +255,7 @@ class Sender(Handler):
         if self._probes_sent or self._probes_refused:
             self._result["probes_sent"] = self._probes_sent
             self._result["probes_refused"] = self._probes_refused
+            self._result["sendq_at_probe"] = summarize_bytes(self._sendq)
         if self._rtt_samples:
             self._result["rtt"] = summarize(self._rtt_samples)
             self._result["round_trips"] = self._rtt_seq
