@@ -15,8 +15,12 @@ The raw baseline is the simplest honest framing: a 4-byte big-endian length, the
 payload, with no channels and no priorities. Its sender is the transport's IPushProducer
 and writes frames in batches (``writeSequence``); its receiver is a hand-written parser
 that copies each payload once, faster than ``Int32StringReceiver`` (which concatenates
-the whole unprocessed buffer on every read: quadratic for 1 MiB messages). ``--raw-framing int32``
-selects ``Int32StringReceiver`` on the receiving side to check that claim.
+the whole unprocessed buffer on every read: quadratic for 1 MiB messages);
+``--raw-framing int32`` selects ``Int32StringReceiver`` on the receiving side to check.
+
+``kernel_queues`` and the socket options reach mconn's socket through a private
+attribute (``peer._protocol.transport``): they are diagnostics and experiments, and
+none is on by default except the queue readings of the priority scenario.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class Handler:
     def closed(self) -> None:
         pass
 
+
+# -- socket diagnostics and experiments -------------------------------------------
 
 #: Socket options the bench applies to every connection (set from the command line; an
 #: experiment, off by default): {"nodelay": bool, "notsent_lowat": int | None}.

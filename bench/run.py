@@ -169,17 +169,6 @@ def run_rounds(args, scenarios: list[str]) -> tuple[list, list]:
     return rounds, role_results
 
 
-def combined_rows(rounds: list) -> list[dict]:
-    """Rows judged on the medians, each with its per-round ratios and verdicts."""
-    rows = report.judge(report.median_of(rounds))
-    per_round = [report.judge(figs) for figs in rounds]
-    for i, row in enumerate(rows):
-        row["rounds_mconn_over_raw"] = [r[i]["mconn_over_raw"] for r in per_round if r[i]["mconn_over_raw"] is not None]
-        row["rounds_mconn"] = [r[i]["mconn"] for r in per_round if r[i]["mconn"] is not None]
-        row["rounds_pass"] = [r[i]["pass"] for r in per_round]
-    return rows
-
-
 def write_json(doc: dict) -> str:
     os.makedirs(OUT_DIR, exist_ok=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -200,8 +189,8 @@ def orchestrate(args) -> int:
     started = time.monotonic()
     digest = report.source_digest(MCONN_DIR)
     rounds, role_results = run_rounds(args, scenarios)
-    rows = combined_rows(rounds)
-    print(f"\nmedians of {args.repeat} round(s); spread = per-round min..max of mconn/raw (or of mconn)")
+    rows = report.judge(rounds)
+    print(f"\nmedians of {args.repeat} round(s); mconn/raw is the median of the per-round ratios")
     report.print_table(rows)
     print(f"\ntotal {time.monotonic() - started:.1f}s; mconn sources {digest['sha256']}")
     if report.source_digest(MCONN_DIR) != digest:
@@ -229,13 +218,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="about 1 s per measurement (smoke run)")
     p.add_argument("--duration", type=float, default=None, help="seconds per measurement (default 2.5, --quick 1)")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--scenarios", default=",".join(SCENARIOS),
+                   help="comma-separated subset of " + ",".join(SCENARIOS) + " (priority implies bulk)")
     p.add_argument("--repeat", type=int, default=None, help="rounds; figures are medians (default 3, --quick 1)")
     p.add_argument("--rtt-count", type=int, default=None, help="timed round trips (default 5000, --quick 300)")
     p.add_argument("--profile", metavar="DIR", help="run every role under cProfile, writing DIR/*.prof")
     p.add_argument("--py-spy", metavar="DIR", help="run every role under py-spy record, writing DIR/*.txt")
     p.add_argument("--py-spy-bin", default="py-spy", help="the py-spy executable (pip install py-spy)")
-    p.add_argument("--raw-framing", choices=("hand", "int32"), default="hand")
+    p.add_argument("--raw-framing", choices=("hand", "int32"), default="hand",
+                   help="the raw receiver: hand-written (default, faster) or Int32StringReceiver")
     p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                    help="pin the sender and the receiver to different CPUs (default on)")
     p.add_argument("--nodelay", action="store_true", help="experiment: TCP_NODELAY on every connection")

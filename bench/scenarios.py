@@ -8,10 +8,21 @@ Every message starts with a kind byte, so the receiver needs no channel to class
     R  round-trip request: kind | sequence (8 bytes) | padding; the receiver echoes it
     E  end of the measurement: the receiver reports and closes
 
-Times come from ``time.monotonic_ns`` (CLOCK_MONOTONIC on Linux), which both processes
-share, so a latency probe's one-way delay is measured by the receiver directly.
-Throughput is measured by the receiver, from the arrival of the first whole message of a
-kind to the arrival of the last one, over the bytes of the messages after the first.
+Senders. ``bulk`` and ``small`` keep one channel's queue full (Filler): ``offer``
+(mconn: ``try_send``) until it is refused, then ``offer_later`` (mconn: ``peer.send``;
+raw: the transport's ``resumeProducing``) and go on when that fires, for ``duration``
+seconds; then an E message. ``priority`` does the same with 1 MiB messages on a
+priority-1 channel and sends a probe every 5 ms on a priority-10 channel (raw: the probe
+is written behind whatever the transport already buffers; there are no priorities).
+``rtt`` keeps one 100-byte request outstanding; the sender times it with
+``perf_counter_ns``.
+
+Measuring. Probe times come from ``time.monotonic_ns`` (CLOCK_MONOTONIC on Linux), which
+both processes share, so a probe's one-way delay is measured by the receiver directly.
+At each probe the sender also records the bytes its kernel send queue holds (ahead of
+the probe) and the receiver the bytes left unread in its receive queue. Throughput is
+measured by the receiver, from the arrival of the first whole message of a kind to the
+arrival of the last one, over the bytes of the messages after the first.
 """
 
 from __future__ import annotations

@@ -176,6 +176,23 @@ class Channel:
         self.stats.bytes_sent += wire
         return wire, finished
 
+    def reassemble_run(self, payloads: list) -> None:
+        """Add the payloads of consecutive not-last packets (frame_buffer.RUN)."""
+        size = self.receiving_size + sum(map(len, payloads))
+        if size > self.recv_capacity:
+            self.receiving = None
+            self.receiving_size = 0
+            raise MessageTooLarge(
+                f"message on channel {self.id:#04x} reached {size} bytes, over its "
+                f"recv_message_capacity {self.recv_capacity}"
+            )
+        buf = self.receiving
+        if buf is None:
+            buf = self.receiving = io.BytesIO()
+        buf.writelines(payloads)
+        self.stats.bytes_received += size - self.receiving_size
+        self.receiving_size = size
+
     def reassemble(self, eof: int, data: memoryview) -> bytes | None:
         """Add one packet's payload; the whole message once ``eof`` is set.
 

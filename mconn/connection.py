@@ -29,7 +29,7 @@ from mconn.errors import (
     UnknownPacketType,
 )
 from mconn.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived, PongReceived
-from mconn.frame_buffer import MSG, PING, PONG, FrameBuffer
+from mconn.frame_buffer import MSG, PING, PONG, RUN, FrameBuffer
 from mconn.handshake import check_hello
 from mconn.rate import TokenBucket
 from mconn.wire import FIRST_OPTIONAL_TYPE, Hello, PacketType, decode_close, decode_hello, encode_close, encode_extension, encode_hello
@@ -76,7 +76,7 @@ TRANSITIONS: dict[tuple[State, Input], State] = {
 }
 del S, I
 
-_INPUT_OF_TYPE = {PING: Input.PING, PONG: Input.PONG, MSG: Input.MSG}
+_INPUT_OF_TYPE = {PING: Input.PING, PONG: Input.PONG, MSG: Input.MSG, RUN: Input.MSG}
 
 
 class Connection:
@@ -151,18 +151,27 @@ class Connection:
                 # The hot path: (MSG, channel_id, eof, data), see frame_buffer.py.
                 channel = channels.get(packet[1])
                 if channel is None:
-                    raise UnknownChannel(
-                        f"msg packet on channel {packet[1]:#04x}, which this node does not have "
-                        f"(channels: {', '.join(f'{c:#04x}' for c in channels) or 'none'})"
-                    )
+                    raise self._unknown_channel(packet[1])
                 message = channel.reassemble(packet[2], packet[3])
                 if message is not None:
                     append(MessageReceived(channel_id=packet[1], message=message))
+                continue
+            if kind == RUN and is_open:
+                channel = channels.get(packet[1])
+                if channel is None:
+                    raise self._unknown_channel(packet[1])
+                channel.reassemble_run(packet[2])
                 continue
             self._process_other(kind, packet, events, now)
             if self.state is State.CLOSED:
                 return  # the peer closed: whatever follows is ignored
             is_open = self.state is State.OPEN
+
+    def _unknown_channel(self, channel_id: int) -> UnknownChannel:
+        return UnknownChannel(
+            f"msg packet on channel {channel_id:#04x}, which this node does not have "
+            f"(channels: {', '.join(f'{c:#04x}' for c in self.channels) or 'none'})"
+        )
 
     def _process_other(self, kind: int, packet: tuple, events: list, now: float) -> None:
         """Every packet but a msg packet on an open connection."""

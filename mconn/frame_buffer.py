@@ -12,6 +12,11 @@ Decoded packets are plain tuples for speed; tests/core/test_codec_equivalence.py
 this decoder agrees with the construct declarations of wire.py:
 
     (PING,)  (PONG,)  (MSG, channel_id, eof, data: memoryview)  (type, body: bytes)
+    (RUN, channel_id, [data: memoryview, ...])
+
+RUN stands for consecutive msg packets of one channel that carry exactly max_payload
+bytes with eof 00 (the middle of a large message): one tuple for the lot, so that bulk
+transfers cost one step per run instead of one per packet.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 from mconn.errors import MalformedPacket, PacketTooLarge, UnknownPacketType
 from mconn.wire import FIRST_EXTENSION_TYPE, MAX_UVARINT_SIZE, PacketType
 
+#: Not a wire type: a run of full, not-last msg packets of one channel (see feed).
+RUN = 0x100
 PING = PacketType.PING.value
 PONG = PacketType.PONG.value
 MSG = PacketType.MSG.value
@@ -88,14 +95,22 @@ class FrameBuffer:
         full_skip = 2 + len(full_tail)
         error = None
         stopped = False
+        run: list = []
+        run_channel = -1
         while pos < n:
             t = data[pos]
             if t == MSG:
                 # 03 | ch | eof | size | len (size bytes) | data
                 start = pos + full_skip
                 if data[pos + 2 : start] == full_tail and start + max_payload <= n:
+                    # A full, not-last packet: consecutive ones of a channel form one run.
                     end = start + max_payload
-                    append((MSG, data[pos + 1], 0, mv[start:end]))
+                    if run_channel == data[pos + 1] and out and out[-1][0] == RUN:
+                        run.append(mv[start:end])
+                    else:
+                        run_channel = data[pos + 1]
+                        run = [mv[start:end]]
+                        append((RUN, run_channel, run))
                     pos = end
                     continue
                 if pos + 4 > n:

@@ -16,7 +16,7 @@ from mconn.channel import ChannelDescriptor
 from mconn.config import Config
 from mconn.connection import Connection
 from mconn.events import HelloReceived
-from mconn.frame_buffer import FrameBuffer
+from mconn.frame_buffer import RUN, FrameBuffer
 from mconn.handshake import make_hello
 from mconn.wire import PacketType
 
@@ -173,6 +173,17 @@ def frame_buffer(max_payload: int = 1024, max_hello_size: int = 4096, max_contro
     )
 
 
+def expand_runs(packets: list) -> list:
+    """FrameBuffer output with each RUN spelled out as the msg packets it stands for."""
+    out = []
+    for packet in packets:
+        if packet[0] == RUN:
+            out += [(PacketType.MSG, packet[1], 0, data) for data in packet[2]]
+        else:
+            out.append(packet)
+    return out
+
+
 def as_decoded(packet: tuple):
     """A FrameBuffer packet in the form ``wire.decode_packet`` returns."""
     kind = packet[0]
@@ -186,10 +197,10 @@ def as_decoded(packet: tuple):
 def feed_whole(buffer, data: bytes) -> tuple[list, Exception | None]:
     """Feed ``data`` in one call (resuming after extension packets); decoded packets, error."""
     packets, error = buffer.feed(data)
-    out = [as_decoded(p) for p in packets]
+    out = [as_decoded(p) for p in expand_runs(packets)]
     while error is None and buffer.paused:
         packets, error = buffer.feed(b"")
-        out += [as_decoded(p) for p in packets]
+        out += [as_decoded(p) for p in expand_runs(packets)]
     return out, error
 
 

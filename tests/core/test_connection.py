@@ -605,3 +605,16 @@ def test_any_split_of_the_stream_delivers_the_same_messages(payload_a, payload_b
     for channel_id in (0x20, 0x30):
         expected = [m for c, m in messages if c == channel_id]
         assert [e.message for e in events if e.channel_id == channel_id] == expected
+
+
+def test_a_run_of_full_packets_past_recv_message_capacity_fails_before_it_is_kept():
+    """MessageTooLarge holds on the bulk fast path (frame_buffer.RUN) too."""
+    from mconn.errors import MessageTooLarge
+
+    conn = open_connection(channels=[ChannelDescriptor(CH, recv_message_capacity=2048)])
+    stream = b"".join(msg(CH, b"x" * 1024, eof=False) for _ in range(3))
+    events = conn.receive_data(stream, 1.0)
+    assert isinstance(events[-1], ConnectionFailed)
+    assert isinstance(events[-1].error, MessageTooLarge)
+    assert "3072" in str(events[-1].error) and "2048" in str(events[-1].error)
+    assert conn.channels[CH].receiving is None

@@ -154,3 +154,30 @@ def test_buffer_holds_at_most_one_incomplete_packet(payloads, cuts):
         assert buffer.buffered == fed - start_of_incomplete
         assert buffer.buffered <= 4 + 2 + 300
     assert buffer.buffered == 0
+
+
+def test_full_packets_of_one_channel_come_out_as_one_run():
+    """The bulk fast path: consecutive full, not-last packets of a channel are one RUN."""
+    from mconn.frame_buffer import RUN
+
+    buffer = frame_buffer(max_payload=4)
+    stream = (
+        msg(0x20, b"aaaa", eof=False)
+        + msg(0x20, b"bbbb", eof=False)
+        + msg(0x21, b"cccc", eof=False)  # another channel: a new run
+        + msg(0x20, b"dddd", eof=False)
+        + msg(0x20, b"ee")  # the last packet of a message is never part of a run
+        + _hex("01")
+        + msg(0x20, b"ffff", eof=False)
+    )
+    packets, error = buffer.feed(stream)
+    assert error is None
+    shaped = [(p[0], p[1], [bytes(d) for d in p[2]]) if p[0] == RUN else p for p in packets]
+    assert shaped[:3] == [
+        (RUN, 0x20, [b"aaaa", b"bbbb"]),
+        (RUN, 0x21, [b"cccc"]),
+        (RUN, 0x20, [b"dddd"]),
+    ]
+    assert shaped[3][:3] == (PacketType.MSG, 0x20, 1) and bytes(shaped[3][3]) == b"ee"
+    assert shaped[4] == (PacketType.PING,)
+    assert shaped[5] == (RUN, 0x20, [b"ffff"])
