@@ -28,8 +28,12 @@ from scenarios import CHANNELS, Sender, Sink
 
 
 def emit(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    """One JSON line on stdout; a reader that has gone away is not an error here."""
+    try:
+        sys.stdout.write(json.dumps(obj) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        pass
 
 
 def _minor_faults() -> int:
@@ -71,8 +75,10 @@ class Role:
             self.clock.stop()
 
     def give_up(self) -> None:
-        emit({"error": f"{self.args.role} deadline of {self.args.deadline}s passed"})
-        self.stop()
+        try:
+            emit({"error": f"{self.args.role} deadline of {self.args.deadline}s passed"})
+        finally:
+            self.stop()
 
     def failed(self, failure) -> None:
         emit({"error": failure.getTraceback()})

@@ -23,6 +23,7 @@ against ``recv_message_capacity`` before its bytes are kept.
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import dataclasses
 import math
@@ -74,6 +75,7 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+@functools.lru_cache(maxsize=4096)
 def msg_header(channel_id: int, eof: bool, length: int) -> bytes:
     """The bytes of a msg packet before its payload: 03 | ch | eof | uvarint length."""
     size = (length.bit_length() + 7) // 8

@@ -45,6 +45,13 @@ class Config:
     write_batch_bytes: int = 65536
     #: Period of the per-channel statistics telemetry event (0 disables it).
     stats_interval: float = 10.0
+    #: TCP_NODELAY on every connection: small high-priority packets must not wait for
+    #: Nagle and a delayed ACK (40 ms tails otherwise; Go, hence CometBFT, sets it too).
+    tcp_nodelay: bool = True
+    #: TCP_NOTSENT_LOWAT in bytes (None: leave the kernel default). Bytes handed to the
+    #: kernel can no longer be reordered by priority; without this bound Linux queues
+    #: megabytes of bulk data ahead of a high-priority message (bench/RESULTS.md).
+    tcp_notsent_lowat: int | None = 16384
 
     def __post_init__(self) -> None:
         for name in ("ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout"):
@@ -57,6 +64,10 @@ class Config:
         _check_int("max_hello_size", self.max_hello_size, 64)
         _check_int("max_control_size", self.max_control_size, 64)
         _check_int("write_batch_bytes", self.write_batch_bytes, 1)
+        if not isinstance(self.tcp_nodelay, bool):
+            raise ValueError(f"Config.tcp_nodelay must be True or False, got {self.tcp_nodelay!r}")
+        if self.tcp_notsent_lowat is not None:
+            _check_int("tcp_notsent_lowat", self.tcp_notsent_lowat, 1)
         for name in ("send_rate", "recv_rate"):
             value = getattr(self, name)
             if value is not None:

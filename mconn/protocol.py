@@ -9,6 +9,9 @@ the same reactor turn it was queued in: there is no flush timer.
 
 from __future__ import annotations
 
+import socket
+import sys
+
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
@@ -45,6 +48,7 @@ class MConnectionProtocol(Protocol):
         if not is_outbound:
             self.handshake.addErrback(lambda failure: None)  # nobody waits on inbound ones
         self._paused = False
+        self._rate_limited = switch.config.send_rate is not None
         self._timer = None
         self._linger = None
         self._handlers = {
@@ -61,9 +65,11 @@ class MConnectionProtocol(Protocol):
         peer = self.transport.getPeer()
         self.remote_address = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
         self.core = self.switch._new_connection_core(self._clock.seconds())
+        _set_socket_options(self.transport, self.switch.config)
         self.transport.registerProducer(self, True)
         self.switch._connection_made(self)
         self.pump()
+        self._rearm()
 
     def dataReceived(self, data: bytes) -> None:
         core = self.core
@@ -78,6 +84,7 @@ class MConnectionProtocol(Protocol):
             else:
                 handlers[type(event)](event)
         self.pump()
+        self._rearm()
         ready = core.receive_ready_at(now)
         if ready > now and self.transport is not None and core.state is State.OPEN:
             self.transport.pauseProducing()
@@ -131,7 +138,7 @@ class MConnectionProtocol(Protocol):
                 break
         if core.state is State.CLOSING or core.state is State.CLOSED:
             self._disconnect()
-        else:
+        elif self._rate_limited:
             self._rearm()  # send_rate may have left data for later
 
     def close(self, reason: Exception) -> None:
@@ -169,6 +176,7 @@ class MConnectionProtocol(Protocol):
         for event in self.core.handle_timeout(self._clock.seconds()):
             self._handlers[type(event)](event)
         self.pump()
+        self._rearm()
 
     # -- events --------------------------------------------------------------------
 
@@ -193,6 +201,19 @@ class MConnectionProtocol(Protocol):
     def _on_failed(self, event: ConnectionFailed) -> None:
         self.end_reason = event.error
         self.switch._protocol_error(self, event.error)
+
+
+def _set_socket_options(transport, config) -> None:
+    """TCP_NODELAY and TCP_NOTSENT_LOWAT where the transport is a TCP socket that has them."""
+    if config.tcp_nodelay and hasattr(transport, "setTcpNoDelay"):
+        transport.setTcpNoDelay(True)
+    lowat = getattr(socket, "TCP_NOTSENT_LOWAT", 25 if sys.platform.startswith("linux") else None)
+    handle = getattr(transport, "getHandle", lambda: None)()
+    if config.tcp_notsent_lowat and lowat is not None and isinstance(handle, socket.socket):
+        try:
+            handle.setsockopt(socket.IPPROTO_TCP, lowat, config.tcp_notsent_lowat)
+        except OSError as e:
+            log.debug("TCP_NOTSENT_LOWAT not set: {error}", error=e)
 
 
 class MConnectionFactory(Factory):
