@@ -178,16 +178,20 @@ class Channel:
         self.stats.bytes_sent += wire
         return wire, finished
 
+    def _too_large(self, size: int) -> MessageTooLarge:
+        """Drop the partial message; the error the connection fails with."""
+        self.receiving = None
+        self.receiving_size = 0
+        return MessageTooLarge(
+            f"message on channel {self.id:#04x} reached {size} bytes, over its "
+            f"recv_message_capacity {self.recv_capacity}"
+        )
+
     def reassemble_run(self, payloads: list) -> None:
         """Add the payloads of consecutive not-last packets (frame_buffer.RUN)."""
         size = self.receiving_size + sum(map(len, payloads))
         if size > self.recv_capacity:
-            self.receiving = None
-            self.receiving_size = 0
-            raise MessageTooLarge(
-                f"message on channel {self.id:#04x} reached {size} bytes, over its "
-                f"recv_message_capacity {self.recv_capacity}"
-            )
+            raise self._too_large(size)
         buf = self.receiving
         if buf is None:
             buf = self.receiving = io.BytesIO()
@@ -203,12 +207,7 @@ class Channel:
         """
         size = self.receiving_size + len(data)
         if size > self.recv_capacity:
-            self.receiving = None
-            self.receiving_size = 0
-            raise MessageTooLarge(
-                f"message on channel {self.id:#04x} reached {size} bytes, over its "
-                f"recv_message_capacity {self.recv_capacity}"
-            )
+            raise self._too_large(size)
         stats = self.stats
         stats.bytes_received += len(data)
         buf = self.receiving
