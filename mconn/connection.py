@@ -28,11 +28,33 @@ from mconn.errors import (
     UnknownChannel,
     UnknownPacketType,
 )
-from mconn.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived, PongReceived
+from mconn.events import (
+    AckReceived,
+    CloseReceived,
+    ConnectionFailed,
+    HelloReceived,
+    MessageReceived,
+    PongReceived,
+    SessionAnswered,
+)
 from mconn.frame_buffer import MSG, PING, PONG, RUN, FrameBuffer
 from mconn.handshake import check_hello
 from mconn.rate import TokenBucket
-from mconn.wire import FIRST_OPTIONAL_TYPE, Hello, PacketType, decode_close, decode_hello, encode_close, encode_extension, encode_hello
+from mconn.wire import (
+    FIRST_OPTIONAL_TYPE,
+    Hello,
+    PacketType,
+    SessionAnswer,
+    decode_ack,
+    decode_close,
+    decode_hello,
+    decode_session_answer,
+    encode_ack,
+    encode_close,
+    encode_extension,
+    encode_hello,
+    encode_session_answer,
+)
 
 #: Close texts are cut to this many characters so that they fit max_control_size.
 CLOSE_TEXT_LIMIT = 200
@@ -54,6 +76,8 @@ class Input(enum.Enum):
     PONG = "pong"
     CLOSE_RECEIVED = "close received"
     CLOSE_SENT = "close sent"
+    ACK = "ack"
+    SESSION = "session"
 
 
 S, I = State, Input
@@ -67,11 +91,15 @@ TRANSITIONS: dict[tuple[State, Input], State] = {
     (S.OPEN, I.PONG): S.OPEN,
     (S.OPEN, I.CLOSE_RECEIVED): S.CLOSED,
     (S.OPEN, I.CLOSE_SENT): S.CLOSING,
+    (S.OPEN, I.ACK): S.OPEN,
+    (S.OPEN, I.SESSION): S.OPEN,
     # After our close, the peer's last packets are read and ignored.
     (S.CLOSING, I.MSG): S.CLOSING,
     (S.CLOSING, I.PING): S.CLOSING,
     (S.CLOSING, I.PONG): S.CLOSING,
     (S.CLOSING, I.HELLO): S.CLOSING,
+    (S.CLOSING, I.ACK): S.CLOSING,
+    (S.CLOSING, I.SESSION): S.CLOSING,
     (S.CLOSING, I.CLOSE_RECEIVED): S.CLOSED,
 }
 del S, I
@@ -193,6 +221,16 @@ class Connection:
             code, text = decode_close(packet[1])
             self._transition(Input.CLOSE_RECEIVED, packet)
             append(CloseReceived(code=code, text=text))
+        elif kind == PacketType.ACK:
+            delivered = decode_ack(packet[1])
+            self._transition(Input.ACK, packet)
+            if self.state is State.OPEN:
+                append(AckReceived(delivered=delivered))
+        elif kind == PacketType.SESSION:
+            answer = decode_session_answer(packet[1])
+            self._transition(Input.SESSION, packet)
+            if self.state is State.OPEN:
+                append(SessionAnswered(answer=answer))
         elif kind >= FIRST_OPTIONAL_TYPE:
             return  # an optional extension we do not know: step over it
         else:
@@ -231,6 +269,26 @@ class Connection:
         if channel is None:
             raise LocalProtocolError(f"channel {channel_id:#04x} is not one of this connection's channels")
         return channel.enqueue(message)
+
+    def requeue(self, channel_id: int, messages: list[bytes]) -> None:
+        """Put messages at the end of a channel's queue regardless of its capacity.
+
+        For resumed sessions: re-sent messages were accepted before, so they never wait
+        for room; new sends wait until the queue is back under its capacity.
+        """
+        if self.state is not State.OPEN:
+            raise LocalProtocolError(f"cannot requeue on channel {channel_id:#04x}: connection is {self.state.value}")
+        self.channels[channel_id].queue.extend(messages)
+
+    def send_ack(self, delivered: dict[int, int]) -> None:
+        """Queue an ack packet (control: it goes out before data)."""
+        if self.state is State.OPEN:
+            self._control.append(encode_extension(PacketType.ACK, encode_ack(delivered)))
+
+    def send_session_answer(self, answer: SessionAnswer) -> None:
+        """Queue the listener's session answer (before any data, specs/resume.md)."""
+        if self.state is State.OPEN:
+            self._control.append(encode_extension(PacketType.SESSION, encode_session_answer(answer)))
 
     def close(self, code: str, text: str = "") -> None:
         """Queue a close packet; nothing but it goes out afterwards."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from mconn.errors import RemoteProtocolError
-from mconn.wire import Hello
+from mconn.wire import Hello, SessionAnswer
 
 _event = dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 
@@ -50,3 +50,17 @@ class ConnectionFailed:
     """The peer broke the protocol or went silent; the connection is over."""
 
     error: RemoteProtocolError
+
+
+@_event
+class AckReceived:
+    """The peer confirmed per-channel counts of messages delivered to its reactor."""
+
+    delivered: dict
+
+
+@_event
+class SessionAnswered:
+    """The listener answered our session request (specs/resume.md section 2)."""
+
+    answer: SessionAnswer

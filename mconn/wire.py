@@ -59,6 +59,18 @@ class PacketType(enum.IntEnum):
     MSG = 0x03
     HELLO = 0x04
     CLOSE = 0x05
+    ACK = 0x06
+    SESSION = 0x07
+
+
+class HelloTag(enum.IntEnum):
+    """Tags of the optional hello fields (specs/handshake.md section 2.2)."""
+
+    #: The dialer's session request (specs/resume.md section 2).
+    SESSION = 0x01
+
+
+SESSION_ID_BYTES = 16
 
 
 FIRST_EXTENSION_TYPE = 0x04
@@ -155,6 +167,51 @@ HelloBody = Struct(
 # Close body (specs/wire.md section 3.2): String code | String text
 CloseBody = Struct("code" / String, "text" / String, Terminated)
 
+# Per-channel counts of whole messages delivered to the reactor (specs/resume.md):
+#   uvarint n | n x (channel id (1) | uvarint count)
+Counts = PrefixedArray(uvarint, Struct("channel_id" / Int8ub, "count" / uvarint))
+
+# Ack body (specs/resume.md section 3): Counts
+AckBody = Struct("delivered" / Counts, Terminated)
+
+# Hello field SESSION (the dialer's request, specs/resume.md section 2):
+#   16 bytes session id | resume (1 byte: 00 fresh, 01 resume) | Counts (empty when fresh)
+SessionRequestBody = Struct(
+    "session_id" / Bytes(SESSION_ID_BYTES),
+    "resume" / _BoolByte(OneOf(Int8ub, [0, 1])),
+    "delivered" / Counts,
+    Terminated,
+)
+
+# Session packet (the listener's answer, specs/resume.md section 2):
+#   16 bytes session id | resumed (1 byte: 00 fresh, 01 resumed) | String reason | Counts
+SessionAnswerBody = Struct(
+    "session_id" / Bytes(SESSION_ID_BYTES),
+    "resumed" / _BoolByte(OneOf(Int8ub, [0, 1])),
+    "reason" / String,
+    "delivered" / Counts,
+    Terminated,
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SessionRequest:
+    """The dialer's hello field: start ``session_id`` fresh, or resume it."""
+
+    session_id: bytes
+    resume: bool
+    delivered: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SessionAnswer:
+    """The listener's answer: the session resumed (with its delivered counts) or fresh."""
+
+    session_id: bytes
+    resumed: bool
+    reason: str = ""
+    delivered: dict[int, int] = dataclasses.field(default_factory=dict)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class ChannelInfo:
@@ -245,6 +302,55 @@ def decode_close(body: bytes) -> tuple[str, str]:
     """Decode a close body into (code, text)."""
     c = _parse(CloseBody, body, "close")
     return c.code, c.text
+
+
+def _counts(parsed) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for entry in parsed:
+        if entry.channel_id in counts:
+            raise MalformedPacket(f"counts list channel {entry.channel_id:#04x} twice")
+        counts[entry.channel_id] = entry.count
+    return counts
+
+
+def _count_list(counts: dict[int, int]) -> list:
+    return [dict(channel_id=c, count=n) for c, n in sorted(counts.items())]
+
+
+def encode_ack(delivered: dict[int, int]) -> bytes:
+    """The ack body: per-channel delivered counts."""
+    return AckBody.build(dict(delivered=_count_list(delivered)))
+
+
+def decode_ack(body: bytes) -> dict[int, int]:
+    return _counts(_parse(AckBody, body, "ack").delivered)
+
+
+def encode_session_request(request: SessionRequest) -> bytes:
+    return SessionRequestBody.build(
+        dict(session_id=request.session_id, resume=request.resume, delivered=_count_list(request.delivered))
+    )
+
+
+def decode_session_request(value: bytes) -> SessionRequest:
+    c = _parse(SessionRequestBody, value, "session request")
+    return SessionRequest(session_id=c.session_id, resume=c.resume, delivered=_counts(c.delivered))
+
+
+def encode_session_answer(answer: SessionAnswer) -> bytes:
+    return SessionAnswerBody.build(
+        dict(
+            session_id=answer.session_id,
+            resumed=answer.resumed,
+            reason=answer.reason,
+            delivered=_count_list(answer.delivered),
+        )
+    )
+
+
+def decode_session_answer(body: bytes) -> SessionAnswer:
+    c = _parse(SessionAnswerBody, body, "session answer")
+    return SessionAnswer(session_id=c.session_id, resumed=c.resumed, reason=c.reason, delivered=_counts(c.delivered))
 
 
 def encode_extension(packet_type: int, body: bytes) -> bytes:

@@ -1,0 +1,169 @@
+"""Session state that outlives a connection: counters, the recovery buffer, acks. Pure.
+
+Theory of operation (specs/resume.md). A session is the logical link between two node
+ids; transports come and go beneath it. Per channel and per direction it keeps counts
+of whole messages:
+
+* sending: ``acked`` is how many messages the peer has confirmed delivering to its
+  reactor; ``unacked`` holds, in order, every message accepted since (sent or not). A
+  message's sequence number is its index in the channel's stream, so message
+  ``acked + i`` is ``unacked[i]``.
+* receiving: ``delivered`` counts the messages handed to our reactor.
+
+Acknowledgements carry ``delivered`` per channel, cumulatively; the sender drops what
+they cover. On resume each side tells the other its ``delivered`` counts and re-sends,
+whole and in order, every message past the peer's count. Messages that were partly
+received when the transport broke are discarded by the receiver (it counts only whole
+messages) and re-sent whole. So within the grace window each accepted message is
+delivered exactly once, in order per channel.
+
+The recovery buffer (all ``unacked`` bytes of the session) is bounded by
+``recovery_buffer_bytes``: a full buffer refuses new messages (backpressure), it never
+drops one. A single message larger than the whole buffer is accepted when the buffer is
+empty, so that no message that fits the channel can be refused forever.
+"""
+
+from __future__ import annotations
+
+import collections
+import hmac
+
+from mconn.errors import RemoteProtocolError
+
+
+class AckError(RemoteProtocolError):
+    """An ack or resume count the sender's own counts make impossible."""
+
+
+class _Stream:
+    __slots__ = ("acked", "unacked", "delivered")
+
+    def __init__(self) -> None:
+        self.acked = 0
+        self.unacked: collections.deque[bytes] = collections.deque()
+        self.delivered = 0
+
+
+class Session:
+    """One session's per-channel counters and recovery buffer.
+
+    :param session_id: 16 random bytes, the session's name and resume secret.
+    :param channel_ids: the channels both sides agreed on when the session started.
+    :param recovery_buffer_bytes: bound on unacknowledged message bytes.
+    :param ack_every_messages: send an ack after this many deliveries...
+    :param ack_every_bytes: ...or this many delivered bytes, whichever comes first.
+    """
+
+    def __init__(
+        self,
+        session_id: bytes,
+        channel_ids,
+        *,
+        recovery_buffer_bytes: int,
+        ack_every_messages: int,
+        ack_every_bytes: int,
+    ) -> None:
+        self.id = session_id
+        self._streams = {c: _Stream() for c in channel_ids}
+        self.recovery_buffer_bytes = recovery_buffer_bytes
+        self.unacked_bytes = 0
+        self._ack_every_messages = ack_every_messages
+        self._ack_every_bytes = ack_every_bytes
+        self._since_ack_messages = 0
+        self._since_ack_bytes = 0
+        #: Counters for observability (specs/telemetry.md).
+        self.resent = 0
+
+    @property
+    def channel_ids(self) -> frozenset:
+        return frozenset(self._streams)
+
+    def proves(self, session_id: bytes) -> bool:
+        """Whether ``session_id`` names this session (constant-time comparison)."""
+        return hmac.compare_digest(self.id, session_id)
+
+    # -- sending -------------------------------------------------------------------
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether a message of ``nbytes`` fits the recovery buffer now."""
+        return self.unacked_bytes == 0 or self.unacked_bytes + nbytes <= self.recovery_buffer_bytes
+
+    def record_sent(self, channel_id: int, message: bytes) -> int:
+        """Keep an accepted message until it is acknowledged; returns its sequence number."""
+        stream = self._streams[channel_id]
+        stream.unacked.append(message)
+        self.unacked_bytes += len(message)
+        return stream.acked + len(stream.unacked) - 1
+
+    def accepted(self, channel_id: int) -> int:
+        """How many messages were accepted on the channel in this session."""
+        stream = self._streams[channel_id]
+        return stream.acked + len(stream.unacked)
+
+    def acked(self, channel_id: int) -> int:
+        return self._streams[channel_id].acked
+
+    def on_ack(self, delivered: dict[int, int]) -> list[tuple[int, int, int]]:
+        """Drop what the peer confirms; returns ``(channel, old_acked, new_acked)`` per change.
+
+        Raises AckError for a channel outside the session, a count beyond what was
+        accepted, or a count going backwards.
+        """
+        changes = []
+        for channel_id, count in delivered.items():
+            stream = self._streams.get(channel_id)
+            if stream is None:
+                raise AckError(f"ack names channel {channel_id:#04x}, which is not in this session")
+            accepted = stream.acked + len(stream.unacked)
+            if count > accepted:
+                raise AckError(
+                    f"ack says {count} messages delivered on channel {channel_id:#04x}, "
+                    f"but only {accepted} were sent"
+                )
+            if count < stream.acked:
+                raise AckError(
+                    f"ack count for channel {channel_id:#04x} went backwards: {count} after {stream.acked}"
+                )
+            old = stream.acked
+            for _ in range(count - old):
+                self.unacked_bytes -= len(stream.unacked.popleft())
+            stream.acked = count
+            if count != old:
+                changes.append((channel_id, old, count))
+        return changes
+
+    def to_resend(self, peer_delivered: dict[int, int]) -> dict[int, list[bytes]]:
+        """On resume: apply the peer's counts, then every message still unacknowledged."""
+        self.on_ack({c: n for c, n in peer_delivered.items() if c in self._streams})
+        resend = {c: list(s.unacked) for c, s in self._streams.items() if s.unacked}
+        self.resent += sum(len(m) for m in resend.values())
+        return resend
+
+    def undelivered(self) -> dict[int, int]:
+        """Per channel, messages accepted but not confirmed delivered (non-zero only)."""
+        return {c: len(s.unacked) for c, s in self._streams.items() if s.unacked}
+
+    # -- receiving -----------------------------------------------------------------
+
+    def record_delivered(self, channel_id: int, nbytes: int) -> bool:
+        """Count a message handed to our reactor; True when an ack is due."""
+        self._streams[channel_id].delivered += 1
+        self._since_ack_messages += 1
+        self._since_ack_bytes += nbytes
+        return self._since_ack_messages >= self._ack_every_messages or self._since_ack_bytes >= self._ack_every_bytes
+
+    @property
+    def ack_pending(self) -> bool:
+        return self._since_ack_messages > 0
+
+    def take_ack(self) -> dict[int, int]:
+        """The counts to acknowledge now (every channel with deliveries)."""
+        self._since_ack_messages = 0
+        self._since_ack_bytes = 0
+        return self.delivered_counts()
+
+    def delivered_counts(self) -> dict[int, int]:
+        return {c: s.delivered for c, s in self._streams.items() if s.delivered}
+
+    def delivered(self, channel_id: int) -> int:
+        return self._streams[channel_id].delivered
