@@ -52,9 +52,26 @@ class Config:
     #: kernel can no longer be reordered by priority; without this bound Linux queues
     #: megabytes of bulk data ahead of a high-priority message (bench/RESULTS.md).
     tcp_notsent_lowat: int | None = 16384
+    #: How long a broken session stays suspended, waiting to be resumed (0: no resume).
+    resume_grace: float = 30.0
+    #: Bound on the bytes of a session's unacknowledged messages (the recovery buffer).
+    recovery_buffer_bytes: int = 32 << 20
+    #: The receiver acknowledges after this many messages, this many bytes, or
+    #: ack_interval seconds after an unacknowledged delivery, whichever comes first.
+    ack_every_messages: int = 256
+    ack_every_bytes: int = 1 << 20
+    ack_interval: float = 0.1
+    #: Largest wait between two dial attempts of a persistent or resuming peer.
+    max_reconnect_delay: float = 4.0
+    #: Dial attempts after a break before giving up (None: until resume_grace ends, or
+    #: forever for persistent peers). Reset on success.
+    max_reconnects: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout"):
+        for name in (
+            "ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout",
+            "ack_interval", "max_reconnect_delay",
+        ):
             _check_positive(name, getattr(self, name))
         _check_int(
             "max_packet_payload", self.max_packet_payload, 1, MAX_PACKET_PAYLOAD_LIMIT
@@ -64,6 +81,15 @@ class Config:
         _check_int("max_hello_size", self.max_hello_size, 64)
         _check_int("max_control_size", self.max_control_size, 64)
         _check_int("write_batch_bytes", self.write_batch_bytes, 1)
+        _check_int("recovery_buffer_bytes", self.recovery_buffer_bytes, 1)
+        _check_int("ack_every_messages", self.ack_every_messages, 1)
+        _check_int("ack_every_bytes", self.ack_every_bytes, 1)
+        if self.max_reconnects is not None:
+            _check_int("max_reconnects", self.max_reconnects, 0)
+        if isinstance(self.resume_grace, bool) or not isinstance(self.resume_grace, (int, float)) or not (
+            0 <= self.resume_grace < math.inf
+        ):
+            raise ValueError(f"Config.resume_grace must be a finite number >= 0, got {self.resume_grace!r}")
         if not isinstance(self.tcp_nodelay, bool):
             raise ValueError(f"Config.tcp_nodelay must be True or False, got {self.tcp_nodelay!r}")
         if self.tcp_notsent_lowat is not None:

@@ -7,7 +7,13 @@ message names what was wrong and the values involved (specs/wire.md, specs/hands
 
 
 class MConnError(Exception):
-    """Base class of every error mconn raises."""
+    """Base class of every error mconn raises.
+
+    When an error ends a session, ``undelivered`` maps each channel id to the number of
+    messages accepted for sending and not confirmed delivered (specs/resume.md).
+    """
+
+    undelivered: dict = {}
 
 
 class ProtocolError(MConnError):
@@ -109,3 +115,39 @@ class ConnectionClosed(MConnError):
         super().__init__(f"closed by this node: {code}" + (f" ({text})" if text else ""))
         self.code = code
         self.text = text
+
+
+class SessionExpired(MConnError):
+    """A suspended session was not resumed within ``resume_grace``."""
+
+    def __init__(self, grace: float, undelivered: dict) -> None:
+        super().__init__(
+            f"session not resumed within resume_grace {grace}s; undelivered per channel: "
+            + (", ".join(f"{c:#04x}={n}" for c, n in sorted(undelivered.items())) or "none")
+        )
+        self.grace = grace
+        self.undelivered = dict(undelivered)
+
+
+class SessionRejected(MConnError):
+    """A resume was refused (unknown session, channels changed...); a fresh one starts."""
+
+    def __init__(self, reason: str, undelivered: dict) -> None:
+        super().__init__(
+            f"session could not be resumed: {reason}; undelivered per channel: "
+            + (", ".join(f"{c:#04x}={n}" for c, n in sorted(undelivered.items())) or "none")
+        )
+        self.reason = reason
+        self.undelivered = dict(undelivered)
+
+
+class DeliveryNotConfirmed(MConnError):
+    """``send_confirmed``: the session ended before the peer confirmed the message."""
+
+    def __init__(self, channel_id: int, sequence: int, reason: Exception) -> None:
+        super().__init__(
+            f"message {sequence} on channel {channel_id:#04x} not confirmed: the session ended ({reason})"
+        )
+        self.channel_id = channel_id
+        self.sequence = sequence
+        self.reason = reason

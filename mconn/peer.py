@@ -1,9 +1,17 @@
-"""Peer: one connected node, as reactors see it; sending happens here.
+"""Peer: one session with another node, as reactors see it; sending happens here.
 
-``send`` and ``try_send`` queue whole messages on a channel of the peer's connection
-(specs/reactor-api.md section 3). ``send`` waits up to ``Config.send_timeout`` for room
-in a full queue, in FIFO order with other waiting sends on that channel; ``try_send``
-never waits, and never overtakes a waiting ``send``.
+A Peer outlives its transports (specs/resume.md): its state is ``connected``,
+``suspended`` (the transport broke; the session waits ``resume_grace`` to be resumed),
+``connecting`` (a new transport is up and the resume is being negotiated) or ``closed``.
+Reactors keep the same Peer object across a resume.
+
+``send`` and ``try_send`` accept whole messages (specs/reactor-api.md section 3). An
+accepted message is kept in the session's recovery buffer until the peer confirms it, so
+it survives transport breaks; while suspended, up to ``send_queue_capacity`` messages
+per channel are accepted and go out on resume. ``send`` waits up to
+``Config.send_timeout`` for room, in FIFO order with other waiting sends on that
+channel; ``try_send`` never waits and never overtakes a waiting ``send``.
+``send_confirmed`` fires once the peer's reactor has the message.
 """
 
 from __future__ import annotations
@@ -14,8 +22,13 @@ import dataclasses
 from twisted.internet import defer
 
 from mconn.connection import State
-from mconn.errors import ConnectionClosed
+from mconn.errors import ConnectionClosed, DeliveryNotConfirmed
 from mconn.wire import ChannelInfo, Hello
+
+CONNECTING = "connecting"
+CONNECTED = "connected"
+SUSPENDED = "suspended"
+CLOSED = "closed"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -30,6 +43,10 @@ class ChannelStatsSnapshot:
     messages_sent: int
     bytes_received: int
     messages_received: int
+    #: Session-wide: messages accepted, confirmed delivered by the peer, delivered to us.
+    accepted: int = 0
+    acked: int = 0
+    delivered: int = 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,32 +55,50 @@ class PeerStats:
 
     node_id: str
     is_outbound: bool
+    state: str
     uptime: float
     bytes_sent: int
     bytes_received: int
     round_trip: float | None
     channels: tuple[ChannelStatsSnapshot, ...]
+    connects: int = 0
+    disconnects: int = 0
+    resumes: int = 0
+    messages_resent: int = 0
+    unacked_bytes: int = 0
 
 
 class Peer:
-    """A connected node. Created by the Switch after the handshake; never by users."""
+    """A session with a node. Created by the Switch when a session starts; never by users."""
 
-    def __init__(self, *, protocol, hello: Hello, is_outbound: bool, remote_address: str, clock, config) -> None:
+    def __init__(self, *, switch, protocol, hello: Hello, session, is_outbound: bool, address=None) -> None:
         self.node_id = hello.node_id
+        #: True if this node dialed when the session started (it re-dials after breaks).
         self.is_outbound = is_outbound
         self.listen_address = hello.listen_address
-        self.remote_address = remote_address
-        #: Channels the peer announced, by id.
+        self.remote_address = protocol.remote_address
+        #: The address this node dialed (outbound sessions), for re-dialing.
+        self.address = address
+        #: Channels the peer announced when the session started, by id.
         self.channels: dict[int, ChannelInfo] = {c.id: c for c in hello.channels}
-        #: "connected" or "closed".
-        self.state = "connected"
+        self.state = CONNECTED
         #: Last measured ping round trip, in seconds (None before the first pong).
         self.round_trip: float | None = None
+        self.session = session
+        self.connects = 1
+        self.disconnects = 0
+        self.resumes = 0
+        self._switch = switch
         self._protocol = protocol
-        self._clock = clock
-        self._config = config
-        self._connected_at = clock.seconds()
+        self._clock = switch.clock
+        self._config = switch.config
+        self._capacity = {d.id: d.send_queue_capacity for d in switch.channels}
+        self._recv_capacity = {d.id: d.recv_message_capacity for d in switch.channels}
+        self._connected_at = self._clock.seconds()
         self._waiting: dict[int, collections.deque] = {}
+        self._held: dict[int, int] = {}  # accepted while suspended, per channel
+        self._confirms: dict[int, collections.deque] = {}
+        self._ack_timer = None
 
     def __repr__(self) -> str:
         direction = "outbound" if self.is_outbound else "inbound"
@@ -73,46 +108,80 @@ class Peer:
 
     def _accepts(self, channel_id: int, message) -> bool:
         """False for channels either side lacks; ValueError for oversized messages."""
-        core = self._protocol.core
-        if self.state != "connected" or core.state is not State.OPEN:
+        if self.state == CLOSED or (self.state == CONNECTED and self._protocol.core.state is not State.OPEN):
             return False  # closing: nothing more can be queued
-        ours = core.channels.get(channel_id)
+        ours = self._recv_capacity.get(channel_id)
         theirs = self.channels.get(channel_id)
         if ours is None or theirs is None:
             return False
-        limit = min(ours.recv_capacity, theirs.recv_message_capacity)
+        limit = min(ours, theirs.recv_message_capacity)
         if len(message) > limit:
             raise ValueError(
                 f"message of {len(message)} bytes on channel {channel_id:#04x} is larger than its "
-                f"recv_message_capacity {limit} (ours {ours.recv_capacity}, peer's {theirs.recv_message_capacity})"
+                f"recv_message_capacity {limit} (ours {ours}, peer's {theirs.recv_message_capacity})"
             )
         return True
 
+    def _accept(self, channel_id: int, message: bytes) -> int | None:
+        """Take a checked message into the session; its sequence number, or None if full."""
+        if not self.session.has_room(channel_id, len(message)):
+            return None
+        if self.state == CONNECTED:
+            if not self._protocol.core.queue_message(channel_id, message):
+                return None
+        else:
+            held = self._held.get(channel_id, 0)
+            if held >= self._capacity[channel_id]:
+                return None
+            self._held[channel_id] = held + 1
+        return self.session.record_sent(channel_id, message)
+
     def try_send(self, channel_id: int, message: bytes) -> bool:
-        """Queue ``message`` now if there is room; True if it was queued."""
+        """Queue ``message`` now if there is room; True if it was accepted."""
         message = _as_bytes(message)
         if not self._accepts(channel_id, message) or self._waiting.get(channel_id):
             return False
-        if not self._protocol.core.queue_message(channel_id, message):
+        if self._accept(channel_id, message) is None:
             return False
-        self._protocol.pump()
+        if self.state == CONNECTED:
+            self._protocol.pump()
         return True
 
     def send(self, channel_id: int, message: bytes) -> defer.Deferred:
         """Queue ``message``, waiting up to send_timeout for room.
 
-        :returns: a Deferred that fires True once the message is queued, False if the
-            queue stayed full for ``send_timeout`` or the peer went away.
+        :returns: a Deferred that fires True once the message is accepted, False if no
+            room came within ``send_timeout`` or the session ended.
         """
-        message = _as_bytes(message)
+        return self._send(channel_id, _as_bytes(message), confirm=False)
+
+    def send_confirmed(self, channel_id: int, message: bytes) -> defer.Deferred:
+        """Send, and fire once the peer has delivered the message to its reactor.
+
+        :returns: a Deferred firing True on confirmation, False if the message could not
+            even be accepted (as ``send``), or failing with DeliveryNotConfirmed if the
+            session ends first.
+        """
+        return self._send(channel_id, _as_bytes(message), confirm=True)
+
+    def _send(self, channel_id: int, message: bytes, *, confirm: bool) -> defer.Deferred:
         if not self._accepts(channel_id, message):
             return defer.succeed(False)
-        if self.try_send(channel_id, message):
-            return defer.succeed(True)
+        if not self._waiting.get(channel_id):
+            sequence = self._accept(channel_id, message)
+            if sequence is not None:
+                if self.state == CONNECTED:
+                    self._protocol.pump()
+                return self._confirmation(channel_id, sequence) if confirm else defer.succeed(True)
         d = defer.Deferred()
-        entry = [message, d, None]
+        entry = [message, d, None, confirm]
         entry[2] = self._clock.callLater(self._config.send_timeout, self._send_timed_out, channel_id, entry)
         self._waiting.setdefault(channel_id, collections.deque()).append(entry)
+        return d
+
+    def _confirmation(self, channel_id: int, sequence: int) -> defer.Deferred:
+        d = defer.Deferred()
+        self._confirms.setdefault(channel_id, collections.deque()).append((sequence, d))
         return d
 
     def _send_timed_out(self, channel_id: int, entry: list) -> None:
@@ -120,62 +189,152 @@ class Peer:
         entry[1].callback(False)
 
     def _drain_waiting(self) -> bool:
-        """Move waiting sends into queues that have room (called after each pump).
+        """Accept waiting sends that now have room (called after each pump and on resume).
 
-        Returns True if any moved. Their Deferreds fire after the move, so a callback
-        that sends again sees consistent queues.
+        Returns True if any were accepted. Their Deferreds fire after the move, so a
+        callback that sends again sees consistent queues.
         """
-        core = self._protocol.core
-        if core.state is not State.OPEN:
+        if self.state == CLOSED or (self.state == CONNECTED and self._protocol.core.state is not State.OPEN):
             return False
-        queued = []
+        fired = []
+        moved = 0
         for channel_id, waiting in list(self._waiting.items()):
-            while waiting and core.queue_message(channel_id, waiting[0][0]):
-                _, d, timer = waiting.popleft()
+            while waiting:
+                sequence = self._accept(channel_id, waiting[0][0])
+                if sequence is None:
+                    break
+                _, d, timer, confirm = waiting.popleft()
                 timer.cancel()
-                queued.append(d)
-        for d in queued:
+                moved += 1
+                if confirm:
+                    self._confirms.setdefault(channel_id, collections.deque()).append((sequence, d))
+                else:
+                    fired.append(d)
+        for d in fired:
             d.callback(True)
-        return bool(queued)
+        return moved > 0
 
-    def _fail_waiting(self) -> None:
+    # -- receiving (called by the protocol) ------------------------------------------
+
+    def _deliver(self, channel_id: int, message: bytes) -> None:
+        """Hand a whole message to its reactor, count it, and acknowledge when due."""
+        self._switch._route(channel_id, self, message)
+        if self.session.record_delivered(channel_id, len(message)):
+            self._send_ack()
+        elif self._ack_timer is None:
+            self._ack_timer = self._clock.callLater(self._config.ack_interval, self._send_ack)
+
+    def _send_ack(self) -> None:
+        if self._ack_timer is not None:
+            if self._ack_timer.active():
+                self._ack_timer.cancel()
+            self._ack_timer = None
+        if self.state == CONNECTED and self.session.ack_pending:
+            self._protocol.core.send_ack(self.session.take_ack())
+            self._protocol.pump()
+
+    def _on_ack(self, delivered: dict[int, int]) -> None:
+        """The peer confirmed deliveries: drop them from the recovery buffer, confirm."""
+        for channel_id, _, acked in self.session.on_ack(delivered):
+            confirms = self._confirms.get(channel_id)
+            while confirms and confirms[0][0] < acked:
+                confirms.popleft()[1].callback(True)
+        if self._waiting and self.state == CONNECTED:
+            self._protocol.pump()  # room in the recovery buffer: waiting sends may go
+
+    # -- lifecycle (called by the Switch) --------------------------------------------
+
+    def _suspend(self) -> None:
+        self._protocol = None
+        self.state = SUSPENDED
+        self.disconnects += 1
+        self._held = {}
+        if self._ack_timer is not None and self._ack_timer.active():
+            self._ack_timer.cancel()
+        self._ack_timer = None
+
+    def _attach(self, protocol, peer_delivered: dict[int, int]) -> None:
+        """A new transport carries the session on: re-send what the peer lacks."""
+        self._protocol = protocol
+        self.remote_address = protocol.remote_address
+        self.state = CONNECTED
+        self.connects += 1
+        self._held = {}
+        core = protocol.core
+        for channel_id, messages in self.session.to_resend(peer_delivered).items():
+            core.requeue(channel_id, messages)
+        self._on_ack({})  # to_resend applied the peer's counts: fire confirmations
+        if self.session.ack_pending:
+            self._send_ack()
+
+    def _end(self, reason: Exception) -> None:
+        """The session is over: fail what waits on it."""
+        self.state = CLOSED
+        self._protocol = None
+        if self._ack_timer is not None and self._ack_timer.active():
+            self._ack_timer.cancel()
+        self._ack_timer = None
         for waiting in self._waiting.values():
             while waiting:
-                _, d, timer = waiting.popleft()
+                _, d, timer, _ = waiting.popleft()
                 timer.cancel()
                 d.callback(False)
-
-    # -- lifecycle -----------------------------------------------------------------
+        for channel_id, confirms in self._confirms.items():
+            while confirms:
+                sequence, d = confirms.popleft()
+                d.errback(DeliveryNotConfirmed(channel_id, sequence, reason))
 
     def close(self, reason=None) -> None:
-        """Close the connection with a close packet; the reactors get ``remove_peer``."""
-        if self.state != "connected":
+        """End the session with a close packet; the reactors get ``remove_peer``.
+
+        The other side ends the session at once, without a grace window.
+        """
+        if self.state == CLOSED:
             return
-        self._protocol.close(ConnectionClosed("closed", "" if reason is None else str(reason)))
+        self._switch._close_peer(self, ConnectionClosed("closed", "" if reason is None else str(reason)))
+
+    def force_reconnect(self) -> None:
+        """Drop the transport and resume the session on a new one (outbound sessions)."""
+        if self.state == CONNECTED:
+            self._protocol.transport.abortConnection()
 
     @property
     def stats(self) -> PeerStats:
-        core = self._protocol.core
+        protocol = self._protocol
+        core = protocol.core if protocol is not None else None
+        session = self.session
+        channels = []
+        for desc in self._switch.channels:
+            c = core.channels[desc.id] if core is not None else None
+            channels.append(
+                ChannelStatsSnapshot(
+                    channel_id=desc.id,
+                    priority=desc.priority,
+                    queue_depth=c.queue_depth if c is not None else self._held.get(desc.id, 0),
+                    waiting_sends=len(self._waiting.get(desc.id, ())),
+                    bytes_sent=c.stats.bytes_sent if c is not None else 0,
+                    messages_sent=c.stats.messages_sent if c is not None else 0,
+                    bytes_received=c.stats.bytes_received if c is not None else 0,
+                    messages_received=c.stats.messages_received if c is not None else 0,
+                    accepted=session.accepted(desc.id) if desc.id in session.channel_ids else 0,
+                    acked=session.acked(desc.id) if desc.id in session.channel_ids else 0,
+                    delivered=session.delivered(desc.id) if desc.id in session.channel_ids else 0,
+                )
+            )
         return PeerStats(
             node_id=self.node_id,
             is_outbound=self.is_outbound,
+            state=self.state,
             uptime=self._clock.seconds() - self._connected_at,
-            bytes_sent=core.bytes_sent,
-            bytes_received=core.bytes_received,
+            bytes_sent=core.bytes_sent if core is not None else 0,
+            bytes_received=core.bytes_received if core is not None else 0,
             round_trip=self.round_trip,
-            channels=tuple(
-                ChannelStatsSnapshot(
-                    channel_id=c.id,
-                    priority=c.priority,
-                    queue_depth=c.queue_depth,
-                    waiting_sends=len(self._waiting.get(c.id, ())),
-                    bytes_sent=c.stats.bytes_sent,
-                    messages_sent=c.stats.messages_sent,
-                    bytes_received=c.stats.bytes_received,
-                    messages_received=c.stats.messages_received,
-                )
-                for c in core.channels.values()
-            ),
+            channels=tuple(channels),
+            connects=self.connects,
+            disconnects=self.disconnects,
+            resumes=self.resumes,
+            messages_resent=session.resent,
+            unacked_bytes=session.unacked_bytes,
         )
 
 

@@ -19,8 +19,16 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mconn.connection import Connection, State
-from mconn.errors import ConnectionLost, PeerClosed, PeerRejected
-from mconn.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived, PongReceived
+from mconn.errors import ConnectionLost, PeerClosed, PeerRejected, RemoteProtocolError, UnexpectedPacket
+from mconn.events import (
+    AckReceived,
+    CloseReceived,
+    ConnectionFailed,
+    HelloReceived,
+    MessageReceived,
+    PongReceived,
+    SessionAnswered,
+)
 
 log = Logger(namespace="mconn")
 
@@ -32,12 +40,21 @@ CLOSE_LINGER = 2.0
 class MConnectionProtocol(Protocol):
     """One connection of a Switch. ``peer`` is set once the handshake is accepted."""
 
-    def __init__(self, switch, *, is_outbound: bool, expected_node_id: str | None = None) -> None:
+    def __init__(
+        self, switch, *, is_outbound: bool, expected_node_id: str | None = None, resuming=None, address=None
+    ) -> None:
         self.switch = switch
         self.is_outbound = is_outbound
         self.expected_node_id = expected_node_id
+        #: The suspended Peer this outbound connection tries to resume, if any.
+        self.resuming = resuming
+        #: The address dialed (outbound), kept by the session for re-dialing.
+        self.address = address
         self.core: Connection | None = None
         self.peer = None
+        self.hello = None
+        #: Our session request (outbound connections), sent in our hello.
+        self.session_request = None
         self.remote_address = ""
         #: Why the connection ended, once known (an mconn error instance).
         self.end_reason: Exception | None = None
@@ -57,6 +74,8 @@ class MConnectionProtocol(Protocol):
             PongReceived: self._on_pong,
             CloseReceived: self._on_close,
             ConnectionFailed: self._on_failed,
+            AckReceived: self._on_ack,
+            SessionAnswered: self._on_session,
         }
 
     # -- Protocol ----------------------------------------------------------------
@@ -64,7 +83,7 @@ class MConnectionProtocol(Protocol):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self.remote_address = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
-        self.core = self.switch._new_connection_core(self._clock.seconds())
+        self.core = self.switch._new_connection_core(self._clock.seconds(), self)
         _set_socket_options(self.transport, self.switch.config)
         self.transport.registerProducer(self, True)
         self.switch._connection_made(self)
@@ -75,12 +94,11 @@ class MConnectionProtocol(Protocol):
         core = self.core
         now = self._clock.seconds()
         handlers = self._handlers
-        route = self.switch._route
         for event in core.receive_data(data, now):
             if self.end_reason is not None and type(event) is not ConnectionFailed:
                 continue  # we are closing: nothing more reaches the reactors
-            if type(event) is MessageReceived:  # the hot path
-                route(event.channel_id, self.peer, event.message)
+            if type(event) is MessageReceived and self.peer is not None:  # the hot path
+                self.peer._deliver(event.channel_id, event.message)
             else:
                 handlers[type(event)](event)
         self.pump()
@@ -181,14 +199,42 @@ class MConnectionProtocol(Protocol):
     # -- events --------------------------------------------------------------------
 
     def _on_hello(self, event: HelloReceived) -> None:
+        self.hello = event.hello
+        self._decide(self.switch._hello_received, event)
+
+    def _on_session(self, event: SessionAnswered) -> None:
+        self._decide(self.switch._session_answered, event.answer)
+
+    def _decide(self, decision, argument) -> None:
+        """Run a Switch decision about this connection; a refusal closes it."""
         try:
-            self.peer = self.switch._hello_received(self, event)
+            decision(self, argument)
         except PeerRejected as rejection:
-            self.switch._peer_rejected(self, event.hello, rejection)
+            self.switch._peer_rejected(self, self.hello, rejection)
             self.close(rejection)
+        except RemoteProtocolError as error:
+            self.fail(error)
 
     def _on_message(self, event: MessageReceived) -> None:
-        self.switch._route(event.channel_id, self.peer, event.message)
+        if self.peer is None:
+            self.fail(UnexpectedPacket(f"msg packet on channel {event.channel_id:#04x} before the session was established"))
+            return
+        self.peer._deliver(event.channel_id, event.message)
+
+    def _on_ack(self, event: AckReceived) -> None:
+        if self.peer is None:
+            self.fail(UnexpectedPacket("ack packet before the session was established"))
+            return
+        try:
+            self.peer._on_ack(event.delivered)
+        except RemoteProtocolError as error:
+            self.fail(error)
+
+    def fail(self, error: RemoteProtocolError) -> None:
+        """The peer broke the protocol above the core (sessions, acks): drop it."""
+        if self.end_reason is None:
+            self.switch._protocol_error(self, error)
+        self.close(error)
 
     def _on_pong(self, event: PongReceived) -> None:
         if self.peer is not None:
@@ -219,11 +265,21 @@ def _set_socket_options(transport, config) -> None:
 class MConnectionFactory(Factory):
     """Builds protocols for one Switch, inbound or outbound."""
 
-    def __init__(self, switch, *, is_outbound: bool, expected_node_id: str | None = None) -> None:
+    def __init__(
+        self, switch, *, is_outbound: bool, expected_node_id: str | None = None, resuming=None, address=None
+    ) -> None:
         self.switch = switch
         self.is_outbound = is_outbound
         self.expected_node_id = expected_node_id
+        self.resuming = resuming
+        self.address = address
 
     def buildProtocol(self, addr):
-        return MConnectionProtocol(self.switch, is_outbound=self.is_outbound, expected_node_id=self.expected_node_id)
+        return MConnectionProtocol(
+            self.switch,
+            is_outbound=self.is_outbound,
+            expected_node_id=self.expected_node_id,
+            resuming=self.resuming,
+            address=self.address,
+        )
 

@@ -32,3 +32,9 @@ class Reactor:
 
     def receive(self, channel_id: int, peer, message: bytes) -> None:
         """A whole message arrived from ``peer`` on one of our channels."""
+
+    def peer_suspended(self, peer) -> None:
+        """The peer's transport broke; its session waits ``resume_grace`` to resume."""
+
+    def peer_resumed(self, peer) -> None:
+        """The peer's session resumed on a new transport; nothing was lost."""

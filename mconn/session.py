@@ -19,8 +19,11 @@ delivered exactly once, in order per channel.
 
 The recovery buffer (all ``unacked`` bytes of the session) is bounded by
 ``recovery_buffer_bytes``: a full buffer refuses new messages (backpressure), it never
-drops one. A single message larger than the whole buffer is accepted when the buffer is
-empty, so that no message that fits the channel can be refused forever.
+drops one. So that a bulk transfer cannot starve a high-priority channel of buffer room,
+each channel may also keep up to ``channel_reserve_bytes`` unacknowledged outside that
+shared bound, and a channel with nothing unacknowledged always gets one message in (so
+no message that fits its channel is refused forever). Memory stays bounded by
+``recovery_buffer_bytes`` plus, per channel, the reserve and one message.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ class AckError(RemoteProtocolError):
 
 
 class _Stream:
-    __slots__ = ("acked", "unacked", "delivered")
+    __slots__ = ("acked", "unacked", "unacked_bytes", "delivered")
 
     def __init__(self) -> None:
         self.acked = 0
         self.unacked: collections.deque[bytes] = collections.deque()
+        self.unacked_bytes = 0
         self.delivered = 0
 
 
@@ -62,10 +66,12 @@ class Session:
         recovery_buffer_bytes: int,
         ack_every_messages: int,
         ack_every_bytes: int,
+        channel_reserve_bytes: int = 65536,
     ) -> None:
         self.id = session_id
         self._streams = {c: _Stream() for c in channel_ids}
         self.recovery_buffer_bytes = recovery_buffer_bytes
+        self.channel_reserve_bytes = channel_reserve_bytes
         self.unacked_bytes = 0
         self._ack_every_messages = ack_every_messages
         self._ack_every_bytes = ack_every_bytes
@@ -84,14 +90,20 @@ class Session:
 
     # -- sending -------------------------------------------------------------------
 
-    def has_room(self, nbytes: int) -> bool:
-        """Whether a message of ``nbytes`` fits the recovery buffer now."""
-        return self.unacked_bytes == 0 or self.unacked_bytes + nbytes <= self.recovery_buffer_bytes
+    def has_room(self, channel_id: int, nbytes: int) -> bool:
+        """Whether a message of ``nbytes`` on the channel fits the recovery buffer now."""
+        stream = self._streams[channel_id]
+        return (
+            not stream.unacked
+            or stream.unacked_bytes + nbytes <= self.channel_reserve_bytes
+            or self.unacked_bytes + nbytes <= self.recovery_buffer_bytes
+        )
 
     def record_sent(self, channel_id: int, message: bytes) -> int:
         """Keep an accepted message until it is acknowledged; returns its sequence number."""
         stream = self._streams[channel_id]
         stream.unacked.append(message)
+        stream.unacked_bytes += len(message)
         self.unacked_bytes += len(message)
         return stream.acked + len(stream.unacked) - 1
 
@@ -126,7 +138,9 @@ class Session:
                 )
             old = stream.acked
             for _ in range(count - old):
-                self.unacked_bytes -= len(stream.unacked.popleft())
+                size = len(stream.unacked.popleft())
+                stream.unacked_bytes -= size
+                self.unacked_bytes -= size
             stream.acked = count
             if count != old:
                 changes.append((channel_id, old, count))

@@ -22,6 +22,11 @@ FORMATS = {
     "connection_lost": "{node_id} connection with {peer_id} at {remote_address} ended: {reason_type}: {reason}",
     "channel_stats": "{node_id} channel {channel_id} with {peer_id}: queue {queue_depth}",
     "reactor_error": "{node_id} reactor {reactor} failed in {method} for {peer_id}",
+    "session_started": "{node_id} session {session_id} with {peer_id} started",
+    "session_suspended": "{node_id} session {session_id} with {peer_id} suspended: {reason_type}",
+    "session_resumed": "{node_id} session {session_id} with {peer_id} resumed, {resent} messages re-sent",
+    "session_ended": "{node_id} session {session_id} with {peer_id} ended: {reason_type}: {reason}",
+    "dial_attempt": "{node_id} dial {attempt} to {peer_id} at {address}: {result}",
 }
 
 _LEVELS = {"protocol_error": "warn", "peer_rejected": "warn"}

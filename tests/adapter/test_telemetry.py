@@ -92,6 +92,10 @@ def emitted():
         peer.try_send(0x21, b"upsets a reactor")  # reactor_error
         network.flush()
         network.advance(5)  # channel_stats
+        link.disconnect()  # session_suspended; b re-dials: dial_attempt
+        network.advance(0.001)
+        network.complete_dials()  # session_resumed
+        network.flush()
         impostor = RawPeer(hello_packet(b.node_id, CHANNELS))  # peer_rejected (duplicate)
         network.connect_raw(impostor, a)
         early = RawPeer(b"\x00")  # protocol_error without a peer
