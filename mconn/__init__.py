@@ -10,6 +10,7 @@ from mconn.config import Config
 from mconn.errors import (
     ConnectionClosed,
     ConnectionLost,
+    DeliveryNotConfirmed,
     HandshakeError,
     HandshakeTimeout,
     IncompatiblePeer,
@@ -24,6 +25,8 @@ from mconn.errors import (
     PongTimeout,
     ProtocolError,
     RemoteProtocolError,
+    SessionExpired,
+    SessionRejected,
     UnexpectedPacket,
     UnknownChannel,
     UnknownPacketType,
@@ -72,4 +75,7 @@ __all__ = [
     "PeerClosed",
     "ConnectionLost",
     "ConnectionClosed",
+    "SessionExpired",
+    "SessionRejected",
+    "DeliveryNotConfirmed",
 ]

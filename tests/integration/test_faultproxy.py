@@ -12,6 +12,8 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, error, protocol, task
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.interfaces import IHalfCloseableProtocol
+from zope.interface import implementer
 
 from faultproxy import MAX_BUFFERED, FaultProxy
 
@@ -75,29 +77,39 @@ class Peer(protocol.Protocol):
         return self.lost.called
 
 
+@implementer(IHalfCloseableProtocol)
+class Responder(Peer):
+    """Answers once the client has half-closed (sent its FIN), then closes."""
+
+    def readConnectionLost(self):
+        self.transport.write(b"reply to " + bytes(self.received))
+        self.transport.loseConnection()
+
+    def writeConnectionLost(self):
+        pass
+
+
 class Server(protocol.Factory):
-    """Builds Peers (each greeting with ``greeting``) and hands them out in order."""
+    """Builds a ``peer_class`` (greeting with ``greeting``) per connection, in ``peers``."""
 
     noisy = False
 
-    def __init__(self, greeting=b""):
+    def __init__(self, greeting=b"", peer_class=Peer):
         self.greeting = greeting
+        self.peer_class = peer_class
         self.peers = []
-        self._next = []
 
     def buildProtocol(self, addr):
-        peer = Peer(self.greeting)
+        peer = self.peer_class(self.greeting)
         self.peers.append(peer)
-        if self._next:
-            self._next.pop(0).callback(peer)
         return peer
 
 
 class Setup:
     """A server on 127.0.0.1 (or ::1), a FaultProxy in front of it, clients through it."""
 
-    def __init__(self, greeting=b"", host="127.0.0.1"):
-        self.server = Server(greeting)
+    def __init__(self, greeting=b"", host="127.0.0.1", peer_class=Peer):
+        self.server = Server(greeting, peer_class)
         self.host = host
         self.clients = []
         self._claimed = 0  # server Peers already handed out by connect()
@@ -135,8 +147,8 @@ class Setup:
         await bounded(defer.maybeDeferred(self.listening.stopListening))
 
 
-def started(greeting=b"", host="127.0.0.1"):
-    return defer.ensureDeferred(Setup(greeting, host).start())
+def started(greeting=b"", host="127.0.0.1", peer_class=Peer):
+    return defer.ensureDeferred(Setup(greeting, host, peer_class).start())
 
 
 def digest(data):
@@ -190,26 +202,31 @@ async def test_server_close_reaches_the_client_after_the_data():
 
 @pytest_twisted.ensureDeferred
 async def test_half_close_is_forwarded_and_the_other_direction_keeps_flowing():
-    s = await started()
+    s = await started(peer_class=Responder)
     try:
         client, server = await s.connect()
         client.transport.write(b"request")
-        client.transport.loseWriteConnection()  # FIN; Peer is not half-close aware
-        assert_clean(await bounded(server.lost))  # the server saw the FIN and closed
-        assert bytes(server.received) == b"request"
+        client.transport.loseWriteConnection()  # FIN: the server answers, then closes
         assert_clean(await bounded(client.lost))
+        assert bytes(client.received) == b"reply to request"
+        assert_clean(await bounded(server.lost))
+        assert bytes(server.received) == b"request"
     finally:
         await s.stop()
 
 
 @pytest_twisted.ensureDeferred
-async def test_reset_all_aborts_both_ends_promptly():
+async def test_reset_one_link_then_all_aborts_both_ends_promptly():
     s = await started()
     try:
-        pairs = [await s.connect(greeting=b"hi") for _ in range(2)]
-        for client, server in pairs:
-            await client.until(0)
-            await server.until(2)
+        (client, server), *pairs = [await s.connect(greeting=b"hi") for _ in range(3)]
+        for _, peer in [(client, server)] + pairs:
+            await peer.until(2)
+        assert s.proxy.links[0].reset() and not s.proxy.links[0].reset()
+        assert_reset(await bounded(client.lost, 1.0))
+        assert_reset(await bounded(server.lost, 1.0))
+        pairs[0][0].transport.write(b" there")
+        await pairs[0][1].until(8)  # the other links are untouched
         clock = the_reactor()
         before = clock.seconds()
         assert s.proxy.reset_all() == 2
@@ -449,8 +466,9 @@ async def test_stop_leaves_no_links_ports_or_timers_and_is_idempotent():
         s.proxy.blackhole_all()
         s.proxy.heal()
         s.proxy.cut_after(3)
-        await s.proxy.stop()
-        await s.proxy.stop()
+        stops = [defer.ensureDeferred(s.proxy.stop()) for _ in range(2)]  # concurrent
+        await bounded(defer.gatherResults(stops))
+        await s.proxy.stop()  # and again, once stopped
         assert s.proxy.links == []
         for peer in (client, server, other, other_server):
             await bounded(peer.lost, 1.0)
