@@ -88,6 +88,7 @@ class Switch(Service):
         self._closed_all = []
         self._grace_timers = {}
         self._dialers = {}
+        self._stopping = False
 
     # -- service -------------------------------------------------------------------
 
@@ -101,6 +102,7 @@ class Switch(Service):
     def stopService(self) -> defer.Deferred:
         """Stop listening, close every connection with a close packet, wait until gone."""
         super().stopService()
+        self._stopping = True
         if self._stats_loop is not None and self._stats_loop.running:
             self._stats_loop.stop()
         waits = [defer.maybeDeferred(port.stopListening) for port in self._ports]
@@ -485,7 +487,7 @@ class Switch(Service):
 
     def _resumable(self, reason: Exception) -> bool:
         """A break that is not a close suspends the session (specs/resume.md section 1)."""
-        return self.running and self.config.resume_grace > 0 and isinstance(reason, (ConnectionLost, PongTimeout))
+        return not self._stopping and self.config.resume_grace > 0 and isinstance(reason, (ConnectionLost, PongTimeout))
 
     def _call_reactor(self, reactor, method: str, peer: Peer, *args) -> None:
         """Call a reactor method; an exception is logged, and the node carries on."""

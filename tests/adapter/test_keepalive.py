@@ -23,9 +23,24 @@ def test_ping_after_ping_interval_of_silence():
     assert h.take() == b""  # one ping per silence, not one per timer
 
 
-def test_pong_timeout_drops_the_connection():
-    """No byte within pong_timeout after the ping: close packet PongTimeout, disconnect, remove_peer."""
+def test_pong_timeout_suspends_the_session_when_resume_is_on():
+    """With resume_grace, a pong timeout is a break, not an end: the session is suspended."""
     h = open_connection(config=CONFIG)
+    peer = h.peer
+    h.clock.advance(10)
+    h.clock.advance(4)
+    assert h.transport.disconnecting
+    h.lose()
+    assert h.reactor.removed() == [] and peer.state == "suspended"
+    h.clock.advance(CONFIG.resume_grace)
+    [(removed, reason)] = h.reactor.removed()
+    assert removed is peer and type(reason).__name__ == "SessionExpired"
+
+
+def test_pong_timeout_drops_the_connection():
+    """No byte within pong_timeout after the ping: close packet PongTimeout, disconnect,
+    remove_peer (resume disabled: the session ends with the connection)."""
+    h = open_connection(config=CONFIG.replace(resume_grace=0))
     peer = h.peer
     h.clock.advance(10)
     h.take()

@@ -76,8 +76,8 @@ def test_send_fires_false_after_send_timeout():
 
 
 def test_send_fires_false_when_the_peer_goes_away():
-    """A waiting send fires False when the connection is lost."""
-    h = connection()
+    """A waiting send fires False when the connection is lost and the session with it."""
+    h = connection(config=Config(send_timeout=5, resume_grace=0))
     paused_and_full(h)
     d = h.peer.send(0x20, b"orphan")
     h.lose()

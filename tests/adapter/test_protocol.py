@@ -138,8 +138,9 @@ def test_close_packet_from_peer_ends_with_peer_closed():
 
 
 def test_transport_loss_without_close_is_connection_lost():
-    """When the transport goes away without a close packet, remove_peer gets ConnectionLost."""
-    h = open_connection()
+    """When the transport goes away without a close packet and resume is off, remove_peer
+    gets ConnectionLost (with resume on, the session is suspended: tests/integration/test_resume.py)."""
+    h = open_connection(config=Config(resume_grace=0))
     peer = h.peer
     h.lose()
     [(removed, reason)] = h.reactor.removed()

@@ -4,7 +4,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from helpers import RecordingReactor
-from mconn import ChannelDescriptor, Reactor
+from mconn import ChannelDescriptor, Config, Reactor
 from mconn.testing import FakePeer, MemoryNetwork, connected_switches
 
 CHANNELS = [ChannelDescriptor(0x40, recv_message_capacity=10), ChannelDescriptor(0x41)]
@@ -80,7 +80,7 @@ def test_memory_link_disconnect_is_connection_lost():
     from mconn import ConnectionLost
 
     ra, rb = RecordingReactor(CHANNELS), RecordingReactor(CHANNELS)
-    a, b, network = connected_switches([ra], [rb])
+    a, b, network = connected_switches([ra], [rb], config=Config(resume_grace=0))
     network.links[0].disconnect()
     assert [type(r) for _, r in ra.removed()] == [ConnectionLost]
     assert [type(r) for _, r in rb.removed()] == [ConnectionLost]
