@@ -1,0 +1,92 @@
+"""Session state (mconn.session) and its packets (ack 06, session answer 07, hello field 01)."""
+
+import pathlib
+import re
+
+import pytest
+
+from mconn import wire
+from mconn.errors import MalformedPacket
+from mconn.session import AckError, Session
+
+SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "wire.md"
+
+
+def session(**kwargs):
+    kwargs.setdefault("recovery_buffer_bytes", 1000)
+    kwargs.setdefault("ack_every_messages", 3)
+    kwargs.setdefault("ack_every_bytes", 10_000)
+    kwargs.setdefault("channel_reserve_bytes", 100)
+    return Session(b"\x11" * 16, [0x20, 0x21], **kwargs)
+
+
+def test_ack_example_in_the_spec_is_what_the_declaration_builds():
+    example = re.search(r"`(06 01 09 [0-9a-f ]+)`", SPEC.read_text()).group(1)
+    packet = wire.encode_extension(wire.PacketType.ACK, wire.encode_ack({0x20: 5, 0x21: 300}))
+    assert packet.hex(" ") == example
+    kind, body = wire.decode_packet(packet)
+    assert kind == wire.PacketType.ACK and wire.decode_ack(body) == {0x20: 5, 0x21: 300}
+
+
+def test_session_request_and_answer_round_trip_and_refuse_bad_bytes():
+    request = wire.SessionRequest(session_id=b"\x01" * 16, resume=True, delivered={0x20: 7})
+    assert wire.decode_session_request(wire.encode_session_request(request)) == request
+    answer = wire.SessionAnswer(session_id=b"\x02" * 16, resumed=False, reason="unknown session")
+    assert wire.decode_session_answer(wire.encode_session_answer(answer)) == answer
+    with pytest.raises(MalformedPacket):
+        wire.decode_session_request(b"\x01" * 16 + b"\x02\x00")  # resume flag 02
+    with pytest.raises(MalformedPacket, match="twice"):
+        wire.decode_ack(bytes.fromhex("01 02 20 01 01 20 01 02"))
+
+
+def test_acks_drop_confirmed_messages_in_order():
+    s = session()
+    for i in range(4):
+        assert s.record_sent(0x20, b"m%d" % i) == i
+    assert s.accepted(0x20) == 4 and s.unacked_bytes == 8
+    assert s.on_ack({0x20: 3}) == [(0x20, 0, 3)]
+    assert s.acked(0x20) == 3 and s.unacked_bytes == 2
+    assert s.undelivered() == {0x20: 1}
+    assert s.on_ack({0x20: 3}) == []  # repeated: no change
+
+
+def test_impossible_acks_are_protocol_errors_naming_the_values():
+    s = session()
+    s.record_sent(0x20, b"x")
+    with pytest.raises(AckError, match="says 2 messages delivered on channel 0x20, but only 1 were sent"):
+        s.on_ack({0x20: 2})
+    s.on_ack({0x20: 1})
+    with pytest.raises(AckError, match="went backwards: 0 after 1"):
+        s.on_ack({0x20: 0})
+    with pytest.raises(AckError, match="channel 0x30"):
+        s.on_ack({0x30: 0})
+
+
+def test_resume_resends_exactly_what_the_peer_lacks():
+    s = session()
+    for i in range(5):
+        s.record_sent(0x20, b"a%d" % i)
+    s.record_sent(0x21, b"b0")
+    resend = s.to_resend({0x20: 2})  # the peer delivered a0, a1; the rest never arrived whole
+    assert resend == {0x20: [b"a2", b"a3", b"a4"], 0x21: [b"b0"]}
+    assert s.resent == 4
+
+
+def test_recovery_buffer_is_bounded_but_each_channel_keeps_a_reserve():
+    s = session(recovery_buffer_bytes=1000, channel_reserve_bytes=100)
+    s.record_sent(0x20, b"x" * 990)  # bulk fills the shared bound
+    assert not s.has_room(0x20, 20)  # over the bound and over 0x20's reserve
+    assert s.has_room(0x21, 20)  # another channel is not starved: its reserve
+    s.record_sent(0x21, b"y" * 60)
+    assert s.has_room(0x21, 40) and not s.has_room(0x21, 41)
+    assert session().has_room(0x20, 10**9)  # an empty channel always takes one message
+
+
+def test_acks_are_due_after_n_messages_or_b_bytes():
+    s = session(ack_every_messages=3, ack_every_bytes=100)
+    assert not s.record_delivered(0x20, 10)
+    assert not s.record_delivered(0x21, 10)
+    assert s.record_delivered(0x20, 10)  # third message
+    assert s.take_ack() == {0x20: 2, 0x21: 1} and not s.ack_pending
+    assert s.record_delivered(0x20, 100)  # bytes
+    assert s.proves(b"\x11" * 16) and not s.proves(b"\x12" * 16)
