@@ -107,17 +107,20 @@ class Switch(Service):
             self._stats_loop.stop()
         waits = [defer.maybeDeferred(port.stopListening) for port in self._ports]
         self._ports = []
-        shutdown = ConnectionClosed("shutdown", "the node is stopping")
+        # One reason per session: _end_session records each session's undelivered counts on it.
+        def shutdown():
+            return ConnectionClosed("shutdown", "the node is stopping")
+
         for peer in list(self.peers.values()):
             if peer._protocol is None:
-                self._end_session(peer, ConnectionClosed("shutdown", "the node is stopping"))
+                self._end_session(peer, shutdown())
         for dialer in list(self._dialers.values()):
             dialer.stop()
         for proto in list(self.connections):
             d = defer.Deferred()
             self._closed_all.append((proto, d))
             waits.append(d)
-            proto.close(shutdown)
+            proto.close(shutdown())
         return defer.DeferredList(waits, consumeErrors=True).addCallback(lambda _: None)
 
     # -- listening and dialing -----------------------------------------------------

@@ -498,3 +498,20 @@ def test_reactors_know_their_switch(network):
     """A Switch sets .switch on every reactor it is given."""
     node = Node(network)
     assert node.blocks.switch is node.switch and node.votes.switch is node.switch
+
+
+def test_stop_service_reports_each_sessions_own_undelivered_counts(network):
+    """Stopping ends every session with its own reason and its own undelivered counts."""
+    hub, left, right = Node(network), Node(network), Node(network)
+    to_left = network.connect(hub.switch, left.switch).peer_of(hub.switch)
+    to_right = network.connect(hub.switch, right.switch).peer_of(hub.switch)
+    for _ in range(2):
+        assert to_left.try_send(0x20, b"to left")
+    assert to_right.try_send(0x20, b"to right")
+    network.flush()  # delivered, but no ack yet (the clock has not moved)
+    hub.switch.stopService()
+    network.flush()
+    reasons = {peer.node_id: reason for peer, reason in hub.blocks.removed()}
+    assert reasons[left.switch.node_id] is not reasons[right.switch.node_id]
+    assert reasons[left.switch.node_id].undelivered == {0x20: 2}
+    assert reasons[right.switch.node_id].undelivered == {0x20: 1}
