@@ -106,10 +106,14 @@ class Peer:
 
     # -- sending -------------------------------------------------------------------
 
+    def _closing(self) -> bool:
+        """Over, or its connection is closing: nothing more can be accepted."""
+        return self.state == CLOSED or (self.state == CONNECTED and self._protocol.core.state is not State.OPEN)
+
     def _accepts(self, channel_id: int, message) -> bool:
         """False for channels either side lacks; ValueError for oversized messages."""
-        if self.state == CLOSED or (self.state == CONNECTED and self._protocol.core.state is not State.OPEN):
-            return False  # closing: nothing more can be queued
+        if self._closing():
+            return False
         ours = self._recv_capacity.get(channel_id)
         theirs = self.channels.get(channel_id)
         if ours is None or theirs is None:
@@ -194,7 +198,7 @@ class Peer:
         Returns True if any were accepted. Their Deferreds fire after the move, so a
         callback that sends again sees consistent queues.
         """
-        if self.state == CLOSED or (self.state == CONNECTED and self._protocol.core.state is not State.OPEN):
+        if self._closing():
             return False
         fired = []
         moved = 0
@@ -224,11 +228,13 @@ class Peer:
         elif self._ack_timer is None:
             self._ack_timer = self._clock.callLater(self._config.ack_interval, self._send_ack)
 
+    def _cancel_ack_timer(self) -> None:
+        if self._ack_timer is not None and self._ack_timer.active():
+            self._ack_timer.cancel()
+        self._ack_timer = None
+
     def _send_ack(self) -> None:
-        if self._ack_timer is not None:
-            if self._ack_timer.active():
-                self._ack_timer.cancel()
-            self._ack_timer = None
+        self._cancel_ack_timer()
         if self.state == CONNECTED and self.session.ack_pending:
             self._protocol.core.send_ack(self.session.take_ack())
             self._protocol.pump()
@@ -249,9 +255,7 @@ class Peer:
         self.state = SUSPENDED
         self.disconnects += 1
         self._held = {}
-        if self._ack_timer is not None and self._ack_timer.active():
-            self._ack_timer.cancel()
-        self._ack_timer = None
+        self._cancel_ack_timer()
 
     def _attach(self, protocol, peer_delivered: dict[int, int]) -> None:
         """A new transport carries the session on: re-send what the peer lacks."""
@@ -271,9 +275,7 @@ class Peer:
         """The session is over: fail what waits on it."""
         self.state = CLOSED
         self._protocol = None
-        if self._ack_timer is not None and self._ack_timer.active():
-            self._ack_timer.cancel()
-        self._ack_timer = None
+        self._cancel_ack_timer()
         for waiting in self._waiting.values():
             while waiting:
                 _, d, timer, _ = waiting.popleft()
