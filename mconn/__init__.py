@@ -8,9 +8,11 @@ The public API (specs/reactor-api.md)::
 from mconn.channel import ChannelDescriptor
 from mconn.config import Config
 from mconn.errors import (
+    AuthenticationError,
     ConnectionClosed,
     ConnectionLost,
     DeliveryNotConfirmed,
+    DialGaveUp,
     HandshakeError,
     HandshakeTimeout,
     IncompatiblePeer,
@@ -72,10 +74,12 @@ __all__ = [
     "PongTimeout",
     "PeerRejected",
     "PeerIdMismatch",
+    "AuthenticationError",
     "PeerClosed",
     "ConnectionLost",
     "ConnectionClosed",
     "SessionExpired",
     "SessionRejected",
     "DeliveryNotConfirmed",
+    "DialGaveUp",
 ]

@@ -66,11 +66,29 @@ class Config:
     #: Dial attempts after a break before giving up (None: until resume_grace ends, or
     #: forever for persistent peers). Reset on success.
     max_reconnects: int | None = None
+    #: A first ``Switch.dial`` keeps trying (with the reconnect backoff) instead of
+    #: failing on the first error (NATS's retry_on_failed_connect).
+    retry_initial_dial: bool = False
+    #: Do not add the listen addresses that peers announce to their address pools.
+    ignore_discovered_addresses: bool = False
+    #: Dial a persistent peer's addresses in the given order instead of shuffling them.
+    retain_address_order: bool = False
+    #: Host (IP) that outgoing connections bind to (None: the kernel chooses).
+    local_address: str | None = None
+    #: A new connection from a node that already has a live one: how long the old one
+    #: has to answer a ping before the newcomer replaces it (specs/resume.md section 7).
+    duplicate_probe_timeout: float = 2.0
+    #: TCP_USER_TIMEOUT, seconds: the kernel drops a connection whose sent data stays
+    #: unacknowledged this long (a half-open link under load). None: the kernel default.
+    tcp_user_timeout: float | None = 30.0
+    #: SO_KEEPALIVE with TCP_KEEPIDLE = ping_interval: a second, kernel-side probe of
+    #: idle connections where the platform has these options.
+    tcp_keepalive: bool = True
 
     def __post_init__(self) -> None:
         for name in (
             "ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout",
-            "ack_interval", "max_reconnect_delay",
+            "ack_interval", "max_reconnect_delay", "duplicate_probe_timeout",
         ):
             _check_positive(name, getattr(self, name))
         _check_int(
@@ -90,8 +108,14 @@ class Config:
             0 <= self.resume_grace < math.inf
         ):
             raise ValueError(f"Config.resume_grace must be a finite number >= 0, got {self.resume_grace!r}")
-        if not isinstance(self.tcp_nodelay, bool):
-            raise ValueError(f"Config.tcp_nodelay must be True or False, got {self.tcp_nodelay!r}")
+        for name in ("tcp_nodelay", "tcp_keepalive", "retry_initial_dial", "ignore_discovered_addresses",
+                     "retain_address_order"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.tcp_user_timeout is not None:
+            _check_positive("tcp_user_timeout", self.tcp_user_timeout)
+        if self.local_address is not None and (not isinstance(self.local_address, str) or not self.local_address):
+            raise ValueError(f"Config.local_address must be a host (IP address) or None, got {self.local_address!r}")
         if self.tcp_notsent_lowat is not None:
             _check_int("tcp_notsent_lowat", self.tcp_notsent_lowat, 1)
         for name in ("send_rate", "recv_rate"):

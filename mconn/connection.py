@@ -345,6 +345,22 @@ class Connection:
                 deadline = min(deadline, ready)
         return deadline
 
+    def probe(self, now: float) -> float:
+        """Send a ping now (unless one is already out): is the peer still there?
+
+        Used on a duplicate connection (specs/resume.md section 7). Returns the time the
+        probe counts from; the peer answered if ``last_received`` passes it.
+        """
+        if self.state is State.OPEN and not self._awaiting_pong():
+            self._ping_sent_at = now
+            self._control.append(PING_BYTES)
+        return self._ping_sent_at if self._ping_sent_at is not None else now
+
+    @property
+    def last_received(self) -> float:
+        """When bytes last arrived from the peer (the connection's start before any)."""
+        return self._last_received
+
     def _awaiting_pong(self) -> bool:
         """A ping is out and nothing at all has arrived since."""
         return self._ping_sent_at is not None and self._last_received < self._ping_sent_at

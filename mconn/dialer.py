@@ -44,7 +44,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from mconn.address import PeerAddress, parse_address
-from mconn.errors import PeerClosed, PeerIdMismatch, PeerRejected
+from mconn.errors import AuthenticationError, PeerClosed, PeerIdMismatch, PeerRejected
 
 log = Logger(namespace="mconn.dialer")
 
@@ -93,17 +93,6 @@ def default_reconnect_delay(
 
 
 # -- which failures are not retried ----------------------------------------------------
-
-
-class AuthenticationError(PeerRejected):
-    """The address answered but refused our credentials: dialing it again is pointless.
-
-    A ``connect`` function raises it (or a PeerRejected / PeerClosed whose reason / code
-    is ``unauthorized``) so that the Dialer bans the address.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__("unauthorized", message)
 
 
 #: Failures that ban an address (the NATS clients stop on repeated auth errors).

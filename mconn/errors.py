@@ -83,6 +83,17 @@ class PeerRejected(MConnError):
         self.reason = reason
 
 
+class AuthenticationError(PeerRejected):
+    """The address answered but refused our credentials: dialing it again is pointless.
+
+    A dial that fails with it (or with a PeerRejected / PeerClosed whose reason / code is
+    ``unauthorized``) bans that address from the peer's address pool.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__("unauthorized", message)
+
+
 class PeerIdMismatch(PeerRejected):
     """The peer's node id is not the one that was dialed."""
 
@@ -139,6 +150,16 @@ class SessionRejected(MConnError):
         )
         self.reason = reason
         self.undelivered = dict(undelivered)
+
+
+class DialGaveUp(MConnError):
+    """Dialing a node ended without a session: ``max_reconnects`` failed attempts, every
+    address banned, or the dialing was stopped."""
+
+    def __init__(self, node_id: str | None, reason: str) -> None:
+        super().__init__(f"gave up dialing {node_id or 'the peer'}: {reason}")
+        self.node_id = node_id
+        self.reason = reason
 
 
 class DeliveryNotConfirmed(MConnError):

@@ -34,6 +34,9 @@ log = Logger(namespace="mconn")
 
 #: After a close packet, how long the transport may take to flush before it is aborted.
 CLOSE_LINGER = 2.0
+#: A timer that fires this much later than due means the event loop stalled: the
+#: keepalive verdict waits one loop turn so that bytes already received are read first.
+LOOP_STALL = 0.05
 
 
 @implementer(IPushProducer)
@@ -67,7 +70,11 @@ class MConnectionProtocol(Protocol):
         self._paused = False
         self._rate_limited = switch.config.send_rate is not None
         self._timer = None
+        self._timer_due = 0.0
+        self._after_stall = False
         self._linger = None
+        #: Called with this protocol when bytes arrive while a duplicate probe waits.
+        self.probe_answered = None
         self._handlers = {
             HelloReceived: self._on_hello,
             MessageReceived: self._on_message,
@@ -91,6 +98,8 @@ class MConnectionProtocol(Protocol):
         self._rearm()
 
     def dataReceived(self, data: bytes) -> None:
+        if self.probe_answered is not None:
+            self.probe_answered(self)
         core = self.core
         now = self._clock.seconds()
         handlers = self._handlers
@@ -187,11 +196,23 @@ class MConnectionProtocol(Protocol):
             if timer.getTime() <= deadline:
                 return  # it fires early, finds nothing due, and re-arms
             timer.cancel()
+        self._timer_due = deadline
         self._timer = self._clock.callLater(max(0.0, deadline - self._clock.seconds()), self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer = None
-        for event in self.core.handle_timeout(self._clock.seconds()):
+        now = self._clock.seconds()
+        late = now - self._timer_due
+        if late > LOOP_STALL and not self._after_stall:
+            # The event loop itself stalled (a reactor blocked it): the peer's answer may
+            # be sitting unread in the socket. One turn of the loop reads it before any
+            # keepalive verdict, so our stall does not make a healthy peer look dead.
+            self._after_stall = True
+            self.switch._loop_stalled(self, late)
+            self._timer = self._clock.callLater(0, self._on_timer)
+            return
+        self._after_stall = False
+        for event in self.core.handle_timeout(now):
             self._handlers[type(event)](event)
         self.pump()
         self._rearm()
@@ -249,17 +270,45 @@ class MConnectionProtocol(Protocol):
         self.switch._protocol_error(self, event.error)
 
 
+_LINUX = sys.platform.startswith("linux")
+
+
+def _socket_options(config) -> list[tuple[str, int, int, int]]:
+    """(name, level, option, value) of every option ``config`` asks for on this platform."""
+    tcp = socket.IPPROTO_TCP
+    options = []
+    lowat = getattr(socket, "TCP_NOTSENT_LOWAT", 25 if _LINUX else None)
+    if config.tcp_notsent_lowat and lowat is not None:
+        options.append(("TCP_NOTSENT_LOWAT", tcp, lowat, config.tcp_notsent_lowat))
+    user_timeout = getattr(socket, "TCP_USER_TIMEOUT", 18 if _LINUX else None)
+    if config.tcp_user_timeout is not None and user_timeout is not None:
+        options.append(("TCP_USER_TIMEOUT", tcp, user_timeout, max(1, round(config.tcp_user_timeout * 1000))))
+    if config.tcp_keepalive:
+        options.append(("SO_KEEPALIVE", socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+        for name, value in (
+            ("TCP_KEEPIDLE", config.ping_interval),
+            ("TCP_KEEPINTVL", config.pong_timeout / 3),
+            ("TCP_KEEPCNT", 3),
+        ):
+            option = getattr(socket, name, None)
+            if option is not None:
+                options.append((name, tcp, option, max(1, min(32767, round(value)))))
+    return options
+
+
 def _set_socket_options(transport, config) -> None:
-    """TCP_NODELAY and TCP_NOTSENT_LOWAT where the transport is a TCP socket that has them."""
+    """TCP_NODELAY, TCP_NOTSENT_LOWAT, TCP_USER_TIMEOUT and keepalive, where the
+    transport is a TCP socket and the platform has them (specs/connection.md section 3)."""
     if config.tcp_nodelay and hasattr(transport, "setTcpNoDelay"):
         transport.setTcpNoDelay(True)
-    lowat = getattr(socket, "TCP_NOTSENT_LOWAT", 25 if sys.platform.startswith("linux") else None)
     handle = getattr(transport, "getHandle", lambda: None)()
-    if config.tcp_notsent_lowat and lowat is not None and isinstance(handle, socket.socket):
+    if not isinstance(handle, socket.socket):
+        return
+    for name, level, option, value in _socket_options(config):
         try:
-            handle.setsockopt(socket.IPPROTO_TCP, lowat, config.tcp_notsent_lowat)
+            handle.setsockopt(level, option, value)
         except OSError as e:
-            log.debug("TCP_NOTSENT_LOWAT not set: {error}", error=e)
+            log.debug("{option} not set: {error}", option=name, error=e)
 
 
 class MConnectionFactory(Factory):

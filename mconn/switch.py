@@ -8,7 +8,7 @@ the last. ``_check_invariants`` asserts that the collections agree; tests call i
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import os
 
 from twisted.application.service import Service
@@ -17,12 +17,13 @@ from twisted.internet.endpoints import HostnameEndpoint, serverFromString
 from twisted.internet.task import LoopingCall
 
 from mconn import telemetry
-from mconn.address import parse_address
+from mconn.address import PeerAddress, parse_address
 from mconn.config import Config
-from mconn.connection import Connection
-from mconn.dialer import AddressPool, Dialer, default_reconnect_delay
+from mconn.connection import Connection, State
+from mconn.dialer import AddressPool, AddressState, Dialer, default_reconnect_delay
 from mconn.errors import (
     ConnectionClosed,
+    DialGaveUp,
     ConnectionLost,
     PeerIdMismatch,
     PeerRejected,
@@ -46,6 +47,12 @@ from mconn.wire import (
 )
 
 
+#: The close code and PeerRejected reason of the connection that loses a simultaneous dial.
+SIMULTANEOUS_DIAL = "simultaneous_dial"
+#: Per-node counters kept across sessions (``Switch.node_counters``, ``PeerStats``).
+NODE_COUNTERS = ("resume_rejections", "grace_expiries", "duplicates_refused", "duplicates_replaced", "simultaneous_dials")
+
+
 class Switch(Service):
     """Routes every inbound message to the Reactor that owns its channel.
 
@@ -53,9 +60,22 @@ class Switch(Service):
     :param node_key: the node's identity (a fresh one if None).
     :param config: a Config (defaults if None).
     :param clock: the Twisted reactor to use (``twisted.internet.reactor`` if None).
+    :param reconnect_delay: ``reconnect_delay(attempt) -> seconds`` between dial attempts
+        (``mconn.dialer.default_reconnect_delay`` capped at ``max_reconnect_delay`` if None).
+    :param choose_address: ``choose_address(pool, last_info) -> (address, delay)``, the
+        hook that may pick the next address to dial (``mconn.dialer.Dialer``).
     """
 
-    def __init__(self, reactors, *, node_key: NodeKey | None = None, config: Config | None = None, clock=None) -> None:
+    def __init__(
+        self,
+        reactors,
+        *,
+        node_key: NodeKey | None = None,
+        config: Config | None = None,
+        clock=None,
+        reconnect_delay=None,
+        choose_address=None,
+    ) -> None:
         if clock is None:
             from twisted.internet import reactor as clock
         self.clock = clock
@@ -87,8 +107,19 @@ class Switch(Service):
         self._stats_loop = None
         self._closed_all = []
         self._grace_timers = {}
-        self._dialers = {}
+        #: node id -> the _Redial keeping it connected (persistent) or resuming it.
+        self._dialers: dict[str, _Redial] = {}
+        #: First dials that retry (retry_initial_dial) without a node id to key them by.
+        self._initial_dials: set = set()
+        #: node id -> Deferreds waiting for a session with it (a dial that lost a race).
+        self._session_waiters: dict[str, list] = {}
+        #: newcomer protocol -> _Probe of the live connection it would replace.
+        self._probes: dict = {}
+        #: node id -> counters that outlive sessions (PeerStats, status page).
+        self.node_counters: dict[str, dict[str, int]] = {}
         self._stopping = False
+        self.reconnect_delay = reconnect_delay or self._default_reconnect_delay
+        self.choose_address = choose_address
 
     # -- service -------------------------------------------------------------------
 
@@ -114,8 +145,12 @@ class Switch(Service):
         for peer in list(self.peers.values()):
             if peer._protocol is None:
                 self._end_session(peer, shutdown())
-        for dialer in list(self._dialers.values()):
-            dialer.stop()
+        for redial in list(self._dialers.values()) + list(self._initial_dials):
+            redial.stop(DialGaveUp(redial.node_id, "the node is stopping"))
+        self._dialers.clear()
+        self._initial_dials.clear()
+        for probe in list(self._probes.values()):
+            probe.cancel()
         for proto in list(self.connections):
             d = defer.Deferred()
             self._closed_all.append((proto, d))
@@ -144,12 +179,18 @@ class Switch(Service):
 
         return d.addCallback(listening)
 
-    def dial(self, address: str) -> defer.Deferred:
+    def dial(self, address: str, *, persistent: bool = False, retry_initial_dial: bool | None = None) -> defer.Deferred:
         """Connect to ``ID@host:port`` or ``host:port``.
 
-        :returns: a Deferred firing with the Peer once the handshake is accepted, or
-            failing with PeerRejected (self, duplicate, id mismatch, limits), a
-            RemoteProtocolError, or the connection error.
+        :param persistent: keep this node connected for the Switch's lifetime: after any
+            break or end of the session it is dialed again, over its address pool
+            (specs/resume.md section 7). Needs the node id.
+        :param retry_initial_dial: keep trying the first dial with the reconnect backoff
+            instead of failing at the first error (``Config.retry_initial_dial`` if None).
+        :returns: a Deferred firing with the Peer once a session is up, or failing with
+            PeerRejected (self, duplicate, id mismatch, limits), a RemoteProtocolError,
+            the connection error, or DialGaveUp (``max_reconnects``, or every address
+            banned).
         """
         try:
             target = parse_address(address)
@@ -157,12 +198,111 @@ class Switch(Service):
             return defer.fail()
         if target.node_id == self.node_id:
             return defer.fail(PeerRejected("self", f"refusing to dial ourselves ({address})"))
-        if target.node_id is not None and target.node_id in self.peers:
+        if persistent and target.node_id is None:
+            return defer.fail(ValueError(f"a persistent peer needs its node id (ID@host:port), got {address!r}"))
+        retry = self.config.retry_initial_dial if retry_initial_dial is None else retry_initial_dial
+        existing = self.peers.get(target.node_id) if target.node_id is not None else None
+        if persistent:
+            redial = self._dialers.get(target.node_id)
+            if redial is None:
+                redial = self._dialers[target.node_id] = _Redial(self, target.node_id, [target], persistent=True)
+            else:
+                redial.persistent = True
+                redial.add_configured(target)
+            if existing is not None:
+                return defer.succeed(existing)
+            return redial.first_session(retry)
+        if existing is not None:
             return defer.fail(PeerRejected("duplicate", f"node {target.node_id} is already connected"))
-        endpoint = HostnameEndpoint(self.clock, target.host, target.port, timeout=self.config.dial_timeout)
-        factory = MConnectionFactory(self, is_outbound=True, expected_node_id=target.node_id, address=target)
-        d = endpoint.connect(factory)
-        return d.addCallback(lambda proto: proto.handshake)
+        if retry:
+            redial = _Redial(self, target.node_id, [target], persistent=False, initial=True)
+            self._initial_dials.add(redial)
+            return redial.first_session(True)
+        return self._connect(target, target.node_id)
+
+    def set_address_pool(self, node_id: str, addresses) -> None:
+        """Make ``addresses`` the address pool of the persistent peer ``node_id``.
+
+        Addresses in both the old and the new pool keep what dialing them taught
+        (failures, bans); the count of failed attempts toward ``max_reconnects`` starts
+        again (NATS's set_server_pool).
+
+        :raises KeyError: if ``node_id`` is not a persistent peer.
+        :raises ValueError: for an address that does not parse or names another node.
+        """
+        redial = self._dialers.get(node_id)
+        if redial is None or not redial.persistent:
+            raise KeyError(f"node {node_id} is not a persistent peer; dial it with persistent=True first")
+        redial.set_pool([_with_node_id(a, node_id) for a in addresses])
+
+    def stop_dialing(self, node_id: str) -> None:
+        """Forget that ``node_id`` is persistent: no more dials (its session goes on)."""
+        redial = self._dialers.pop(node_id, None)
+        if redial is not None:
+            redial.stop(DialGaveUp(node_id, "stop_dialing was called"))
+
+    def address_pool(self, node_id: str):
+        """The AddressPool of ``node_id`` (persistent or being re-dialed), or None."""
+        redial = self._dialers.get(node_id)
+        return redial.dialer.pool if redial is not None else None
+
+    def _default_reconnect_delay(self, attempt: int) -> float:
+        return default_reconnect_delay(attempt, max_delay=self.config.max_reconnect_delay)
+
+    def _endpoint(self, target: PeerAddress):
+        """The client endpoint for one dial attempt (tests on a memory network replace it).
+
+        HostnameEndpoint resolves the host on every attempt and tries each of its
+        addresses, all within ``dial_timeout``.
+        """
+        bind = (self.config.local_address, 0) if self.config.local_address else None
+        return HostnameEndpoint(self.clock, target.host, target.port, timeout=self.config.dial_timeout, bindAddress=bind)
+
+    def _connect(self, target: PeerAddress, node_id: str | None) -> defer.Deferred:
+        """One dial attempt; fires with the Peer once its session is up (new or resumed)."""
+        peer = self.peers.get(node_id) if node_id is not None else None
+        if peer is not None and peer.state == CONNECTED:
+            return defer.succeed(peer)  # a connection from that node won meanwhile
+        resuming = peer if peer is not None and peer.state in (SUSPENDED, CONNECTING) else None
+        factory = MConnectionFactory(
+            self, is_outbound=True, expected_node_id=node_id, resuming=resuming, address=target
+        )
+        d = self._endpoint(target).connect(factory)
+        d.addCallback(lambda proto: proto.handshake)
+        return d.addErrback(self._lost_race, node_id)
+
+    def _lost_race(self, failure, node_id: str | None):
+        """A dial refused because a session with that node exists, or is being made by the
+        other connection of a simultaneous dial: the caller gets that session's Peer."""
+        error = failure.value
+        word = getattr(error, "reason", None) if isinstance(error, PeerRejected) else getattr(error, "code", None)
+        if node_id is None or word not in ("duplicate", SIMULTANEOUS_DIAL):
+            return failure
+        peer = self.peers.get(node_id)
+        if peer is not None and peer.state != CLOSED:
+            return peer
+        d = defer.Deferred()
+        waiters = self._session_waiters.setdefault(node_id, [])
+        waiters.append(d)
+
+        def timed_out():
+            if d in waiters:
+                waiters.remove(d)
+                d.callback(failure)
+
+        timer = self.clock.callLater(self.config.handshake_timeout, timed_out)
+        return d.addBoth(_cancelling(timer))
+
+    def _session_up(self, peer: Peer) -> None:
+        """Fire the dials that wait for a session with this node; learn its address."""
+        for d in self._session_waiters.pop(peer.node_id, []):
+            d.callback(peer)
+        redial = self._dialers.get(peer.node_id)
+        if redial is not None and peer.listen_address and not self.config.ignore_discovered_addresses:
+            try:
+                redial.dialer.pool.add_discovered(_with_node_id(peer.listen_address, peer.node_id))
+            except ValueError:
+                pass  # an address we cannot dial is not worth keeping
 
     def broadcast(self, channel_id: int, message: bytes) -> defer.Deferred:
         """``send`` to every connected peer; fires with {node_id: bool}."""
@@ -233,20 +373,89 @@ class Switch(Service):
                 if not refusal:
                     self._resume(proto, existing, request.delivered, answer=True)
                     return
+                self._drop_transport(existing, "the session's channels changed")
             elif existing.state == CONNECTED:
-                raise PeerRejected(
-                    "duplicate",
-                    f"node {hello.node_id} is already connected ({existing.remote_address}, "
-                    f"{'outbound' if existing.is_outbound else 'inbound'})",
-                )
+                self._probes[proto] = _Probe(self, proto, existing)  # decided in _probe_done
+                return
             refusal = refusal or ("unknown session" if request is not None and request.resume else "new session")
             self._end_session(existing, SessionRejected(refusal, existing.session.undelivered()))
         elif request is not None and request.resume:
             refusal = "unknown session (expired, or this node restarted)"
+        elif self._dialing(hello.node_id) and self.node_id < hello.node_id:
+            self._count(hello.node_id, "simultaneous_dials")
+            raise PeerRejected(
+                SIMULTANEOUS_DIAL,
+                f"node {hello.node_id} and this node dialed each other; both keep the connection "
+                f"dialed by the smaller node id ({self.node_id})",
+            )
+        self._accept(proto, hello, request, refusal)
+
+    def _accept(self, proto, hello, request, refusal: str) -> None:
+        """The listener starts a fresh session on ``proto`` and answers it."""
         self._check_limits(proto)
         session_id = request.session_id if request is not None else os.urandom(SESSION_ID_BYTES)
         proto.core.send_session_answer(SessionAnswer(session_id=session_id, resumed=False, reason=refusal))
         self._start_session(proto, hello, session_id, refusal)
+
+    def _dialing(self, node_id: str) -> bool:
+        """Whether an outbound connection of ours to ``node_id`` is still handshaking."""
+        return any(
+            p.is_outbound and p.peer is None and p.end_reason is None
+            and node_id in (p.expected_node_id, p.hello.node_id if p.hello is not None else None)
+            for p in self.connections
+        )
+
+    def _probe_done(self, probe: _Probe, alive: bool) -> None:
+        """The duplicate rule (specs/resume.md section 7): the old connection answered the
+        probe, and the newcomer is refused; or it did not, and the newcomer replaces it."""
+        self._probes.pop(probe.newcomer, None)
+        newcomer, peer, old = probe.newcomer, probe.peer, probe.old
+        if newcomer.end_reason is not None or newcomer.core.state is not State.OPEN:
+            return
+        node_id = peer.node_id
+        still_there = peer.state == CONNECTED and peer._protocol is old
+        if alive and still_there:
+            self._count(node_id, "duplicates_refused")
+            self._duplicate_event(newcomer, old, "refused")
+            rejection = PeerRejected(
+                "duplicate",
+                f"node {node_id} is already connected ({old.remote_address}, "
+                f"{'outbound' if old.is_outbound else 'inbound'}) and that connection answered a probe",
+            )
+            self._peer_rejected(newcomer, newcomer.hello, rejection)
+            newcomer.close(rejection)
+            return
+        self._count(node_id, "duplicates_replaced")
+        self._duplicate_event(newcomer, old, "replaced")
+        reason = (
+            f"replaced: a new connection came from the node and the old one ({old.remote_address}) "
+            f"did not answer a probe within {self.config.duplicate_probe_timeout}s"
+        )
+        if still_there:
+            self._drop_transport(peer, "it did not answer a probe; a new connection replaced it")
+        if peer.state != CLOSED:
+            self._end_session(peer, SessionRejected(reason, peer.session.undelivered()))
+        newcomer._decide(lambda proto, hello: self._accept(proto, hello, _session_request(hello), reason), newcomer.hello)
+        newcomer.pump()
+
+    def _drop_transport(self, peer: Peer, why: str) -> None:
+        """Abort a session's live transport without ending the session."""
+        old = peer._protocol
+        if old is not None:
+            old.peer = None
+            old.end_reason = ConnectionClosed("replaced", why)
+            old.transport.abortConnection()
+            peer._suspend()
+
+    def _duplicate_event(self, newcomer, old, outcome: str) -> None:
+        telemetry.emit(
+            "duplicate_connection",
+            node_id=self.node_id,
+            peer_id=newcomer.hello.node_id,
+            remote_address=newcomer.remote_address,
+            existing_address=old.remote_address,
+            outcome=outcome,
+        )
 
     def _session_answered(self, proto, answer: SessionAnswer) -> None:
         """The listener's answer to our session request."""
@@ -265,9 +474,25 @@ class Switch(Service):
         if resuming is not None and resuming.state != CLOSED:
             reason = answer.reason or "the peer started a new session"
             self._end_session(resuming, SessionRejected(reason, resuming.session.undelivered()))
-        existing = self.peers.get(proto.hello.node_id)
-        if existing is not None:
-            raise PeerRejected("duplicate", f"node {proto.hello.node_id} is already connected")
+        node_id = proto.hello.node_id
+        existing = self.peers.get(node_id)
+        if existing is not None and existing.state == CONNECTED:
+            if existing.is_outbound:
+                raise PeerRejected("duplicate", f"node {node_id} is already connected")
+            # Both dialed, and each side's listener accepted: keep the connection dialed by
+            # the smaller node id, as the other side does.
+            self._count(node_id, "simultaneous_dials")
+            why = (
+                f"node {node_id} and this node dialed each other; both keep the connection "
+                f"dialed by the smaller node id ({min(node_id, self.node_id)})"
+            )
+            if node_id < self.node_id:
+                raise PeerRejected(SIMULTANEOUS_DIAL, why)
+            old = existing._protocol
+            self._end_session(existing, SessionRejected("simultaneous dial: " + why, existing.session.undelivered()))
+            old.close(PeerRejected(SIMULTANEOUS_DIAL, why))
+        elif existing is not None:
+            self._end_session(existing, SessionRejected("a new session replaced it", existing.session.undelivered()))
         self._check_limits(proto)
         self._start_session(proto, proto.hello, request.session_id, answer.reason)
 
@@ -304,6 +529,7 @@ class Switch(Service):
             self._call_reactor(reactor, "add_peer", peer, peer)
         if not proto.handshake.called:
             proto.handshake.callback(peer)
+        self._session_up(peer)
         return peer
 
     def _resume(self, proto, peer: Peer, peer_delivered: dict, *, answer: bool) -> None:
@@ -337,6 +563,7 @@ class Switch(Service):
         proto.pump()
         if not proto.handshake.called:
             proto.handshake.callback(peer)
+        self._session_up(peer)
 
     def _suspend_session(self, peer: Peer, reason: Exception) -> None:
         peer._suspend()
@@ -358,16 +585,22 @@ class Switch(Service):
     def _grace_expired(self, peer: Peer) -> None:
         self._grace_timers.pop(peer.node_id, None)
         if peer.state in (SUSPENDED, CONNECTING):
+            self._count(peer.node_id, "grace_expiries")
             self._end_session(peer, SessionExpired(self.config.resume_grace, peer.session.undelivered()))
 
     def _stop_waiting(self, peer: Peer, *, dialer: bool = True) -> None:
         timer = self._grace_timers.pop(peer.node_id, None)
         if timer is not None and timer.active():
             timer.cancel()
-        if dialer:
-            running = self._dialers.pop(peer.node_id, None)
-            if running is not None:
-                running.stop()
+        redial = self._dialers.get(peer.node_id)
+        if dialer and redial is not None:
+            redial.dialer.stop()
+            if not redial.persistent:
+                del self._dialers[peer.node_id]
+
+    def _count(self, node_id: str, counter: str) -> None:
+        counters = self.node_counters.setdefault(node_id, dict.fromkeys(NODE_COUNTERS, 0))
+        counters[counter] += 1
 
     def _end_session(self, peer: Peer, reason: Exception) -> None:
         """The session is over: the reactors get remove_peer with the reason."""
@@ -376,6 +609,8 @@ class Switch(Service):
         self._stop_waiting(peer)
         if not reason.undelivered:
             reason.undelivered = peer.session.undelivered()
+        if isinstance(reason, SessionRejected):
+            self._count(peer.node_id, "resume_rejections")
         proto = peer._protocol
         if proto is not None:
             proto.peer = None
@@ -395,6 +630,9 @@ class Switch(Service):
         )
         for reactor in self.reactors:
             self._call_reactor(reactor, "remove_peer", peer, peer, reason)
+        redial = self._dialers.get(peer.node_id)
+        if redial is not None and redial.persistent and not self._stopping:
+            redial.start()  # a persistent peer gets a fresh session
 
     def _close_peer(self, peer: Peer, reason: Exception) -> None:
         if peer._protocol is not None:
@@ -404,26 +642,18 @@ class Switch(Service):
 
     def _redial(self, peer: Peer) -> None:
         """The side that dialed re-dials a suspended session (specs/resume.md section 4)."""
+        redial = self._dialers.get(peer.node_id)
+        if redial is None:
+            redial = self._dialers[peer.node_id] = _Redial(self, peer.node_id, [peer.address], persistent=False)
+        redial.start()
 
-        def attempt(address):
-            endpoint = HostnameEndpoint(self.clock, address.host, address.port, timeout=self.config.dial_timeout)
-            factory = MConnectionFactory(
-                self, is_outbound=True, expected_node_id=peer.node_id, resuming=peer, address=peer.address
-            )
-            return endpoint.connect(factory).addCallback(lambda proto: proto.handshake)
-
-        dialer = Dialer(
-            clock=self.clock,
-            connect=attempt,
-            pool=AddressPool([peer.address], retain_order=True),
-            reconnect_delay=functools.partial(default_reconnect_delay, max_delay=self.config.max_reconnect_delay),
-            max_reconnects=self.config.max_reconnects,
-            on_attempt=lambda info: telemetry.emit("dial_attempt", node_id=self.node_id, peer_id=peer.node_id, **info),
-            on_connected=lambda result, state: self._dialers.pop(peer.node_id, None),
-            on_give_up=lambda reason: self._dialers.pop(peer.node_id, None),
+    def _loop_stalled(self, proto, late: float) -> None:
+        telemetry.emit(
+            "loop_stalled",
+            node_id=self.node_id,
+            peer_id=proto.hello.node_id if proto.hello is not None else None,
+            late=late,
         )
-        self._dialers[peer.node_id] = dialer
-        dialer.start()
 
     def _peer_rejected(self, proto, hello, rejection: PeerRejected) -> None:
         telemetry.emit(
@@ -484,6 +714,12 @@ class Switch(Service):
             proto.resuming.state = SUSPENDED  # this attempt failed; the dialer tries again
         if not proto.handshake.called:
             proto.handshake.errback(reason)
+        for probe in list(self._probes.values()):
+            if probe.newcomer is proto:
+                probe.cancel()
+                del self._probes[proto]
+            elif probe.old is proto:
+                probe.finish(alive=False)  # the old connection is gone: the newcomer may have it
         for entry in [e for e in self._closed_all if e[0] is proto]:
             self._closed_all.remove(entry)
             entry[1].callback(None)
@@ -528,10 +764,17 @@ class Switch(Service):
 
     def _check_invariants(self) -> None:
         """Assert that the Switch's collections agree (tests call this)."""
-        live = {p.peer for p in self.connections if p.peer is not None}
-        assert set(self.peers.values()) <= live, "a Peer outlived its connection"
         for node_id, peer in self.peers.items():
-            assert peer.node_id == node_id and peer.state == "connected", f"peer table corrupt at {node_id}"
+            assert peer.node_id == node_id and peer.state != CLOSED, f"peer table corrupt at {node_id}"
+            if peer.state == CONNECTED:
+                proto = peer._protocol
+                assert proto in self.connections and proto.peer is peer, f"{node_id}: connected without a connection"
+            else:
+                assert peer._protocol is None, f"{node_id}: {peer.state} but holds a connection"
+                assert self.config.resume_grace > 0, f"{node_id}: {peer.state} although resume is off"
+        for proto in self.connections:
+            if proto.peer is not None:
+                assert self.peers.get(proto.peer.node_id) is proto.peer, "a connection carries a forgotten Peer"
         owned = {d.id for d in self.channels}
         assert owned == set(self._reactor_by_channel), "channel table corrupt"
         assert len(owned) == len(self.channels), "duplicate channel ids"
@@ -580,3 +823,154 @@ def _session_counters(peer: Peer) -> list[dict]:
         }
         for c in sorted(session.channel_ids)
     ]
+
+
+class _Probe:
+    """Is the live connection of a session still there, now that a newcomer claims the
+    node? A ping goes out on it; any bytes back within ``duplicate_probe_timeout`` say yes."""
+
+    def __init__(self, switch: Switch, newcomer, peer: Peer) -> None:
+        self.switch = switch
+        self.newcomer = newcomer
+        self.peer = peer
+        self.old = peer._protocol
+        self.old.core.probe(switch.clock.seconds())
+        self.old.probe_answered = self._answered
+        self.old.pump()
+        self._timer = switch.clock.callLater(switch.config.duplicate_probe_timeout, self.finish, False)
+
+    def _answered(self, old) -> None:
+        self.finish(alive=True)
+
+    def cancel(self) -> None:
+        if self._timer.active():
+            self._timer.cancel()
+        if self.old.probe_answered == self._answered:
+            self.old.probe_answered = None
+
+    def finish(self, alive: bool) -> None:
+        self.cancel()
+        if self.switch._probes.get(self.newcomer) is self:
+            self.switch._probe_done(self, alive)
+
+
+class _Redial:
+    """The Dialer of one node (or one address), and the ``dial`` calls waiting on it.
+
+    Persistent ones live as long as the Switch and are started again after every break
+    and every end of the session; the others end with the first session they make.
+    """
+
+    def __init__(self, switch: Switch, node_id: str | None, addresses, *, persistent: bool, initial: bool = False):
+        self.switch = switch
+        self.node_id = node_id
+        self.persistent = persistent
+        self.initial = initial
+        self.ever_connected = False
+        self._waiters: list[tuple[defer.Deferred, bool]] = []
+        config = switch.config
+        pool = AddressPool(
+            addresses, retain_order=config.retain_address_order, ignore_discovered=config.ignore_discovered_addresses
+        )
+        self.dialer = Dialer(
+            clock=switch.clock,
+            connect=lambda address: switch._connect(address, node_id),
+            pool=pool,
+            reconnect_delay=lambda attempt: switch.reconnect_delay(attempt),
+            max_reconnects=config.max_reconnects,
+            choose_address=self._choose,
+            on_attempt=self._attempted,
+            on_connected=self._connected,
+            on_give_up=self._gave_up,
+        )
+
+    def start(self) -> None:
+        self.dialer.start()
+
+    def stop(self, error: Exception) -> None:
+        self.dialer.stop()
+        self._fail_waiters(error, everyone=True)
+
+    def first_session(self, retry: bool) -> defer.Deferred:
+        d = defer.Deferred()
+        self._waiters.append((d, retry))
+        self.start()
+        return d
+
+    def add_configured(self, target: PeerAddress) -> None:
+        state = self.dialer.pool.get(target)
+        if state is not None:
+            state.discovered = False
+        else:
+            self.dialer.pool.states.append(AddressState(target))
+
+    def set_pool(self, addresses) -> None:
+        self.dialer.set_address_pool(addresses)
+
+    def _choose(self, pool, last_info):
+        hook = self.switch.choose_address
+        return hook(pool, last_info) if hook is not None else None
+
+    def _attempted(self, info: dict) -> None:
+        switch = self.switch
+        telemetry.emit("dial_attempt", node_id=switch.node_id, peer_id=self.node_id, **info)
+        if info["result"] == "connected" or self.ever_connected:
+            return
+        state = self.dialer.pool.get(info["address"])
+        error = state.last_error if state is not None and state.last_error is not None else ConnectionLost(info["error"])
+        self._fail_waiters(error, everyone=False)
+        if not self._waiters:
+            self._forget()
+            self.dialer.stop()
+
+    def _connected(self, peer, state) -> None:
+        self.ever_connected = True
+        waiters, self._waiters = self._waiters, []
+        for d, _ in waiters:
+            d.callback(peer)
+        if not self.persistent:
+            self._forget()
+
+    def _gave_up(self, reason: str) -> None:
+        switch = self.switch
+        telemetry.emit("dial_gave_up", node_id=switch.node_id, peer_id=self.node_id, reason=reason)
+        self._forget()
+        self._fail_waiters(DialGaveUp(self.node_id, reason), everyone=True)
+        peer = switch.peers.get(self.node_id) if self.node_id is not None else None
+        if peer is not None and peer.state in (SUSPENDED, CONNECTING):
+            switch._end_session(peer, SessionRejected(f"gave up re-dialing: {reason}", peer.session.undelivered()))
+
+    def _forget(self) -> None:
+        switch = self.switch
+        if self.node_id is not None and switch._dialers.get(self.node_id) is self:
+            del switch._dialers[self.node_id]
+        switch._initial_dials.discard(self)
+
+    def _fail_waiters(self, error: Exception, *, everyone: bool) -> None:
+        keep = []
+        for d, retry in self._waiters:
+            if everyone or not retry:
+                d.errback(error)
+            else:
+                keep.append((d, retry))
+        self._waiters = keep
+
+
+def _with_node_id(address, node_id: str) -> PeerAddress:
+    """``address`` (text or PeerAddress) as an address of ``node_id``.
+
+    :raises ValueError: if it does not parse or names another node.
+    """
+    parsed = address if isinstance(address, PeerAddress) else parse_address(address)
+    if parsed.node_id is not None and parsed.node_id != node_id:
+        raise ValueError(f"address {address} names node {parsed.node_id}, not {node_id}")
+    return dataclasses.replace(parsed, node_id=node_id)
+
+
+def _cancelling(timer):
+    def cancel(result):
+        if timer.active():
+            timer.cancel()
+        return result
+
+    return cancel

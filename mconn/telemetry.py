@@ -27,9 +27,12 @@ FORMATS = {
     "session_resumed": "{node_id} session {session_id} with {peer_id} resumed, {resent} messages re-sent",
     "session_ended": "{node_id} session {session_id} with {peer_id} ended: {reason_type}: {reason}",
     "dial_attempt": "{node_id} dial {attempt} to {peer_id} at {address}: {result}",
+    "dial_gave_up": "{node_id} gave up dialing {peer_id}: {reason}",
+    "duplicate_connection": "{node_id} second connection from {peer_id} at {remote_address}: {outcome}",
+    "loop_stalled": "{node_id} event loop stalled {late:.3f}s (keepalive verdict on {peer_id} deferred)",
 }
 
-_LEVELS = {"protocol_error": "warn", "peer_rejected": "warn"}
+_LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "loop_stalled": "warn", "dial_gave_up": "warn"}
 
 
 def emit(event: str, **fields) -> None:

@@ -232,11 +232,15 @@ def test_second_connection_from_a_connected_node_is_refused(network, telemetry):
 
 
 def test_two_switches_connecting_twice_keep_the_first_connection(network):
-    """When a connects to b a second time (a fresh session, not a resume), b refuses it
-    with a 'duplicate' close packet, and the first connection carries on."""
+    """When a connects to b a second time (a fresh session, not a resume), b probes the
+    first connection; it answers, so b refuses the second with a 'duplicate' close
+    packet, and the first connection carries on."""
     a, b = Node(network), Node(network)
     first = network.connect(a.switch, b.switch)
     second = network.connect(a.switch, b.switch)
+    assert second.inbound.end_reason is None, "refused before the probe was answered"
+    network.flush()  # the probe's ping and pong travel over the first connection
+    assert b.switch.node_counters[a.switch.node_id]["duplicates_refused"] == 1
     assert second.outbound.peer is None and second.inbound.peer is None
     assert isinstance(second.inbound.end_reason, PeerRejected) and second.inbound.end_reason.reason == "duplicate"
     assert isinstance(second.outbound.end_reason, PeerClosed) and second.outbound.end_reason.code == "duplicate"

@@ -102,7 +102,13 @@ def emitted():
         network.connect_raw(early, a)
         late = RawPeer(hello_packet("ab" * 20, CHANNELS) + msg_packet(0x99, b"?"))  # ... with one
         network.connect_raw(late, a)
-        network.flush()
+        network.flush()  # the old connection answers the probe: duplicate_connection
+        network.advance(config.ping_interval + 1)  # keepalive timers fire late: loop_stalled
+        c = network.switch([RecordingReactor(CHANNELS)], config=Config(stats_interval=0, max_reconnects=1))
+        c.dial(f"{'cd' * 20}@127.0.0.1:9", retry_initial_dial=True).addErrback(lambda f: None)
+        for _ in range(3):  # the dialer's wait, then HostnameEndpoint's attempts (0.3 s apart)
+            network.clock.advance(0.4)
+            network.complete_dials()  # refused; max_reconnects 1: dial_gave_up
         a.stopService()  # connection_lost, both sides
         b.stopService()
         network.flush()
