@@ -66,6 +66,16 @@ class PeerStats:
     resumes: int = 0
     messages_resent: int = 0
     unacked_bytes: int = 0
+    #: Accepted for sending and not yet confirmed delivered, per channel id.
+    undelivered: dict = dataclasses.field(default_factory=dict)
+    #: Per node, across sessions (``Switch.node_counters``): resumes refused, sessions
+    #: that outlived resume_grace, duplicate connections refused or that replaced a
+    #: dead one, simultaneous dials settled.
+    resume_rejections: int = 0
+    grace_expiries: int = 0
+    duplicates_refused: int = 0
+    duplicates_replaced: int = 0
+    simultaneous_dials: int = 0
 
 
 class Peer:
@@ -337,6 +347,8 @@ class Peer:
             resumes=self.resumes,
             messages_resent=session.resent,
             unacked_bytes=session.unacked_bytes,
+            undelivered=session.undelivered(),
+            **self._switch.node_counters.get(self.node_id, {}),
         )
 
 
