@@ -219,7 +219,7 @@ def machine() -> dict:
 def print_profiles(directory: str, top: int = 18) -> None:
     """The top functions by own time of every mconn role profiled with cProfile."""
     for name in sorted(os.listdir(directory)):
-        if name.endswith(".prof") and "-mconn-" in name:
+        if name.endswith(".prof") and "-mconn" in name:
             print(f"\n=== {name}: top {top} by tottime ===")
             pstats.Stats(os.path.join(directory, name)).strip_dirs().sort_stats("tottime").print_stats(top)
 
@@ -228,7 +228,7 @@ def print_py_spy(directory: str, top: int = 18) -> None:
     """Self and inclusive share of samples per function, from py-spy's collapsed stacks."""
     strip_line = re.compile(r":\d+\)$")
     for name in sorted(os.listdir(directory)):
-        if not (name.endswith(".txt") and "-mconn-" in name):
+        if not (name.endswith(".txt") and "-mconn" in name):
             continue
         own, inclusive, total = collections.Counter(), collections.Counter(), 0
         with open(os.path.join(directory, name)) as f:
@@ -258,3 +258,211 @@ def source_digest(package_dir: str) -> dict:
             newest = max(newest, os.path.getmtime(path))
     return {"sha256": h.hexdigest()[:16], "newest_mtime": newest}
 
+
+# -- the acks scenario: mconn before the session layer, now, and now with rare acks ----
+
+#: The issue 3 budget: acknowledgements cost at most 5% of throughput.
+ACK_TARGET = 0.95
+
+
+def _ack_values(figs: dict) -> list[tuple[str, str, float | None]]:
+    """(figure, unit, value) of one variant's figures, in table order."""
+    out = []
+    for scenario, name, key, unit in (("bulk", "bulk 1 MiB msgs", "MB_per_s", "MB"),
+                                      ("small", "small 100 B msgs", "messages_per_s", "msg")):
+        f = figs.get(scenario)
+        if f is None:
+            continue
+        out.append((name, f"{unit}/s", f[key]))
+        out.append(("  CPU sender", f"us/{unit}", f["cpu_us"]["send"]))
+        out.append(("  CPU receiver", f"us/{unit}", f["cpu_us"]["recv"]))
+    return out
+
+
+def _variant_row(figure: str, unit: str, col: dict, ratios: dict, judged: str | None) -> dict:
+    """One row over the variants: the median of each variant's values (``col``) and of
+    each list of per-round ratios (``ratios``: key -> list); ``judged`` names the ratio
+    held against ACK_TARGET (None: not judged)."""
+    row = {"figure": figure, "unit": unit, **{v: statistics.median(values) for v, values in col.items()}}
+    for key, values in ratios.items():
+        row[key] = statistics.median(values) if values else None
+        row["rounds_" + key] = values
+    row["target"] = f"{judged.replace('_over_', '/').replace('rare_acks', 'rare')} >= {ACK_TARGET}" if judged else None
+    row["pass"] = row[judged] >= ACK_TARGET if judged and row[judged] is not None else None
+    row["rounds_pass"] = [r >= ACK_TARGET for r in ratios[judged]] if judged else []
+    return row
+
+
+def judge_acks(rounds: list[dict]) -> list[dict]:
+    """Rows of the acks table: medians per variant, medians of the per-round ratios
+    now/before (the cost of the session layer) and now/rare_acks (of acks alone).
+    Throughput rows are judged against ACK_TARGET on now/before."""
+    per_round = [{v: _ack_values(figs[v]) for v in figs} for figs in rounds]
+    rows = []
+    for i, (figure, unit, _) in enumerate(per_round[0]["now"]):
+        col = {v: [r[v][i][2] for r in per_round] for v in per_round[0]}
+        ratios = {
+            f"now_over_{other}": [n / o for n, o in zip(col["now"], col[other]) if n is not None and o]
+            for other in ("before", "rare_acks")
+        }
+        rows.append(_variant_row(figure, unit, col, ratios, "now_over_before" if unit.endswith("/s") else None))
+    return rows
+
+
+def judge_msgcost(rounds: list[dict]) -> list[dict]:
+    """Rows of msgcost.py's figures: medians per variant and of the per-round ratios.
+
+    CPU per message is the inverse of a CPU-bound throughput, so before/now is the
+    throughput ratio the target speaks of; the totals are judged against ACK_TARGET.
+    """
+    rows = []
+    for scenario, unit in (("bulk", "us/MiB"), ("small", "us/msg")):
+        for phase in ("send_us", "deliver_us", "total_us"):
+            col = {v: [r[v][scenario][phase] for r in rounds] for v in rounds[0]}
+            ratios = {f"{other}_over_now": [b / n for n, b in zip(col["now"], col[other])]
+                      for other in ("before", "rare_acks")}
+            judged = "before_over_now" if phase == "total_us" else None
+            rows.append(_variant_row(f"{scenario} {phase[:-3]}", unit, col, ratios, judged))
+    return rows
+
+
+def print_variants(rows: list[dict], ratios: tuple[str, str]) -> None:
+    """The acks or msgcost table: values per variant, then the two ratios (row keys)."""
+    labels = [key.replace("_over_", "/").replace("rare_acks", "rare") for key in ratios]
+    header = (f"{'figure':<20}{'unit':<8}{'before':>11}{'now':>11}{'rare acks':>11}"
+              f"{labels[0]:>11}{'spread':>12}{labels[1]:>10}{'spread':>12}  {'target':<21}result")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        cells = []
+        for key, width in zip(ratios, (11, 10)):
+            values = r["rounds_" + key]
+            spread = f"{_fmt(min(values), 2)}..{_fmt(max(values), 2)}" if len(values) > 1 else ""
+            cells.append(f"{_fmt(r[key]):>{width}}{spread:>12}")
+        verdict = ""
+        if r["pass"] is not None:
+            verdict = "PASS" if r["pass"] else "MISS"
+            if len(r["rounds_pass"]) > 1:
+                verdict += f" ({sum(r['rounds_pass'])}/{len(r['rounds_pass'])} rounds)"
+        print(f"{r['figure']:<20}{r['unit']:<8}{_fmt(r['before']):>11}{_fmt(r['now']):>11}"
+              f"{_fmt(r['rare_acks']):>11}{''.join(cells)}  {r['target'] or '':<21}{verdict}")
+
+
+# -- the resume scenario -----------------------------------------------------------
+
+#: The issue 3 target: the first re-delivered message within 50 ms of a reset (loopback).
+RESUME_TARGET_MS = 50.0
+
+
+def percentiles(values: list[float]) -> dict:
+    """n, min, p50, p95 (nearest rank) and max of ``values``."""
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def rank(p: float) -> float:
+        return ordered[max(0, -(-int(p * 100) * n // 100) - 1)]
+
+    return {"n": n, "min": ordered[0], "p50": rank(0.50), "p95": rank(0.95), "max": ordered[-1]}
+
+
+def resume_figures(result: dict) -> dict:
+    """Pair the dialer's reset times with the receiver's arrival times (milliseconds).
+
+    Raises if the stream lost, duplicated or reordered a message, or if resets and
+    resumes do not pair up one to one.
+    """
+    recv, send = result["recv"], result["send"]
+    resets, resumes = send["resets"], recv["resumes"]
+    if recv["out_of_order"] or recv["epoch_ahead"] or recv["stream_messages"] != send["stream_messages"]:
+        raise RuntimeError(
+            f"resume: stream broken: {recv['out_of_order']} out of order, {recv['epoch_ahead']} epoch errors, "
+            f"{recv['stream_messages']} delivered of {send['stream_messages']} accepted")
+    if len(resets) != len(resumes):
+        raise RuntimeError(f"resume: {len(resets)} resets but the receiver saw {len(resumes)} resumes")
+
+    def since_reset(key: str, source: list[dict]) -> list[float]:
+        return [(s[key] - r["reset_ns"]) / 1e6 for r, s in zip(resets, source) if s[key] is not None]
+
+    def fresh(mode: str, side: str, key: str) -> list[float]:
+        samples = recv["fresh"] if side == "recv" else send["fresh"]
+        return [(s[key] - s["dial_ns"]) / 1e6 for s in samples if s["mode"] == mode]
+
+    lists = {
+        "reset -> first re-delivered msg": since_reset("first_resent_ns", resumes),
+        "reset -> first new msg": since_reset("first_new_ns", resumes),
+        "reset -> resumed, dialer": since_reset("resumed_ns", resets),
+        "reset -> resumed, receiver": since_reset("resumed_ns", resumes),
+        "fresh dial -> first msg (proxy)": fresh("proxy", "recv", "arrival_ns"),
+        "fresh dial -> handshake (proxy)": fresh("proxy", "send", "handshake_ns"),
+        "fresh dial -> first msg (direct)": fresh("direct", "recv", "arrival_ns"),
+    }
+    # The longest event-loop stall of each process that overlaps reset -> first delivery,
+    # as [length ms, CPU ms the process used during it].
+    def stalled(stalls: list, start: int, end: int | None) -> list:
+        end = end if end is not None else start
+        return max(([late / 1e6, cpu / 1e6] for at, late, cpu in stalls if at - late < end and at > start),
+                   default=[0.0, 0.0])
+
+    stall_ms = {side: [stalled(result[side].get("stalls", []), r["reset_ns"], s["first_ns"])
+                       for r, s in zip(resets, resumes)] for side in ("send", "recv")}
+    events = sorted({e for r in resets for e in r.get("timeline_ns", {})},
+                    key=lambda e: statistics.median((r["timeline_ns"][e] - r["reset_ns"]) for r in resets
+                                                    if e in r["timeline_ns"]))
+    timeline = {e: percentiles([(r["timeline_ns"][e] - r["reset_ns"]) / 1e6 for r in resets
+                                if e in r.get("timeline_ns", {})]) for e in events}
+    return {
+        "ms": {name: percentiles(values) for name, values in lists.items()},
+        "dialer_timeline_ms": timeline,
+        "stall_ms": {"dialer": stall_ms["send"], "receiver": stall_ms["recv"]},
+        "samples_ms": lists,
+        "dial_attempts": {
+            "per_resume_max": max((len(r.get("dial_attempts", ())) for r in resets), default=0),
+            "delays": sorted({a["delay"] for r in resets for a in r.get("dial_attempts", ())}),
+        },
+        "resent_per_resume": percentiles([r["resent"] for r in resumes]),
+        "lost_at_reset": percentiles([r["unsent_at_reset"] for r in resets]),
+        "stream_messages": recv["stream_messages"],
+        "refused": send["refused"],
+        "process": {side: result[side]["process"] for side in ("send", "recv")},
+    }
+
+
+#: The baseline row of the resume table: what a resume is compared with.
+RESUME_BASELINE = "fresh dial -> first msg (proxy)"
+
+
+def print_resume(figs: dict) -> None:
+    """Milliseconds per figure, x the fresh baseline (p50 over p50), and the target."""
+    base = figs["ms"][RESUME_BASELINE].get("p50")
+    header = f"{'figure':<34}{'n':>4}{'p50 ms':>9}{'p95 ms':>9}{'max ms':>9}{'x fresh':>9}  {'target':<13}result"
+    print(header)
+    print("-" * len(header))
+    for name, p in figs["ms"].items():
+        ratio = p["p50"] / base if p.get("n") and base else None
+        target = verdict = ""
+        if name == "reset -> first re-delivered msg" and p.get("n"):
+            target = f"<= {RESUME_TARGET_MS:.0f} ms"
+            verdict = ", ".join(f"{k} {'PASS' if p[k] <= RESUME_TARGET_MS else 'MISS'}" for k in ("p50", "p95", "max"))
+        print(f"{name:<34}{p.get('n', 0):>4}{_fmt(p.get('p50')):>9}{_fmt(p.get('p95')):>9}{_fmt(p.get('max')):>9}"
+              f"{_fmt(ratio, 2):>9}  {target:<13}{verdict}")
+    timeline = figs.get("dialer_timeline_ms") or {}
+    if timeline:
+        print("dialer's telemetry after a reset, p50 (p95) ms: " + ", ".join(
+            f"{e} {_fmt(p['p50'], 2)} ({_fmt(p['p95'], 2)})" for e, p in timeline.items()))
+    stalls = figs.get("stall_ms")
+    if stalls:
+        first = figs["samples_ms"]["reset -> first re-delivered msg"]
+        worst = max(range(len(first)), key=first.__getitem__, default=None)
+        print("longest event-loop stall between a reset and its first delivery, p50 / max ms: " + ", ".join(
+            f"{side} {_fmt(percentiles([x[0] for x in v]).get('p50'), 2)} / "
+            f"{_fmt(percentiles([x[0] for x in v]).get('max'), 2)}" for side, v in stalls.items())
+            + ("" if worst is None else f"; in the slowest resume ({first[worst]:.1f} ms): " + ", ".join(
+                f"{side} {_fmt(v[worst][0], 2)} (CPU {_fmt(v[worst][1], 2)})" for side, v in stalls.items())))
+    attempts = figs["dial_attempts"]
+    print(f"dial attempts per resume: at most {attempts['per_resume_max']}, after delays {attempts['delays']} s")
+    resent, lost = figs["resent_per_resume"], figs["lost_at_reset"]
+    print(f"re-delivered per resume: p50 {resent.get('p50')} (max {resent.get('max')}); accepted in the reset's "
+          f"own turn: {lost.get('p50')}; stream: {figs['stream_messages']} messages exactly once and in order, "
+          f"{figs['refused']} refused while suspended")

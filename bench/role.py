@@ -48,8 +48,12 @@ class Role:
         self.clock = clock
         self._started = {"cpu": 0.0, "wall": 0.0, "faults": 0}
 
-    def on_link(self, link) -> None:
+    def begin(self) -> None:
+        """From now on CPU time and page faults count."""
         self._started = {"cpu": time.process_time(), "wall": time.monotonic(), "faults": _minor_faults()}
+
+    def on_link(self, link) -> None:
+        self.begin()
         args = self.args
         if args.role == "recv":
             link.handler = Sink(link, self.report)
@@ -66,6 +70,8 @@ class Role:
             "wall_s": wall,
             "cpu_share": cpu / wall if wall else None,
             "minor_faults": _minor_faults() - self._started["faults"],
+            # Which mconn ran: run.py checks that a "before" role ran the old tree.
+            "mconn_file": getattr(sys.modules.get("mconn"), "__file__", None),
         }
         emit({"result": dict(result, process=process)})
         self.clock.callLater(0.3, self.stop)
@@ -96,13 +102,28 @@ class Role:
     def start_mconn(self):
         from mconn import Config, Switch
 
+        if self.args.scenario == "resume":
+            return self.start_resume()
+        # Only the --ack-* fields given: the code before the session layer has none.
+        fields = {k: v for k, v in vars(self.args).items() if k.startswith("ack_") and v is not None}
+        config = Config(max_packet_payload=self.args.max_packet_payload, **fields)
         reactor = LinkReactor(CHANNELS[self.args.scenario], self.on_link)
-        switch = Switch([reactor], config=Config(max_packet_payload=self.args.max_packet_payload), clock=self.clock)
+        switch = Switch([reactor], config=config, clock=self.clock)
         switch.startService()
         if self.args.role == "recv":
             d = switch.listen("tcp:0:interface=127.0.0.1")
             return d.addCallback(lambda port: emit({"port": port.getHost().port, "node_id": switch.node_id}))
         return switch.dial(f"{self.args.node_id}@127.0.0.1:{self.args.port}")
+
+    def start_resume(self):
+        """The resume scenario (resume.py): its own reactors, a proxy on the dialing side."""
+        import resume
+
+        self.begin()
+        if self.args.role == "recv":
+            return resume.start_receiver(self.clock, self.report).addCallback(emit)
+        d = resume.start_dialer(self.clock, self.args.port, self.args.node_id, self.args.resets)
+        return d.addCallback(self.report)
 
 
 def role_main(args) -> None:

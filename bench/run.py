@@ -1,16 +1,34 @@
 """mconn against raw Twisted framing, sender and receiver in separate processes.
 
     .venv/bin/python bench/run.py [--quick] [--repeat N] [--duration S]
-        [--scenarios bulk,priority,small,rtt] [--profile DIR | --py-spy DIR]
+        [--scenarios bulk,priority,small,rtt,acks,resume] [--profile DIR | --py-spy DIR]
         [--raw-framing hand|int32] [--no-pin] [--nodelay] [--notsent-lowat BYTES]
+        [--before REV] [--resets N]
 
-Every measurement runs over the raw baseline (4-byte big-endian length + payload,
+Each of the first four scenarios runs over the raw baseline (4-byte big-endian length + payload,
 links.py) and over mconn (default Config: 1024-byte max_packet_payload), back to back,
 in each of ``--repeat`` rounds; the table shows medians and mconn/raw. The scenarios are
 described in scenarios.py. A measurement starts a receiver process (role.py), which
 listens on 127.0.0.1 port 0 and prints its port and node id, then a sender process.
 Each role runs in its own session; whatever of it is still running at the end is killed
 through that process group's id.
+
+Two scenarios measure the session layer (issue 3) instead of mconn against raw:
+
+* ``acks``: bulk and small throughput of mconn at ``--before`` (default 82a45f3, the core
+  before sessions: no recovery buffer, no acks), of mconn now (the working tree), and
+  of mconn now with acks 64-256 times rarer (RARE_ACKS), in each of ``--repeat`` rounds,
+  the order of the three reversed every other round; the table shows now/before (the
+  throughput cost of sessions and acks) and now/rare-acks (of sending acks alone).
+  Then msgcost.py gives each variant's CPU per message in one process, without sockets.
+  The old code is ``git archive``-d into a temporary directory under /tmp,
+  removed at the end, and given to its processes on PYTHONPATH; the same bench
+  scripts drive both (bench/ did not change API since then; each role reports which
+  mconn it imported, and the run stops if a role imported the wrong one).
+* ``resume``: one receiver and one dialer process; ``--resets`` resets of the dialer's
+  session through a fault proxy, each timed from the reset to the first re-delivered
+  and first new message, against fresh connect + handshake times from the same run
+  (resume.py).
 
 Results go to stdout as a table and to bench/out/results-<time>.json (and latest.json).
 ``--profile DIR`` (cProfile) or ``--py-spy DIR`` runs every role under a profiler and
@@ -21,10 +39,12 @@ prints the top functions of the mconn roles; profiled figures are not the real o
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,33 +54,54 @@ import time
 import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MCONN_DIR = os.path.join(os.path.dirname(HERE), "mconn")
+REPO = os.path.dirname(HERE)
+MCONN_DIR = os.path.join(REPO, "mconn")
 OUT_DIR = os.path.join(HERE, "out")
-SCENARIOS = ("bulk", "priority", "small", "rtt")
+#: Scenarios run over raw and over mconn, then the session-layer ones.
+PAIR_SCENARIOS = ("bulk", "priority", "small", "rtt")
+SCENARIOS = PAIR_SCENARIOS + ("acks", "resume")
 IMPLS = ("raw", "mconn")
+#: The ``acks`` scenario's variants: mconn before the session layer, now, now with rare acks.
+ACK_VARIANTS = ("before", "now", "rare_acks")
+ACK_SCENARIOS = ("bulk", "small")
+#: The rare-acks variant acknowledges this many times less often than the defaults
+#: (256 messages / 1 MiB), within the recovery buffer (32 MiB), so it never stalls.
+RARE_ACKS = {"ack_every_messages": 256 * 256, "ack_every_bytes": 8 << 20, "ack_interval": 1.0}
+#: The Config fields the --ack-* options set (role.py passes on only those given).
+ACK_FIELDS = ("ack_every_messages", "ack_every_bytes", "ack_interval")
 #: The options recorded with the results.
 SETTINGS = ("duration", "repeat", "rtt_count", "raw_framing", "pin", "nodelay", "notsent_lowat", "max_packet_payload",
-            "profile", "py_spy")
+            "profile", "py_spy", "before", "resets") + ACK_FIELDS
 
 # -- orchestration ------------------------------------------------------------------
 
 
-def role_command(args, role: str, impl: str, scenario: str, extra: list[str]) -> list[str]:
+def deadline(args, scenario: str) -> float:
+    """Seconds after which a role gives up (the resume schedule takes ~0.5 s per reset)."""
+    if scenario == "resume":
+        return args.resets * 2.0 + 30
+    return args.duration + 20
+
+
+def role_command(args, role: str, impl: str, scenario: str, extra: list[str], tag: str = "") -> list[str]:
+    """The command line of one role; ``tag`` (default ``impl``) names its profile files."""
     cmd = [sys.executable]
+    tag = tag or impl
     if args.py_spy:
         os.makedirs(args.py_spy, exist_ok=True)
-        out = os.path.join(args.py_spy, f"{scenario}-{impl}-{role}.txt")
+        out = os.path.join(args.py_spy, f"{scenario}-{tag}-{role}.txt")
         cmd = [args.py_spy_bin, "record", "--nonblocking", "-r", "1000", "-f", "raw", "-o", out, "--"] + cmd
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
-        cmd += ["-m", "cProfile", "-o", os.path.join(args.profile, f"{scenario}-{impl}-{role}.prof")]
+        cmd += ["-m", "cProfile", "-o", os.path.join(args.profile, f"{scenario}-{tag}-{role}.prof")]
     cmd += [
         os.path.abspath(__file__),
         "--role", role,
         "--impl", impl,
         "--scenario", scenario,
         "--duration", str(args.duration),
-        "--deadline", str(args.duration + 20),
+        "--deadline", str(deadline(args, scenario)),
+        "--resets", str(args.resets),
         "--rtt-count", str(args.rtt_count),
         "--raw-framing", args.raw_framing,
     ] + ["--pin" if args.pin else "--no-pin"] + (["--nodelay"] if args.nodelay else [])
@@ -106,9 +147,9 @@ def result_of(name: str, out: bytes, err: bytes) -> dict:
     raise RuntimeError(f"{name}: no result\nstdout: {out.decode()[-500:]}\nstderr: {err.decode()[-2000:]}")
 
 
-def start_role(cmd: list[str], stderr) -> subprocess.Popen:
+def start_role(cmd: list[str], stderr, env=None) -> subprocess.Popen:
     """A role process in its own session, so that its process group is only its own."""
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, cwd=HERE, start_new_session=True)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, cwd=HERE, env=env, start_new_session=True)
 
 
 def stop_group(proc) -> None:
@@ -121,18 +162,22 @@ def stop_group(proc) -> None:
         proc.wait(timeout=10)
 
 
-def run_pair(args, impl: str, scenario: str) -> dict:
-    """Run one measurement: a receiver, then a sender; both results."""
+def run_pair(args, impl: str, scenario: str, options: list[str] = (), env=None, tag: str = "") -> dict:
+    """Run one measurement: a receiver, then a sender; both results.
+
+    ``options`` go to both roles; ``env`` (default: ours) is their environment; ``tag``
+    names their profile files (default: ``impl``).
+    """
     procs = []
     errs = [tempfile.TemporaryFile(), tempfile.TemporaryFile()]
     try:
-        recv = start_role(role_command(args, "recv", impl, scenario, []), errs[0])
+        recv = start_role(role_command(args, "recv", impl, scenario, list(options), tag), errs[0], env)
         procs.append(recv)
         info = read_json_line(recv, 20)
         extra = ["--port", str(info["port"])] + (["--node-id", info["node_id"]] if "node_id" in info else [])
-        send = start_role(role_command(args, "send", impl, scenario, extra), errs[1])
+        send = start_role(role_command(args, "send", impl, scenario, list(options) + extra, tag), errs[1], env)
         procs.append(send)
-        send_out, _ = send.communicate(timeout=args.duration + 30)
+        send_out, _ = send.communicate(timeout=deadline(args, scenario) + 10)
         recv_out, _ = recv.communicate(timeout=10)
         recv_out = recv.leftover + recv_out
         for f in errs:
@@ -161,12 +206,116 @@ def run_rounds(args, scenarios: list[str]) -> tuple[list, list]:
         for scenario in scenarios:
             for impl in IMPLS:
                 print(f"round {n + 1}/{args.repeat} {scenario:<9} {impl:<6} ...", end=" ", flush=True)
-                raw[impl][scenario] = run_pair(args, impl, scenario)
+                options = given_ack_options(args) if impl == "mconn" else []
+                raw[impl][scenario] = run_pair(args, impl, scenario, options)
                 figs[impl][scenario] = report.figures(scenario, raw[impl][scenario])
                 print(json.dumps(figs[impl][scenario]))
         rounds.append(figs)
         role_results.append(raw)
     return rounds, role_results
+
+
+# -- the session-layer scenarios ------------------------------------------------------
+
+
+@contextlib.contextmanager
+def before_tree(rev: str):
+    """mconn/ as of ``rev``, extracted into a new directory under /tmp, removed on exit.
+
+    Yields (directory, full commit id); the directory goes first on a role's PYTHONPATH.
+    """
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", rev + "^{commit}"],
+                            check=True, capture_output=True, text=True).stdout.strip()
+    directory = tempfile.mkdtemp(prefix=f"mconn-bench-{commit[:7]}-", dir="/tmp")
+    try:
+        archive = subprocess.Popen(["git", "-C", REPO, "archive", "--format=tar", commit, "mconn"],
+                                   stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", directory], stdin=archive.stdout, check=True)
+        archive.stdout.close()
+        if archive.wait() != 0:
+            raise RuntimeError(f"git archive {commit} failed")
+        yield directory, commit
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def as_options(fields: dict) -> list[str]:
+    """``{"ack_interval": 1.0}`` -> ``["--ack-interval", "1.0"]``."""
+    return [x for name, value in fields.items() for x in ("--" + name.replace("_", "-"), str(value))]
+
+
+def given_ack_options(args) -> list[str]:
+    """The --ack-* experiment options given on our command line, for mconn roles."""
+    return as_options({k: getattr(args, k) for k in ACK_FIELDS if getattr(args, k) is not None})
+
+
+def ack_options(variant: str) -> list[str]:
+    return as_options(RARE_ACKS) if variant == "rare_acks" else []
+
+
+def check_mconn_file(variant: str, path: str | None, tree: str) -> None:
+    """Stop the run if a process imported the wrong mconn (PYTHONPATH not honoured)."""
+    if (variant == "before") != (path or "").startswith(tree + os.sep):
+        raise RuntimeError(f"acks {variant}: a process imported mconn from {path!r}")
+
+
+def run_msgcost(variant: str, env, tree: str) -> dict:
+    """msgcost.py for one variant: CPU per message in one process, without sockets."""
+    cmd = [sys.executable, os.path.join(HERE, "msgcost.py")] + ack_options(variant)
+    done = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"msgcost {variant} failed:\n{done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    check_mconn_file(variant, result.pop("mconn_file"), tree)
+    return result
+
+
+def run_acks(args) -> dict:
+    """The ``acks`` scenario: bulk and small over each variant, alternating the order;
+    then, per round and variant, msgcost.py."""
+    rounds, costs = [], []
+    with before_tree(args.before) as (tree, commit):
+        before_env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (tree, os.environ.get("PYTHONPATH")) if p))
+        digest = report.source_digest(os.path.join(tree, "mconn"))
+        for n in range(args.repeat):
+            order = ACK_VARIANTS if n % 2 == 0 else ACK_VARIANTS[::-1]
+            figs: dict = {v: {} for v in ACK_VARIANTS}
+            for scenario in ACK_SCENARIOS:
+                for variant in order:
+                    print(f"acks round {n + 1}/{args.repeat} {scenario:<6} {variant:<9} ...", end=" ", flush=True)
+                    env = before_env if variant == "before" else None
+                    result = run_pair(args, "mconn", scenario, ack_options(variant), env, f"mconn_{variant}")
+                    for side in ("send", "recv"):
+                        check_mconn_file(variant, result[side]["process"].get("mconn_file"), tree)
+                    figs[variant][scenario] = report.figures(scenario, result)
+                    print(json.dumps(figs[variant][scenario]))
+            rounds.append(figs)
+            cost = {}
+            for variant in order:
+                print(f"acks round {n + 1}/{args.repeat} msgcost {variant:<9} ...", end=" ", flush=True)
+                cost[variant] = run_msgcost(variant, before_env if variant == "before" else None, tree)
+                print(json.dumps(cost[variant]))
+            costs.append(cost)
+    rows = report.judge_acks(rounds)
+    cost_rows = report.judge_msgcost(costs)
+    print(f"\nacks: medians of {args.repeat} round(s); before = mconn at {commit[:7]} "
+          f"(sources {digest['sha256']}), rare acks = {RARE_ACKS}")
+    report.print_variants(rows, ("now_over_before", "now_over_rare_acks"))
+    print("\nCPU per message in one process, no sockets (msgcost.py: smallest batch; medians of the rounds)")
+    report.print_variants(cost_rows, ("before_over_now", "rare_acks_over_now"))
+    return {"before_commit": commit, "before_sources": digest, "rare_acks": RARE_ACKS,
+            "rows": rows, "rounds": rounds, "msgcost_rows": cost_rows, "msgcost_rounds": costs}
+
+
+def run_resume(args) -> dict:
+    """The ``resume`` scenario: one receiver, one dialer with the proxy, ``--resets`` resets."""
+    print(f"resume: {args.resets} resets ...", flush=True)
+    result = run_pair(args, "mconn", "resume")
+    figs = report.resume_figures(result)
+    print()
+    report.print_resume(figs)
+    return {"figures": figs, "role_results": result}
 
 
 def write_json(doc: dict) -> str:
@@ -188,24 +337,30 @@ def orchestrate(args) -> int:
         scenarios.insert(0, "bulk")  # the priority figure needs the unloaded bulk rate
     started = time.monotonic()
     digest = report.source_digest(MCONN_DIR)
-    rounds, role_results = run_rounds(args, scenarios)
-    rows = report.judge(rounds)
-    print(f"\nmedians of {args.repeat} round(s); mconn/raw is the median of the per-round ratios")
-    report.print_table(rows)
-    print(f"\ntotal {time.monotonic() - started:.1f}s; mconn sources {digest['sha256']}")
-    if report.source_digest(MCONN_DIR) != digest:
-        print("WARNING: mconn/*.py changed during the run; the rounds may have measured different code")
+    load = os.getloadavg()
     doc = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", "bench/run.py"] + sys.argv[1:]),
         "machine": report.machine(),
         "mconn_sources": digest,
         "settings": {k: getattr(args, k) for k in SETTINGS},
-        "figures": report.median_of(rounds),
-        "rows": rows,
-        "rounds": rounds,
-        "role_results": role_results,
     }
+    pair = [s for s in scenarios if s in PAIR_SCENARIOS]
+    if pair:
+        rounds, role_results = run_rounds(args, pair)
+        rows = report.judge(rounds)
+        print(f"\nmedians of {args.repeat} round(s); mconn/raw is the median of the per-round ratios")
+        report.print_table(rows)
+        doc.update(figures=report.median_of(rounds), rows=rows, rounds=rounds, role_results=role_results)
+    if "acks" in scenarios:
+        doc["acks"] = run_acks(args)
+    if "resume" in scenarios:
+        doc["resume"] = run_resume(args)
+    doc["load_average"] = {"start": load, "end": os.getloadavg()}
+    print(f"\ntotal {time.monotonic() - started:.1f}s; mconn sources {digest['sha256']}; "
+          f"load average (1 min) {load[0]:.2f} at start, {doc['load_average']['end'][0]:.2f} at end")
+    if report.source_digest(MCONN_DIR) != digest:
+        print("WARNING: mconn/*.py changed during the run; the rounds may have measured different code")
     print(f"wrote {write_json(doc)}")
     if args.profile:
         report.print_profiles(args.profile)
@@ -234,6 +389,14 @@ def main(argv=None) -> int:
                    help="experiment: TCP_NOTSENT_LOWAT on every connection (mconn: via a private attribute)")
     p.add_argument("--max-packet-payload", type=int, default=1024, metavar="BYTES",
                    help="experiment: mconn Config.max_packet_payload (default 1024, the target's setting)")
+    p.add_argument("--before", default="82a45f3", metavar="REV",
+                   help="acks: the commit measured as 'before' (default 82a45f3, the core before sessions)")
+    p.add_argument("--resets", type=int, default=None, help="resume: resets to time (default 20, --quick 5)")
+    for name in ("ack_every_messages", "ack_every_bytes"):
+        p.add_argument("--" + name.replace("_", "-"), type=int,
+                       help=f"experiment: mconn Config.{name} (the raw-vs-mconn scenarios)")
+    p.add_argument("--ack-interval", type=float,
+                   help="experiment: mconn Config.ack_interval (the raw-vs-mconn scenarios)")
     # role-process options (internal)
     p.add_argument("--role", choices=("send", "recv"), help=argparse.SUPPRESS)
     p.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)
@@ -251,6 +414,8 @@ def main(argv=None) -> int:
         args.repeat = 1 if args.quick or args.profile or args.py_spy else 3
     if args.rtt_count is None:
         args.rtt_count = 300 if args.quick else 5000
+    if args.resets is None:
+        args.resets = 5 if args.quick else 20
     if args.role:
         from role import role_main
 

@@ -9,6 +9,7 @@ from mconn.channel import ChannelDescriptor
 from mconn.config import Config
 from mconn.errors import (
     AuthenticationError,
+    CertificateMismatch,
     ConnectionClosed,
     ConnectionLost,
     DeliveryNotConfirmed,
@@ -25,10 +26,12 @@ from mconn.errors import (
     PeerIdMismatch,
     PeerRejected,
     PongTimeout,
+    ControlFlood,
     ProtocolError,
     RemoteProtocolError,
     SessionExpired,
     SessionRejected,
+    TLSError,
     UnexpectedPacket,
     UnknownChannel,
     UnknownPacketType,
@@ -38,7 +41,7 @@ from mconn.reactor import Reactor
 
 # The Twisted layer is imported on first use, so that importing the pure core
 # (mconn.wire, mconn.connection, ...) never imports Twisted (STYLE.md 1).
-_LAZY = {"Peer": "mconn.peer", "Switch": "mconn.switch"}
+_LAZY = {"Peer": "mconn.peer", "Switch": "mconn.switch", "TLSOptions": "mconn.tls"}
 
 
 def __getattr__(name: str):
@@ -58,6 +61,7 @@ __all__ = [
     "Peer",
     "Reactor",
     "Switch",
+    "TLSOptions",
     "MConnError",
     "ProtocolError",
     "LocalProtocolError",
@@ -72,11 +76,14 @@ __all__ = [
     "HandshakeTimeout",
     "IncompatiblePeer",
     "PongTimeout",
+    "ControlFlood",
     "PeerRejected",
     "PeerIdMismatch",
+    "CertificateMismatch",
     "AuthenticationError",
     "PeerClosed",
     "ConnectionLost",
+    "TLSError",
     "ConnectionClosed",
     "SessionExpired",
     "SessionRejected",

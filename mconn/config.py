@@ -34,6 +34,16 @@ class Config:
     dial_timeout: float = 3.0
     max_inbound_peers: int = 40
     max_outbound_peers: int = 10
+    #: Inbound connections accepted but not yet through the handshake; past it a new
+    #: inbound connection is refused at once ("pending_limit", specs/connection.md 6).
+    max_pending_handshakes: int = 64
+    #: Inbound connections from one remote IP address at a time ("ip_limit").
+    max_connections_per_ip: int = 8
+    #: Pings a peer may send within one of our ping_interval windows (ControlFlood past
+    #: it). A peer with our ping_interval sends one or two; the rest is headroom.
+    max_pings_per_interval: int = 20
+    #: Control packets (pongs...) queued unsent because the peer does not read them.
+    max_control_backlog: int = 64
     send_rate: float | None = None
     recv_rate: float | None = None
     #: Largest hello body accepted, checked before it is buffered.
@@ -96,6 +106,8 @@ class Config:
         )
         _check_int("max_inbound_peers", self.max_inbound_peers, 0)
         _check_int("max_outbound_peers", self.max_outbound_peers, 0)
+        for name in ("max_pending_handshakes", "max_connections_per_ip", "max_pings_per_interval", "max_control_backlog"):
+            _check_int(name, getattr(self, name), 1)
         _check_int("max_hello_size", self.max_hello_size, 64)
         _check_int("max_control_size", self.max_control_size, 64)
         _check_int("write_batch_bytes", self.write_batch_bytes, 1)

@@ -16,10 +16,13 @@ control packets go out before data.
 from __future__ import annotations
 
 import enum
+import functools
+import math
 
 from mconn.channel import Channel, ChannelDescriptor, Scheduler
 from mconn.config import Config
 from mconn.errors import (
+    ControlFlood,
     HandshakeTimeout,
     LocalProtocolError,
     PongTimeout,
@@ -43,6 +46,7 @@ from mconn.rate import TokenBucket
 from mconn.wire import (
     FIRST_OPTIONAL_TYPE,
     Hello,
+    HelloTag,
     PacketType,
     SessionAnswer,
     decode_ack,
@@ -56,6 +60,9 @@ from mconn.wire import (
     encode_session_answer,
 )
 
+#: Room for per-channel counts (ack, session answer): 256 channels, each a channel byte
+#: and a count of up to 10 uvarint bytes.
+CHANNEL_COUNTS_LIMIT = 256 * 11
 #: Close texts are cut to this many characters so that they fit max_control_size.
 CLOSE_TEXT_LIMIT = 200
 PING_BYTES = bytes([PING])
@@ -107,6 +114,19 @@ del S, I
 _INPUT_OF_TYPE = {PING: Input.PING, PONG: Input.PONG, MSG: Input.MSG, RUN: Input.MSG}
 
 
+@functools.lru_cache(maxsize=16)
+def _hello_packet(hello: Hello) -> bytes:
+    """Our hello packet. A listener's is the same for every connection: encoded once, it
+    costs a connection flood nothing (a dialer's carries a fresh session id each time)."""
+    return encode_extension(PacketType.HELLO, encode_hello(hello))
+
+
+def close_packet(code: str, text: str = "") -> bytes:
+    """A whole close packet (specs/wire.md section 3.2), for a connection refused before
+    a Connection was built for it (specs/connection.md section 6)."""
+    return encode_extension(PacketType.CLOSE, encode_close(code, text[:CLOSE_TEXT_LIMIT]))
+
+
 class Connection:
     """One MConnection between us and a peer, as a plain object.
 
@@ -127,9 +147,13 @@ class Connection:
         self._buffer = FrameBuffer(
             max_payload=config.max_packet_payload,
             default_extension_limit=config.max_control_size,
-            extension_limits={PacketType.HELLO: config.max_hello_size},
+            extension_limits={
+                PacketType.HELLO: config.max_hello_size,
+                PacketType.ACK: config.max_control_size + CHANNEL_COUNTS_LIMIT,
+                PacketType.SESSION: config.max_control_size + CHANNEL_COUNTS_LIMIT,
+            },
         )
-        self._control: list[bytes] = [encode_extension(PacketType.HELLO, encode_hello(hello))]
+        self._control: list[bytes] = [_hello_packet(hello)]
         self._started = now
         self._last_received = now
         self._ping_sent_at: float | None = None
@@ -138,6 +162,13 @@ class Connection:
         self.bytes_received = 0
         self.bytes_sent = 0
         self.error: RemoteProtocolError | None = None
+        #: The dialer's hello asks for a session: its handshake ends with the listener's
+        #: session answer, which handshake_timeout bounds too (section 6).
+        self._awaiting_answer = any(tag == HelloTag.SESSION for tag, _ in hello.fields)
+        #: Pings received in the current ping_interval window, and when it began (at
+        #: the window's first ping).
+        self._pings = 0
+        self._ping_window = -math.inf
 
     # -- inbound -----------------------------------------------------------------
 
@@ -209,7 +240,7 @@ class Connection:
             if self.state is not State.OPEN:
                 return  # closing: read and ignore
             if kind == PING:
-                self._control.append(PONG_BYTES)
+                self._answer_ping(now)
             elif self._ping_sent_at is not None:
                 append(PongReceived(round_trip=now - self._ping_sent_at))
                 self._ping_sent_at = None
@@ -230,11 +261,30 @@ class Connection:
             answer = decode_session_answer(packet[1])
             self._transition(Input.SESSION, packet)
             if self.state is State.OPEN:
+                self._awaiting_answer = False
                 append(SessionAnswered(answer=answer))
         elif kind >= FIRST_OPTIONAL_TYPE:
             return  # an optional extension we do not know: step over it
         else:
             raise UnknownPacketType(f"unknown critical extension packet type {kind:#04x}")
+
+    def _answer_ping(self, now: float) -> None:
+        """Queue the pong for a ping, within the ping rate and backlog limits (section 6)."""
+        config = self.config
+        if now - self._ping_window >= config.ping_interval:
+            self._ping_window, self._pings = now, 0
+        self._pings += 1
+        if self._pings > config.max_pings_per_interval:
+            raise ControlFlood(
+                f"{self._pings} pings within {now - self._ping_window:.3f}s, over max_pings_per_interval "
+                f"{config.max_pings_per_interval} per ping_interval {config.ping_interval}s"
+            )
+        if len(self._control) >= config.max_control_backlog:
+            raise ControlFlood(
+                f"{len(self._control)} control packets queued unsent (the peer does not read them), "
+                f"over max_control_backlog {config.max_control_backlog}"
+            )
+        self._control.append(PONG_BYTES)
 
     def _transition(self, event: Input, packet: tuple) -> None:
         new = TRANSITIONS.get((self.state, event))
@@ -253,7 +303,11 @@ class Connection:
     def _fail(self, error: RemoteProtocolError, events: list) -> None:
         """The connection is over; the only thing left to send is a close naming why."""
         self.error = error
-        if self.state is not State.CLOSING:  # a close of ours already on its way says why
+        if isinstance(error, PongTimeout):
+            # The peer is presumed gone. If only our direction failed, a close packet would
+            # end its session at once; a plain drop lets it suspend and resume instead.
+            self._control[:] = []
+        elif self.state is not State.CLOSING:  # a close of ours already on its way says why
             text = str(error)[:CLOSE_TEXT_LIMIT]
             self._control[:] = [encode_extension(PacketType.CLOSE, encode_close(type(error).__name__, text))]
         self.state = State.CLOSED
@@ -281,9 +335,19 @@ class Connection:
         self.channels[channel_id].queue.extend(messages)
 
     def send_ack(self, delivered: dict[int, int]) -> None:
-        """Queue an ack packet (control: it goes out before data)."""
+        """Queue an ack packet (control: it goes out before data).
+
+        Counts are cumulative, so an ack still queued unsent is replaced, not followed:
+        acks never pile up behind a peer that does not read.
+        """
         if self.state is State.OPEN:
-            self._control.append(encode_extension(PacketType.ACK, encode_ack(delivered)))
+            packet = encode_extension(PacketType.ACK, encode_ack(delivered))
+            control = self._control
+            for i, queued in enumerate(control):
+                if queued[0] == PacketType.ACK:
+                    control[i] = packet
+                    return
+            control.append(packet)
 
     def send_session_answer(self, answer: SessionAnswer) -> None:
         """Queue the listener's session answer (before any data, specs/resume.md)."""
@@ -338,6 +402,8 @@ class Connection:
             deadline = self._ping_sent_at + self.config.pong_timeout
         else:
             deadline = self._last_received + self.config.ping_interval
+        if self._awaiting_answer:
+            deadline = min(deadline, self._started + self.config.handshake_timeout)
         if self._send_bucket is not None and self._scheduler.pending():
             # Only when the rate is what holds data back (not a paused transport).
             ready = self._send_bucket.ready_time()
@@ -376,6 +442,13 @@ class Connection:
         if self.state is State.HANDSHAKING and now >= self._started + self.config.handshake_timeout:
             self._fail(
                 HandshakeTimeout(f"no hello from the peer within handshake_timeout {self.config.handshake_timeout}s"),
+                events,
+            )
+        elif self.state is State.OPEN and self._awaiting_answer and now >= self._started + self.config.handshake_timeout:
+            self._fail(
+                HandshakeTimeout(
+                    f"no session answer from the listener within handshake_timeout {self.config.handshake_timeout}s"
+                ),
                 events,
             )
         elif self.state is State.OPEN:

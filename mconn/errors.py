@@ -71,6 +71,11 @@ class PongTimeout(RemoteProtocolError):
     """Nothing was received within pong_timeout after a ping."""
 
 
+class ControlFlood(RemoteProtocolError):
+    """The peer sent pings faster than ``max_pings_per_interval`` allows, or let more than
+    ``max_control_backlog`` of our answers pile up unread."""
+
+
 class PeerRejected(MConnError):
     """The Switch refused a peer (duplicate, self, limits, id mismatch).
 
@@ -106,6 +111,20 @@ class PeerIdMismatch(PeerRejected):
         self.actual = actual
 
 
+class CertificateMismatch(PeerIdMismatch):
+    """The node id of the peer's TLS certificate key is not the one its hello names
+    (specs/tls.md section 4)."""
+
+    def __init__(self, certificate_id: str, hello_id: str) -> None:
+        PeerRejected.__init__(
+            self,
+            "id_mismatch",
+            f"the peer's TLS certificate key is node {certificate_id} but its hello says it is {hello_id}",
+        )
+        self.expected = certificate_id
+        self.actual = hello_id
+
+
 class PeerClosed(MConnError):
     """The peer closed the connection on purpose with a close packet."""
 
@@ -117,6 +136,11 @@ class PeerClosed(MConnError):
 
 class ConnectionLost(MConnError):
     """The transport went away without a close packet."""
+
+
+class TLSError(ConnectionLost):
+    """The TLS layer failed: the handshake (a certificate refused, a plaintext peer, no
+    common version or cipher) or a record. The message says which (specs/tls.md)."""
 
 
 class ConnectionClosed(MConnError):

@@ -252,11 +252,15 @@ class Peer:
     def _on_ack(self, delivered: dict[int, int]) -> None:
         """The peer confirmed deliveries: drop them from the recovery buffer, confirm."""
         for channel_id, _, acked in self.session.on_ack(delivered):
-            confirms = self._confirms.get(channel_id)
-            while confirms and confirms[0][0] < acked:
-                confirms.popleft()[1].callback(True)
+            self._confirm_up_to(channel_id, acked)
         if self._waiting and self.state == CONNECTED:
             self._protocol.pump()  # room in the recovery buffer: waiting sends may go
+
+    def _confirm_up_to(self, channel_id: int, acked: int) -> None:
+        """Fire the send_confirmed Deferreds of messages before sequence ``acked``."""
+        confirms = self._confirms.get(channel_id)
+        while confirms and confirms[0][0] < acked:
+            confirms.popleft()[1].callback(True)
 
     # -- lifecycle (called by the Switch) --------------------------------------------
 
@@ -277,7 +281,8 @@ class Peer:
         core = protocol.core
         for channel_id, messages in self.session.to_resend(peer_delivered).items():
             core.requeue(channel_id, messages)
-        self._on_ack({})  # to_resend applied the peer's counts: fire confirmations
+        for channel_id in list(self._confirms):  # to_resend applied the peer's counts
+            self._confirm_up_to(channel_id, self.session.acked(channel_id))
         if self.session.ack_pending:
             self._send_ack()
 

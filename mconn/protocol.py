@@ -16,6 +16,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mconn.connection import Connection, State
@@ -59,6 +60,8 @@ class MConnectionProtocol(Protocol):
         #: Our session request (outbound connections), sent in our hello.
         self.session_request = None
         self.remote_address = ""
+        #: The remote IP this inbound connection counts against max_connections_per_ip.
+        self.ip_key: str | None = None
         #: Why the connection ended, once known (an mconn error instance).
         self.end_reason: Exception | None = None
         self._clock = switch.clock
@@ -75,6 +78,8 @@ class MConnectionProtocol(Protocol):
         self._linger = None
         #: Called with this protocol when bytes arrive while a duplicate probe waits.
         self.probe_answered = None
+        #: Events received while a decision is pending (an asynchronous authorize), or None.
+        self._held = None
         self._handlers = {
             HelloReceived: self._on_hello,
             MessageReceived: self._on_message,
@@ -90,6 +95,8 @@ class MConnectionProtocol(Protocol):
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self.remote_address = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+        if not self.switch._admit(self):
+            return  # refused before a Connection was built (specs/connection.md section 6)
         self.core = self.switch._new_connection_core(self._clock.seconds(), self)
         _set_socket_options(self.transport, self.switch.config)
         self.transport.registerProducer(self, True)
@@ -101,6 +108,8 @@ class MConnectionProtocol(Protocol):
         if self.probe_answered is not None:
             self.probe_answered(self)
         core = self.core
+        if core is None:
+            return  # refused in connectionMade: nothing is read until the transport closes
         now = self._clock.seconds()
         handlers = self._handlers
         for event in core.receive_data(data, now):
@@ -108,6 +117,8 @@ class MConnectionProtocol(Protocol):
                 continue  # we are closing: nothing more reaches the reactors
             if type(event) is MessageReceived and self.peer is not None:  # the hot path
                 self.peer._deliver(event.channel_id, event.message)
+            elif self._held is not None and type(event) is not ConnectionFailed:
+                self._held.append(event)  # after the pending decision (_decide)
             else:
                 handlers[type(event)](event)
         self.pump()
@@ -118,13 +129,18 @@ class MConnectionProtocol(Protocol):
             self._clock.callLater(ready - now, self._resume_reading)
 
     def connectionLost(self, reason) -> None:
+        if self.core is None:
+            return  # refused in connectionMade: the Switch never took it on
         self._paused = True
         for call in (self._timer, self._linger):
             if call is not None and call.active():
                 call.cancel()
         self._timer = self._linger = None
         if self.end_reason is None:
-            self.end_reason = ConnectionLost(f"connection lost: {reason.getErrorMessage()}")
+            error = reason.value  # the TLS layer says what failed with an mconn TLSError
+            self.end_reason = error if isinstance(error, ConnectionLost) else ConnectionLost(
+                f"connection lost: {reason.getErrorMessage()}"
+            )
         if self.core is not None:
             self.core.state = State.CLOSED
         self.switch._connection_lost(self, self.end_reason)
@@ -142,7 +158,7 @@ class MConnectionProtocol(Protocol):
         self._paused = True
 
     def _resume_reading(self) -> None:
-        if self.transport is not None and self.core.state is State.OPEN:
+        if self.transport is not None and self.core.state is State.OPEN and self._held is None:
             self.transport.resumeProducing()
 
     # -- sending -------------------------------------------------------------------
@@ -172,13 +188,18 @@ class MConnectionProtocol(Protocol):
         """Close on purpose: a close packet naming ``reason``, then disconnect."""
         if self.end_reason is None:
             self.end_reason = reason
-        code = getattr(reason, "code", None) or getattr(reason, "reason", "closed")
+        if isinstance(reason, RemoteProtocolError):
+            code = type(reason).__name__  # specs/wire.md section 3.2
+        else:
+            code = getattr(reason, "code", None) or getattr(reason, "reason", "closed")
         text = getattr(reason, "text", None)
         self.core.close(code, str(reason) if text is None else text)
         self.pump()
 
     def _disconnect(self) -> None:
         if self._linger is None:
+            # Done producing: a TLS transport closes only once its producer is gone.
+            self.transport.unregisterProducer()
             self.transport.loseConnection()
             self._linger = self._clock.callLater(CLOSE_LINGER, self.transport.abortConnection)
 
@@ -227,14 +248,51 @@ class MConnectionProtocol(Protocol):
         self._decide(self.switch._session_answered, event.answer)
 
     def _decide(self, decision, argument) -> None:
-        """Run a Switch decision about this connection; a refusal closes it."""
+        """Run a Switch decision about this connection; a refusal closes it.
+
+        A decision that returns a Deferred (an asynchronous ``authorize``) is pending: the
+        events that follow are held, and reading stops, until it fires.
+        """
         try:
-            decision(self, argument)
-        except PeerRejected as rejection:
-            self.switch._peer_rejected(self, self.hello, rejection)
-            self.close(rejection)
-        except RemoteProtocolError as error:
+            pending = decision(self, argument)
+        except (PeerRejected, RemoteProtocolError) as error:
+            self._refuse(error)
+            return
+        if isinstance(pending, Deferred):
+            self._held = []
+            self.transport.pauseProducing()
+            pending.addCallbacks(self._decided, self._decision_failed)
+
+    def _refuse(self, error) -> None:
+        if isinstance(error, PeerRejected):
+            self.switch._peer_rejected(self, self.hello, error)
+            self.close(error)
+        else:
             self.fail(error)
+
+    def _decision_failed(self, failure) -> None:
+        """The pending decision refused the peer: the held events are dropped."""
+        self._held = None
+        if not failure.check(PeerRejected, RemoteProtocolError):
+            log.failure("a decision about {address} failed", failure, address=self.remote_address)
+            failure = Failure(PeerRejected("internal_error", f"deciding failed: {failure.getErrorMessage()}"))
+        if self.end_reason is None and self.transport is not None:
+            self._refuse(failure.value)
+
+    def _decided(self, _) -> None:
+        """The pending decision is made: the held events go on, in order."""
+        held, self._held = self._held or [], None
+        if self.end_reason is not None or self.transport is None:
+            return
+        self.transport.resumeProducing()
+        for index, event in enumerate(held):
+            if self._held is not None:  # an event started another pending decision
+                self._held.extend(held[index:])
+                break
+            if self.end_reason is None or type(event) is ConnectionFailed:
+                self._handlers[type(event)](event)
+        self.pump()
+        self._rearm()
 
     def _on_message(self, event: MessageReceived) -> None:
         if self.peer is None:
@@ -302,6 +360,8 @@ def _set_socket_options(transport, config) -> None:
     if config.tcp_nodelay and hasattr(transport, "setTcpNoDelay"):
         transport.setTcpNoDelay(True)
     handle = getattr(transport, "getHandle", lambda: None)()
+    if not isinstance(handle, socket.socket):  # a TLS transport: the socket is one level down
+        handle = getattr(getattr(transport, "transport", None), "getHandle", lambda: None)()
     if not isinstance(handle, socket.socket):
         return
     for name, level, option, value in _socket_options(config):

@@ -19,12 +19,14 @@ from twisted.internet.task import LoopingCall
 from mconn import telemetry
 from mconn.address import PeerAddress, parse_address
 from mconn.config import Config
-from mconn.connection import Connection, State
+from mconn.connection import Connection, State, close_packet
 from mconn.dialer import AddressPool, AddressState, Dialer, default_reconnect_delay
 from mconn.errors import (
+    AuthenticationError,
     ConnectionClosed,
     DialGaveUp,
     ConnectionLost,
+    PeerClosed,
     PeerIdMismatch,
     PeerRejected,
     PongTimeout,
@@ -49,6 +51,9 @@ from mconn.wire import (
 
 #: The close code and PeerRejected reason of the connection that loses a simultaneous dial.
 SIMULTANEOUS_DIAL = "simultaneous_dial"
+#: Close codes that end a session a resume attempt was made for (the other node is
+#: stopping or closed the session on purpose); any other close just fails the attempt.
+ENDS_SESSION = frozenset({"shutdown", "closed"})
 #: Per-node counters kept across sessions (``Switch.node_counters``, ``PeerStats``).
 NODE_COUNTERS = ("resume_rejections", "grace_expiries", "duplicates_refused", "duplicates_replaced", "simultaneous_dials")
 
@@ -64,6 +69,12 @@ class Switch(Service):
         (``mconn.dialer.default_reconnect_delay`` capped at ``max_reconnect_delay`` if None).
     :param choose_address: ``choose_address(pool, last_info) -> (address, delay)``, the
         hook that may pick the next address to dial (``mconn.dialer.Dialer``).
+    :param tls: a ``mconn.tls.TLSOptions``: every connection, both ways, runs TLS first and
+        each peer's node id is proven by its certificate (specs/tls.md). None: plaintext.
+    :param allowed_peers: node ids that may join (empty: anyone who proves a key).
+    :param authorize: ``authorize(node_id, address, certificate) -> bool | Deferred[bool]``,
+        asked once the node id is proven and before ``add_peer`` or a resume, inbound and
+        outbound (specs/tls.md section 6).
     """
 
     def __init__(
@@ -75,13 +86,23 @@ class Switch(Service):
         clock=None,
         reconnect_delay=None,
         choose_address=None,
+        tls=None,
+        allowed_peers=(),
+        authorize=None,
     ) -> None:
         if clock is None:
             from twisted.internet import reactor as clock
         self.clock = clock
         self.config = config or Config()
-        self.node_key = node_key or NodeKey.generate()
+        tls_key = tls.node_key if tls is not None else None
+        if node_key is not None and tls_key is not None and node_key.node_id != tls_key.node_id:
+            raise ValueError(f"node_key is node {node_key.node_id} but the TLS certificate key is node {tls_key.node_id}")
+        self.node_key = node_key or tls_key or NodeKey.generate()
         self.node_id = self.node_key.node_id
+        self.tls = tls
+        #: Node ids that may join (empty: anyone); a set that may be changed at any time.
+        self.allowed_peers = set(allowed_peers)
+        self.authorize = authorize
         self.reactors = list(reactors)
         self._reactor_by_channel = {}
         self.channels = []
@@ -117,6 +138,13 @@ class Switch(Service):
         self._probes: dict = {}
         #: node id -> counters that outlive sessions (PeerStats, status page).
         self.node_counters: dict[str, dict[str, int]] = {}
+        #: Connections refused, by reason: before a Connection was built (``pending_limit``,
+        #: ``ip_limit``: connection_refused) or after the hello (peer_rejected).
+        self.refusals: dict[str, int] = {}
+        #: remote IP -> inbound connections from it (each protocol's ``ip_key``).
+        self._connections_per_ip: dict[str, int] = {}
+        #: Inbound connections admitted whose handshake Deferred has not fired yet.
+        self._pending_inbound = 0
         self._stopping = False
         self.reconnect_delay = reconnect_delay or self._default_reconnect_delay
         self.choose_address = choose_address
@@ -166,7 +194,13 @@ class Switch(Service):
         :returns: a Deferred firing with the IListeningPort.
         """
         endpoint = serverFromString(self.clock, endpoint_description)
-        d = endpoint.listen(MConnectionFactory(self, is_outbound=False))
+        factory = MConnectionFactory(self, is_outbound=False)
+        if self.tls is not None:  # TLS first; a plaintext start gets a close packet (specs/tls.md)
+            try:
+                factory = self.tls.server_factory(factory, clock=self.clock, on_plaintext=self._plaintext_refused)
+            except ValueError:
+                return defer.fail()
+        d = endpoint.listen(factory)
 
         def listening(port):
             self._ports.append(port)
@@ -256,7 +290,10 @@ class Switch(Service):
         addresses, all within ``dial_timeout``.
         """
         bind = (self.config.local_address, 0) if self.config.local_address else None
-        return HostnameEndpoint(self.clock, target.host, target.port, timeout=self.config.dial_timeout, bindAddress=bind)
+        endpoint = HostnameEndpoint(self.clock, target.host, target.port, timeout=self.config.dial_timeout, bindAddress=bind)
+        if self.tls is not None:
+            endpoint = self.tls.client_endpoint(endpoint, target.host, clock=self.clock)
+        return endpoint
 
     def _connect(self, target: PeerAddress, node_id: str | None) -> defer.Deferred:
         """One dial attempt; fires with the Peer once its session is up (new or resumed)."""
@@ -343,13 +380,75 @@ class Switch(Service):
             remote_address=proto.remote_address,
         )
 
+    def _admit(self, proto) -> bool:
+        """May this inbound connection start its handshake? (specs/connection.md section 6)
+
+        Asked in connectionMade before a Connection is built. A refused connection gets
+        a close packet naming the limit, is counted and logged, and costs nothing more.
+        """
+        if proto.is_outbound:
+            return True
+        config = self.config
+        host = getattr(proto.transport.getPeer(), "host", None)
+        pending = self._pending_inbound
+        from_host = self._connections_per_ip.get(host, 0)
+        if pending >= config.max_pending_handshakes:
+            refusal = PeerRejected(
+                "pending_limit",
+                f"{pending} inbound connections are handshaking (max_pending_handshakes {config.max_pending_handshakes})",
+            )
+        elif host is not None and from_host >= config.max_connections_per_ip:
+            refusal = PeerRejected(
+                "ip_limit", f"{from_host} connections from {host} (max_connections_per_ip {config.max_connections_per_ip})"
+            )
+        else:
+            if host is not None:
+                self._connections_per_ip[host] = from_host + 1
+                proto.ip_key = host  # released by this key in _connection_lost
+            self._pending_inbound += 1
+            proto.handshake.addBoth(self._handshake_over)  # a session, or the connection lost
+            return True
+        self.refusals[refusal.reason] = self.refusals.get(refusal.reason, 0) + 1
+        telemetry.emit(
+            "connection_refused",
+            node_id=self.node_id,
+            remote_address=proto.remote_address,
+            reason=refusal.reason,
+            message=str(refusal),
+        )
+        proto.end_reason = refusal
+        proto.transport.write(close_packet(refusal.reason, str(refusal)))
+        proto.transport.loseConnection()
+        return False
+
+    def _handshake_over(self, result):
+        self._pending_inbound -= 1
+        return result
+
+    def _release_ip(self, proto) -> None:
+        key, proto.ip_key = proto.ip_key, None
+        if key is not None:
+            left = self._connections_per_ip[key] - 1
+            if left:
+                self._connections_per_ip[key] = left
+            else:
+                del self._connections_per_ip[key]
+
     # -- sessions (specs/resume.md) ------------------------------------------------
 
-    def _hello_received(self, proto, event) -> None:
-        """The peer's hello: the listener decides the session now; the dialer waits."""
+    def _hello_received(self, proto, event):
+        """The peer's hello: who it is (with TLS, proven by its certificate) and whether it
+        may join; then the listener decides the session and the dialer waits for it.
+
+        :returns: None, or a Deferred while an asynchronous ``authorize`` decides (the
+            protocol holds the events that follow until it fires).
+        """
         hello = event.hello
         if hello.node_id == self.node_id:
             raise PeerRejected("self", f"connected to ourselves (node id {self.node_id})")
+        certificate = None
+        if self.tls is not None:  # the hello's node id must be the certificate key's
+            certificate = self.tls.peer_certificate(proto.transport, hello.node_id, inbound=not proto.is_outbound)
         if proto.expected_node_id is not None and proto.expected_node_id != hello.node_id:
             raise PeerIdMismatch(proto.expected_node_id, hello.node_id)
         telemetry.emit(
@@ -362,6 +461,43 @@ class Switch(Service):
             channels=[c.id for c in hello.channels],
             listen_address=hello.listen_address,
         )
+        verdict = self._authorize(proto, hello, certificate)
+        if verdict is not None:
+            return verdict.addCallback(self._authorized_later, proto, hello)
+        self._hello_authorized(proto, hello)
+        return None
+
+    def _authorize(self, proto, hello, certificate):
+        """``allowed_peers``, then the ``authorize`` hook (specs/tls.md section 6).
+
+        :returns: None if the peer may join now, or a Deferred that fires once it may.
+        :raises AuthenticationError: if it may not (the Deferred fails with it likewise).
+        """
+        node_id = hello.node_id
+        if self.allowed_peers and node_id not in self.allowed_peers:
+            raise AuthenticationError(f"node {node_id} is not in allowed_peers")
+        if self.allowed_peers and self.tls is not None and certificate is None:
+            raise AuthenticationError(f"node {node_id} presented no certificate, so it is not proven to be in allowed_peers")
+        if self.authorize is None:
+            return None
+        try:
+            verdict = self.authorize(node_id, proto.remote_address, certificate)
+        except Exception as e:
+            raise AuthenticationError(f"authorize({node_id}) raised {type(e).__name__}: {e}") from e
+        if not isinstance(verdict, defer.Deferred):
+            _check_verdict(node_id, verdict)
+            return None
+        timeout = self.config.handshake_timeout
+        return verdict.addTimeout(timeout, self.clock).addCallbacks(
+            lambda answer: _check_verdict(node_id, answer), _authorize_failed, errbackArgs=(node_id, timeout)
+        )
+
+    def _authorized_later(self, _, proto, hello) -> None:
+        if proto.end_reason is None:  # it may have gone away while authorize was deciding
+            self._hello_authorized(proto, hello)
+
+    def _hello_authorized(self, proto, hello) -> None:
+        """The peer may join: the listener decides the session now; the dialer waits."""
         if proto.is_outbound:
             return  # the listener answers with a session packet (_session_answered)
         request = _session_request(hello)
@@ -393,7 +529,10 @@ class Switch(Service):
     def _accept(self, proto, hello, request, refusal: str) -> None:
         """The listener starts a fresh session on ``proto`` and answers it."""
         self._check_limits(proto)
-        session_id = request.session_id if request is not None else os.urandom(SESSION_ID_BYTES)
+        if request is None or request.resume:  # a refused resume starts under a new id
+            session_id = os.urandom(SESSION_ID_BYTES)
+        else:
+            session_id = request.session_id
         proto.core.send_session_answer(SessionAnswer(session_id=session_id, resumed=False, reason=refusal))
         self._start_session(proto, hello, session_id, refusal)
 
@@ -462,7 +601,7 @@ class Switch(Service):
         request, resuming = proto.session_request, proto.resuming
         if not proto.is_outbound or proto.peer is not None or request is None or proto.hello is None:
             raise UnexpectedPacket("session packet where none was asked for")
-        if answer.session_id != request.session_id:
+        if answer.session_id != request.session_id and (answer.resumed or not request.resume):
             raise UnexpectedPacket(
                 f"session answer names session {answer.session_id.hex()}, we asked for {request.session_id.hex()}"
             )
@@ -473,7 +612,8 @@ class Switch(Service):
             return
         if resuming is not None and resuming.state != CLOSED:
             reason = answer.reason or "the peer started a new session"
-            self._end_session(resuming, SessionRejected(reason, resuming.session.undelivered()))
+            # The dialer goes on: this attempt connected, to a fresh session.
+            self._end_session(resuming, SessionRejected(reason, resuming.session.undelivered()), stop_dialer=False)
         node_id = proto.hello.node_id
         existing = self.peers.get(node_id)
         if existing is not None and existing.state == CONNECTED:
@@ -494,7 +634,7 @@ class Switch(Service):
         elif existing is not None:
             self._end_session(existing, SessionRejected("a new session replaced it", existing.session.undelivered()))
         self._check_limits(proto)
-        self._start_session(proto, proto.hello, request.session_id, answer.reason)
+        self._start_session(proto, proto.hello, answer.session_id, answer.reason)
 
     def _check_limits(self, proto) -> None:
         same_direction = sum(1 for p in self.peers.values() if p.is_outbound == proto.is_outbound)
@@ -602,11 +742,11 @@ class Switch(Service):
         counters = self.node_counters.setdefault(node_id, dict.fromkeys(NODE_COUNTERS, 0))
         counters[counter] += 1
 
-    def _end_session(self, peer: Peer, reason: Exception) -> None:
+    def _end_session(self, peer: Peer, reason: Exception, *, stop_dialer: bool = True) -> None:
         """The session is over: the reactors get remove_peer with the reason."""
         if peer.state == CLOSED:
             return
-        self._stop_waiting(peer)
+        self._stop_waiting(peer, dialer=stop_dialer)
         if not reason.undelivered:
             reason.undelivered = peer.session.undelivered()
         if isinstance(reason, SessionRejected):
@@ -656,14 +796,20 @@ class Switch(Service):
         )
 
     def _peer_rejected(self, proto, hello, rejection: PeerRejected) -> None:
+        self.refusals[rejection.reason] = self.refusals.get(rejection.reason, 0) + 1
         telemetry.emit(
             "peer_rejected",
             node_id=self.node_id,
-            peer_id=hello.node_id,
+            peer_id=hello.node_id if hello is not None else None,
             remote_address=proto.remote_address,
             reason=rejection.reason,
             message=str(rejection),
         )
+
+    def _plaintext_refused(self, proto, rejection: PeerRejected) -> None:
+        """A TLS listener got plaintext mconn bytes; mconn.tls answers with a close packet."""
+        self._peer_rejected(proto, None, rejection)
+        proto.end_reason = rejection
 
     def _protocol_error(self, proto, error) -> None:
         telemetry.emit(
@@ -689,6 +835,7 @@ class Switch(Service):
 
     def _connection_lost(self, proto, reason: Exception) -> None:
         self.connections.discard(proto)
+        self._release_ip(proto)
         peer = proto.peer
         duration = self.clock.seconds() - proto.started
         peer_id = proto.hello.node_id if proto.hello is not None else None
@@ -711,7 +858,10 @@ class Switch(Service):
             else:
                 self._end_session(peer, reason)
         elif proto.resuming is not None and proto.resuming.state == CONNECTING:
-            proto.resuming.state = SUSPENDED  # this attempt failed; the dialer tries again
+            if isinstance(reason, PeerClosed) and reason.code in ENDS_SESSION:
+                self._end_session(proto.resuming, reason)  # the node is going away: no resume
+            else:
+                proto.resuming.state = SUSPENDED  # this attempt failed; the dialer tries again
         if not proto.handshake.called:
             proto.handshake.errback(reason)
         for probe in list(self._probes.values()):
@@ -772,9 +922,15 @@ class Switch(Service):
             else:
                 assert peer._protocol is None, f"{node_id}: {peer.state} but holds a connection"
                 assert self.config.resume_grace > 0, f"{node_id}: {peer.state} although resume is off"
+        per_ip: dict[str, int] = {}
         for proto in self.connections:
             if proto.peer is not None:
                 assert self.peers.get(proto.peer.node_id) is proto.peer, "a connection carries a forgotten Peer"
+            if proto.ip_key is not None:
+                per_ip[proto.ip_key] = per_ip.get(proto.ip_key, 0) + 1
+        assert per_ip == self._connections_per_ip, f"per-IP counts {self._connections_per_ip} != live {per_ip}"
+        pending = sum(1 for p in self.connections if not p.is_outbound and not p.handshake.called)
+        assert pending == self._pending_inbound, f"{self._pending_inbound} pending handshakes counted, {pending} live"
         owned = {d.id for d in self.channels}
         assert owned == set(self._reactor_by_channel), "channel table corrupt"
         assert len(owned) == len(self.channels), "duplicate channel ids"
@@ -791,6 +947,22 @@ def _channel_counters(core) -> list[dict]:
         }
         for c in core.channels.values()
     ]
+
+
+def _check_verdict(node_id: str, verdict) -> None:
+    """``authorize`` must say True to let a peer in; anything else refuses it."""
+    if verdict is not True:
+        why = "refused it" if verdict is False else f"returned {verdict!r}, not True or False"
+        raise AuthenticationError(f"authorize({node_id}) {why}")
+
+
+def _authorize_failed(failure, node_id: str, timeout: float):
+    if failure.check(PeerRejected):
+        return failure
+    if failure.check(defer.TimeoutError):
+        raise PeerRejected("authorize_timeout", f"authorize({node_id}) did not answer within {timeout}s")
+    error = failure.value
+    raise AuthenticationError(f"authorize({node_id}) failed with {type(error).__name__}: {error}")
 
 
 def _session_request(hello) -> SessionRequest | None:
@@ -914,8 +1086,8 @@ class _Redial:
     def _attempted(self, info: dict) -> None:
         switch = self.switch
         telemetry.emit("dial_attempt", node_id=switch.node_id, peer_id=self.node_id, **info)
-        if info["result"] == "connected" or self.ever_connected:
-            return
+        if info["result"] == "connected" or self.ever_connected or not self._waiters:
+            return  # a re-dial of a session tries until max_reconnects or the grace ends
         state = self.dialer.pool.get(info["address"])
         error = state.last_error if state is not None and state.last_error is not None else ConnectionLost(info["error"])
         self._fail_waiters(error, everyone=False)

@@ -18,6 +18,7 @@ FORMATS = {
     "connection_made": "{node_id} {direction} connection with {remote_address}",
     "handshake_done": "{node_id} handshake with {peer_id} at {remote_address} done",
     "peer_rejected": "{node_id} refused {peer_id} at {remote_address}: {reason}: {message}",
+    "connection_refused": "{node_id} refused a connection from {remote_address}: {reason}: {message}",
     "protocol_error": "{node_id} protocol error from {peer_id} at {remote_address}: {error_type}: {error}",
     "connection_lost": "{node_id} connection with {peer_id} at {remote_address} ended: {reason_type}: {reason}",
     "channel_stats": "{node_id} channel {channel_id} with {peer_id}: queue {queue_depth}",
@@ -32,7 +33,7 @@ FORMATS = {
     "loop_stalled": "{node_id} event loop stalled {late:.3f}s (keepalive verdict on {peer_id} deferred)",
 }
 
-_LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "loop_stalled": "warn", "dial_gave_up": "warn"}
+_LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "connection_refused": "warn", "loop_stalled": "warn", "dial_gave_up": "warn"}
 
 
 def emit(event: str, **fields) -> None:

@@ -17,7 +17,7 @@ NAMES = {CHAT: "chat", STATUS: "status", BULK: "bulk"}
 class DemoReactor(Reactor):
     """Records every message and reports it through ``on_message(name, peer, message)``."""
 
-    def __init__(self, name: str, on_message=None) -> None:
+    def __init__(self, name: str = "demo", on_message=None) -> None:
         self.name = name
         self.on_message = on_message or (lambda *args: None)
         self.received: dict[int, list[bytes]] = {CHAT: [], STATUS: [], BULK: []}

@@ -14,7 +14,7 @@ import pathlib
 from mconn import wire
 from mconn.channel import ChannelDescriptor
 from mconn.config import Config
-from mconn.connection import Connection
+from mconn.connection import CHANNEL_COUNTS_LIMIT, Connection
 from mconn.events import HelloReceived
 from mconn.frame_buffer import RUN, FrameBuffer
 from mconn.handshake import make_hello
@@ -169,7 +169,11 @@ def frame_buffer(max_payload: int = 1024, max_hello_size: int = 4096, max_contro
     return FrameBuffer(
         max_payload=max_payload,
         default_extension_limit=max_control_size,
-        extension_limits={PacketType.HELLO: max_hello_size},
+        extension_limits={
+            PacketType.HELLO: max_hello_size,
+            PacketType.ACK: max_control_size + CHANNEL_COUNTS_LIMIT,
+            PacketType.SESSION: max_control_size + CHANNEL_COUNTS_LIMIT,
+        },
     )
 
 

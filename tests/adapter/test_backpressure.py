@@ -5,7 +5,7 @@ from the channel queues, so full queues make try_send return False instead of gr
 buffer. send_rate paces writes with a timer; recv_rate pauses reading.
 """
 
-from helpers import AutoPausingTransport, messages_in, open_connection
+from helpers import AutoPausingTransport, message_packets, messages_in, msg_packet, open_connection
 from mconn import ChannelDescriptor, Config
 
 
@@ -106,7 +106,7 @@ def test_queues_fill_while_the_transport_is_paused():
 def test_recv_rate_pauses_reading():
     """Bytes beyond recv_rate's burst pause the transport until the rate allows more."""
     h = open_connection(config=Config(recv_rate=1000))
-    h.feed(b"".join(bytes([1]) for _ in range(5000)))  # 5000 pings
+    h.feed(message_packets(0x20, bytes(4970)))  # 5000 bytes: 5 msg packets (pings would be a flood)
     assert h.transport.producerState == "paused"
     # 5000 bytes against a 2068-byte burst at 1000 B/s: about 2.9 s of debt.
     h.clock.advance(2.8)
@@ -118,7 +118,7 @@ def test_recv_rate_pauses_reading():
 def test_recv_rate_does_not_pause_within_the_burst():
     """A read within the recv_rate burst leaves the transport producing."""
     h = open_connection(config=Config(recv_rate=1000))
-    h.feed(bytes([1]) * 100)
+    h.feed(msg_packet(0x20, bytes(94)))  # 100 bytes
     assert h.transport.producerState == "producing"
 
 

@@ -109,6 +109,9 @@ def emitted():
         for _ in range(3):  # the dialer's wait, then HostnameEndpoint's attempts (0.3 s apart)
             network.clock.advance(0.4)
             network.complete_dials()  # refused; max_reconnects 1: dial_gave_up
+        d = network.switch([RecordingReactor(CHANNELS)], config=Config(stats_interval=0, max_connections_per_ip=1))
+        network.connect_raw(RawPeer(), d)
+        network.connect_raw(RawPeer(), d)  # a second one from that address: connection_refused
         a.stopService()  # connection_lost, both sides
         b.stopService()
         network.flush()
@@ -195,5 +198,6 @@ def test_common_field_values(emitted):
             assert event["direction"] in ("inbound", "outbound")
     reasons = {e["reason"] for e in emitted if e["event"] == "peer_rejected"}
     assert reasons == {"duplicate"}
+    assert {e["reason"] for e in emitted if e["event"] == "connection_refused"} == {"ip_limit"}
     errors = {(e["error_type"], e["peer_id"] is None) for e in emitted if e["event"] == "protocol_error"}
     assert errors == {("UnknownPacketType", True), ("UnknownChannel", False)}

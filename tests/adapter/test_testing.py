@@ -5,6 +5,7 @@ from twisted.internet.task import Clock
 
 from helpers import RecordingReactor
 from mconn import ChannelDescriptor, Config, Reactor
+from mconn.protocol import CLOSE_LINGER
 from mconn.testing import FakePeer, MemoryNetwork, connected_switches
 
 CHANNELS = [ChannelDescriptor(0x40, recv_message_capacity=10), ChannelDescriptor(0x41)]
@@ -84,3 +85,191 @@ def test_memory_link_disconnect_is_connection_lost():
     network.links[0].disconnect()
     assert [type(r) for _, r in ra.removed()] == [ConnectionLost]
     assert [type(r) for _, r in rb.removed()] == [ConnectionLost]
+
+
+# -- the network and its faults ------------------------------------------------------
+
+FAST = Config(ping_interval=2.0, pong_timeout=1.0, resume_grace=0, stats_interval=0)
+
+
+def pair(config=FAST, **network_options):
+    """Switches a and b on a fresh network, b listening and a dialing it (handshake done)."""
+    network = MemoryNetwork(**network_options)
+    ra, rb = RecordingReactor(CHANNELS), RecordingReactor(CHANNELS)
+    a = network.switch([ra], config=config)
+    b = network.switch([rb], config=config)
+    b.listen("tcp:26656")
+    dialed = []
+    a.dial(network.dial_address(b)).addBoth(dialed.append)
+    network.flush()
+    [peer] = dialed
+    assert peer is a.peers[b.node_id], peer
+    [link] = network.links_between(a, b)
+    return network, a, b, ra, rb, link
+
+
+def test_dial_goes_through_the_switchs_own_endpoint():
+    """Switch.listen and Switch.dial work on a plain Clock: the network routes by host."""
+    network, a, b, ra, rb, link = pair()
+    assert b.listen_address == f"{network.host_of(b)}:26656"
+    assert link.transports[0].getPeer().host == network.host_of(b)
+    assert [c[0] for c in rb.calls] == ["add_peer"]
+    a._check_invariants()
+    b._check_invariants()
+
+
+def test_dial_to_a_closed_port_is_refused_and_through_a_black_hole_times_out():
+    from twisted.internet.error import ConnectionRefusedError, TimeoutError
+
+    network, a, b, *_ = pair()
+    c = network.switch([RecordingReactor(CHANNELS)], config=FAST)
+    refused, timed_out = [], []
+    c.dial(f"{network.host_of(a)}:26656").addErrback(refused.append)  # a does not listen
+    network.blackhole(c, b)
+    c.dial(network.dial_address(b)).addErrback(timed_out.append)
+    network.run(FAST.dial_timeout + 1)
+    assert refused[0].check(ConnectionRefusedError)
+    assert timed_out[0].check(TimeoutError)
+
+
+def test_reset_loses_what_was_written_but_not_delivered():
+    """Both ends lose the connection at once; bytes on their way are gone."""
+    from mconn import ConnectionLost
+
+    network, a, b, ra, rb, link = pair()
+    assert a.peers[b.node_id].try_send(0x41, b"never arrives")
+    in_flight = link.in_flight
+    assert in_flight > 0
+    link.reset()
+    network.flush()
+    assert rb.received() == [] and link.lost_bytes == in_flight
+    assert [type(r) for _, r in ra.removed()] == [ConnectionLost]
+    assert [type(r) for _, r in rb.removed()] == [ConnectionLost]
+
+
+def test_a_black_hole_is_noticed_only_by_the_keepalive():
+    """Nothing moves and nobody is told, until a ping goes unanswered."""
+    from mconn import PongTimeout
+
+    network, a, b, ra, rb, link = pair()
+    network.blackhole(a, b)
+    assert a.peers[b.node_id].try_send(0x41, b"into the hole")
+    network.run(FAST.ping_interval)
+    assert rb.received() == [] and ra.removed() == [] and rb.removed() == []
+    network.run(FAST.pong_timeout + CLOSE_LINGER + 0.1)  # its close packet is lost too
+    assert [type(r) for _, r in ra.removed()] == [PongTimeout]
+    assert [type(r) for _, r in rb.removed()] == [PongTimeout]
+    assert rb.received() == []
+
+
+def test_a_black_hole_healed_in_time_delivers_late_and_in_order():
+    """Healed before the keepalive gives up: the connection carries on (TCP retransmits)."""
+    network, a, b, ra, rb, link = pair()
+    network.blackhole(a, b)
+    peer = a.peers[b.node_id]
+    for i in range(3):
+        assert peer.try_send(0x41, b"%d" % i)
+    network.run(FAST.ping_interval / 2)
+    assert rb.received() == []
+    network.heal()
+    network.flush()
+    assert rb.received() == [b"0", b"1", b"2"] and peer.state == "connected"
+
+
+def test_heal_resets_the_end_that_did_not_give_up():
+    """One end aborted during the black hole; its reset was lost; healing delivers it."""
+    from mconn import ConnectionLost
+
+    network, a, b, ra, rb, link = pair()
+    network.blackhole(a, b)
+    link.transports[0].abortConnection()  # a gives up on its own (no close packet)
+    network.flush()
+    assert [type(r) for _, r in ra.removed()] == [ConnectionLost] and rb.removed() == []
+    network.heal(a, b)
+    network.flush()
+    assert [type(r) for _, r in rb.removed()] == [ConnectionLost]
+
+
+def test_delay_delivers_after_the_delay():
+    network, a, b, ra, rb, link = pair()
+    network.delay(a, b, 0.5)
+    assert a.peers[b.node_id].try_send(0x41, b"slow")
+    network.run(0.49)
+    assert rb.received() == []
+    network.run(0.02)
+    assert rb.received() == [b"slow"]
+    with pytest.raises(ValueError, match="delay"):
+        network.delay(a, b, -1)
+
+
+def test_a_window_pauses_the_producer_until_the_bytes_arrive():
+    """With window set, a transport with that much on its way pauses mconn's writing."""
+    network, a, b, ra, rb, link = pair(window=1000)
+    network.blackhole(a, b)
+    peer = a.peers[b.node_id]
+    sent = [i for i in range(20) if peer.try_send(0x41, bytes([i]) * 300)]
+    assert link.outbound._paused
+    assert 1000 < link.transports[0].in_flight <= 1000 + a.config.write_batch_bytes
+    network.heal()
+    network.flush()
+    assert rb.received(0x41) == [bytes([i]) * 300 for i in sent]
+
+
+def test_redial_resumes_a_session_after_a_reset():
+    """The dialer's real redial path reaches the listener again: the session resumes and
+    what was on its way is re-sent, once."""
+    network, a, b, ra, rb, link = pair(config=FAST.replace(resume_grace=10))
+    peer = a.peers[b.node_id]
+    assert peer.try_send(0x41, b"lost with the connection")
+    link.reset()
+    assert peer.state == "suspended"
+    assert peer.try_send(0x41, b"sent while suspended")
+    network.run(1)
+    assert peer.state == "connected" and peer.resumes == 1
+    assert rb.received(0x41) == [b"lost with the connection", b"sent while suspended"]
+    assert len(network.links_between(a, b)) == 1
+
+
+def test_kill_silences_a_node_and_restart_brings_it_back_with_its_key():
+    """A killed node hears nothing more; its peers see a reset; the restarted node at the
+    same address has the same node id and a new session."""
+    from mconn import SessionRejected
+
+    network, a, b, ra, rb, link = pair(config=FAST.replace(resume_grace=10))
+    calls_before = list(rb.calls)
+    assert a.peers[b.node_id].try_send(0x41, b"to the old process")
+    network.kill(b)
+    assert not network.is_alive(b)
+    network.run(0.01)
+    assert a.peers[b.node_id].state in ("suspended", "connecting")
+    rb2 = RecordingReactor(CHANNELS)
+    b2 = network.restart(b, [rb2])
+    assert b2.node_id == b.node_id and b2.listen_address == b.listen_address
+    network.run(5)
+    assert rb.calls == calls_before  # the dead process saw nothing, timers included
+    [(old, reason)] = ra.removed()
+    assert isinstance(reason, SessionRejected) and reason.undelivered == {0x41: 1}
+    assert a.peers[b.node_id] is not old and a.peers[b.node_id].state == "connected"
+    assert [c[0] for c in rb2.calls] == ["add_peer"]
+
+
+def test_a_silent_kill_is_found_by_the_keepalive():
+    """The host went down too: no reset; the survivor's keepalive finds out."""
+    from mconn import PongTimeout
+
+    network, a, b, ra, rb, link = pair()
+    network.kill(b, silently=True)
+    network.flush()
+    assert ra.removed() == []
+    network.run(FAST.ping_interval + FAST.pong_timeout + CLOSE_LINGER + 0.1)
+    assert [type(r) for _, r in ra.removed()] == [PongTimeout]
+
+
+def test_run_fires_every_timer_on_time():
+    """run stops at each scheduled call; advance runs them at the end of its step."""
+    network = MemoryNetwork()
+    seen = []
+    network.clock.callLater(1, lambda: seen.append(network.clock.seconds()))
+    network.clock.callLater(2, lambda: seen.append(network.clock.seconds()))
+    network.run(5)
+    assert seen == [1, 2] and network.clock.seconds() == 5

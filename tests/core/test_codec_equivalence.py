@@ -274,3 +274,40 @@ def test_frame_buffer_reads_scheduler_output_like_the_declaration(payload, sizes
         out += got
     assert out == decode_stream(stream)
     assert buffer.buffered == 0
+
+
+# -- the hand-written ack and extension codecs (wire.encode_ack, decode_ack, encode_extension)
+
+ack_counts = st.dictionaries(st.integers(0, 255), st.integers(0, (1 << 64) - 1), max_size=40)
+
+
+@given(delivered=ack_counts)
+def test_encode_ack_equals_the_declaration(delivered):
+    reference = wire.AckBody.build(dict(delivered=wire._count_list(delivered)))
+    assert wire.encode_ack(delivered) == reference
+    assert wire.decode_ack(reference) == delivered
+
+
+def _reference_ack(body):
+    try:
+        return wire._counts(wire._parse(wire.AckBody, body, "ack").delivered)
+    except MalformedPacket as e:
+        return type(e)
+
+
+@given(body=st.one_of(st.binary(max_size=60), ack_counts.map(wire.encode_ack)), cut=st.integers(0, 60), extra=st.binary(max_size=3))
+def test_decode_ack_equals_the_declaration_on_arbitrary_bytes(body, cut, extra):
+    """Whole, truncated, extended or random bodies: the same counts or the same error."""
+    for data in (body, body[:cut], body + extra, body.replace(b"\x01", b"\x09", 1)):
+        expected = _reference_ack(data)
+        try:
+            got = wire.decode_ack(data)
+        except MalformedPacket as e:
+            got = type(e)
+        assert got == expected, data.hex()
+
+
+@given(packet_type=st.integers(wire.FIRST_EXTENSION_TYPE, 255), body=st.binary(max_size=600))
+def test_encode_extension_equals_the_declaration(packet_type, body):
+    reference = wire.Packet.build(dict(type=packet_type, payload=dict(body=body)))
+    assert wire.encode_extension(packet_type, body) == reference

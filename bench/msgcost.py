@@ -1,0 +1,146 @@
+"""CPU per message of two Switches in one process, without sockets: a steadier view.
+
+    PYTHONPATH=<tree> .venv/bin/python bench/msgcost.py [--ack-every-messages N ...]
+        [--profile bulk|small]
+
+run.py's ``acks`` scenario runs this once per variant and round, with the variant's mconn
+on PYTHONPATH. A dialing and a listening Switch are joined by two Twisted
+``StringTransport``s, which this script empties into the other side's ``dataReceived``
+until neither has anything to say; the clock is a ``task.Clock`` that never advances,
+so only count-based acks are sent. A *batch* is: the sender calls ``try_send`` until
+``batch`` messages are accepted (each is queued, framed and written to its transport in
+that call), then the bytes are shuttled both ways until quiet (the receiver parses,
+routes and acknowledges; the sender takes the acks in). Each phase is timed with
+``time.process_time``, and each phase's figure is its *smallest* cost per message over
+the batches: the least disturbed by other processes, which only ever add time. Only API
+present before the session layer is used (commit 82a45f3 on).
+
+``--profile SCENARIO`` runs that scenario's batches under cProfile instead and prints the
+top functions by own time, with their calls per message.
+
+Prints one JSON line: ``{"bulk": {"send_us": ..., "deliver_us": ..., "total_us": ...},
+"small": {...}, "mconn_file": ...}``, microseconds per message (bulk messages are 1 MiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import pstats
+import sys
+import time
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from mconn import ChannelDescriptor, Config, Reactor, Switch
+from mconn.protocol import MConnectionFactory
+
+CHANNEL = ChannelDescriptor(0x10, priority=1, send_queue_capacity=100000)
+#: scenario -> (message size, messages per batch, batches)
+WORK = {"bulk": (1 << 20, 4, 40), "small": (100, 1000, 60)}
+
+
+class Counter(Reactor):
+    def __init__(self) -> None:
+        self.peer = None
+        self.received = 0
+
+    def get_channels(self):
+        return [CHANNEL]
+
+    def add_peer(self, peer) -> None:
+        self.peer = peer
+
+    def receive(self, channel_id, peer, message) -> None:
+        self.received += 1
+
+
+def shuttle(a, b) -> None:
+    """Hand each side what the other wrote, until neither writes more (bounded)."""
+    for _ in range(100000):
+        moved = False
+        for src, dst in ((a, b), (b, a)):
+            data = src.transport.value()
+            if data:
+                src.transport.clear()
+                dst.dataReceived(data)
+                moved = True
+        if not moved:
+            return
+    raise RuntimeError("the two sides never went quiet")
+
+
+def connect(config: Config):
+    clock = Clock()
+    ra, rb = Counter(), Counter()
+    a = Switch([ra], config=config, clock=clock)
+    b = Switch([rb], config=config, clock=clock)
+    dialer = MConnectionFactory(a, is_outbound=True, expected_node_id=b.node_id).buildProtocol(None)
+    listener = MConnectionFactory(b, is_outbound=False).buildProtocol(None)
+    dialer.makeConnection(StringTransport(IPv4Address("TCP", "127.0.0.1", 1), IPv4Address("TCP", "127.0.0.1", 2)))
+    listener.makeConnection(StringTransport(IPv4Address("TCP", "127.0.0.1", 2), IPv4Address("TCP", "127.0.0.1", 1)))
+    shuttle(dialer, listener)
+    if ra.peer is None or rb.peer is None:
+        raise RuntimeError("the handshake did not complete in memory")
+    return dialer, listener, ra, rb
+
+
+def measure(config: Config, scenario: str) -> dict:
+    """The smallest cost per message of each phase over the batches (microseconds)."""
+    size, batch, batches = WORK[scenario]
+    dialer, listener, ra, rb = connect(config)
+    peer, msg = ra.peer, bytes(size)
+    send, deliver = [], []
+    for _ in range(batches):
+        t0 = time.process_time()
+        for _ in range(batch):
+            if not peer.try_send(CHANNEL.id, msg):
+                raise RuntimeError(f"{scenario}: try_send refused with nothing in flight")
+        t1 = time.process_time()
+        shuttle(dialer, listener)
+        deliver.append(time.process_time() - t1)
+        send.append(t1 - t0)
+    if rb.received != batch * batches:
+        raise RuntimeError(f"{scenario}: {rb.received} messages delivered of {batch * batches}")
+    cost = {"send_us": min(send) * 1e6 / batch, "deliver_us": min(deliver) * 1e6 / batch}
+    cost["total_us"] = cost["send_us"] + cost["deliver_us"]
+    return cost
+
+
+def profile(config: Config, scenario: str, top: int = 25) -> None:
+    """``measure`` under cProfile; the top functions by own time, per message."""
+    profiler = cProfile.Profile()
+    profiler.runcall(measure, config, scenario)
+    size, batch, batches = WORK[scenario]
+    n = batch * batches
+    stats = pstats.Stats(profiler).stats
+    rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
+    print(f"cProfile of msgcost {scenario}: {n} messages; own and cumulative us per message (inflated)")
+    print(f"{'calls/msg':>10}{'own us':>9}{'cum us':>9}  function")
+    for (path, line, name), (calls, _, own, cum, _) in rows:
+        print(f"{calls / n:>10.3f}{own * 1e6 / n:>9.3f}{cum * 1e6 / n:>9.3f}  {path.rsplit('/', 1)[-1]}:{line}({name})")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name in ("ack_every_messages", "ack_every_bytes"):
+        p.add_argument("--" + name.replace("_", "-"), type=int)
+    p.add_argument("--ack-interval", type=float)
+    p.add_argument("--profile", choices=sorted(WORK), help="print a cProfile of one scenario instead")
+    args = p.parse_args(argv)
+    fields = {k: v for k, v in vars(args).items() if k.startswith("ack_") and v is not None}
+    config = Config(stats_interval=0, **fields)
+    if args.profile:
+        profile(config, args.profile)
+        return 0
+    out = {scenario: measure(config, scenario) for scenario in WORK}
+    out["mconn_file"] = sys.modules["mconn"].__file__
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,473 @@
+"""A node run by twistd: ``twistd -n mconn --listen tcp:26656 --key node.key ...``.
+
+twisted/plugins/mconn_plugin.py names this module; twistd builds :class:`Options` from
+the command line and calls :func:`makeService` with it. Every setting may instead come
+from a TOML file (``--config FILE``): its keys are the long options without the dashes
+(``listen``, ``peer``, ``reactor``, ``key``, ``telemetry``, ``telemetry_rotate_bytes``)
+and the :class:`mconn.Config` fields (``ping_interval = 30``), which are also options
+(``--ping-interval 30``). The command line wins: a repeatable option given there
+replaces the file's list. Relative paths in the file are relative to the file. One
+default differs from Config's: ``retry_initial_dial`` is true, so that a ``--peer`` that
+is down when the node starts is dialed until it is up.
+
+Bad configuration stops startup before anything has started (no port, no pid file, no
+key written), with one line on stderr that says what is wrong and where (the option, or
+the file and key). twistd itself prints the whole usage before a UsageError and a
+traceback for an error in makeService, so both entry points turn a
+:class:`ConfigurationError` into ``SystemExit("mconn: ...")``; :func:`build_service`
+raises it for callers that are not twistd.
+
+SIGTERM: twistd stops the service, the Switch closes every peer with a close packet, the
+telemetry file gets the last events, and twistd exits (by re-raising the signal, so the
+exit status is "terminated by SIGTERM", the way twistd reports an orderly stop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import types
+import typing
+
+from twisted.application.service import MultiService, Service
+from twisted.internet import defer
+from twisted.internet.endpoints import serverFromString
+from twisted.logger import Logger
+from twisted.python import usage
+
+from mconn.address import PeerAddress, parse_address
+from mconn.config import Config
+from mconn.node_key import NodeKey
+from mconn.reactor import Reactor
+from mconn.switch import Switch
+from mconn.telemetry_file import DEFAULT_ROTATE_BYTES, TelemetryFileService
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = None
+
+log = Logger()
+
+#: The key file used when neither the command line nor the config file names one.
+DEFAULT_KEY = "node.key"
+#: Settings that may be repeated; the rest take one value.
+REPEATABLE = ("listen", "peer", "reactor")
+PATHS = ("key", "telemetry")
+NODE_SETTINGS = REPEATABLE + PATHS + ("telemetry_rotate_bytes",)
+CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_CONFIG_TYPES = typing.get_type_hints(Config)
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+#: Config defaults that differ for a node run by twistd: a --peer that is down when the
+#: node starts is dialed until it comes up, not forgotten after the first failure.
+NODE_CONFIG_DEFAULTS = {"retry_initial_dial": True}
+
+
+class ConfigurationError(usage.UsageError):
+    """A setting is wrong; the message says which (option, or file and key) and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A configured value and where it was set (``--listen``, ``node.toml: listen``)."""
+
+    value: object
+    where: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSettings:
+    """Everything a node needs, checked as far as that is possible without I/O."""
+
+    listen: tuple[Setting, ...]
+    peers: tuple[Setting, ...]  # of PeerAddress
+    reactors: tuple[Setting, ...]  # of "module:Class"
+    key: Setting
+    telemetry: Setting | None
+    telemetry_rotate_bytes: int
+    config: Config
+
+
+# -- options ---------------------------------------------------------------------------
+
+
+def _option(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _config_parameters() -> list:
+    return [
+        [_option(name), None, None, f"Config.{name} [default: {default!r}]"]
+        for name, field in CONFIG_FIELDS.items()
+        for default in [NODE_CONFIG_DEFAULTS.get(name, field.default)]
+    ]
+
+
+class Options(usage.Options):
+    """``twistd mconn`` options; after parsing, ``options.settings`` is a NodeSettings."""
+
+    synopsis = "[options]"
+    longdesc = (
+        "Run an mconn node: listen for peers, keep the --peer nodes connected, route their "
+        "messages to the --reactor classes. Every option (without the dashes, with '_') and "
+        "every Config field may also be set in a TOML file given with --config; the command "
+        "line wins."
+    )
+    optParameters = [
+        ["key", None, None, f"node key file (PEM, mode 0600), created if missing [default: {DEFAULT_KEY}]"],
+        ["telemetry", None, None, "write every telemetry event of this node to this file as JSON lines"],
+        [
+            "telemetry-rotate-bytes", None, None,
+            f"rotate the telemetry file when it reaches this size, 0: never [default: {DEFAULT_ROTATE_BYTES}]",
+        ],
+        ["config", None, None, "TOML file with any of these settings"],
+    ] + _config_parameters()
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name in REPEATABLE:
+            self[name] = []
+
+    def opt_listen(self, endpoint: str) -> None:
+        """accept peers on this server endpoint, e.g. tcp:26656 (repeatable)"""
+        self["listen"].append(endpoint)
+
+    def opt_peer(self, address: str) -> None:
+        """keep the node ID@HOST:PORT connected (repeatable)"""
+        self["peer"].append(address)
+
+    def opt_reactor(self, spec: str) -> None:
+        """MODULE:CLASS of a Reactor to run, built with no arguments (repeatable)"""
+        self["reactor"].append(spec)
+
+    def parseOptions(self, options=None) -> None:
+        """Parse, then say what is wrong in one line (twistd would print its usage first)."""
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            raise SystemExit(f"mconn: {e}") from None
+
+    def postOptions(self) -> None:
+        given = _read_toml(self["config"]) if self["config"] else {}
+        for name in REPEATABLE:
+            if self[name]:
+                given[name] = Setting(list(self[name]), f"--{name}")
+        for name in NODE_SETTINGS[len(REPEATABLE):] + tuple(CONFIG_FIELDS):
+            text = self[_option(name)]
+            if text is not None:
+                value = os.path.abspath(text) if name in PATHS else _from_text(name, text, f"--{_option(name)}")
+                given[name] = Setting(value, f"--{_option(name)}")
+        self.settings = resolve(given)
+
+
+def _from_text(name: str, text: str, where: str):
+    """A command-line value, converted to the type of its setting."""
+    base, optional = _setting_type(name)
+    if optional and text.lower() == "none":
+        return None
+    if base is bool:
+        if text.lower() in _TRUE + _FALSE:
+            return text.lower() in _TRUE
+        raise ConfigurationError(f"{where}: {text!r} is not true or false")
+    if base in (int, float):
+        try:
+            return base(text)
+        except ValueError:
+            kind = "an integer" if base is int else "a number"
+            raise ConfigurationError(f"{where}: {text!r} is not {kind}") from None
+    return text
+
+
+def _setting_type(name: str) -> tuple[type, bool]:
+    """(base type, whether None is allowed) of a Config field or node setting."""
+    if name == "telemetry_rotate_bytes":
+        return int, False
+    hint = _CONFIG_TYPES[name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0], True
+    return hint, False
+
+
+def _read_toml(path: str) -> dict:
+    """{setting: Setting} from a TOML file; unknown keys are errors."""
+    if tomllib is None:
+        raise ConfigurationError(f"--config {path}: reading TOML needs Python 3.11 or later")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigurationError(f"--config {path}: cannot read it: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigurationError(f"--config {path}: not valid TOML: {e}") from None
+    base = os.path.dirname(os.path.abspath(path))
+    given = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        where = f"{path}: {key}"
+        if name not in NODE_SETTINGS and name not in CONFIG_FIELDS:
+            raise ConfigurationError(
+                f"{where}: unknown setting; use the long options without '--' "
+                f"({', '.join(NODE_SETTINGS)}) or the Config fields ({', '.join(CONFIG_FIELDS)})"
+            )
+        given[name] = Setting(_from_toml(name, value, where, base), where)
+    return given
+
+
+def _from_toml(name: str, value, where: str, base: str):
+    """A TOML value as its setting's type: paths made absolute, ints accepted as floats."""
+    if name in REPEATABLE:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigurationError(f"{where}: {value!r} must be a string or a list of strings")
+        return items
+    if name in PATHS:
+        if not isinstance(value, str):
+            raise ConfigurationError(f"{where}: {value!r} must be a path (a string)")
+        return os.path.join(base, os.path.expanduser(value))
+    kind, optional = _setting_type(name)
+    if optional and value == "none":
+        return None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # telemetry fields keep their documented type (specs/telemetry.md)
+    return value
+
+
+def resolve(given: dict) -> NodeSettings:
+    """Check the merged settings and turn them into a NodeSettings.
+
+    :raises ConfigurationError: naming the setting and what is wrong with it.
+    """
+    config_values = dict(NODE_CONFIG_DEFAULTS)
+    for name in CONFIG_FIELDS:
+        if name in given:
+            setting = given[name]
+            try:
+                Config(**{name: setting.value})
+            except (TypeError, ValueError) as e:
+                raise ConfigurationError(f"{setting.where}: {e}") from None
+            config_values[name] = setting.value
+    try:
+        config = Config(**config_values)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"configuration: {e}") from None
+    rotate = given.get("telemetry_rotate_bytes", Setting(DEFAULT_ROTATE_BYTES, "default"))
+    if isinstance(rotate.value, bool) or not isinstance(rotate.value, int) or rotate.value < 0:
+        raise ConfigurationError(f"{rotate.where}: {rotate.value!r} must be a number of bytes >= 0")
+    return NodeSettings(
+        listen=_each(given, "listen"),
+        peers=tuple(Setting(_peer(s.value, s.where), s.where) for s in _each(given, "peer")),
+        reactors=tuple(Setting(_reactor_spec(s.value, s.where), s.where) for s in _each(given, "reactor")),
+        key=given.get("key", Setting(os.path.abspath(DEFAULT_KEY), "--key (default)")),
+        telemetry=given.get("telemetry"),
+        telemetry_rotate_bytes=rotate.value,
+        config=config,
+    )
+
+
+def _each(given: dict, name: str) -> tuple[Setting, ...]:
+    setting = given.get(name)
+    return tuple(Setting(v, setting.where) for v in setting.value) if setting is not None else ()
+
+
+def _peer(text: str, where: str) -> PeerAddress:
+    try:
+        address = parse_address(text)
+    except ValueError as e:
+        raise ConfigurationError(f"{where}: {e}") from None
+    if address.node_id is None:
+        raise ConfigurationError(f"{where}: peer address {text!r} needs the node id: ID@HOST:PORT")
+    return address
+
+
+def _reactor_spec(text: str, where: str) -> str:
+    module, colon, name = text.partition(":")
+    if not colon or not all(p.isidentifier() for p in module.split(".")) or not name.isidentifier():
+        raise ConfigurationError(f"{where}: {text!r} is not MODULE:CLASS, like reactors.pex:PexReactor")
+    return text
+
+
+# -- building the service --------------------------------------------------------------
+
+
+def makeService(options: Options) -> NodeService:
+    """twistd's entry point: :func:`build_service`, with errors as one line on stderr."""
+    try:
+        return build_service(options.settings)
+    except ConfigurationError as e:
+        raise SystemExit(f"mconn: {e}") from None
+
+
+def build_service(settings: NodeSettings, clock=None) -> NodeService:
+    """The node's service, once every setting has been checked; nothing is started.
+
+    A missing key file is written last, when nothing else can fail.
+
+    :param clock: the Twisted reactor (``twisted.internet.reactor`` if None).
+    :raises ConfigurationError: naming the setting and what is wrong with it.
+    """
+    if clock is None:
+        from twisted.internet import reactor as clock
+    for setting in settings.listen:
+        _check_endpoint(clock, setting)
+    reactors = [_build_reactor(setting) for setting in settings.reactors]
+    key, created = _load_key(settings.key)
+    try:
+        switch = Switch(reactors, node_key=key, config=settings.config, clock=clock)
+    except ValueError as e:  # two reactors claim one channel
+        where = settings.reactors[0].where if settings.reactors else "--reactor"
+        raise ConfigurationError(f"{where}: {e}") from None
+    telemetry = None
+    if settings.telemetry is not None:
+        try:
+            telemetry = TelemetryFileService(
+                settings.telemetry.value, key.node_id, rotate_bytes=settings.telemetry_rotate_bytes
+            )
+        except OSError as e:
+            path = e.filename or settings.telemetry.value
+            raise ConfigurationError(f"{settings.telemetry.where}: cannot write {path}: {e.strerror or e}") from None
+    if created:
+        try:
+            key.save(settings.key.value)
+        except OSError as e:
+            if telemetry is not None:
+                telemetry.log_file.close()
+            path = settings.key.value
+            raise ConfigurationError(f"{settings.key.where}: cannot create {path}: {e.strerror or e}") from None
+    return NodeService(
+        switch,
+        listen=[s.value for s in settings.listen],
+        peers=[str(s.value) for s in settings.peers],
+        telemetry=telemetry,
+    )
+
+
+def _check_endpoint(clock, setting: Setting) -> None:
+    try:
+        serverFromString(clock, setting.value)
+    except Exception as e:  # ValueError, TypeError, KeyError...: each parser has its own
+        raise ConfigurationError(f"{setting.where}: endpoint {setting.value!r} is not valid: {e}") from None
+
+
+def _build_reactor(setting: Setting) -> Reactor:
+    module_name, _, name = setting.value.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigurationError(f"{setting.where}: cannot import {module_name}: {e}") from None
+    factory = getattr(module, name, None)
+    if factory is None:
+        raise ConfigurationError(f"{setting.where}: module {module_name} has no {name}")
+    try:
+        reactor = factory()
+    except Exception as e:
+        raise ConfigurationError(f"{setting.where}: {setting.value}() failed: {type(e).__name__}: {e}") from None
+    if not isinstance(reactor, Reactor):
+        kind = type(reactor).__name__
+        raise ConfigurationError(f"{setting.where}: {setting.value}() is a {kind}, not an mconn Reactor")
+    return reactor
+
+
+def _load_key(setting: Setting) -> tuple[NodeKey, bool]:
+    """(the key, whether it is new and still to be saved)."""
+    if not os.path.lexists(setting.value):
+        return NodeKey.generate(), True
+    try:
+        return NodeKey.load(setting.value), False
+    except ValueError as e:
+        raise ConfigurationError(f"{setting.where}: {e}") from None
+
+
+# -- the service -----------------------------------------------------------------------
+
+
+class NodeService(MultiService):
+    """The telemetry file, then the Switch; ports and persistent peers on start.
+
+    Ports are bound in ``privilegedStartService`` (before twistd drops privileges), after
+    the telemetry file is observed, so the ``listening`` events are in it. ``stopService``
+    stops the children one after the other, last started first: the Switch's closing
+    events still reach the telemetry file.
+    """
+
+    def __init__(self, switch, *, listen, peers, telemetry: TelemetryFileService | None = None) -> None:
+        super().__init__()
+        self.switch = switch
+        self.listen = list(listen)
+        self.peers = list(peers)
+        self.telemetry = telemetry
+        #: The IListeningPorts, once bound.
+        self.ports = None
+        self._binding = False
+        if telemetry is not None:
+            telemetry.setServiceParent(self)
+        switch.setServiceParent(self)
+
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()
+        self._bind()
+
+    def startService(self) -> None:
+        if self.ports is None:  # not started by twistd: nothing bound yet
+            self.privilegedStartService()
+        super().startService()
+        log.info(
+            "mconn node {node_id} started: listening on {addresses}, keeping {count} peers connected",
+            node_id=self.switch.node_id,
+            addresses=", ".join(self._addresses()) or "nothing",
+            count=len(self.peers),
+        )
+        for address in self.peers:
+            d = self.switch.dial(address, persistent=True)
+            d.addErrback(self._dial_failed, address)
+
+    @defer.inlineCallbacks
+    def stopService(self):
+        Service.stopService(self)  # not MultiService's, which stops every child at once
+        for service in reversed(list(self)):
+            try:
+                yield defer.maybeDeferred(service.stopService)
+            except Exception:
+                log.failure("stopping {service} failed", service=service)
+
+    def _bind(self) -> None:
+        """Listen on every endpoint; on a failure, close the ports opened and raise.
+
+        Twisted's stream server endpoints bind at once; a failure that comes later (from
+        some other kind of endpoint) is logged.
+        """
+        self.ports = []
+        failures = []
+
+        def failed(failure, description):
+            if self._binding:
+                failures.append((description, failure))
+            else:
+                log.failure("cannot listen on {description}", failure, description=description)
+
+        self._binding = True
+        for description in self.listen:
+            self.switch.listen(description).addCallbacks(self.ports.append, failed, errbackArgs=(description,))
+        self._binding = False
+        if failures:
+            for port in self.ports:
+                port.stopListening()
+            if self.telemetry is not None:
+                self.telemetry.stopService()
+            description, failure = failures[0]
+            error = getattr(failure.value, "socketError", None)  # CannotListenError
+            reason = getattr(error, "strerror", None) or failure.getErrorMessage()
+            raise StartupError(f"--listen {description}: {reason}")
+
+    def _addresses(self) -> list[str]:
+        hosts = (p.getHost() for p in self.ports)
+        return [f"{h.host}:{h.port}" if hasattr(h, "port") else str(h) for h in hosts]
+
+    def _dial_failed(self, failure, address: str) -> None:
+        if self.running:  # while stopping, the Switch fails the dials it drops
+            log.warn("dialing {address} failed: {error}", address=address, error=failure.getErrorMessage())
+
+
+class StartupError(Exception):
+    """The node could not start (a port already in use): what failed and where."""

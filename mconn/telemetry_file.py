@@ -1,0 +1,113 @@
+"""TelemetryFile: one node's telemetry events as JSON lines in a rotating file.
+
+specs/telemetry.md section 2: the events are written by Twisted's ``jsonFileLogObserver``,
+one record per line after an ASCII record separator, into a
+``twisted.python.logfile.LogFile``. The file rotates once it has reached ``rotate_bytes``:
+``PATH`` becomes ``PATH.1``, ``PATH.1`` becomes ``PATH.2``, and so on. The size is checked
+before each record is written, so a record is never split across two files and none is
+lost in the rotation. Read the files back, oldest first, with :func:`read_events`.
+
+A record is written when its ``log_namespace`` is ``mconn`` (or ``mconn.*``), it has an
+``event`` name (specs/telemetry.md section 1), and its ``node_id`` is this node's: several
+nodes in one process each get their own file.
+"""
+
+from __future__ import annotations
+
+import os
+
+from twisted.application.service import Service
+from twisted.logger import (
+    FilteringLogObserver,
+    PredicateResult,
+    eventsFromJSONLogFile,
+    globalLogPublisher,
+    jsonFileLogObserver,
+)
+from twisted.python.logfile import LogFile
+
+#: Default size at which a telemetry file rotates (10 MiB).
+DEFAULT_ROTATE_BYTES = 10 * 1024 * 1024
+
+
+def open_log_file(path: str | os.PathLike, rotate_bytes: int = DEFAULT_ROTATE_BYTES) -> LogFile:
+    """A LogFile at ``path`` that rotates at ``rotate_bytes`` (0: never).
+
+    :raises OSError: if the file cannot be opened for appending.
+    """
+    return LogFile.fromFullPath(os.fspath(path), rotateLength=rotate_bytes or None)
+
+
+def rotated_paths(path: str | os.PathLike) -> list[str]:
+    """The files of a telemetry log, oldest first: ``PATH.N``, ..., ``PATH.1``, ``PATH``."""
+    path = os.fspath(path)
+    directory, name = os.path.split(os.path.abspath(path))
+    prefix = name + "."
+    suffixes = [f[len(prefix):] for f in os.listdir(directory) if f.startswith(prefix)]
+    found = [f"{path}.{n}" for n in sorted((int(s) for s in suffixes if s.isdigit()), reverse=True)]
+    return found + [path] if os.path.exists(path) else found
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """Every event of a telemetry log and its rotated files, oldest first."""
+    events = []
+    for name in rotated_paths(path):
+        with open(name, encoding="utf-8") as f:
+            events.extend(eventsFromJSONLogFile(f))
+    return events
+
+
+class TelemetryFileService(Service):
+    """Writes one node's telemetry events to a rotating JSON-lines file while running.
+
+    The file is opened here, so that a path that cannot be written fails at
+    configuration time; the observer is added in ``privilegedStartService`` (before the
+    node listens, so its ``listening`` events are kept) and removed in ``stopService``,
+    which closes the file.
+
+    :param path: the file; rotated files are ``PATH.1``, ``PATH.2``...
+    :param node_id: whose events to write.
+    :param rotate_bytes: rotate once the file has this many bytes (0: never).
+    :param publisher: the log publisher to observe (``globalLogPublisher`` if None).
+    :raises OSError: if the file cannot be opened.
+    """
+
+    def __init__(self, path, node_id: str, *, rotate_bytes: int = DEFAULT_ROTATE_BYTES, publisher=None) -> None:
+        self.path = os.fspath(path)
+        self.node_id = node_id
+        self.rotate_bytes = rotate_bytes
+        self.publisher = publisher if publisher is not None else globalLogPublisher
+        self.log_file = open_log_file(self.path, rotate_bytes)
+        self._observer = None
+
+    def _is_ours(self, event: dict) -> PredicateResult:
+        namespace = event.get("log_namespace") or ""
+        ours = (
+            (namespace == "mconn" or namespace.startswith("mconn."))
+            and "event" in event
+            and event.get("node_id") == self.node_id
+        )
+        return PredicateResult.yes if ours else PredicateResult.no
+
+    def privilegedStartService(self) -> None:
+        super().privilegedStartService()
+        self._observe()
+
+    def startService(self) -> None:
+        super().startService()
+        self._observe()
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._observer is not None:
+            self.publisher.removeObserver(self._observer)
+            self._observer = None
+            self.log_file.close()
+
+    def _observe(self) -> None:
+        if self._observer is not None:
+            return
+        if self.log_file.closed:  # started again after a stop
+            self.log_file = open_log_file(self.path, self.rotate_bytes)
+        self._observer = FilteringLogObserver(jsonFileLogObserver(self.log_file), [self._is_ours])
+        self.publisher.addObserver(self._observer)

@@ -1,0 +1,538 @@
+"""TLS for a Switch: contexts, certificates, and the node id a certificate proves (specs/tls.md).
+
+A ``TLSOptions`` says how a Switch speaks TLS; build one with a class method:
+
+* ``TLSOptions.identity(node_key)``: each node presents a self-signed certificate made
+  from its Ed25519 NodeKey; any self-signed certificate passes the TLS layer, and the
+  Switch then requires the node id derived from its key to be the one in the hello (and
+  the one dialed). No CA, no host names: the node id is the identity.
+* ``TLSOptions.from_files(cert_file=..., key_file=..., ca_file=...)``: certificates
+  signed by a CA; the dialer checks the listener's host name or IP (service_identity);
+  the listener asks for client certificates and, by default, requires them (mutual TLS).
+  The leaf key is the node's Ed25519 key, so the node id still comes from the key.
+* ``TLSOptions.custom(context_factory)``: the deployment's own pyOpenSSL context factory;
+  the Switch still binds the node id to the certificate's key.
+
+TLS comes first: the TLS handshake runs before any mconn byte, so the hello never travels
+in clear. A TLS listener refuses a plaintext mconn start with a plaintext close packet
+(code ``tls_required``) the dialer can read.
+
+Theory of operation
+-------------------
+The listening factory is a ``TLSMemoryBIOFactory`` around the Switch's protocol factory;
+a dial wraps its client endpoint the same way. Each new TLS connection asks the options
+for an ``SSL.Connection`` made from the *current* context, so ``reload()`` only swaps the
+contexts: connections already up keep theirs, and no peer is dropped. Each connection
+carries its own verify callback (``_PeerCheck``), which records why a certificate was
+refused so the error can say it rather than OpenSSL's "certificate verify failed".
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import secrets
+
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from cryptography.x509.oid import NameOID
+from OpenSSL import SSL, crypto
+from service_identity import CertificateError, VerificationError
+from service_identity.cryptography import verify_certificate_hostname, verify_certificate_ip_address
+from twisted.internet.interfaces import (
+    IOpenSSLClientConnectionCreator,
+    IOpenSSLServerConnectionCreator,
+    IStreamClientEndpoint,
+)
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mconn.errors import AuthenticationError, CertificateMismatch, PeerRejected, TLSError
+from mconn.node_key import NodeKey, node_id_from_public_key
+from mconn.protocol import CLOSE_LINGER
+from mconn.wire import PacketType, encode_close, encode_extension
+
+#: TLS 1.2 cipher suites (TLS 1.3 ones are all modern): forward secrecy, AEAD only.
+TLS12_CIPHERS = b"ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL"
+#: First byte of every TLS record that opens a connection (a handshake record).
+TLS_HANDSHAKE_RECORD = 0x16
+#: How long a generated self-signed certificate is valid (regenerated at every start
+#: and every reload); it starts a day early to tolerate clock skew between nodes.
+IDENTITY_CERT_LIFETIME = datetime.timedelta(days=3650)
+IDENTITY_CERT_BACKDATE = datetime.timedelta(days=1)
+#: The close packet a TLS listener answers a plaintext mconn start with.
+TLS_REQUIRED = "tls_required"
+
+_SELF_SIGNED_LEAF = 18  # X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT
+_VERIFY_ERRORS = {
+    2: "unable to get issuer certificate",
+    7: "certificate signature failure",
+    9: "certificate is not yet valid",
+    10: "certificate has expired",
+    18: "self-signed certificate: not signed by a CA this node trusts",
+    19: "self-signed certificate in certificate chain: not signed by a CA this node trusts",
+    20: "unable to get local issuer certificate: not signed by a CA this node trusts",
+    21: "unable to verify the first certificate",
+    24: "invalid CA certificate",
+    26: "unsupported certificate purpose",
+}
+#: OpenSSL reasons that mean the other side does not speak TLS at all.
+_NOT_TLS = ("wrong version number", "packet length too long", "record layer failure", "http request")
+
+
+class TLSOptions:
+    """How a Switch speaks TLS; build one with :meth:`identity`, :meth:`from_files` or
+    :meth:`custom` and pass it as ``Switch(tls=...)``.
+
+    :ivar mode: ``"identity"``, ``"ca"`` or ``"custom"``.
+    :ivar node_key: the NodeKey whose public key the certificate carries (None for
+        ``custom``, and for a CA-mode node that has no certificate of its own).
+    :ivar anonymous_clients: a listener accepts dialers that present no certificate
+        (``from_files(require_client_cert=False)``); their node id is then unproven.
+    """
+
+    def __init__(self, mode: str, *, node_key=None, anonymous_clients=False, loader=None, factory=None) -> None:
+        self.mode = mode
+        self.node_key = node_key
+        self.anonymous_clients = anonymous_clients
+        self._loader = loader
+        self._factory = factory
+        self._server_context = self._client_context = None
+        self.certificate: x509.Certificate | None = None
+        if loader is not None:
+            self.reload()
+
+    # -- building ------------------------------------------------------------------
+
+    @classmethod
+    def identity(cls, node_key: NodeKey) -> TLSOptions:
+        """Identity mode: a self-signed certificate made from ``node_key``."""
+        if not isinstance(node_key, NodeKey):
+            raise TypeError(f"TLSOptions.identity needs a NodeKey, got {type(node_key).__name__}")
+
+        def load():
+            certificate = self_signed_certificate(node_key)
+            server = _context([certificate], node_key.private_key, _REQUIRE_CERT)
+            client = _context([certificate], node_key.private_key, _REQUIRE_CERT)
+            return node_key, certificate, server, client
+
+        return cls("identity", node_key=node_key, loader=load)
+
+    @classmethod
+    def from_files(
+        cls,
+        *,
+        ca_file: str | os.PathLike,
+        cert_file: str | os.PathLike | None = None,
+        key_file: str | os.PathLike | None = None,
+        require_client_cert: bool = True,
+    ) -> TLSOptions:
+        """CA mode: ``cert_file`` (PEM, the leaf first, then any intermediates) signed by a
+        CA in ``ca_file`` (PEM bundle), and ``key_file``, the node's Ed25519 key (PEM, mode
+        0600, as written by ``NodeKey.save``).
+
+        Without ``cert_file`` and ``key_file`` the node can only dial listeners that do
+        not require client certificates. ``require_client_cert=False`` lets a listener
+        accept dialers without a certificate (a certificate presented is still checked).
+
+        :raises ValueError: naming the file, when one is missing, unreadable, malformed, a
+            key readable by group or other, or a certificate that does not hold that key.
+        """
+        if (cert_file is None) != (key_file is None):
+            raise ValueError("TLSOptions.from_files needs both cert_file and key_file, or neither")
+        paths = [os.fspath(p) if p is not None else None for p in (ca_file, cert_file, key_file)]
+
+        def load():
+            ca, cert, key = paths
+            authorities = _read_certificates(ca, "CA bundle")
+            chain, node_key = [], None
+            if cert is not None:
+                node_key = NodeKey.load(key)  # refuses a key that group or other can read
+                chain = _read_certificates(cert, "certificate")
+                if _public_bytes(chain[0]) != node_key.public_key_bytes:
+                    raise ValueError(
+                        f"certificate {cert!r} holds the key of node {_describe_key(chain[0])}, but key "
+                        f"file {key!r} is node {node_key.node_id}"
+                    )
+            private = node_key.private_key if node_key is not None else None
+            client_flags = _REQUIRE_CERT if require_client_cert else SSL.VERIFY_PEER
+            server = _context(chain, private, client_flags, authorities) if chain else None
+            client = _context(chain, private, _REQUIRE_CERT, authorities)
+            return node_key, chain[0] if chain else None, server, client
+
+        return cls("ca", anonymous_clients=not require_client_cert, loader=load)
+
+    @classmethod
+    def custom(cls, context_factory, *, node_key: NodeKey | None = None) -> TLSOptions:
+        """The deployment's own TLS policy: ``context_factory`` is anything
+        ``TLSMemoryBIOFactory`` takes (``CertificateOptions``, an
+        IOpenSSLServerConnectionCreator / IOpenSSLClientConnectionCreator, or an object
+        whose ``getContext()`` returns an ``SSL.Context``), used for both directions.
+
+        Its certificate must carry the node's Ed25519 key and it must ask for the peer's
+        (the Switch refuses peers without one); checking host names is up to it.
+        """
+        return cls("custom", node_key=node_key, factory=context_factory)
+
+    def reload(self) -> None:
+        """Read the certificate and key files again; new connections use them, live ones
+        keep theirs. The node id must not change.
+
+        :raises ValueError: as ``from_files``, or if the new key is another node's; the
+            old contexts stay in use.
+        """
+        if self._loader is None:
+            return
+        node_key, certificate, server, client = self._loader()
+        if self.node_key is not None and node_key is not None and node_key.node_id != self.node_key.node_id:
+            raise ValueError(
+                f"reload would change the node id from {self.node_key.node_id} to {node_key.node_id}; "
+                f"restart the node to change its key"
+            )
+        self.node_key = self.node_key or node_key
+        self.certificate, self._server_context, self._client_context = certificate, server, client
+
+    # -- the Switch's side -----------------------------------------------------------
+
+    def server_factory(self, wrapped_factory, *, clock, on_plaintext):
+        """The listening factory: TLS around ``wrapped_factory``.
+
+        :param on_plaintext: ``on_plaintext(protocol, rejection)`` when a connection
+            starts with plaintext mconn bytes instead of a TLS ClientHello.
+        :raises ValueError: if this node has no certificate to present.
+        """
+        if self._factory is not None:
+            creator = self._factory
+        elif self._server_context is None:
+            raise ValueError("a TLS listener needs a certificate: pass cert_file and key_file to TLSOptions.from_files")
+        else:
+            creator = _ServerCreator(self)
+        factory = _TLSFactory(creator, False, wrapped_factory, clock=clock)
+        factory.on_plaintext = on_plaintext
+        return factory
+
+    def client_endpoint(self, endpoint, host: str, *, clock):
+        """``endpoint`` with TLS on top; a CA-mode dial checks that the certificate names ``host``."""
+        creator = self._factory if self._factory is not None else _ClientCreator(self, host)
+        return _TLSClientEndpoint(endpoint, creator, clock)
+
+    def peer_certificate(self, transport, node_id: str, *, inbound: bool) -> x509.Certificate | None:
+        """The peer's certificate, once its key is known to be node ``node_id`` (the hello's).
+
+        :returns: None only for a dialer without a certificate that ``anonymous_clients``
+            lets in (its node id is unproven).
+        :raises CertificateMismatch: if the certificate's key is another node's.
+        :raises AuthenticationError: if there is no certificate, or its key is not Ed25519.
+        """
+        handle = transport.getHandle()
+        certificate = handle.get_peer_certificate(as_cryptography=True) if handle is not None else None
+        if certificate is None:
+            if inbound and self.anonymous_clients:
+                return None
+            raise AuthenticationError(
+                f"the peer presented no TLS certificate, so its node id {node_id} is not proven"
+            )
+        proven = node_id_of_certificate(certificate)
+        if proven != node_id:
+            raise CertificateMismatch(proven, node_id)
+        return certificate
+
+
+# -- certificates ------------------------------------------------------------------------
+
+
+def self_signed_certificate(node_key: NodeKey, *, now: datetime.datetime | None = None) -> x509.Certificate:
+    """The identity-mode certificate of ``node_key`` (specs/tls.md section 3): subject and
+    issuer CN = the node id, the node's Ed25519 public key, signed by that key."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_key.node_id)])
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(node_key.private_key.public_key())
+        .serial_number(int.from_bytes(secrets.token_bytes(16), "big") >> 1)
+        .not_valid_before(now - IDENTITY_CERT_BACKDATE)
+        .not_valid_after(now + IDENTITY_CERT_LIFETIME)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .sign(node_key.private_key, None)
+    )
+
+
+def node_id_of_certificate(certificate: x509.Certificate) -> str:
+    """The node id of a certificate's public key (``NodeKey.node_id``'s derivation).
+
+    :raises AuthenticationError: if the key is not Ed25519.
+    """
+    key = certificate.public_key()
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        raise AuthenticationError(
+            f"the peer's certificate holds {_describe_key(certificate)}; mconn node ids come from Ed25519 keys"
+        )
+    return node_id_from_public_key(_public_bytes(certificate))
+
+
+def _public_bytes(certificate: x509.Certificate) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    key = certificate.public_key()
+    if not isinstance(key, ed25519.Ed25519PublicKey):
+        return b""
+    return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def _describe_key(certificate: x509.Certificate) -> str:
+    key = certificate.public_key()
+    if isinstance(key, ed25519.Ed25519PublicKey):
+        return node_id_from_public_key(_public_bytes(certificate))
+    size = getattr(key, "key_size", None)
+    return f"a {type(key).__name__.lstrip('_')}" + (f" ({size} bits)" if size else "")
+
+
+def _read_certificates(path: str, what: str) -> list[x509.Certificate]:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {what} {path!r}: {e.strerror or e}") from e
+    try:
+        certificates = x509.load_pem_x509_certificates(data)
+    except ValueError as e:
+        raise ValueError(f"{what} {path!r} is not PEM certificates ({e})") from e
+    return certificates
+
+
+# -- contexts ----------------------------------------------------------------------------
+
+_REQUIRE_CERT = SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT
+
+
+def _context(chain, private_key, verify_flags: int, authorities=None) -> SSL.Context:
+    """A context: TLS 1.2 at least (1.3 preferred), no compression, no renegotiation, no
+    session resumption (every connection verifies its peer), modern ciphers only.
+    ``authorities`` None means identity mode (no CA store)."""
+    ctx = SSL.Context(SSL.TLS_METHOD)
+    ctx.set_min_proto_version(SSL.TLS1_2_VERSION)
+    ctx.set_options(
+        SSL.OP_NO_COMPRESSION | SSL.OP_NO_RENEGOTIATION | SSL.OP_NO_TICKET | SSL.OP_CIPHER_SERVER_PREFERENCE
+    )
+    ctx.set_cipher_list(TLS12_CIPHERS)
+    ctx.set_session_cache_mode(SSL.SESS_CACHE_OFF)
+    ctx.set_session_id(b"mconn")
+    if chain:
+        ctx.use_certificate(chain[0])
+        for extra in chain[1:]:
+            ctx.add_extra_chain_cert(extra)
+        ctx.use_privatekey(private_key)
+        ctx.check_privatekey()
+    if authorities is not None:
+        store = ctx.get_cert_store()
+        for authority in authorities:
+            store.add_cert(crypto.X509.from_cryptography(authority))
+    ctx.set_verify(verify_flags)  # each connection sets its own callback (_PeerCheck)
+    return ctx
+
+
+class _PeerCheck:
+    """The verify callback of one connection: identity mode accepts exactly a self-signed
+    leaf (the key is what counts, checked after the handshake); CA mode accepts what
+    OpenSSL's chain check accepts, and a dial also checks the host name."""
+
+    def __init__(self, by_ca: bool, host: str | None = None) -> None:
+        self.by_ca = by_ca
+        self.host = host
+        #: Why the peer's certificate was refused, once it was.
+        self.failure: str | None = None
+
+    def __call__(self, connection, certificate, errnum: int, depth: int, ok: int) -> bool:
+        try:
+            self.failure = self._refusal(certificate.to_cryptography(), errnum, depth, ok)
+        except Exception as e:  # never let an exception escape into OpenSSL
+            self.failure = f"certificate check failed: {type(e).__name__}: {e}"
+        return self.failure is None
+
+    def _refusal(self, certificate: x509.Certificate, errnum: int, depth: int, ok: int) -> str | None:
+        subject = _subject(certificate)
+        if not self.by_ca:
+            if depth == 0 and (ok or errnum == _SELF_SIGNED_LEAF):
+                return None
+            return f"certificate {subject} refused in identity mode: {_verify_error(errnum, certificate)}"
+        if not ok:
+            return f"certificate {subject} (depth {depth}) refused: {_verify_error(errnum, certificate)}"
+        if depth == 0 and self.host is not None:
+            return _host_mismatch(certificate, self.host)
+        return None
+
+
+def _host_mismatch(certificate: x509.Certificate, host: str) -> str | None:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        check, kind = verify_certificate_hostname, "host name"
+    else:
+        check, kind = verify_certificate_ip_address, "IP address"
+    try:
+        check(certificate, host)
+    except (VerificationError, CertificateError) as e:
+        return f"certificate {_subject(certificate)} does not name the {kind} {host!r} that was dialed ({e})"
+    return None
+
+
+def _verify_error(errnum: int, certificate: x509.Certificate) -> str:
+    text = _VERIFY_ERRORS.get(errnum, f"X509 verify error {errnum}")
+    if errnum in (9, 10):
+        text += (
+            f" (valid {certificate.not_valid_before_utc:%Y-%m-%d %H:%M} to "
+            f"{certificate.not_valid_after_utc:%Y-%m-%d %H:%M} UTC)"
+        )
+    return text
+
+
+def _subject(certificate: x509.Certificate) -> str:
+    names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return repr(names[0].value) if names else certificate.subject.rfc4514_string() or "(no subject)"
+
+
+@implementer(IOpenSSLServerConnectionCreator)
+class _ServerCreator:
+    def __init__(self, options: TLSOptions) -> None:
+        self.options = options
+
+    def serverConnectionForTLS(self, tls_protocol) -> SSL.Connection:
+        connection = SSL.Connection(self.options._server_context, None)
+        tls_protocol.peer_check = check = _PeerCheck(by_ca=self.options.mode == "ca")
+        connection.set_verify(self.options._server_context.get_verify_mode(), check)
+        return connection
+
+
+@implementer(IOpenSSLClientConnectionCreator)
+class _ClientCreator:
+    def __init__(self, options: TLSOptions, host: str) -> None:
+        self.options = options
+        self.host = host
+
+    def clientConnectionForTLS(self, tls_protocol) -> SSL.Connection:
+        connection = SSL.Connection(self.options._client_context, None)
+        by_ca = self.options.mode == "ca"
+        tls_protocol.peer_check = check = _PeerCheck(by_ca=by_ca, host=self.host if by_ca else None)
+        connection.set_verify(_REQUIRE_CERT, check)
+        if by_ca and not _is_ip(self.host):
+            connection.set_tlsext_host_name(self.host.encode("idna"))
+        return connection
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+# -- the TLS transport -------------------------------------------------------------------
+
+
+class _TLSProtocol(TLSMemoryBIOProtocol):
+    """Twisted's TLS transport, plus: a listener refuses a plaintext mconn start; a TLS
+    failure reaches the mconn protocol as a TLSError that says what failed; and a close
+    that the peer does not complete (no handshake, no close_notify) ends in an abort
+    after CLOSE_LINGER, as MConnectionProtocol's own closes do."""
+
+    peer_check: _PeerCheck | None = None
+    _first = True
+    _plaintext = False
+    _linger = None
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._first and data:
+            self._first = False
+            if not self.factory.is_client and data[0] != TLS_HANDSHAKE_RECORD:
+                self._plaintext = True
+                self._refuse_plaintext()
+        if self._plaintext:
+            return
+        # The records of one network read (16 KiB each at most) reach the mconn protocol
+        # as one call, as a plaintext read would: its per-call work is not repeated.
+        protocol, gathered = self.wrappedProtocol, _Gathered()
+        self.wrappedProtocol = gathered
+        try:
+            super().dataReceived(data)
+        finally:
+            self.wrappedProtocol = protocol
+        if gathered.parts:
+            protocol.dataReceived(b"".join(gathered.parts))
+
+    def _refuse_plaintext(self) -> None:
+        rejection = PeerRejected(
+            TLS_REQUIRED, "this node accepts TLS connections only, and the peer started in plaintext"
+        )
+        self.factory.on_plaintext(self.wrappedProtocol, rejection)
+        self.transport.write(encode_extension(PacketType.CLOSE, encode_close(TLS_REQUIRED, str(rejection))))
+        self.transport.loseConnection()
+
+    def loseConnection(self) -> None:
+        super().loseConnection()
+        if self._linger is None and self.connected:
+            self._linger = self.factory.clock.callLater(CLOSE_LINGER, self.abortConnection)
+
+    def connectionLost(self, reason) -> None:
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        error = _tls_error(reason if self._reason is None else self._reason, self.peer_check)
+        if error is not None:
+            self._reason = Failure(error)
+        super().connectionLost(reason)
+
+
+class _Gathered:
+    """Stands in for the mconn protocol while one network read is decrypted."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.parts.append(data)
+
+
+class _TLSFactory(TLSMemoryBIOFactory):
+    protocol = _TLSProtocol
+    on_plaintext = None
+
+    def __init__(self, creator, is_client: bool, wrapped_factory, *, clock) -> None:
+        super().__init__(creator, is_client, wrapped_factory, clock=clock)
+        self.is_client = is_client
+        self.clock = clock
+
+
+@implementer(IStreamClientEndpoint)
+class _TLSClientEndpoint:
+    """A client endpoint with TLS on top; ``connect`` fires with the wrapped protocol."""
+
+    def __init__(self, endpoint, creator, clock) -> None:
+        self._endpoint = endpoint
+        self._creator = creator
+        self._clock = clock
+
+    def connect(self, factory):
+        tls_factory = _TLSFactory(self._creator, True, factory, clock=self._clock)
+        return self._endpoint.connect(tls_factory).addCallback(lambda tls_protocol: tls_protocol.wrappedProtocol)
+
+
+def _tls_error(reason, check: _PeerCheck | None) -> TLSError | None:
+    """The TLSError for a connection that ended on an OpenSSL error, else None."""
+    if reason is None or not isinstance(reason.value, SSL.Error):
+        return None
+    if check is not None and check.failure is not None:
+        return TLSError(f"TLS handshake failed: {check.failure}")
+    reasons = [r[2] for r in reason.value.args[0] if isinstance(r, tuple) and len(r) == 3] if reason.value.args else []
+    text = "; ".join(str(r) for r in reasons) or str(reason.value) or type(reason.value).__name__
+    hint = ""
+    if any(word in text for word in _NOT_TLS):
+        hint = " (the peer does not seem to speak TLS: is it listening without TLS?)"
+    elif "certificate required" in text:
+        hint = " (the peer requires a client certificate and this node presented none)"
+    elif "unknown ca" in text or "bad certificate" in text or "certificate expired" in text:
+        hint = " (the peer refused this node's certificate)"
+    return TLSError(f"TLS failed: {text}{hint}")

@@ -1,0 +1,85 @@
+"""Fuzzing the whole inbound path of the sans-I/O Connection with hypothesis.
+
+Frame buffer, packet decoders, handshake, keepalive and session packets get arbitrary
+bytes, and valid streams mutated (bytes flipped, inserted, deleted, cut, repeated), in
+arbitrary chunks at arbitrary times, with or without the peer reading what we send
+(strategies: tests/fuzz/strategies.py). For every input (checks: tests/fuzz/target.py):
+
+* nothing escapes ``receive_data`` or ``handle_timeout``: a violation ends the event list
+  with ``ConnectionFailed`` carrying a specific RemoteProtocolError subclass (never the
+  bare base class), and the only bytes left to send are one close packet naming it;
+* what the peer can make us hold stays within the configured limits: the frame buffer
+  (one packet header plus the largest body limit), each reassembly buffer
+  (recv_message_capacity), the control queue (max_control_backlog);
+* timers never spin, and a closed connection ignores everything after.
+
+A second property feeds each stream whole and one byte at a time: same events, same
+error class. tests/fuzz/fuzz_inbound.py runs the same target under atheris for long
+runs. The example counts keep this file under 15 s on a loaded CI machine.
+"""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from mconn import errors
+from mconn.connection import State
+from mconn.events import ConnectionFailed, HelloReceived
+from mconn.wire import PacketType
+
+from tests.fuzz.strategies import schedules, streams
+from tests.fuzz.target import CONFIG, fuzz_one, new_connection, peer_hello, run, schedule_from_bytes
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schedule=schedules(), dialer=st.booleans())
+def test_any_inbound_bytes_end_in_events_or_a_specific_failure(schedule, dialer):
+    conn = new_connection(dialer)
+    conn.data_to_send(0.0)  # our hello
+    run(conn, schedule)
+    event(type(conn.error).__name__ if conn.error is not None else conn.state.value)  # --hypothesis-show-statistics
+
+
+def summary(events: list) -> list:
+    out = []
+    for e in events:
+        if type(e) is ConnectionFailed:
+            out.append(("failed", type(e.error)))
+        elif type(e) is HelloReceived:
+            out.append(("hello", e.hello.node_id, e.max_packet_payload))
+        else:
+            out.append(e)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=streams, dialer=st.booleans())
+def test_whole_and_bytewise_streams_give_the_same_events(data, dialer):
+    """The decoder fails at the same byte however the stream is cut (frame_buffer.py)."""
+    whole = new_connection(dialer)
+    bytewise = new_connection(dialer)
+    events_whole = whole.receive_data(data, 1.0)
+    events_bytewise = [e for i in range(len(data)) for e in bytewise.receive_data(data[i : i + 1], 1.0)]
+    assert summary(events_whole) == summary(events_bytewise)
+    assert whole.state is bytewise.state
+    if whole.state is not State.CLOSED:  # after a failure the rest is never read
+        assert whole._buffer.buffered == bytewise._buffer.buffered
+
+
+@settings(max_examples=50, deadline=None)
+@given(extra=st.integers(1, 50), chunk=st.integers(1, 8))
+def test_a_ping_flood_is_a_control_flood(extra, chunk):
+    """Valid pings past max_pings_per_interval in one window: ControlFlood, however cut."""
+    conn = new_connection(False)
+    data = peer_hello() + bytes([PacketType.PING]) * (CONFIG.max_pings_per_interval + extra)
+    events = [e for i in range(0, len(data), chunk) for e in conn.receive_data(data[i : i + chunk], 1.0)]
+    assert type(events[-1]) is ConnectionFailed and type(events[-1].error) is errors.ControlFlood
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=400))
+def test_the_atheris_target_accepts_any_bytes(data):
+    """tests/fuzz/fuzz_inbound.py's target, so that the harness cannot rot unnoticed."""
+    fuzz_one(data)
+    assert schedule_from_bytes(bytes([1, 7]) + data)[0] is True

@@ -1,0 +1,224 @@
+"""``twistd mconn`` options, TOML files and the checks that stop a bad configuration.
+
+In-process: the Options class twistd builds, and makeService, the way twistd calls them.
+Each bad setting must give SystemExit with one line that names the setting and the
+problem, before anything is written or bound.
+"""
+
+import os
+import stat
+import textwrap
+
+import pytest
+
+from mconn import Config, NodeKey
+from mconn.address import PeerAddress
+from mconn.node import NodeService, Options, build_service, makeService
+
+ID = "ab" * 20
+#: The Config of a twistd node when nothing is set: a --peer down at start is dialed until it is up.
+NODE_CONFIG = Config(retry_initial_dial=True)
+
+
+def parse(*args) -> Options:
+    options = Options()
+    options.parseOptions(list(args))
+    return options
+
+
+def error_of(*args) -> str:
+    """The one line a bad command line stops with (parsing, then makeService)."""
+    with pytest.raises(SystemExit) as info:
+        service = makeService(parse(*args))
+        service.telemetry and service.telemetry.log_file.close()
+    message = info.value.code
+    assert isinstance(message, str) and message.startswith("mconn: "), message
+    assert "\n" not in message, message
+    return message
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    """Relative paths (the default node.key) land in the test's directory."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def write(path, text: str):
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_defaults_no_listen_no_peers_node_key_in_the_current_directory(tmp_path):
+    settings = parse().settings
+    assert settings.listen == settings.peers == settings.reactors == ()
+    assert settings.key.value == str(tmp_path / "node.key")
+    assert settings.telemetry is None
+    assert settings.config == NODE_CONFIG
+    assert parse("--retry-initial-dial", "no").settings.config == Config()
+
+
+def test_repeatable_options_and_config_fields_on_the_command_line(tmp_path):
+    settings = parse(
+        "--listen", "tcp:0:interface=127.0.0.1", "--listen", "tcp:0:interface=::1",
+        "--peer", f"{ID}@127.0.0.1:26656",
+        "--reactor", "operators.sample_reactors:Chat",
+        "--key", "k.pem", "--telemetry", "t.json", "--telemetry-rotate-bytes", "4096",
+        "--ping-interval", "5", "--tcp-nodelay", "false", "--max-reconnects", "3", "--send-rate", "none",
+    ).settings
+    assert [s.value for s in settings.listen] == ["tcp:0:interface=127.0.0.1", "tcp:0:interface=::1"]
+    assert [s.value for s in settings.peers] == [PeerAddress(ID, "127.0.0.1", 26656)]
+    assert [s.value for s in settings.reactors] == ["operators.sample_reactors:Chat"]
+    assert settings.key.value == str(tmp_path / "k.pem")
+    assert settings.telemetry.value == str(tmp_path / "t.json")
+    assert settings.telemetry_rotate_bytes == 4096
+    assert settings.config == NODE_CONFIG.replace(ping_interval=5.0, tcp_nodelay=False, max_reconnects=3, send_rate=None)
+
+
+def test_every_config_field_is_an_option():
+    names = {long for long, *_ in Options.optParameters}
+    assert {f.replace("_", "-") for f in Config.__dataclass_fields__} <= names
+
+
+def test_toml_file_sets_everything_and_the_command_line_wins(tmp_path):
+    (tmp_path / "conf").mkdir()
+    config = write(tmp_path / "conf" / "node.toml", f"""\
+        listen = ["tcp:0:interface=127.0.0.1", "tcp:0:interface=::1"]
+        peer = "{ID}@127.0.0.1:26656"
+        reactor = ["operators.sample_reactors:Chat"]
+        key = "keys/node.key"
+        telemetry = "telemetry.json"
+        telemetry_rotate_bytes = 1000
+        ping_interval = 20
+        pong-timeout = 7.5
+        tcp_notsent_lowat = "none"
+        local_address = "127.0.0.1"
+    """)
+    settings = parse("--config", config, "--listen", "tcp:0", "--ping-interval", "9").settings
+    assert [s.value for s in settings.listen] == ["tcp:0"]  # replaced, not merged
+    assert [s.value for s in settings.peers] == [PeerAddress(ID, "127.0.0.1", 26656)]
+    assert settings.key.value == str(tmp_path / "conf" / "keys" / "node.key")  # relative to the file
+    assert settings.telemetry.value == str(tmp_path / "conf" / "telemetry.json")
+    assert settings.telemetry_rotate_bytes == 1000
+    assert settings.config == NODE_CONFIG.replace(
+        ping_interval=9.0, pong_timeout=7.5, tcp_notsent_lowat=None, local_address="127.0.0.1"
+    )
+
+
+def test_toml_integers_become_floats_for_float_fields(tmp_path):
+    """A float field keeps its type in telemetry events (grace, delay...) whatever the file says."""
+    config = parse("--config", write(tmp_path / "n.toml", "resume_grace = 30\n")).settings.config
+    assert type(config.resume_grace) is float
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--bogus"], "mconn: option --bogus not recognized"),
+        (["--listen"], "mconn: option --listen requires argument"),
+        (["--peer", "127.0.0.1"], "mconn: --peer: peer address '127.0.0.1': missing ':<port>'"),
+        (["--peer", "127.0.0.1:26656"], "mconn: --peer: peer address '127.0.0.1:26656' needs the node id: ID@HOST:PORT"),
+        (["--peer", "xyz@h:1"], "mconn: --peer: peer address 'xyz@h:1': node id 'xyz' must be 40 hex characters"),
+        (["--reactor", "reactors.demo"], "mconn: --reactor: 'reactors.demo' is not MODULE:CLASS"),
+        (["--ping-interval", "soon"], "mconn: --ping-interval: 'soon' is not a number"),
+        (["--ping-interval", "-1"], "mconn: --ping-interval: Config.ping_interval must be a positive finite number, got -1.0"),
+        (["--max-inbound-peers", "2.5"], "mconn: --max-inbound-peers: '2.5' is not an integer"),
+        (["--tcp-nodelay", "maybe"], "mconn: --tcp-nodelay: 'maybe' is not true or false"),
+        (["--telemetry-rotate-bytes", "-5"], "mconn: --telemetry-rotate-bytes: -5 must be a number of bytes >= 0"),
+        (["--config", "missing.toml"], "mconn: --config missing.toml: cannot read it: No such file or directory"),
+    ],
+)
+def test_bad_command_lines_stop_with_one_line(args, expected):
+    assert error_of(*args).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("colour = 'blue'\n", "n.toml: colour: unknown setting; use the long options without '--'"),
+        ("ping_interval = 'soon'\n", "n.toml: ping_interval: Config.ping_interval must be a positive finite number, got 'soon'"),
+        ("max_packet_payload = 0\n", "n.toml: max_packet_payload: Config.max_packet_payload must be an integer in 1..1048576"),
+        ("listen = 5\n", "n.toml: listen: 5 must be a string or a list of strings"),
+        ("key = 5\n", "n.toml: key: 5 must be a path"),
+        ("peer = ['nowhere']\n", "n.toml: peer: peer address 'nowhere': missing ':<port>'"),
+        ("ping_interval = \n", "--config n.toml: not valid TOML: Invalid value (at line 1, column 17)"),
+    ],
+)
+def test_bad_toml_files_stop_with_one_line_naming_file_and_key(tmp_path, text, expected):
+    write(tmp_path / "n.toml", text)
+    assert error_of("--config", "n.toml").startswith(f"mconn: {expected}")
+
+
+def test_key_is_created_on_first_start_with_mode_0600_and_kept(tmp_path):
+    service = makeService(parse("--key", "node.key"))
+    assert isinstance(service, NodeService) and not service.running
+    mode = stat.S_IMODE(os.stat(tmp_path / "node.key").st_mode)
+    assert mode == 0o600
+    again = makeService(parse("--key", "node.key"))
+    assert again.switch.node_id == service.switch.node_id == NodeKey.load(tmp_path / "node.key").node_id
+
+
+def bad_key(tmp_path, kind):
+    path = tmp_path / "node.key"
+    if kind == "loose":
+        NodeKey.generate().save(path)
+        path.chmod(0o644)
+    elif kind == "garbage":
+        path.write_text("not a key")
+        path.chmod(0o600)
+    else:
+        path.mkdir()
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("loose", "has mode 0644, which lets group or other read it; run: chmod 600"),
+        ("garbage", "is not a PEM private key"),
+        ("directory", "Is a directory"),
+    ],
+)
+def test_a_bad_key_file_stops_startup(tmp_path, kind, expected):
+    path = bad_key(tmp_path, kind)
+    message = error_of("--key", path)
+    assert message.startswith("mconn: --key: ") and repr(path) in message and expected in message
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--listen", "tcp:notaport"], "mconn: --listen: endpoint 'tcp:notaport' is not valid: invalid literal for int()"),
+        (["--listen", "carrier-pigeon:1"], "mconn: --listen: endpoint 'carrier-pigeon:1' is not valid: Unknown endpoint type"),
+        (["--reactor", "no_such_module:Chat"], "mconn: --reactor: cannot import no_such_module: No module named 'no_such_module'"),
+        (["--reactor", "operators.sample_reactors:Nope"], "mconn: --reactor: module operators.sample_reactors has no Nope"),
+        (["--reactor", "operators.sample_reactors:NotAReactor"], "mconn: --reactor: operators.sample_reactors:NotAReactor() is a NotAReactor, not an mconn Reactor"),
+        (["--reactor", "operators.sample_reactors:Broken"], "mconn: --reactor: operators.sample_reactors:Broken() failed: RuntimeError: cannot start without a database"),
+        (
+            ["--reactor", "operators.sample_reactors:Chat", "--reactor", "operators.sample_reactors:Chat"],
+            "mconn: --reactor: channel 0x10 is claimed by both Chat and Chat",
+        ),
+        (["--telemetry", "no/such/dir/t.json"], "mconn: --telemetry: cannot write"),
+    ],
+)
+def test_bad_endpoints_reactors_and_files_stop_startup_and_write_no_key(tmp_path, args, expected):
+    """makeService checks them; the missing key is not written when anything else fails."""
+    assert error_of("--key", "node.key", *args).startswith(expected)
+    assert not (tmp_path / "node.key").exists()
+
+
+def test_build_service_raises_usage_errors_for_callers_other_than_twistd():
+    from mconn.node import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="^--listen: endpoint 'tcp:x' is not valid"):
+        build_service(parse("--listen", "tcp:x").settings)
+
+
+def test_the_service_holds_telemetry_then_switch(tmp_path):
+    service = makeService(parse("--telemetry", "t.json", "--reactor", "operators.sample_reactors:Chat"))
+    try:
+        assert list(service) == [service.telemetry, service.switch]
+        assert service.telemetry.node_id == service.switch.node_id
+        assert [d.id for d in service.switch.channels] == [0x10]
+    finally:
+        service.telemetry.log_file.close()
