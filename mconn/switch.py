@@ -55,6 +55,8 @@ SIMULTANEOUS_DIAL = "simultaneous_dial"
 #: stopping or closed the session on purpose); any other close just fails the attempt.
 ENDS_SESSION = frozenset({"shutdown", "closed"})
 #: Per-node counters kept across sessions (``Switch.node_counters``, ``PeerStats``).
+#: How many nodes' counters are kept; past it the oldest of nodes now unknown are dropped.
+NODE_COUNTERS_KEPT = 1024
 NODE_COUNTERS = ("resume_rejections", "grace_expiries", "duplicates_refused", "duplicates_replaced", "simultaneous_dials")
 
 
@@ -739,8 +741,21 @@ class Switch(Service):
                 del self._dialers[peer.node_id]
 
     def _count(self, node_id: str, counter: str) -> None:
-        counters = self.node_counters.setdefault(node_id, dict.fromkeys(NODE_COUNTERS, 0))
+        counters = self.node_counters.get(node_id)
+        if counters is None:
+            if len(self.node_counters) >= NODE_COUNTERS_KEPT:
+                self._forget_counters()
+            counters = self.node_counters[node_id] = dict.fromkeys(NODE_COUNTERS, 0)
         counters[counter] += 1
+
+    def _forget_counters(self) -> None:
+        """Bound the table: strangers come and go (a flood of hellos from made-up node
+        ids); drop the oldest entries of nodes with no session and no dialer."""
+        for node_id in list(self.node_counters):
+            if len(self.node_counters) < NODE_COUNTERS_KEPT // 2:
+                break
+            if node_id not in self.peers and node_id not in self._dialers:
+                del self.node_counters[node_id]
 
     def _end_session(self, peer: Peer, reason: Exception, *, stop_dialer: bool = True) -> None:
         """The session is over: the reactors get remove_peer with the reason."""

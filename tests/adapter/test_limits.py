@@ -32,7 +32,7 @@ from helpers import (
 from mconn import ChannelDescriptor, Config, ControlFlood, HandshakeTimeout, PacketTooLarge, Switch
 from mconn.protocol import MConnectionFactory
 from mconn.testing import MemoryNetwork
-from mconn.wire import PacketType, encode_uvarint
+from mconn.wire import PacketType, SessionAnswer, encode_session_answer, encode_uvarint
 
 CHANNELS = [ChannelDescriptor(0x20, priority=3), ChannelDescriptor(0x21)]
 
@@ -248,8 +248,6 @@ def test_handshake_timeout_bounds_the_wait_for_the_session_answer():
 
 def test_an_answered_session_ends_the_handshake_timer():
     clock, switch, proto, transport = outbound_connection(Config(handshake_timeout=5, ping_interval=60))
-    from mconn.wire import SessionAnswer, encode_session_answer
-
     request = proto.session_request
     answer = encode_session_answer(SessionAnswer(session_id=request.session_id, resumed=False, reason=""))
     proto.dataReceived(hello_of() + extension_packet(PacketType.SESSION, answer))
