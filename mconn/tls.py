@@ -25,6 +25,11 @@ for an ``SSL.Connection`` made from the *current* context, so ``reload()`` only 
 contexts: connections already up keep theirs, and no peer is dropped. Each connection
 carries its own verify callback (``_PeerCheck``), which records why a certificate was
 refused so the error can say it rather than OpenSSL's "certificate verify failed".
+
+The transport is Twisted's ``TLSMemoryBIOProtocol`` without its small-write aggregation
+(the protocol's pump already writes in batches, and data should leave in the turn it was
+queued in); on the way in, the records of one network read are handed to the protocol
+as one ``dataReceived`` call, as a plaintext read would be (bench/tls_bench.py).
 """
 
 from __future__ import annotations
@@ -153,8 +158,8 @@ class TLSOptions:
                 chain = _read_certificates(cert, "certificate")
                 if _public_bytes(chain[0]) != node_key.public_key_bytes:
                     raise ValueError(
-                        f"certificate {cert!r} holds the key of node {_describe_key(chain[0])}, but key "
-                        f"file {key!r} is node {node_key.node_id}"
+                        f"certificate {cert!r} holds {_describe_key(chain[0])}, but key file {key!r} is "
+                        f"node {node_key.node_id}"
                     )
             private = node_key.private_key if node_key is not None else None
             client_flags = _REQUIRE_CERT if require_client_cert else SSL.VERIFY_PEER
@@ -186,12 +191,11 @@ class TLSOptions:
         if self._loader is None:
             return
         node_key, certificate, server, client = self._loader()
-        if self.node_key is not None and node_key is not None and node_key.node_id != self.node_key.node_id:
-            raise ValueError(
-                f"reload would change the node id from {self.node_key.node_id} to {node_key.node_id}; "
-                f"restart the node to change its key"
-            )
-        self.node_key = self.node_key or node_key
+        if self._client_context is not None:  # not the first load
+            before, after = (k.node_id if k is not None else "none (no certificate)" for k in (self.node_key, node_key))
+            if before != after:
+                raise ValueError(f"reload would change the node id from {before} to {after}; restart the node instead")
+        self.node_key = node_key
         self.certificate, self._server_context, self._client_context = certificate, server, client
 
     # -- the Switch's side -----------------------------------------------------------
@@ -284,11 +288,13 @@ def _public_bytes(certificate: x509.Certificate) -> bytes:
 
 
 def _describe_key(certificate: x509.Certificate) -> str:
+    """'the key of node <id>' or 'a <kind> key (<bits> bits)', for messages."""
     key = certificate.public_key()
     if isinstance(key, ed25519.Ed25519PublicKey):
-        return node_id_from_public_key(_public_bytes(certificate))
+        return f"the key of node {node_id_from_public_key(_public_bytes(certificate))}"
+    kind = type(key).__name__.lstrip("_").replace("PublicKey", "") or "unknown"
     size = getattr(key, "key_size", None)
-    return f"a {type(key).__name__.lstrip('_')}" + (f" ({size} bits)" if size else "")
+    return f"a {kind} key" + (f" ({size} bits)" if size else "")
 
 
 def _read_certificates(path: str, what: str) -> list[x509.Certificate]:
@@ -367,12 +373,11 @@ class _PeerCheck:
 
 
 def _host_mismatch(certificate: x509.Certificate, host: str) -> str | None:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        check, kind = verify_certificate_hostname, "host name"
-    else:
+    """Why the certificate does not name ``host`` (service_identity), or None if it does."""
+    if _is_ip(host):
         check, kind = verify_certificate_ip_address, "IP address"
+    else:
+        check, kind = verify_certificate_hostname, "host name"
     try:
         check(certificate, host)
     except (VerificationError, CertificateError) as e:

@@ -150,3 +150,10 @@ def test_allowed_peers_without_tls_checks_the_declared_id():
     connect(network, c, a)
     assert list(a.peers) == [b.node_id]
     assert a.refusals.get("unauthorized") == 1
+
+
+def test_an_answer_already_made_counts_at_once():
+    network, a, ra, b, rb = pair(listener=lambda n, addr, cert: defer.succeed(True), greeter=True)
+    link = connect(network, b, a)
+    link.flush()
+    assert list(a.peers) == [b.node_id] and rb.received(0x20) == [b"welcome"]

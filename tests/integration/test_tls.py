@@ -1,0 +1,746 @@
+"""TLS between real Switches on 127.0.0.1 (specs/tls.md), with certificates made here.
+
+Identity mode (self-signed certificates from the NodeKeys), CA mode (a CA made by the test,
+mutual TLS, host names), the plaintext refusal, reload, who may join (allowed_peers and
+authorize, bool and Deferred, both directions) and resume over TLS through a FaultProxy.
+Every wait is bounded; every Switch and proxy started is stopped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+
+import pytest
+import pytest_twisted
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from OpenSSL import SSL
+from twisted.internet import defer, protocol, task
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.interfaces import IOpenSSLContextFactory
+from zope.interface import implementer
+
+from faultproxy import FaultProxy
+from mconn import (
+    AuthenticationError,
+    CertificateMismatch,
+    ChannelDescriptor,
+    Config,
+    NodeKey,
+    PeerClosed,
+    PeerIdMismatch,
+    Switch,
+    TLSError,
+)
+from mconn.dialer import is_not_retried
+from mconn.protocol import CLOSE_LINGER, MConnectionFactory
+from mconn.tls import TLSOptions, node_id_of_certificate, self_signed_certificate
+
+from .test_loopback import Collector, bounded, stop
+
+pytestmark = pytest.mark.integration
+
+CHANNELS = [
+    ChannelDescriptor(0x20, priority=1, send_queue_capacity=64),
+    ChannelDescriptor(0x30, priority=10, send_queue_capacity=64),
+]
+CONFIG = Config(stats_interval=0, max_reconnect_delay=0.05)
+NOW = datetime.datetime.now(datetime.timezone.utc)
+DAY = datetime.timedelta(days=1)
+
+
+def the_reactor():
+    from twisted.internet import reactor
+
+    return reactor
+
+
+async def sleep(seconds):
+    await task.deferLater(the_reactor(), seconds, lambda: None)
+
+
+def node(tls, **kwargs):
+    kwargs.setdefault("config", CONFIG)
+    reactor = Collector(CHANNELS)
+    switch = Switch([reactor], tls=tls, clock=the_reactor(), **kwargs)
+    switch.startService()
+    return switch, reactor
+
+
+async def listen(switch):
+    port = await switch.listen("tcp:0:interface=127.0.0.1")
+    return port.getHost().port
+
+
+def identity_node(**kwargs):
+    return node(TLSOptions.identity(NodeKey.generate()), **kwargs)
+
+
+def protocol_version(peer):
+    return peer._protocol.transport.getHandle().get_protocol_version_name()
+
+
+# -- a CA made by the test ----------------------------------------------------------------
+
+
+class CA:
+    """A certificate authority (ECDSA P-256) that issues node certificates to files."""
+
+    def __init__(self, name="mconn test CA"):
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        self.certificate = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(NOW - DAY)
+            .not_valid_after(NOW + 30 * DAY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
+            .sign(self.key, hashes.SHA256())
+        )
+
+    def write(self, path):
+        path.write_bytes(self.certificate.public_bytes(serialization.Encoding.PEM))
+        return path
+
+    def issue(self, node_key, *, hosts=("127.0.0.1",), not_before=NOW - DAY, not_after=NOW + 30 * DAY):
+        names = []
+        for host in hosts:
+            try:
+                names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            except ValueError:
+                names.append(x509.DNSName(host))
+        return (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_key.node_id)]))
+            .issuer_name(self.certificate.subject)
+            .public_key(node_key.private_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(not_before)
+            .not_valid_after(not_after)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+
+
+def ca_files(tmp_path, ca, name, node_key=None, **issue):
+    """cert, key and CA files for one node; returns (cert_file, key_file, ca_file, node_key)."""
+    node_key = node_key or NodeKey.generate()
+    key_file = tmp_path / f"{name}.key"
+    node_key.save(key_file)
+    cert_file = tmp_path / f"{name}.crt"
+    cert_file.write_bytes(ca.issue(node_key, **issue).public_bytes(serialization.Encoding.PEM))
+    return cert_file, key_file, ca.write(tmp_path / f"{name}-ca.pem"), node_key
+
+
+def ca_options(tmp_path, ca, name, require_client_cert=True, **issue):
+    cert_file, key_file, ca_file, _ = ca_files(tmp_path, ca, name, **issue)
+    return TLSOptions.from_files(
+        cert_file=cert_file, key_file=key_file, ca_file=ca_file, require_client_cert=require_client_cert
+    )
+
+
+# -- certificates and options --------------------------------------------------------------
+
+
+def test_the_identity_certificate_carries_the_node_key_and_names_the_node():
+    key = NodeKey.generate()
+    cert = self_signed_certificate(key)
+    assert node_id_of_certificate(cert) == key.node_id
+    assert cert.subject == cert.issuer
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == key.node_id
+    cert.verify_directly_issued_by(cert)  # self-signed, by the node key
+    assert cert.not_valid_before_utc < NOW < cert.not_valid_after_utc
+
+
+def test_a_certificate_without_an_ed25519_key_proves_no_node_id():
+    ca = CA()
+    with pytest.raises(AuthenticationError, match="Ed25519"):
+        node_id_of_certificate(ca.certificate)
+
+
+def test_a_key_file_others_can_read_stops_the_node(tmp_path):
+    cert_file, key_file, ca_file, _ = ca_files(tmp_path, CA(), "a")
+    os.chmod(key_file, 0o644)
+    with pytest.raises(ValueError, match=r"has mode 0644") as info:
+        TLSOptions.from_files(cert_file=cert_file, key_file=key_file, ca_file=ca_file)
+    assert str(key_file) in str(info.value)
+
+
+def test_a_certificate_for_another_key_is_refused_at_load(tmp_path):
+    ca = CA()
+    cert_file, _, ca_file, _ = ca_files(tmp_path, ca, "a")
+    _, other_key_file, _, _ = ca_files(tmp_path, ca, "b")
+    with pytest.raises(ValueError, match="holds the key of node"):
+        TLSOptions.from_files(cert_file=cert_file, key_file=other_key_file, ca_file=ca_file)
+
+
+def test_the_switch_key_must_be_the_certificate_key():
+    with pytest.raises(ValueError, match="TLS certificate key is node"):
+        Switch([], node_key=NodeKey.generate(), tls=TLSOptions.identity(NodeKey.generate()))
+    key = NodeKey.generate()
+    assert Switch([], tls=TLSOptions.identity(key)).node_id == key.node_id
+
+
+# -- identity mode ---------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_identity_mode_both_ways_over_tls_1_3():
+    seen = []
+
+    def authorize(node_id, address, certificate):
+        seen.append((node_id, node_id_of_certificate(certificate)))
+        return True
+
+    a, ra = identity_node(authorize=authorize)
+    b, rb = identity_node(authorize=authorize)
+    try:
+        port = await listen(a)
+        peer_of_a = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        peer_of_b = await bounded(ra.added)
+        assert protocol_version(peer_of_a) == "TLSv1.3"
+        big = os.urandom(300_000)
+        assert await peer_of_a.send(0x20, big)
+        assert await peer_of_b.send(0x30, b"back")
+        await ra.until(1)
+        await rb.until(1)
+        assert ra.received(0x20) == [big] and rb.received(0x30) == [b"back"]
+        assert sorted(seen) == sorted([(a.node_id, a.node_id), (b.node_id, b.node_id)])
+        a._check_invariants()
+        b._check_invariants()
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_close_over_tls_completes_at_once_on_both_sides():
+    """The close packet, then TLS close_notify both ways: no waiting for the linger abort."""
+    a, ra = identity_node()
+    b, rb = identity_node()
+    try:
+        port = await listen(a)
+        peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        await bounded(ra.added)
+        peer.close("done")
+        reason = await bounded(ra.removed_d, CLOSE_LINGER / 2)
+        assert isinstance(reason, PeerClosed) and reason.text == "done"
+        await bounded(rb.removed_d, CLOSE_LINGER / 2)
+        assert a.connections == set() and b.connections == set()
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_dialing_another_node_id_is_refused_and_the_address_banned(telemetry):
+    a, ra = identity_node()
+    b, rb = identity_node()
+    try:
+        port = await listen(a)
+        wanted = NodeKey.generate().node_id
+        with pytest.raises(PeerIdMismatch) as info:
+            await bounded(b.dial(f"{wanted}@127.0.0.1:{port}"))
+        assert wanted in str(info.value) and a.node_id in str(info.value)
+        assert is_not_retried(info.value)
+        # A persistent dial bans the address instead of retrying it.
+        with pytest.raises(PeerIdMismatch):
+            await bounded(b.dial(f"{wanted}@127.0.0.1:{port}", persistent=True))
+        await sleep(0.3)
+        inbound = [e for e in telemetry.named("connection_made") if e["direction"] == "inbound"]
+        assert len(inbound) == 2, "the banned address was dialed again"
+        assert b.address_pool(wanted) is None  # every address banned: the dialer gave up
+        assert a.peers == {} and b.peers == {}
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dialer_whose_hello_is_not_its_certificate_key_is_refused(telemetry):
+    a, ra = identity_node()
+    b, rb = identity_node()
+    liar, _ = identity_node()
+    real_id = liar.node_id
+    liar.node_id = b.node_id  # its hello claims to be b; its certificate is its own key
+    try:
+        port = await listen(a)
+        with pytest.raises(PeerClosed) as info:
+            await bounded(liar.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert info.value.code == "id_mismatch"
+        assert real_id in info.value.text and b.node_id in info.value.text
+        [event] = telemetry.named("peer_rejected")
+        assert event["reason"] == "id_mismatch" and event["peer_id"] == b.node_id
+        assert is_not_retried(info.value) and a.peers == {}
+    finally:
+        await stop(a, b, liar)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_listener_whose_hello_is_not_its_certificate_key_is_refused():
+    a, ra = identity_node()
+    b, rb = identity_node()
+    real_id = a.node_id
+    a.node_id = fake = NodeKey.generate().node_id
+    try:
+        port = await listen(a)
+        with pytest.raises(CertificateMismatch) as info:
+            await bounded(b.dial(f"{fake}@127.0.0.1:{port}"))
+        assert info.value.reason == "id_mismatch" and is_not_retried(info.value)
+        assert real_id in str(info.value) and fake in str(info.value)
+        assert b.peers == {}
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_plaintext_dialer_gets_a_close_saying_tls_is_required(telemetry):
+    a, ra = identity_node()
+    plain, _ = node(None)
+    try:
+        port = await listen(a)
+        with pytest.raises(PeerClosed) as info:
+            await bounded(plain.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert info.value.code == "tls_required" and "TLS" in info.value.text
+        [event] = telemetry.named("peer_rejected")
+        assert event["reason"] == "tls_required" and event["peer_id"] is None
+        assert a.peers == {} and a.connections == set()
+    finally:
+        await stop(a, plain)
+
+
+class Silent(protocol.Protocol):
+    """Connects and never says a word (no TLS ClientHello either)."""
+
+    def __init__(self):
+        self.lost = defer.Deferred()
+
+    def connectionLost(self, reason):
+        self.lost.callback(None)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_connection_refused_by_a_limit_is_dropped_even_if_it_never_does_tls():
+    """The refusal's close packet waits for a TLS handshake that never comes: the
+    connection is aborted CLOSE_LINGER later rather than kept."""
+    a, ra = identity_node(config=CONFIG.replace(max_connections_per_ip=1, handshake_timeout=30.0))
+    try:
+        port = await listen(a)
+        endpoint = TCP4ClientEndpoint(the_reactor(), "127.0.0.1", port)
+        admitted, refused = Silent(), Silent()
+        await bounded(endpoint.connect(protocol.Factory.forProtocol(lambda: admitted)))
+        await bounded(endpoint.connect(protocol.Factory.forProtocol(lambda: refused)))
+        await bounded(refused.lost, CLOSE_LINGER + 2)
+        assert not admitted.lost.called and a.refusals.get("ip_limit") == 1
+    finally:
+        await stop(a)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_tls_dialer_to_a_plaintext_listener_says_the_peer_does_not_speak_tls():
+    plain, _ = node(None)
+    b, rb = identity_node()
+    try:
+        port = await listen(plain)
+        with pytest.raises(TLSError, match="does not seem to speak TLS"):
+            await bounded(b.dial(f"127.0.0.1:{port}"))
+        assert plain.peers == {}
+    finally:
+        await stop(plain, b)
+
+
+@implementer(IOpenSSLContextFactory)
+class OwnContext:
+    """A deployment's own context factory: any certificate, any peer certificate accepted."""
+
+    def __init__(self, node_key, certificate=None, max_version=None):
+        self.context = SSL.Context(SSL.TLS_METHOD)
+        self.context.set_min_proto_version(SSL.TLS1_2_VERSION)
+        if max_version is not None:
+            self.context.set_max_proto_version(max_version)
+        self.context.use_certificate(certificate or self_signed_certificate(node_key))
+        self.context.use_privatekey(node_key.private_key)
+        self.context.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, lambda *args: True)
+
+    def getContext(self):
+        return self.context
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_custom_context_factory_sets_its_own_policy():
+    """A deployment's own context (here: TLS 1.2 only); the node id is still proven."""
+    ka, kb = NodeKey.generate(), NodeKey.generate()
+    a, ra = node(TLSOptions.custom(OwnContext(ka, max_version=SSL.TLS1_2_VERSION), node_key=ka))
+    b, rb = node(TLSOptions.custom(OwnContext(kb, max_version=SSL.TLS1_2_VERSION)), node_key=kb)
+    try:
+        port = await listen(a)
+        peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert protocol_version(peer) == "TLSv1.2"
+        assert peer.try_send(0x30, b"over 1.2")
+        await ra.until(1)
+        assert ra.received(0x30) == [b"over 1.2"]
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_identity_mode_refuses_expired_and_ca_signed_certificates(telemetry):
+    a, ra = identity_node()
+    key = NodeKey.generate()
+    expired = self_signed_certificate(key, now=NOW - datetime.timedelta(days=4000))
+    ca_signed = CA().issue(key)
+    try:
+        port = await listen(a)
+        for certificate, why in ((expired, "certificate has expired"), (ca_signed, "unable to get local issuer")):
+            b, rb = node(TLSOptions.custom(OwnContext(key, certificate)), node_key=key)
+            try:
+                with pytest.raises(TLSError, match="refused this node's certificate"):
+                    await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+            finally:
+                await stop(b)
+            lost = [e["reason"] for e in telemetry.named("connection_lost") if e["node_id"] == a.node_id]
+            assert "refused in identity mode" in lost[-1] and why in lost[-1]
+        assert a.peers == {}
+    finally:
+        await stop(a)
+
+
+# -- CA mode --------------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_ca_mode_mutual_tls_works(tmp_path):
+    ca = CA()
+    certificates = []
+    a, ra = node(ca_options(tmp_path, ca, "a"), authorize=lambda n, addr, cert: certificates.append(cert) or True)
+    b, rb = node(ca_options(tmp_path, ca, "b"))
+    try:
+        port = await listen(a)
+        peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert peer.try_send(0x30, b"signed")
+        await ra.until(1)
+        [cert] = certificates
+        assert cert.issuer == ca.certificate.subject and node_id_of_certificate(cert) == b.node_id
+    finally:
+        await stop(a, b)
+
+
+async def refused_dial(tmp_path, listener_options, dialer_options):
+    a, ra = node(listener_options)
+    b, rb = node(dialer_options)
+    try:
+        port = await listen(a)
+        with pytest.raises(TLSError) as info:
+            await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert a.peers == {} and b.peers == {}
+        return info.value
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_ca_mode_a_listener_signed_by_another_ca_is_refused(tmp_path):
+    error = await refused_dial(tmp_path, ca_options(tmp_path, CA("other CA"), "a"), ca_options(tmp_path, CA(), "b"))
+    assert "not signed by a CA this node trusts" in str(error)
+
+
+@pytest_twisted.ensureDeferred
+async def test_ca_mode_an_expired_certificate_is_refused(tmp_path):
+    ca = CA()
+    expired = ca_options(tmp_path, ca, "a", not_before=NOW - 10 * DAY, not_after=NOW - DAY)
+    error = await refused_dial(tmp_path, expired, ca_options(tmp_path, ca, "b"))
+    assert "certificate has expired" in str(error)
+
+
+@pytest_twisted.ensureDeferred
+async def test_ca_mode_a_certificate_for_another_host_is_refused(tmp_path):
+    ca = CA()
+    elsewhere = ca_options(tmp_path, ca, "a", hosts=("node-a.example", "10.1.2.3"))
+    error = await refused_dial(tmp_path, elsewhere, ca_options(tmp_path, ca, "b"))
+    assert "does not name the IP address '127.0.0.1'" in str(error)
+
+
+@pytest_twisted.ensureDeferred
+async def test_ca_mode_a_dialer_without_a_certificate_is_refused_where_one_is_required(tmp_path):
+    ca = CA()
+    no_certificate = TLSOptions.from_files(ca_file=ca.write(tmp_path / "ca.pem"))
+    error = await refused_dial(tmp_path, ca_options(tmp_path, ca, "a"), no_certificate)
+    assert "requires a client certificate" in str(error)
+
+
+@pytest_twisted.ensureDeferred
+async def test_ca_mode_a_listener_may_let_dialers_without_certificates_in(tmp_path):
+    ca = CA()
+    certificates = []
+    a, ra = node(
+        ca_options(tmp_path, ca, "a", require_client_cert=False),
+        authorize=lambda n, addr, cert: certificates.append(cert) or True,
+    )
+    b, rb = node(TLSOptions.from_files(ca_file=ca.write(tmp_path / "ca.pem")))
+    try:
+        port = await listen(a)
+        await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        await bounded(ra.added)
+        assert certificates == [None]  # its node id is unproven, and authorize is told so
+        with pytest.raises(ValueError, match="needs a certificate"):
+            await b.listen("tcp:0:interface=127.0.0.1")
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_reload_takes_new_certificates_without_dropping_peers(tmp_path):
+    ca = CA()
+    cert_file, key_file, ca_file, key_a = ca_files(tmp_path, ca, "a")
+    options = TLSOptions.from_files(cert_file=cert_file, key_file=key_file, ca_file=ca_file)
+    serials = []
+
+    def authorize(node_id, address, certificate):
+        serials.append(certificate.serial_number)
+        return True
+
+    a, ra = node(options)
+    b, rb = node(ca_options(tmp_path, ca, "b"))
+    c, rc = node(ca_options(tmp_path, ca, "c"), authorize=authorize)
+    try:
+        port = await listen(a)
+        peer_b = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        old_serial = options.certificate.serial_number
+        renewed = ca.issue(key_a)
+        cert_file.write_bytes(renewed.public_bytes(serialization.Encoding.PEM))
+        options.reload()
+        assert options.certificate.serial_number == renewed.serial_number != old_serial
+        # Files of another node are refused; the renewed certificate stays in use.
+        other_cert, other_key, _, other = ca_files(tmp_path, ca, "x")
+        os.replace(other_key, key_file)
+        with pytest.raises(ValueError, match="holds the key of node"):
+            options.reload()
+        os.replace(other_cert, cert_file)
+        with pytest.raises(ValueError, match=f"would change the node id from {a.node_id} to {other.node_id}"):
+            options.reload()
+        assert options.node_key.node_id == a.node_id
+        assert peer_b.try_send(0x30, b"still here")
+        await ra.until(1)
+        assert ra.received(0x30) == [b"still here"] and peer_b.state == "connected"
+        await bounded(c.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert serials == [renewed.serial_number]
+        assert [name for name, *_ in rb.calls if name in ("add_peer", "remove_peer")] == ["add_peer"]
+    finally:
+        await stop(a, b, c)
+
+
+# -- who may join ---------------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_node_not_in_allowed_peers_is_refused_inbound_and_not_redialed(telemetry):
+    b, rb = identity_node()
+    a, ra = identity_node(allowed_peers={NodeKey.generate().node_id})
+    try:
+        port = await listen(a)
+        with pytest.raises(PeerClosed) as info:
+            await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}", persistent=True))
+        assert info.value.code == "unauthorized"
+        await sleep(0.3)
+        assert b.address_pool(a.node_id) is None  # its only address banned: the dialer gave up
+        [event] = telemetry.named("peer_rejected")
+        assert event["reason"] == "unauthorized" and "allowed_peers" in event["message"]
+        assert event["peer_id"] == b.node_id
+        assert len(telemetry.named("connection_made")) == 2  # one attempt, seen by both nodes
+        assert a.refusals.get("unauthorized") == 1
+        assert [name for name, *_ in ra.calls if name == "add_peer"] == []
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_allowed_peers_outbound_refuses_the_listener():
+    a, ra = identity_node()
+    b, rb = identity_node(allowed_peers={NodeKey.generate().node_id})
+    try:
+        port = await listen(a)
+        with pytest.raises(AuthenticationError, match="allowed_peers") as info:
+            await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert is_not_retried(info.value) and b.peers == {}
+        b.allowed_peers.add(a.node_id)  # the set may change at any time
+        await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+    finally:
+        await stop(a, b)
+
+
+async def wait_for(condition, seconds=5.0):
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        await sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def later(value, seconds=0.2):
+    return task.deferLater(the_reactor(), seconds, lambda: value)
+
+
+@pytest_twisted.ensureDeferred
+async def test_authorize_inbound_deferred_false_refuses_with_unauthorized():
+    asked = []
+    a, ra = identity_node(authorize=lambda n, addr, cert: asked.append((n, addr)) or later(False))
+    b, rb = identity_node()
+    try:
+        port = await listen(a)
+        with pytest.raises(PeerClosed) as info:
+            await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert info.value.code == "unauthorized" and is_not_retried(info.value)
+        assert [n for n, _ in asked] == [b.node_id] and asked[0][1].startswith("127.0.0.1:")
+        assert a.peers == {} and ra.calls == []
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_authorize_inbound_deferred_true_lets_the_peer_in():
+    a, ra = identity_node(authorize=lambda n, addr, cert: later(True))
+    b, rb = identity_node()
+    try:
+        port = await listen(a)
+        peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert peer.try_send(0x30, b"in")
+        await ra.until(1)
+        assert ra.received(0x30) == [b"in"]
+    finally:
+        await stop(a, b)
+
+
+class Greeter(Collector):
+    """Sends a message to every peer as soon as add_peer is called."""
+
+    def add_peer(self, peer):
+        super().add_peer(peer)
+        peer.try_send(0x30, b"welcome")
+
+
+@pytest_twisted.ensureDeferred
+async def test_authorize_outbound_deferred_true_holds_what_the_listener_sends_meanwhile():
+    """The listener starts its session, and sends, while the dialer's authorize is still
+    deciding: those bytes wait, and arrive once it says yes."""
+    greeter = Greeter(CHANNELS)
+    a = Switch([greeter], tls=TLSOptions.identity(NodeKey.generate()), clock=the_reactor(), config=CONFIG)
+    a.startService()
+    b, rb = identity_node(authorize=lambda n, addr, cert: later(True, 0.3))
+    try:
+        port = await listen(a)
+        peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        await rb.until(1)
+        assert rb.received(0x30) == [b"welcome"] and peer.state == "connected"
+        a._check_invariants()
+        b._check_invariants()
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_authorize_outbound_false_refuses_the_listener():
+    a, ra = identity_node()
+    b, rb = identity_node(authorize=lambda n, addr, cert: False)
+    try:
+        port = await listen(a)
+        with pytest.raises(AuthenticationError, match="refused it"):
+            await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        # The listener may have started its side before the refusal: it ends, closed.
+        await sleep(0.1)
+        assert a.peers == {} and b.peers == {}
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_authorize_that_raises_or_never_answers_refuses(telemetry):
+    def broken(node_id, address, certificate):
+        raise RuntimeError("policy store down")
+
+    a, ra = identity_node(authorize=broken)
+    slow, _ = identity_node(authorize=lambda n, addr, cert: defer.Deferred(), config=CONFIG.replace(handshake_timeout=0.3))
+    b, rb = identity_node()
+    try:
+        port = await listen(a)
+        with pytest.raises(PeerClosed) as info:
+            await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert info.value.code == "unauthorized" and "policy store down" in info.value.text
+        slow_port = await listen(slow)
+        with pytest.raises(PeerClosed) as info:
+            await bounded(b.dial(f"{slow.node_id}@127.0.0.1:{slow_port}"))
+        assert info.value.code == "authorize_timeout" and not is_not_retried(info.value)
+    finally:
+        await stop(a, slow, b)
+
+
+# -- resume over TLS ----------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_resume_over_tls_after_a_reset():
+    config = CONFIG.replace(resume_grace=10.0)
+    a, ra = identity_node(config=config)
+    b, rb = identity_node(config=config)
+    proxy = FaultProxy("127.0.0.1", await listen(a))
+    proxy_port = await proxy.start()
+    try:
+        peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{proxy_port}"))
+        sent = [b"m%d" % i * 50 for i in range(400)]
+        for i, message in enumerate(sent):
+            assert await peer.send(0x20, message)
+            if i in (100, 250):
+                resumes = peer.resumes
+                assert proxy.reset_all() == 1
+                await wait_for(lambda: peer.resumes > resumes)
+        await ra.until(len(sent))
+        assert ra.received(0x20) == sent
+        assert peer.resumes >= 1 and peer.state == "connected"
+        assert [name for name, *_ in ra.calls if name in ("add_peer", "remove_peer")] == ["add_peer"]
+    finally:
+        await proxy.stop()
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_resume_attempt_by_another_node_is_refused(telemetry):
+    """Node c knows b's session id and claims b's node id in its hello, but its
+    certificate is its own key: the listener refuses it, and b's session carries on."""
+    a, ra = identity_node(config=CONFIG.replace(resume_grace=10.0))
+    b, rb = identity_node(config=CONFIG.replace(resume_grace=10.0))
+    c, _ = identity_node()
+    try:
+        port = await listen(a)
+        peer_of_a = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        peer_of_b = await bounded(ra.added)
+        live = peer_of_b._protocol
+        c.node_id = b.node_id
+        factory = MConnectionFactory(c, is_outbound=True, expected_node_id=a.node_id, resuming=peer_of_a)
+        from mconn.address import parse_address
+
+        proto = await bounded(c._endpoint(parse_address(f"127.0.0.1:{port}")).connect(factory))
+        assert proto.session_request.resume and proto.session_request.session_id == peer_of_a.session.id
+        with pytest.raises(PeerClosed) as info:
+            await bounded(proto.handshake)
+        assert info.value.code == "id_mismatch"
+        assert peer_of_b.state == "connected" and peer_of_b._protocol is live and peer_of_b.resumes == 0
+        assert peer_of_a.try_send(0x30, b"unharmed")
+        await ra.until(1)
+        assert ra.received(0x30) == [b"unharmed"]
+    finally:
+        await stop(a, b, c)
