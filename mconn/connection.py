@@ -392,8 +392,12 @@ class Connection:
 
     # -- time --------------------------------------------------------------------
 
-    def next_deadline(self) -> float | None:
-        """When ``handle_timeout`` must next be called (None: no timer needed)."""
+    def next_deadline(self, sending: bool = True) -> float | None:
+        """When ``handle_timeout`` must next be called (None: no timer needed).
+
+        ``sending=False`` (the transport paused us) leaves out send_rate's wake-up: the
+        adapter pumps again when the transport resumes, so that time would be a busy loop.
+        """
         if self.state is State.CLOSED or self.state is State.CLOSING:
             return None  # the adapter bounds the close itself (protocol.CLOSE_LINGER)
         if self.state is State.HANDSHAKING:
@@ -404,7 +408,7 @@ class Connection:
             deadline = self._last_received + self.config.ping_interval
         if self._awaiting_answer:
             deadline = min(deadline, self._started + self.config.handshake_timeout)
-        if self._send_bucket is not None and self._scheduler.pending():
+        if self._send_bucket is not None and self._scheduler.pending() and sending:
             # Only when the rate is what holds data back (not a paused transport).
             ready = self._send_bucket.ready_time()
             if ready is not None:

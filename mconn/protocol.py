@@ -206,7 +206,7 @@ class MConnectionProtocol(Protocol):
     # -- timers --------------------------------------------------------------------
 
     def _rearm(self) -> None:
-        deadline = self.core.next_deadline()
+        deadline = self.core.next_deadline(sending=not self._paused)
         timer = self._timer
         if deadline is None:
             if timer is not None and timer.active():
@@ -245,6 +245,8 @@ class MConnectionProtocol(Protocol):
         self._decide(self.switch._hello_received, event)
 
     def _on_session(self, event: SessionAnswered) -> None:
+        if self.core.state is not State.OPEN:
+            return  # a close or an error came in the same read: nothing can be resumed on it
         self._decide(self.switch._session_answered, event.answer)
 
     def _decide(self, decision, argument) -> None:

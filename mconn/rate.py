@@ -9,6 +9,12 @@ lumps as in the reference implementation.
 
 from __future__ import annotations
 
+import math
+
+
+#: Refilled tokens this close below one whole byte count as one (see ``_refill``).
+ROUNDING = 1e-6
+
 
 class TokenBucket:
     """Rate limiter: ``available(now)`` bytes may go out now; ``spend(n)`` records them."""
@@ -25,6 +31,8 @@ class TokenBucket:
         if now > self._stamp:
             self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
             self._stamp = now
+        if 1 - ROUNDING < self._tokens < 1:
+            self._tokens = 1.0  # woken at ready_time(): float rounding must not leave 0.99999...
 
     def available(self, now: float) -> float:
         """Bytes that may be spent at ``now`` (<= 0 means wait until ``ready_time()``)."""
@@ -37,6 +45,7 @@ class TokenBucket:
 
     def ready_time(self) -> float | None:
         """When at least one whole byte may be spent; None if it may be already."""
-        if self._tokens >= 1:
+        if self._tokens > 1 - ROUNDING:
             return None
-        return self._stamp + (1 - self._tokens) / self.rate
+        # Never the same instant again: a time that rounds to the stamp would refill nothing.
+        return max(self._stamp + (1 - self._tokens) / self.rate, math.nextafter(self._stamp, math.inf))

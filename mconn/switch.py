@@ -682,6 +682,7 @@ class Switch(Service):
             old.end_reason = ConnectionClosed("replaced", "the session moved to a new connection")
             old.transport.abortConnection()
             peer._suspend()
+            self._suspended_event(peer, old.end_reason)
         self._stop_waiting(peer, dialer=False)  # a dialer that got here stops by itself
         proto.peer = peer
         if answer:
@@ -709,6 +710,13 @@ class Switch(Service):
 
     def _suspend_session(self, peer: Peer, reason: Exception) -> None:
         peer._suspend()
+        self._suspended_event(peer, reason)
+        self._grace_timers[peer.node_id] = self.clock.callLater(self.config.resume_grace, self._grace_expired, peer)
+        if peer.address is not None:
+            self._redial(peer)
+
+    def _suspended_event(self, peer: Peer, reason: Exception) -> None:
+        """session_suspended and peer_suspended (every suspension, takeovers included)."""
         telemetry.emit(
             "session_suspended",
             node_id=self.node_id,
@@ -718,11 +726,8 @@ class Switch(Service):
             reason=str(reason),
             grace=self.config.resume_grace,
         )
-        self._grace_timers[peer.node_id] = self.clock.callLater(self.config.resume_grace, self._grace_expired, peer)
         for reactor in self.reactors:
             self._call_reactor(reactor, "peer_suspended", peer, peer)
-        if peer.address is not None:
-            self._redial(peer)
 
     def _grace_expired(self, peer: Peer) -> None:
         self._grace_timers.pop(peer.node_id, None)

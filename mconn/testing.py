@@ -464,9 +464,9 @@ class MemoryLink:
 
     def _send(self, side: int, kind: str, data: bytes) -> None:
         far = self.transports[1 - side]
-        if not far.connected:
+        if not far.connected or far._aborted:
             self.lost_bytes += len(data)
-            if kind is not _RST and self._network._host_up(far):
+            if kind is not _RST and not far.connected and self._network._host_up(far):
                 self._enqueue(1 - side, _RST, b"")  # its kernel answers with a reset
             return
         self._enqueue(side, kind, data)
@@ -537,9 +537,10 @@ class MemoryLink:
                 writer.producer.resumeProducing()
 
     def _abort(self, side: int) -> None:
-        """``abortConnection`` at one end: its bytes are lost, a reset goes to the other."""
+        """``abortConnection`` at one end: it reads and writes no more, bytes on their way
+        either way are lost, a reset goes to the other end."""
         self.transports[side].disconnecting = True
-        self.lost_bytes += self._pipes[side].clear()
+        self.lost_bytes += self._pipes[side].clear() + self._pipes[1 - side].clear()
         self._send(side, _RST, b"")
         self._clock.callLater(0, self._close, side, ConnectionAborted())
 
@@ -629,6 +630,7 @@ class _NodeReactor:
         self._clock = network.clock
         recording = network._recording
         self.nameResolver = self._clock.nameResolver if recording else _MemoryResolver()
+        self._instant, self._calls_now = None, 0
 
     def __repr__(self) -> str:
         return f"<node reactor {self._node.host}{'' if self._node.alive else ' (dead)'}>"
@@ -636,8 +638,22 @@ class _NodeReactor:
     def seconds(self) -> float:
         return self._clock.seconds()
 
-    def callLater(self, delay, callable, *args, **kwargs):
-        return self._clock.callLater(delay, self._node.run, callable, args, kwargs)
+    def callLater(self, delay, function, *args, **kwargs):
+        if delay <= 0:
+            self._spin_guard(function)
+        return self._clock.callLater(delay, self._node.run, function, args, kwargs)
+
+    def _spin_guard(self, function) -> None:
+        """Fail loudly where a real reactor would spin: endless calls at one instant."""
+        now = self._clock.seconds()
+        if now != self._instant:
+            self._instant, self._calls_now = now, 0
+        self._calls_now += 1
+        if self._calls_now > self._network.max_calls_per_instant:
+            raise RuntimeError(
+                f"livelock on {self._node.host}: {self._calls_now} calls scheduled at t={now!r} without time "
+                f"moving, the last to {getattr(function, '__qualname__', function)}"
+            )
 
     def getDelayedCalls(self):
         return [c for c in self._clock.getDelayedCalls() if c.func == self._node.run]
@@ -716,11 +732,15 @@ class MemoryNetwork:
         record dials and listening ports for ``complete_dials`` (see the module docstring).
     :param window: bytes a transport may have on their way before it pauses its producer
         (None: never pause).
+    :param max_calls_per_instant: a node that schedules more zero-delay calls than this
+        without the clock moving is spinning: its ``callLater`` raises RuntimeError
+        (on a simulated clock the spin would never end).
     """
 
-    def __init__(self, clock=None, *, window: int | None = None) -> None:
+    def __init__(self, clock=None, *, window: int | None = None, max_calls_per_instant: int = 50_000) -> None:
         self.clock = clock if clock is not None else Clock()
         self.window = window
+        self.max_calls_per_instant = max_calls_per_instant
         self.links: list[MemoryLink] = []
         self._recording = IReactorTCP.providedBy(self.clock)
         self._nodes: dict[str, _Node] = {}  # host -> the node living there now

@@ -273,3 +273,16 @@ def test_run_fires_every_timer_on_time():
     network.clock.callLater(2, lambda: seen.append(network.clock.seconds()))
     network.run(5)
     assert seen == [1, 2] and network.clock.seconds() == 5
+
+
+def test_a_node_that_never_lets_time_move_fails_loudly():
+    """Endless zero-delay calls would hang a simulated clock: callLater raises instead."""
+    network = MemoryNetwork(max_calls_per_instant=100)
+    a = network.switch([Reactor()])
+
+    def spin():
+        a.clock.callLater(0, spin)
+
+    a.clock.callLater(0, spin)
+    with pytest.raises(RuntimeError, match="livelock on 10.0.0.1: 101 calls"):
+        network.flush()
