@@ -412,7 +412,10 @@ class NodeService(MultiService):
         if self.ports is None:  # not started by twistd: nothing bound yet
             self.privilegedStartService()
         super().startService()
-        log.info(
+        # Logged once the reactor runs (twistd has installed its signal handlers by then):
+        # from that line on, SIGTERM gets an orderly shutdown.
+        self.switch.clock.callWhenRunning(
+            log.info,
             "mconn node {node_id} started: listening on {addresses}, keeping {count} peers connected",
             node_id=self.switch.node_id,
             addresses=", ".join(self._addresses()) or "nothing",

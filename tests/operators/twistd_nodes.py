@@ -104,7 +104,12 @@ class Node:
         return f"{event['node_id']}@{event['address']}"
 
     def terminate(self) -> int:
-        """SIGTERM, then wait for the exit; the exit status."""
+        """SIGTERM, then wait for the exit; the exit status.
+
+        Waits first for the node's "started" line, which it logs once the reactor runs:
+        a SIGTERM before twistd installs its handlers would kill it without a shutdown.
+        """
+        wait_until(lambda: " started: listening on " in self.log(), f"{self.name} to be running")
         self.process.send_signal(signal.SIGTERM)
         return self.process.wait(timeout=TIMEOUT)
 
