@@ -12,20 +12,33 @@ and restarted (at once or later), or time passing. After every step the invarian
   and ``session.acked`` never runs ahead of what the receiver delivered (checked at every
   event, not only between steps);
 * when a session ends, nothing was dropped silently: every accepted message was either
-  delivered or counted in the reason's ``undelivered`` (see ``_session_ended``); and a
-  session is not refused (SessionRejected) while its other side still holds it;
+  delivered or counted in the reason's ``undelivered`` (see ``_session_ended``);
 * buffers stay bounded: the recovery buffer (session.py's bound), the channel queues,
   and the bytes a transport has on their way once it paused its producer;
 * the reactor call order (add_peer, receive..., remove_peer once; nothing received while
   suspended) and ``Switch._check_invariants`` hold on every live node.
 
-At the end the network heals and runs until quiet; then every accepted message of every
+At the end the network heals and runs until quiet (both sides of every pair hold the same
+session, nothing is in flight or unacknowledged); then every accepted message of every
 open session has been delivered exactly once. The run is a pure function of the seed: the
 trace of ``(time, step, action, outcome)`` repeats exactly.
 
 Two variants run the same simulation with five nodes and faults three times as often
 (HEAVY), and with send_rate and recv_rate. A seed that finds an mconn bug is marked xfail
-(strict) with the bug until it is fixed (KNOWN_BUGS, HEAVY_BUGS, the rate-limited test).
+(strict) with the bug until it is fixed (KNOWN_BUGS, HEAVY_BUGS).
+
+Bugs found this way, fixed in 1c2c889, each with the seed that found it (its run may
+differ now that mconn changed) and a reproduction without the simulation:
+
+* seed 201: a resume that took over a live transport gave reactors peer_resumed without
+  peer_suspended. a dials b; ``network.links.remove(link)`` (the old connection goes
+  silent); a's ``peer.force_reconnect()``; ``network.run(1)``.
+* HEAVY seed 59: a session answer (resumed) and a close packet in one read made
+  ``core.requeue`` raise LocalProtocolError out of dataReceived. a dials b; delay 0.1 s;
+  reset; run until b resumed; b closes the Peer; run.
+* RATE_LIMITED seed 4: after waking at ``TokenBucket.ready_time()`` the bucket held
+  0.9999999999999999 tokens, so nothing was sent and the protocol re-armed a zero-delay
+  timer forever. Two Switches with send_rate=40000, 100 messages of 500 bytes, run(1).
 """
 
 from __future__ import annotations
@@ -36,7 +49,7 @@ import random
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from mconn import ChannelDescriptor, Config, LocalProtocolError, NodeKey, Reactor, SessionRejected
+from mconn import ChannelDescriptor, Config, NodeKey, Reactor
 from mconn.dialer import default_reconnect_delay
 from mconn.testing import MemoryNetwork
 
@@ -90,17 +103,9 @@ WEIGHTS = {
 HEAVY = {**WEIGHTS, "reset": 12, "blackhole": 6, "delay": 4, "force_reconnect": 5, "close": 2, "restart": 5, "advance": 15}
 #: At the end: how long the healed network may take to settle, in simulated seconds.
 SETTLE_LIMIT = 120.0
-#: Found by seed 201 (a wider search); without the simulation: a dials b, the old
-#: connection goes silent (``network.links.remove(link)``), ``peer.force_reconnect()`` on
-#: a's side, ``network.run(1)``: b's reactors get add_peer, peer_resumed.
-TAKEOVER_WITHOUT_SUSPEND = (
-    "switch._resume: a resume that takes over a live transport calls peer._suspend() directly, "
-    "so reactors get peer_resumed without peer_suspended (and telemetry session_resumed without "
-    "session_suspended); in specs/resume.md's state table peer_resumed only follows peer_suspended"
-)
 #: seed -> the mconn bug it finds, to mark its test xfail (strict) until the bug is fixed.
-#: A change in mconn's behaviour can change a seed's run; re-check with the repro above.
-KNOWN_BUGS: dict[int, str] = {}  # 201 found TAKEOVER_WITHOUT_SUSPEND, fixed; kept as a seed
+#: A change in mconn's behaviour can change a seed's run: re-check a bug with its repro.
+KNOWN_BUGS: dict[int, str] = {}
 SEEDS = list(range(20)) + [201]
 
 
@@ -163,7 +168,6 @@ class Simulation:
         self.delivered: dict = {}  # (receiver Peer, channel) -> [message]
         self.partner: dict = {}  # receiver Peer -> sender Peer it delivers from
         self.receiver: dict = {}  # sender Peer -> receiver Peer delivering its messages
-        self.twin: dict = {}  # Peer -> the other node's Peer of the same session
         self.down: dict = {}  # node -> the DelayedCall that restarts it
         self.suspended: set = set()  # Peers between peer_suspended and peer_resumed
         self.ended: dict = {}  # Peer -> (reason, {channel: delivered by its partner then})
@@ -197,11 +201,6 @@ class Simulation:
         self.serial[peer] = name
         self.by_serial[name] = peer
         self.owner[peer] = switch
-        if peer.is_outbound:  # the listener's side started first: pair them now
-            other = self.switches[self.index[peer.node_id]]
-            twin = other.peers.get(switch.node_id)
-            if twin is not None and not twin.is_outbound and twin.session.id == peer.session.id:
-                self.twin[peer], self.twin[twin] = twin, peer
 
     def _received(self, node: int, channel_id: int, peer, message: bytes) -> None:
         if peer not in self.serial or peer in self.ended or peer in self.suspended:
@@ -239,13 +238,6 @@ class Simulation:
         counts = {c.id: len(self.delivered.get((receiver, c.id), ())) for c in CHANNELS}
         self.ended[peer] = (reason, counts)
         self._session_ended(peer, reason, counts)
-        twin = self.twin.get(peer)
-        if isinstance(reason, SessionRejected) and twin is not None and twin not in self.ended:
-            if self.network.is_alive(self.owner[twin]):
-                self.violations.append(
-                    f"{self.serial[peer]} at node {node} ended ({reason}) while its other side "
-                    f"{self.serial[twin]} still holds the session ({twin.state})"
-                )
 
     def _session_ended(self, peer, reason, delivered: dict) -> None:
         """Nothing dropped silently: accepted - delivered <= undelivered <= accepted - acked.
@@ -532,8 +524,11 @@ class Simulation:
             for j in range(self.nodes):
                 if j != i and (j in self.dials[i] or i in self.dials[j]):
                     peer = switch.peers.get(self.switches[j].node_id)
+                    other = self.switches[j].peers.get(switch.node_id)
                     if peer is None or peer.state != "connected":
                         waiting.append(f"{i}->{j} {peer.state if peer else 'no session'}")
+                    elif other is None or other.session.id != peer.session.id:
+                        waiting.append(f"{i}->{j} the two sides hold different sessions")
                     elif peer.session.unacked_bytes or any(s.waiting_sends for s in peer.stats.channels):
                         waiting.append(f"{i}->{j} unacknowledged")
         if self.network.in_flight():
@@ -568,32 +563,13 @@ def test_the_same_seed_repeats_the_same_run():
     assert Simulation(other, steps=60).run() != first
 
 
-#: Found by this simulation (issue 3); reproduced without faults in the report: two
-#: Switches with send_rate=40000, 100 messages of 500 bytes, network.run(1).
-TOKEN_BUCKET_SPIN = (
-    "mconn/rate.py with protocol._rearm: woken at TokenBucket.ready_time(), the bucket can hold "
-    "0.9999999999999999 tokens (float rounding), so data_to_send sends int(available) == 0 bytes "
-    "and ready_time() names the same instant again: the protocol re-arms a zero-delay timer "
-    "forever (a busy loop; on a simulated clock time never moves, and MemoryNetwork raises "
-    "RuntimeError('livelock ...'))"
-)
-
-
 def test_mesh_with_rate_limits_under_faults():
     """The same simulation with send_rate and recv_rate."""
     Simulation(4, config=RATE_LIMITED).run()
 
 
-#: Found by this simulation (HEAVY, seed 59); without it: a dials b, a delay of 0.1 s, a
-#: reset; run until b has resumed the session; b closes its Peer; run: a's dataReceived
-#: raises LocalProtocolError.
-ANSWER_THEN_CLOSE = (
-    "a session answer (resumed) and a close packet in one read: Connection.receive_data handles "
-    "both before the protocol dispatches the answer, so switch._resume -> peer._attach -> "
-    "core.requeue runs on a CLOSED core and LocalProtocolError escapes from dataReceived"
-)
-#: seed -> the mconn bug it finds in the heavy schedule (xfail, strict).
-HEAVY_BUGS: dict[int, tuple[type, str]] = {}  # 59 found ANSWER_THEN_CLOSE, fixed; kept as a seed
+#: seed -> (exception, the mconn bug) it finds in the heavy schedule (xfail, strict).
+HEAVY_BUGS: dict[int, tuple[type, str]] = {}
 HEAVY_SEEDS = [0, 1, 2, 59]
 
 
