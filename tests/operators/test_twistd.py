@@ -148,4 +148,6 @@ def test_a_port_in_use_stops_a_daemon_with_the_reason_and_no_pid_file(tmp_path):
         )
     assert result.returncode == 1
     assert f"--listen tcp:{port}:interface=127.0.0.1: Address already in use" in result.stderr
-    assert not (tmp_path / "node.pid").exists()
+    # The parent exits as soon as the daemon reports the error; the daemon removes its pid
+    # file on its way out, a moment later.
+    wait_until(lambda: not (tmp_path / "node.pid").exists(), "the failed daemon to remove its pid file", timeout=10)
