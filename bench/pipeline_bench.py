@@ -1,0 +1,474 @@
+"""The telemetry pipeline at fleet scale: synthetic logs, Spark on local[2], a Python baseline.
+
+    .venv/bin/python bench/pipeline_bench.py [--nodes 1000] [--events 2000000,4000000]
+        [--lost 5] [--duplicated 5] [--master local[2]] [--driver-memory 1g]
+        [--data DIR] [--keep] [--no-baseline]
+
+For each size in ``--events`` (approximate event counts) the bench generates a fleet's
+telemetry (generate() below: one file per node, lines exactly as jsonFileLogObserver
+writes them, following specs/telemetry.md), then, in the same run and on the same
+files, times:
+
+* ``mconn-pipeline`` end to end (a fresh process: Spark start-up, every table, the
+  report), with ``spark.driver.memory`` capped (1g by default);
+* bench/pipeline_baseline.py: a straightforward single-process Python delivery audit.
+
+Both must find exactly the injected losses and duplicates. It prints events/s for both,
+the time ratio between consecutive sizes against the event ratio (the linearity
+target: 2x events, at most 2.2x time), and the input size against the driver memory.
+Results go to stdout and bench/out/pipeline-<time>.json.
+
+The synthetic fleet: every node has ``--degree`` peers; each link carries three channels
+(priorities 1, 5 and 10) in both directions, has a ``channel_stats`` tick every 10 s at
+both ends, breaks and resumes now and then (about one link in four), sometimes expires
+and starts a fresh session (one in twenty), and ends with a shutdown. Counters are kept
+consistent, then ``--lost`` receivers deliver one message fewer and ``--duplicated`` one
+more than they should, on distinct sessions and channels chosen at random.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+OUT_DIR = os.path.join(HERE, "out")
+CHANNELS = ((0x20, 1), (0x21, 5), (0x30, 10))
+TICK = 10.0
+ORIGIN = 1_800_000_000.0
+LEVEL_UUID = "02e59486-f24d-46ad-8224-3acdf2a5732a"
+FORMATS = {  # mconn.telemetry.FORMATS, copied so that the generator needs no mconn import
+    "connection_made": "{node_id} {direction} connection with {remote_address}",
+    "handshake_done": "{node_id} handshake with {peer_id} at {remote_address} done",
+    "connection_lost": "{node_id} connection with {peer_id} at {remote_address} ended: {reason_type}: {reason}",
+    "channel_stats": "{node_id} channel {channel_id} with {peer_id}: queue {queue_depth}",
+    "session_started": "{node_id} session {session_id} with {peer_id} started",
+    "session_suspended": "{node_id} session {session_id} with {peer_id} suspended: {reason_type}",
+    "session_resumed": "{node_id} session {session_id} with {peer_id} resumed, {resent} messages re-sent",
+    "session_ended": "{node_id} session {session_id} with {peer_id} ended: {reason_type}: {reason}",
+    "dial_attempt": "{node_id} dial {attempt} to {peer_id} at {address}: {result}",
+    "listening": "{node_id} listening on {address}",
+}
+_FIELD = __import__("re").compile(r"{(\w+)}")
+
+
+def line(event: str, t: float, fields: dict) -> str:
+    """One record as jsonFileLogObserver writes it (log_flattened included)."""
+    fmt = FORMATS[event]
+    body = {"event": event, **fields}
+    flattened = {}
+    for name in _FIELD.findall(fmt):
+        value = body[name]
+        flattened[name + "!s:"] = str(value)
+        flattened[name + "!:"] = value
+    body.update(
+        log_logger={"unpersistable": True}, log_level={"name": "info", "__class_uuid__": LEVEL_UUID},
+        log_namespace="mconn", log_source=None, log_format=fmt, log_time=ORIGIN + t, log_flattened=flattened,
+    )
+    return "\x1e" + json.dumps(body) + "\n"
+
+
+_STATS = (
+    '\x1e{{"event": "channel_stats", "node_id": "{n}", "peer_id": "{p}", "channel_id": {c}, "priority": {pr}, '
+    '"queue_depth": {q}, "bytes_sent": {bs}, "messages_sent": {ms}, "bytes_received": {br}, "messages_received": {mr}, '
+    '"accepted": {a}, "acked": {k}, "delivered": {d}, "log_logger": {{"unpersistable": true}}, '
+    '"log_level": {{"name": "info", "__class_uuid__": "' + LEVEL_UUID + '"}}, "log_namespace": "mconn", '
+    '"log_source": null, "log_format": "{{node_id}} channel {{channel_id}} with {{peer_id}}: queue {{queue_depth}}", '
+    '"log_time": {t!r}, "log_flattened": {{"node_id!s:": "{n}", "node_id!:": "{n}", "channel_id!s:": "{c}", '
+    '"channel_id!:": {c}, "peer_id!s:": "{p}", "peer_id!:": "{p}", "queue_depth!s:": "{q}", "queue_depth!:": {q}}}}}\n'
+)
+
+
+def node_id(i: int) -> str:
+    return hashlib.sha1(b"node-%d" % i).hexdigest()
+
+
+def peers_of(i: int, nodes: int, degree: int) -> list[int]:
+    """A ring lattice: each node linked to its degree/2 successors and predecessors."""
+    half = max(1, degree // 2)
+    return sorted({(i + k) % nodes for k in range(-half, half + 1) if k and (i + k) % nodes != i})
+
+
+class Plan:
+    """One link's sessions, breaks and counters, the same for both of its ends."""
+
+    def __init__(self, seed: int, a: int, b: int, duration: float) -> None:
+        rng = random.Random(f"{seed}/{a}/{b}")
+        self.dialer, self.listener = a, b  # the lower index dials
+        start = rng.uniform(0, TICK)
+        self.sessions = []
+        if rng.random() < 0.05:  # the session expires in the middle; a fresh one follows
+            cut = rng.uniform(duration * 0.3, duration * 0.6)
+            self.sessions.append(self._session(rng, a, b, 0, start, cut, "SessionExpired"))
+            start = cut + 30.0 + rng.uniform(1, 20)
+        self.sessions.append(self._session(rng, a, b, len(self.sessions), start, duration, "ConnectionClosed"))
+
+    @staticmethod
+    def _session(rng, a, b, k, start, end, reason_type) -> dict:
+        breaks = []
+        if rng.random() < 0.25 and end - start > 60:
+            at = rng.uniform(start + 20, end - 30)
+            breaks.append((at, rng.choice((1, 1, 2, 3)), rng.uniform(0.05, 3.0)))
+        rates = {(s, c): rng.uniform(0.05, 5.0) for s in (a, b) for c, _ in CHANNELS}
+        grace_end = end - 30.0 if reason_type == "SessionExpired" else None
+        return {
+            "id": hashlib.md5(f"{a}-{b}-{k}-{start}".encode()).hexdigest(),
+            "start": start, "end": end, "reason_type": reason_type, "breaks": breaks, "rates": rates,
+            "grace_end": grace_end, "adjust": {},
+        }
+
+
+def counts_at(session: dict, sender: int, channel: int, t: float) -> int:
+    end = session["grace_end"] if session["grace_end"] is not None else session["end"]
+    return int(session["rates"][(sender, channel)] * (min(t, end) - session["start"]))
+
+
+def node_lines(i: int, args, plans: dict) -> list[tuple[float, str]]:
+    """Every line node i logs, with its time."""
+    me = node_id(i)
+    out = [(0.0, line("listening", 0.0, {"node_id": me, "address": f"127.0.0.1:{20000 + i}"}))]
+    phase = random.Random(f"{args.seed}/phase/{i}").uniform(0, TICK)
+    for j in peers_of(i, args.nodes, args.degree):
+        plan = plans[(min(i, j), max(i, j))]
+        for session in plan.sessions:
+            out += session_lines(i, j, plan, session, phase)
+    return out
+
+
+def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
+    me, peer = node_id(i), node_id(j)
+    dialer = plan.dialer == i
+    direction = "outbound" if dialer else "inbound"
+    remote = f"127.0.0.1:{20000 + j}" if dialer else f"127.0.0.1:{40000 + (j * 7 + i) % 20000}"
+    sid, start, end = s["id"], s["start"], s["end"]
+    ids = {"node_id": me, "peer_id": peer}
+    out = []
+
+    def add(event, t, **fields):
+        out.append((t, line(event, t, {"node_id": me, **fields})))
+
+    def connect(t):
+        add("connection_made", t, direction=direction, remote_address=remote)
+        add("handshake_done", t + 0.002, peer_id=peer, remote_address=remote, direction=direction,
+            max_packet_payload=1024, channels=[c for c, _ in CHANNELS], listen_address=f"127.0.0.1:{20000 + j}")
+
+    def lost(t, reason_type):
+        add("connection_lost", t, peer_id=peer, remote_address=remote, direction=direction, reason_type=reason_type,
+            reason="the connection ended", duration=t - start, bytes_sent=int((t - start) * 3000),
+            bytes_received=int((t - start) * 2900), channels=[
+                {"channel_id": c, "bytes_sent": 0, "messages_sent": 0, "bytes_received": 0, "messages_received": 0}
+                for c, _ in CHANNELS])
+
+    connect(start)
+    add("session_started", start + 0.003, **ids, session_id=sid, remote_address=remote, direction=direction,
+        resume_refused="")
+    resumes = 0
+    for at, attempts, recovery in s["breaks"]:
+        lost(at, "ConnectionLost")
+        add("session_suspended", at + 0.0001, **ids, session_id=sid, reason_type="ConnectionLost",
+            reason="Connection was reset", grace=30.0)
+        if dialer:
+            for k in range(1, attempts):
+                add("dial_attempt", at + recovery * k / attempts, **ids, address=f"{peer}@127.0.0.1:{20000 + j}",
+                    attempt=k, delay=0.0, result="failed", error="ConnectionRefusedError: refused")
+            connect(at + recovery)
+        resumes += 1
+        add("session_resumed", at + recovery + 0.004, **ids, session_id=sid, remote_address=remote, resent=3,
+            resumes=resumes)
+        if dialer:
+            add("dial_attempt", at + recovery + 0.005, **ids, address=f"{peer}@127.0.0.1:{20000 + j}",
+                attempt=attempts, delay=0.0, result="connected", error=None)
+    stop = s["grace_end"] if s["grace_end"] is not None else end
+    t = start - (start - phase) % TICK + TICK
+    while t < end:
+        since = max([start] + [b[0] + b[2] for b in s["breaks"] if b[0] + b[2] <= t])
+        for k, (c, priority) in enumerate(CHANNELS):
+            a = counts_at(s, i, c, t)
+            d = counts_at(s, j, c, t)
+            ms = int(s["rates"][(i, c)] * (min(t, stop) - since)) if t < stop else 0
+            mr = int(s["rates"][(j, c)] * (min(t, stop) - since)) if t < stop else 0
+            out.append((t + k * 1e-5, _STATS.format(
+                n=me, p=peer, c=c, pr=priority, q=(k * 7 + int(t)) % 4 if t < stop else 0, bs=ms * 400, ms=ms,
+                br=mr * 380, mr=mr, a=a, k=max(0, a - 1), d=max(0, d), t=ORIGIN + t + k * 1e-5)))
+        t += TICK
+    if s["grace_end"] is not None:
+        lost(stop, "ConnectionLost")
+        add("session_suspended", stop + 0.0001, **ids, session_id=sid, reason_type="ConnectionLost",
+            reason="Connection was reset", grace=30.0)
+        if dialer:
+            for k in range(1, 4):
+                add("dial_attempt", stop + k, **ids, address=f"{peer}@127.0.0.1:{20000 + j}", attempt=k, delay=1.0,
+                    result="failed", error="ConnectionRefusedError: refused")
+    else:
+        lost(end, "ConnectionClosed")
+    channels, undelivered = [], []
+    for c, _ in CHANNELS:
+        a = counts_at(s, i, c, end)
+        unconfirmed = 2 if s["grace_end"] is not None else 0
+        delivered = counts_at(s, j, c, end) - (2 if s["grace_end"] is not None else 0) + s["adjust"].get((j, c), 0)
+        channels.append({"channel_id": c, "accepted": a, "acked": a - unconfirmed, "delivered": delivered})
+        if unconfirmed:
+            undelivered.append({"channel_id": c, "count": unconfirmed})
+    add("session_ended", end + 0.0002, **ids, session_id=sid, reason_type=s["reason_type"],
+        reason="the node is stopping" if s["reason_type"] == "ConnectionClosed" else "grace ran out",
+        resumes=resumes, undelivered=undelivered, channels=channels)
+    return out
+
+
+# -- the fleet -----------------------------------------------------------------------
+
+
+def make_plans(args) -> dict:
+    duration = max(120.0, args.events_target * TICK / (args.nodes * args.degree * len(CHANNELS)))
+    plans = {}
+    for i in range(args.nodes):
+        for j in peers_of(i, args.nodes, args.degree):
+            if i < j:
+                plans[(i, j)] = Plan(args.seed, i, j, duration)
+    return plans
+
+
+def inject(plans: dict, lost: int, duplicated: int, seed: int) -> list[tuple]:
+    """Make ``lost`` receivers deliver one message fewer, ``duplicated`` one more."""
+    rng = random.Random(f"{seed}/faults")
+    keys = sorted(plans)
+    chosen = set()
+    faults = []
+    while len(faults) < lost + duplicated:
+        a, b = rng.choice(keys)
+        session = rng.choice(plans[(a, b)].sessions)
+        sender = rng.choice((a, b))
+        channel = rng.choice(CHANNELS)[0]
+        key = (session["id"], sender, channel)
+        if key in chosen:
+            continue
+        chosen.add(key)
+        delta = -1 if len(faults) < lost else 1
+        session["adjust"][(sender, channel)] = delta
+        faults.append((node_id(sender), node_id(b if sender == a else a), session["id"], channel, delta))
+    return faults
+
+
+_PLANS: dict = {}
+
+
+def _write_node(job) -> int:
+    i, args, directory = job
+    lines = node_lines(i, args, _PLANS)
+    lines.sort(key=lambda x: x[0])
+    with open(os.path.join(directory, f"node-{i:05d}.json"), "w") as f:
+        f.writelines(text for _, text in lines)
+    return len(lines)
+
+
+def generate(args, directory: str) -> tuple[int, list]:
+    """Write the fleet's files under ``directory``; returns (events, injected faults)."""
+    import multiprocessing
+
+    global _PLANS
+    _PLANS = make_plans(args)
+    faults = inject(_PLANS, args.lost, args.duplicated, args.seed)
+    os.makedirs(directory, exist_ok=True)
+    jobs = [(i, args, directory) for i in range(args.nodes)]
+    with multiprocessing.get_context("fork").Pool(args.workers) as pool:
+        events = sum(pool.imap_unordered(_write_node, jobs, chunksize=8))
+    return events, faults
+
+
+# -- measuring -----------------------------------------------------------------------
+
+
+def du(directory: str) -> int:
+    return sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
+
+
+def timed(command: list[str], env=None) -> tuple[float, str, int, str]:
+    """Run a command; returns (seconds, stdout, peak RSS in bytes of its process tree,
+    the -Xmx flag of a JVM in the tree, if any)."""
+    started = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    peak, heap = 0, ""
+    import threading
+
+    out = {}
+    reader = threading.Thread(target=lambda: out.update(zip(("stdout", "stderr"), proc.communicate())))
+    reader.start()
+    while reader.is_alive():
+        rss, flags = tree_rss(proc.pid)
+        peak, heap = max(peak, rss), heap or flags
+        reader.join(0.5)
+    seconds = time.monotonic() - started
+    if proc.returncode != 0:
+        sys.stderr.write(out.get("stderr", "")[-4000:])
+        raise SystemExit(f"{command[:3]} failed with exit code {proc.returncode}")
+    return seconds, out["stdout"], peak, heap
+
+
+def tree_rss(pid: int) -> tuple[int, str]:
+    """Resident bytes of a process and its descendants (Linux /proc), and the Spark driver's -Xmx."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                children.setdefault(int(fields[1]), []).append(int(entry))
+            except OSError:
+                continue
+    total, todo, heap = 0, [pid], ""
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            with open(f"/proc/{p}/statm") as f:
+                total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            driver = b"org.apache.spark.deploy.SparkSubmit" in args and b"org.apache.spark.launcher.Main" not in args
+            if driver:  # the driver JVM, not spark-submit's launcher (-Xmx128m)
+                heap = heap or next((a.decode() for a in args if a.startswith(b"-Xmx")), "")
+        except OSError:
+            pass
+    return total, heap
+
+
+def run_spark(args, data: str, out: str) -> dict:
+    command = [
+        sys.executable, "-m", "mconn.pipeline", data, "--out", out, "--master", args.master,
+        "--conf", f"spark.driver.memory={args.driver_memory}", "--json",
+    ]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    seconds, stdout, peak, heap = timed(command, env)
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {"seconds": seconds, "peak_rss": peak, "heap": heap, "summary": result["summary"],
+            "stages": result["timings"]}
+
+
+def run_baseline(data: str) -> dict:
+    seconds, stdout, peak, _ = timed([sys.executable, os.path.join(HERE, "pipeline_baseline.py"), data])
+    return {"seconds": seconds, "peak_rss": peak, **json.loads(stdout)}
+
+
+def measure(args, size: int, workdir: str) -> dict:
+    args.events_target = size
+    data = os.path.join(workdir, f"logs-{size}")
+    started = time.monotonic()
+    events, faults = generate(args, data)
+    generated = time.monotonic() - started
+    nbytes = du(data)
+    print(f"  generated {events:,} events, {nbytes / 1e9:.2f} GB in {args.nodes} files ({generated:.0f} s)",
+          file=sys.stderr, flush=True)
+    spark = run_spark(args, data, os.path.join(workdir, f"out-{size}"))
+    print(f"  spark: {spark['seconds']:.1f} s", file=sys.stderr, flush=True)
+    baseline = run_baseline(data) if args.baseline else None
+    if baseline:
+        print(f"  baseline: {baseline['seconds']:.1f} s", file=sys.stderr, flush=True)
+    if not args.keep:
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(os.path.join(workdir, f"out-{size}"), ignore_errors=True)
+    lost = sum(1 for f in faults if f[4] < 0)
+    return {
+        "events": events, "bytes": nbytes, "lost_injected": lost, "duplicated_injected": len(faults) - lost,
+        "spark": spark, "baseline": baseline,
+    }
+
+
+# -- the table -----------------------------------------------------------------------
+
+
+def table(args, rows: list[dict]) -> str:
+    lines = [
+        f"{'events':>12} {'input GB':>9} {'spark s':>8} {'events/s':>10} {'base s':>8} {'base ev/s':>10} "
+        f"{'spark/base':>10} {'lost':>9} {'dup':>9} {'JVM peak':>9}",
+        "-" * 105,
+    ]
+    for r in rows:
+        s, b = r["spark"], r["baseline"]
+        found = (f"{s['summary']['lost']}/{r['lost_injected']}",
+                 f"{s['summary']['duplicated']}/{r['duplicated_injected']}")
+        lines.append(
+            f"{r['events']:>12,} {r['bytes'] / 1e9:>9.2f} {s['seconds']:>8.1f} {r['events'] / s['seconds']:>10,.0f} "
+            + (f"{b['seconds']:>8.1f} {r['events'] / b['seconds']:>10,.0f} {s['seconds'] / b['seconds']:>10.2f} "
+               if b else f"{'-':>8} {'-':>10} {'-':>10} ")
+            + f"{found[0]:>9} {found[1]:>9} {s['peak_rss'] / 1e9:>8.2f}G"
+        )
+    checks = []
+    rate = rows[-1]["events"] / rows[-1]["spark"]["seconds"]
+    checks.append(f"throughput {rate:,.0f} events/s (largest run) >= 100,000: {'PASS' if rate >= 1e5 else 'FAIL'}")
+    for small, large in zip(rows, rows[1:]):
+        er = large["events"] / small["events"]
+        tr = large["spark"]["seconds"] / small["spark"]["seconds"]
+        ok = tr <= 1.1 * er
+        checks.append(f"linearity {er:.2f}x events -> {tr:.2f}x time (<= {1.1 * er:.2f}x): {'PASS' if ok else 'FAIL'}")
+    big = rows[-1]
+    checks.append(
+        f"memory: input {big['bytes'] / 1e9:.2f} GB, driver JVM {big['spark']['heap'] or 'heap flag not seen'} "
+        f"(spark.driver.memory={args.driver_memory}; the peak column is the RSS of the whole process tree, "
+        f"Python driver and JVM with its non-heap memory): "
+        f"{'input larger: PASS' if big['bytes'] > _bytes(args.driver_memory) else 'input smaller: not shown'}"
+    )
+    for r in rows:
+        stages = ", ".join(f"{k} {v:.1f}" for k, v in r["spark"]["stages"].items())
+        checks.append(f"stages of {r['events']:,} events, seconds: {stages}")
+    for r in rows:
+        s, b = r["spark"]["summary"], r["baseline"]
+        ok = (s["lost"], s["duplicated"]) == (r["lost_injected"], r["duplicated_injected"])
+        if b:
+            ok = ok and (b["lost"], b["duplicated"]) == (r["lost_injected"], r["duplicated_injected"])
+        checks.append(f"audit of {r['events']:,} events finds exactly the injected faults: {'PASS' if ok else 'FAIL'}")
+    return "\n".join(lines + [""] + checks)
+
+
+def _bytes(size: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    return int(float(size[:-1]) * units[size[-1].lower()]) if size[-1].lower() in units else int(size)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--degree", type=int, default=8, help="peers per node")
+    parser.add_argument("--events", default="2000000,4000000", help="comma-separated approximate event counts")
+    parser.add_argument("--lost", type=int, default=5)
+    parser.add_argument("--duplicated", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--driver-memory", default="1g")
+    parser.add_argument("--workers", type=int, default=2, help="generator processes")
+    parser.add_argument("--data", default=None, help="where to write the logs (a temporary directory by default)")
+    parser.add_argument("--keep", action="store_true", help="keep the generated logs and tables")
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false")
+    args = parser.parse_args(argv)
+    sizes = [int(float(x)) for x in args.events.split(",")]
+    workdir = args.data or tempfile.mkdtemp(prefix="mconn-pipeline-bench-")
+    rows = []
+    try:
+        for size in sizes:
+            print(f"size ~{size:,} events", file=sys.stderr, flush=True)
+            rows.append(measure(args, size, workdir))
+    finally:
+        if not args.keep and args.data is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    text = table(args, rows)
+    print(text)
+    os.makedirs(OUT_DIR, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    with open(os.path.join(OUT_DIR, f"pipeline-{stamp}.json"), "w") as f:
+        record = {"args": vars(args), "rows": rows, "table": text, "loadavg": os.getloadavg()}
+        json.dump(record, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""``mconn-pipeline``: the command line of the fleet telemetry pipeline.
+
+    mconn-pipeline LOGS... --out DIR [--master URL] [--since T] [--until T]
+                   [--report FILE] [--conf KEY=VALUE]... [--check] [--json] [--quiet]
+
+LOGS are files, directories (read recursively), globs, or any URI Spark reads. Tables
+go to DIR as Parquet, the report to DIR/report.html (or FILE). Progress lines go to
+stderr, the summary table to stdout. Exit status: 0 done, 1 the run failed, 2 bad
+usage, 3 with ``--check`` when the audit found a lost or duplicated message.
+
+On a cluster, submit this file with spark-submit; the master then comes from it::
+
+    spark-submit --master spark://host:7077 --driver-memory 2g \\
+        "$(python -c 'import mconn.pipeline.cli as m; print(m.__file__)')" \\
+        hdfs:///fleet/logs --out hdfs:///fleet/tables --report fleet.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+
+
+def parse_time(text: str) -> float:
+    """Seconds since the epoch, or an ISO 8601 date and time (UTC unless it says otherwise)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither seconds since the epoch nor an ISO 8601 time"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.timezone.utc)
+    return moment.timestamp()
+
+
+def parse_conf(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--conf wants KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="mconn-pipeline",
+        description="Fleet telemetry of mconn nodes: link, reconnect, delivery-audit, channel, latency and "
+        "error tables (Parquet) and an HTML report, on Spark.",
+    )
+    p.add_argument("logs", nargs="+", metavar="LOGS", help="telemetry files, directories, globs or URIs")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the tables go (any URI Spark writes)")
+    p.add_argument("--master", metavar="URL", help="Spark master (default: spark-submit's, else local[*])")
+    p.add_argument("--since", type=parse_time, metavar="T", help="only events at or after T")
+    p.add_argument("--until", type=parse_time, metavar="T", help="only events before T")
+    p.add_argument("--report", metavar="FILE", help="the HTML report (default: DIR/report.html for a local DIR)")
+    p.add_argument("--conf", type=parse_conf, action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting, e.g. spark.driver.memory=1g (repeatable)")
+    p.add_argument("--check", action="store_true", help="exit with status 3 if a message was lost or duplicated")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line instead of a table")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    if args.since is not None and args.until is not None and args.since >= args.until:
+        print("mconn-pipeline: error: --since must be before --until", file=sys.stderr)
+        return 2
+    from pyspark import SparkContext
+
+    from mconn.pipeline import console, job
+    from mconn.pipeline.spark import Progress, build_session
+
+    progress = Progress(len(job.STAGES), enabled=not args.quiet)
+    ours = SparkContext._active_spark_context is None  # else a caller's session: leave it running
+    spark = build_session(args.master, dict(args.conf))
+    try:
+        result = job.run(
+            spark, args.logs, args.out, since=args.since, until=args.until, report_path=args.report, progress=progress
+        )
+    except Exception as error:  # a missing path, an unwritable DIR, a lost cluster...
+        print(f"mconn-pipeline: error: {console.describe(error)}", file=sys.stderr)
+        return 1
+    finally:
+        if ours:
+            spark.stop()
+    if args.json:
+        record = {"summary": result.summary, "timings": result.timings, "report": result.report}
+        print(json.dumps(record, default=str))
+    else:
+        print(console.summary_table(result.summary, result.report, args.out))
+    if args.check and (result.summary["lost"] or result.summary["duplicated"]):
+        return 3
+    return 0
+
+
+if __name__ == "__main__":  # spark-submit runs this file
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The pipeline's stages, in order (specs/pipeline.md section 1).
+
+``run`` reads the telemetry once into the ``events`` table (Parquet, one partition per
+event name), then builds each output table from it and writes it under ``out``, then
+the report. Each stage prints one progress line. The few small frames several tables
+share (sessions, breaks, counters) are cached for the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+from pyspark.sql import functions as F
+
+from mconn.pipeline import audit, channels, errors, ingest, latency, links, reconnects, sessions, summary
+from mconn.pipeline.spark import Progress
+
+TABLES = ("links", "reconnects", "delivery_audit", "channels", "latency", "errors", "summary")
+STAGES = ("read telemetry", *TABLES, "report")
+
+
+@dataclasses.dataclass
+class Result:
+    """What a run made: the summary row, where the tables and the report are, timings."""
+
+    out: str
+    summary: dict
+    event_counts: dict
+    report: str | None
+    timings: dict
+
+    def table(self, name: str) -> str:
+        return table_path(self.out, name)
+
+
+def table_path(out: str, name: str) -> str:
+    return out.rstrip("/") + "/" + name
+
+
+def local_path(out: str) -> str | None:
+    """The local directory behind ``out``, or None for a remote URI (hdfs://, s3a://...)."""
+    if out.startswith("file:"):
+        rest = out[len("file:"):]
+        return "/" + rest.lstrip("/")  # file:/x, file:///x
+    return None if "://" in out else out
+
+
+def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | None = None, progress=None) -> Result:
+    """Run every stage; ``report_path`` defaults to ``out/report.html`` for a local ``out``."""
+    progress = progress or Progress(len(STAGES))
+    everything, counts = _read(spark, list(inputs), out, since, until, progress)
+    events = everything.where(~F.col("event").isin(ingest.MALFORMED, ingest.UNKNOWN))
+    shared = _Shared(events)
+    try:
+        written, rows = _tables(spark, events, shared, out, progress)
+        with progress.stage("summary") as stage:
+            row = summary.build(
+                spark, counts, events, links=written["links"], reconnects=written["reconnects"],
+                audit=written["delivery_audit"], errors=written["errors"], latency=written["latency"],
+            )
+            row.write.mode("overwrite").parquet(table_path(out, "summary"))
+            headline = spark.read.parquet(table_path(out, "summary")).first().asDict()
+            stage.detail = f"lost {headline['lost']}, duplicated {headline['duplicated']}"
+        with progress.stage("report") as stage:
+            report_path = report_path or _default_report(out)
+            if report_path is not None:
+                from mconn.pipeline import report  # matplotlib: only when a report is made
+
+                report.write(report_path, headline, written, rows, shared, counts, everything)
+                stage.detail = report_path
+            else:
+                stage.detail = "skipped: no local --report path for a remote --out"
+    finally:
+        shared.release()
+    return Result(out=out, summary=headline, event_counts=counts, report=report_path, timings=dict(progress.timings))
+
+
+def _read(spark, inputs: list[str], out: str, since, until, progress):
+    """The read stage: the events table written, read back; and its records per event."""
+    with progress.stage("read telemetry") as stage:
+        events_path = table_path(out, "events")
+        ingest.write_events(ingest.parse(ingest.read_records(spark, inputs), since, until), events_path)
+        everything = ingest.load_events(spark, events_path)
+        counts = {r["event"]: r["count"] for r in everything.groupBy("event").count().collect()}
+        known = sum(n for e, n in counts.items() if e not in (ingest.MALFORMED, ingest.UNKNOWN))
+        stage.detail = (
+            f"{known:,} events, {counts.get(ingest.MALFORMED, 0):,} malformed, "
+            f"{counts.get(ingest.UNKNOWN, 0):,} unknown"
+        )
+    return everything, counts
+
+
+def _tables(spark, events, shared, out: str, progress) -> tuple[dict, dict]:
+    """One stage per table: built, written, read back; returns the tables and their sizes."""
+    builders = {
+        "links": lambda: links.build(shared.sessions, shared.breaks, shared.counters, events),
+        "reconnects": lambda: reconnects.build(events, shared.breaks, shared.sessions),
+        "delivery_audit": lambda: audit.build(shared.counters),
+        "channels": lambda: channels.build(events),
+        "latency": lambda: latency.build(shared.rtt_samples),
+        "errors": lambda: errors.build(events),
+    }
+    written, rows = {}, {}
+    for name, build in builders.items():
+        with progress.stage(name) as stage:
+            build().write.mode("overwrite").parquet(table_path(out, name))
+            written[name] = spark.read.parquet(table_path(out, name))
+            rows[name] = written[name].count()
+            stage.detail = f"{rows[name]:,} rows"
+    return written, rows
+
+
+def _default_report(out: str) -> str | None:
+    local = local_path(out)
+    return os.path.join(local, "report.html") if local is not None else None
+
+
+class _Shared:
+    """Frames several stages use, built on first use and cached for the run."""
+
+    def __init__(self, events) -> None:
+        self.events = events
+        self._cached = []
+
+    def _keep(self, df):
+        self._cached.append(df.cache())
+        return self._cached[-1]
+
+    @functools.cached_property
+    def sessions(self):
+        return self._keep(sessions.sessions(self.events))
+
+    @functools.cached_property
+    def breaks(self):
+        return self._keep(sessions.suspensions(self.events))
+
+    @functools.cached_property
+    def counters(self):
+        return self._keep(sessions.counters(self.events, self.sessions))
+
+    @functools.cached_property
+    def rtt_samples(self):
+        return self._keep(latency.handshake_samples(self.events))
+
+    def release(self) -> None:
+        for df in self._cached:
+            df.unpersist()

@@ -1,0 +1,92 @@
+"""The ``summary`` table: one row of fleet headline numbers (specs/pipeline.md section 4.6).
+
+Built from the other tables as one-row aggregates joined side by side, so it costs one
+Spark job. ``event_counts`` is the events table's count per partition (ingest.py).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame, functions as F
+
+from mconn.pipeline.ingest import MALFORMED, UNKNOWN
+
+#: Column order of the summary row, as the console and the report show it.
+COLUMNS = (
+    "nodes", "events", "malformed_records", "unknown_events", "first_time", "last_time",
+    "sessions", "links", "resumes", "fresh_starts", "expired_sessions", "rejected_sessions", "restarted_sessions",
+    "dial_attempts", "failed_dials", "recovery_p50_seconds", "recovery_max_seconds",
+    "messages_audited", "lost", "duplicated", "in_doubt", "unsettled", "one_sided_rows",
+    "protocol_errors", "refused_connections", "gave_up_dials", "loop_stalls", "reactor_errors",
+    "rtt_p50_seconds", "rtt_p99_seconds", "rtt_source",
+)
+
+
+#: Summary column -> the error sources it adds up.
+ERROR_COLUMNS = {
+    "protocol_errors": ("protocol_error",),
+    "refused_connections": ("peer_rejected", "connection_refused"),
+    "gave_up_dials": ("dial_gave_up",),
+    "loop_stalls": ("loop_stalled",),
+    "reactor_errors": ("reactor_error",),
+}
+
+
+def build(spark, event_counts: dict, events, *, links, reconnects, audit, errors, latency) -> DataFrame:
+    known = sum(n for name, n in event_counts.items() if name not in (MALFORMED, UNKNOWN))
+    base = spark.range(1).select(
+        F.lit(known).alias("events"),
+        F.lit(event_counts.get(MALFORMED, 0)).cast("long").alias("malformed_records"),
+        F.lit(event_counts.get(UNKNOWN, 0)).cast("long").alias("unknown_events"),
+    )
+    fleet = events.agg(
+        F.countDistinct("node_id").alias("nodes"),
+        F.timestamp_seconds(F.min("log_time")).alias("first_time"),
+        F.timestamp_seconds(F.max("log_time")).alias("last_time"),
+    )
+    per_session = links.groupBy("session_id").agg(
+        F.max("resumes").alias("resumes"),
+        F.max(F.coalesce(F.col("resume_refused"), F.lit("")) != "").alias("fresh"),
+        F.max(F.col("outcome") == "expired").alias("expired"),
+        F.max(F.col("outcome") == "rejected").alias("rejected"),
+    )
+    sessions = per_session.agg(
+        F.count("*").alias("sessions"),
+        F.coalesce(F.sum("resumes"), F.lit(0)).alias("resumes"),
+        F.count(F.when(F.col("fresh"), 1)).alias("fresh_starts"),
+        F.count(F.when(F.col("expired"), 1)).alias("expired_sessions"),
+        F.count(F.when(F.col("rejected"), 1)).alias("rejected_sessions"),
+    )
+    pairs = links.select(F.least("node_id", "peer_id").alias("a"), F.greatest("node_id", "peer_id").alias("b"))
+    link_rows = links.agg(F.count(F.when(F.col("outcome") == "restarted", 1)).alias("restarted_sessions")).crossJoin(
+        pairs.agg(F.countDistinct("a", "b").alias("links"))
+    )
+    breaks = reconnects.where(F.col("break_time").isNotNull()).dropDuplicates(["node_id", "peer_id", "break_time"])
+    dials = reconnects.agg(
+        F.count("*").alias("dial_attempts"), F.count(F.when(F.col("result") != "connected", 1)).alias("failed_dials")
+    ).crossJoin(
+        breaks.agg(
+            F.percentile_approx("recovery_seconds", 0.5).alias("recovery_p50_seconds"),
+            F.max("recovery_seconds").alias("recovery_max_seconds"),
+        )
+    )
+    audited = audit.agg(
+        F.coalesce(F.sum(F.when(F.col("verdict") != "one_sided", F.col("accepted"))), F.lit(0))
+        .alias("messages_audited"),
+        *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in ("lost", "duplicated", "in_doubt", "unsettled")],
+        F.count(F.when(F.col("verdict") == "one_sided", 1)).alias("one_sided_rows"),
+    )
+    by_source = errors.agg(
+        *[
+            F.coalesce(F.sum(F.when(F.col("source").isin(*sources), F.col("count"))), F.lit(0)).alias(name)
+            for name, sources in ERROR_COLUMNS.items()
+        ]
+    )
+    rtt = latency.where(F.col("scope") == "fleet").select(
+        F.col("p50_seconds").alias("rtt_p50_seconds"), F.col("p99_seconds").alias("rtt_p99_seconds"),
+        F.col("source").alias("rtt_source"),
+    )
+    rtt = spark.range(1).join(rtt, how="left").drop("id")  # one row even without samples
+    row = base
+    for part in (fleet, sessions, link_rows, dials, audited, by_source, rtt):
+        row = row.crossJoin(part)
+    return row.select(*COLUMNS)

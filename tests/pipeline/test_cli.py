@@ -1,0 +1,53 @@
+"""The command line's edges (usage, times, failures) and the --since/--until window.
+
+The full run of the command is in test_known_truth.py; these need no output tables.
+"""
+
+import argparse
+
+import pytest
+
+from mconn.pipeline import cli, ingest
+
+from .fleetlog import ORIGIN, FleetLog
+
+
+def test_times_are_epoch_seconds_or_iso_8601():
+    assert cli.parse_time("1700000000.5") == 1700000000.5
+    assert cli.parse_time("2023-11-14T22:13:20") == 1700000000.0  # UTC when the zone is not given
+    assert cli.parse_time("2023-11-14T23:13:20+01:00") == 1700000000.0
+    with pytest.raises(argparse.ArgumentTypeError, match="neither seconds"):
+        cli.parse_time("yesterday")
+
+
+def test_conf_is_key_equals_value():
+    assert cli.parse_conf("spark.driver.memory=1g") == ("spark.driver.memory", "1g")
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli.parse_conf("spark.driver.memory")
+
+
+def test_usage_errors_exit_with_2(capsys):
+    with pytest.raises(SystemExit) as raised:
+        cli.main(["logs"])  # no --out
+    assert raised.value.code == 2
+    assert cli.main(["logs", "--out", "x", "--since", "20", "--until", "10"]) == 2
+    assert "--since must be before --until" in capsys.readouterr().err
+
+
+def test_a_missing_input_fails_with_1_and_one_line(spark, tmp_path, capsys):
+    status = cli.main([str(tmp_path / "nothing-here"), "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.startswith("mconn-pipeline: error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_since_and_until_keep_a_window_and_every_malformed_record(spark, tmp_path):
+    fleet = FleetLog()
+    node = fleet.node("A")
+    for t in range(10):
+        node.listen(t)
+    node.raw(5.5, "garbage\n")
+    fleet.write(tmp_path)
+    records = ingest.read_records(spark, [str(tmp_path)])
+    events = ingest.parse(records, since=ORIGIN + 3, until=ORIGIN + 7).groupBy("event").count().collect()
+    assert {r["event"]: r["count"] for r in events} == {"listening": 4, ingest.MALFORMED: 1}

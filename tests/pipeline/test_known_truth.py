@@ -1,0 +1,267 @@
+"""Hand-made fleet logs with known truth, through ``mconn-pipeline`` (cli.main) on real Spark.
+
+Six nodes, one scenario per link so that each fault can be checked where it must show
+up and nowhere else: a lost message (A -> B), a duplicate (C -> A), a resume (B dials
+C), a grace expiry (D dials B), a restart (F crashes and comes back; E dials it), plus
+malformed records, unknown events, protocol errors and a refused peer. The run is
+module-scoped: the tests read its tables.
+"""
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from .fleetlog import FleetLog, Link, node_id, record, session_id
+
+A, B, C, D, E, F = (node_id(n) for n in "ABCDEF")
+S_LOST, S_DUP, S_RESUME, S_EXPIRE, S_OLD, S_NEW = (
+    session_id(n) for n in ("s-lost", "s-dup", "s-resume", "s-expire", "s-old", "s-new")
+)
+REFUSED = "unknown session (expired, or this node restarted)"
+MALFORMED = 6
+
+
+def build_fleet() -> FleetLog:
+    fleet = FleetLog()
+    a, b, c, d, e, f = (fleet.node(n) for n in "ABCDEF")
+    for node in (a, b, c, d, e, f):
+        node.listen(0)
+    # A lost message: A accepted and saw acked 11 on 0x20, B delivered 10.
+    lost = Link(a, b, "s-lost", 10, rtt=0.010)
+    lost.send(a, 0x20, 10)
+    lost.lose(a, 0x20)
+    lost.send(b, 0x21, 4)
+    lost.stats(a, 15, queue={0x20: 3, 0x21: 2}, sent_bytes={0x20: 1000, 0x21: 5000})
+    lost.stats(a, 25, queue={0x20: 3, 0x21: 2}, sent_bytes={0x20: 2000, 0x21: 10000})
+    lost.stats(b, 16)
+    lost.end(70)
+    # A duplicate: C accepted 7 on 0x21, A delivered 8.
+    dup = Link(c, a, "s-dup", 80, rtt=0.030)
+    dup.send(c, 0x21, 7)
+    dup.duplicate(c, 0x21)
+    dup.end(120)
+    # A resume: the link breaks at 150, a dial fails, the second resumes the session.
+    resume = Link(b, c, "s-resume", 130, rtt=0.020)
+    resume.send(b, 0x20, 20)
+    resume.send(c, 0x21, 3)
+    resume.suspend(150)
+    resume.dial(150.5, 1, "failed", error="ConnectionRefusedError: Connection was refused by other side")
+    resume.resume(152, attempt=2)
+    resume.send(b, 0x20, 5)
+    resume.end(200)
+    # A grace expiry: 2 messages accepted by D were never confirmed; reported undelivered.
+    expire = Link(d, b, "s-expire", 210)
+    expire.send(d, 0x20, 5)
+    expire.unconfirmed(d, 0x20, 2)
+    expire.suspend(220)
+    for attempt, at in enumerate((221, 223, 227), start=1):
+        expire.dial(at, attempt, "failed", error="ConnectionRefusedError: refused")
+    expire.end(250, "SessionExpired", lose_connection=False)
+    # A restart: F's process dies at 285 with its session open (no end in its log),
+    # comes back at 290; E's resume is refused and a fresh session starts.
+    old = Link(e, f, "s-old", 270)
+    old.send(e, 0x20, 5)
+    old.unconfirmed(e, 0x20, 1)
+    old.send(f, 0x21, 3)
+    old.unconfirmed(f, 0x21, 1)  # died with F: never reported by anyone
+    old.stats(f, 280)
+    old.suspend(285, ends=(e,))
+    f.listen(290)
+    old.end(291.005, "SessionRejected", ends=(e,), lose_connection=False)
+    new = Link(e, f, "s-new", 291.0, resume_refused=REFUSED)
+    old.dial(291.02, 1, "connected")
+    new.send(e, 0x20, 2)
+    new.end(330)
+    # Errors: two protocol errors from one remote host (one of them on the line of a
+    # record cut short), a refused duplicate peer.
+    proto = dict(peer_id=None, remote_address="10.0.0.9:4000", error_type="UnknownPacketType", error="packet type 0x77")
+    cut_short = f'\x1e{{"event": "connection_made", "node_id": "{C}", "direc'
+    c.raw(99.9, cut_short + record("protocol_error", 100, node_id=C, **proto))
+    c.emit("protocol_error", 101, **proto)
+    a.emit("peer_rejected", 105, peer_id=B, remote_address="127.0.0.1:5555", reason="duplicate",
+           message=f"node {B} is already connected")
+    a.emit("connection_refused", 106, remote_address="10.0.0.9:4100", reason="ip_limit", message="3 of 3")
+    c.emit("loop_stalled", 102, peer_id=None, late=0.25)
+    # A first dial that gives up: an attempt that belongs to no break.
+    d.emit("dial_attempt", 5, peer_id=None, address="127.0.0.1:9999", attempt=1, delay=0.0, result="failed",
+           error="ConnectionRefusedError: refused")
+    d.emit("dial_gave_up", 6, peer_id=None, reason="max_reconnects 1 reached: ConnectionRefusedError")
+    # Malformed records (6, one of them above) and unknown events (2).
+    a.raw(50, "not json\n")
+    a.raw(52, record("channel_stats", 52, node_id=A, peer_id=B, channel_id=0x20, queue_depth="deep"))
+    a.raw(53, record("listening", 53, address="127.0.0.1:1"))  # no node_id
+    a.raw(54, "\x1e[1, 2]\n")
+    a.raw(55, record("session_ended", 55, node_id=A, peer_id=B, session_id=session_id("s-bogus"), channels=[1, 2]))
+    b.emit("node_upgraded", 60, version="2")
+    b.emit("node_upgraded", 61, version="3")
+    return fleet
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory, spark):
+    """Run the command on the fleet's files (a directory and a glob); returns (status, JSON, out)."""
+    from mconn.pipeline import cli
+
+    root = tmp_path_factory.mktemp("known-truth")
+    paths = build_fleet().write(root / "logs")
+    (root / "more").mkdir()
+    for name in "EF":  # some files through a directory, the others through a glob
+        paths[name].rename(root / "more" / paths[name].name)
+    out = root / "tables"
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        status = cli.main([str(root / "logs" / "*.json"), str(root / "more"), "--out", str(out), "--json", "--check"])
+    return status, json.loads(stdout.getvalue().strip().splitlines()[-1]), str(out)
+
+
+def by(rows, *keys):
+    """Rows by the value of one key, or by the tuple of several."""
+    return {(r[keys[0]] if len(keys) == 1 else tuple(r[k] for k in keys)): r for r in rows}
+
+
+def test_check_fails_the_command_because_of_the_lost_and_the_duplicated_message(out):
+    status, result, _ = out
+    assert status == 3
+    assert result["summary"]["lost"] == 1 and result["summary"]["duplicated"] == 1
+
+
+def test_the_lost_message_shows_up_in_one_audit_row_only(out, tables):
+    rows = tables(out[2], "delivery_audit")
+    lost = [(r["sender"], r["receiver"], r["session_id"], r["channel_id"], r["lost"]) for r in rows if r["lost"]]
+    assert lost == [(A, B, S_LOST, 0x20, 1)]
+    row = by(rows, "sender", "receiver", "session_id", "channel_id")[(A, B, S_LOST, 0x20)]
+    assert (row["accepted"], row["acked"], row["undelivered"], row["delivered"]) == (11, 11, 0, 10)
+    assert row["verdict"] == "lost" and row["sender_final"] and row["receiver_final"]
+
+
+def test_the_duplicate_shows_up_in_one_audit_row_only(out, tables):
+    rows = tables(out[2], "delivery_audit")
+    dups = [(r["sender"], r["receiver"], r["session_id"], r["channel_id"], r["duplicated"])
+            for r in rows if r["duplicated"]]
+    assert dups == [(C, A, S_DUP, 0x21, 1)]
+
+
+def test_every_other_audit_row_is_clean(out, tables):
+    """The only verdicts besides ok: the lost row, the duplicate, and F's restart."""
+    rows = tables(out[2], "delivery_audit")
+    verdicts = {(r["sender"], r["session_id"], r["channel_id"]): r["verdict"] for r in rows if r["verdict"] != "ok"}
+    assert verdicts == {(A, S_LOST, 0x20): "lost", (C, S_DUP, 0x21): "duplicated", (F, S_OLD, 0x21): "unsettled"}
+    assert {r["session_id"] for r in rows} == {S_LOST, S_DUP, S_RESUME, S_EXPIRE, S_OLD, S_NEW}
+    assert sum(r["in_doubt"] for r in rows) == 0
+
+
+def test_grace_expiry_reports_undelivered_not_lost(out, tables):
+    audit = by(tables(out[2], "delivery_audit"), "sender", "session_id", "channel_id")
+    row = audit[(D, S_EXPIRE, 0x20)]
+    assert (row["accepted"], row["undelivered"], row["delivered"], row["lost"]) == (7, 2, 5, 0)
+    links = by(tables(out[2], "links"), "node_id", "session_id")
+    assert links[(D, S_EXPIRE)]["outcome"] == links[(B, S_EXPIRE)]["outcome"] == "expired"
+    assert links[(D, S_EXPIRE)]["suspended_seconds"] == pytest.approx(30.0, abs=0.01)
+    attempts = [r for r in tables(out[2], "reconnects") if r["session_id"] == S_EXPIRE]
+    attempts.sort(key=lambda r: r["attempt"])
+    assert [(r["attempt"], r["result"], r["resolution"], r["recovery_seconds"]) for r in attempts] == [
+        (1, "failed", "expired", None), (2, "failed", "expired", None), (3, "failed", "expired", None)
+    ]
+
+
+def test_the_restart_shows_up_as_a_lost_session_end_and_a_fresh_session(out, tables):
+    links = by(tables(out[2], "links"), "node_id", "session_id")
+    assert links[(F, S_OLD)]["outcome"] == "restarted" and links[(F, S_OLD)]["end"] is None
+    assert links[(E, S_OLD)]["outcome"] == "fresh"
+    assert links[(E, S_OLD)]["end_reason_type"] == "SessionRejected"
+    assert links[(E, S_NEW)]["resume_refused"] == links[(F, S_NEW)]["resume_refused"] == REFUSED
+    # F's counters for the old session come from its last channel_stats: one message
+    # it accepted was neither delivered nor reported undelivered by anyone.
+    audit = by(tables(out[2], "delivery_audit"), "sender", "session_id", "channel_id")
+    row = audit[(F, S_OLD, 0x21)]
+    assert (row["sender_final"], row["receiver_final"], row["accepted"], row["delivered"]) == (False, True, 4, 3)
+    assert (row["unsettled"], row["lost"]) == (1, 0)
+    assert audit[(E, S_OLD, 0x20)]["verdict"] == "ok"  # F's deliveries are a lower bound: nothing proven
+    [attempt] = [r for r in tables(out[2], "reconnects") if r["node_id"] == E]
+    assert (attempt["resolution"], attempt["session_id"]) == ("fresh", S_OLD)
+    assert attempt["recovery_seconds"] == pytest.approx(291.01 - 285.0001, abs=1e-3)
+
+
+def test_outcomes_of_every_session_end(out, tables):
+    outcomes = {(r["node_id"], r["session_id"]): r["outcome"] for r in tables(out[2], "links")}
+    assert outcomes == {
+        (A, S_LOST): "closed", (B, S_LOST): "closed",
+        (C, S_DUP): "closed", (A, S_DUP): "closed",
+        (B, S_RESUME): "resumed", (C, S_RESUME): "resumed",
+        (D, S_EXPIRE): "expired", (B, S_EXPIRE): "expired",
+        (E, S_OLD): "fresh", (F, S_OLD): "restarted",
+        (E, S_NEW): "closed", (F, S_NEW): "closed",
+    }
+
+
+def test_the_resume_is_counted_and_timed(out, tables):
+    links = by(tables(out[2], "links"), "node_id", "session_id")
+    for node in (B, C):
+        row = links[(node, S_RESUME)]
+        assert (row["resumes"], row["suspensions"]) == (1, 1)
+        assert row["suspended_seconds"] == pytest.approx(152.021 - 150.0001, abs=1e-3)
+        assert row["connections"] == 2
+    attempts = [r for r in tables(out[2], "reconnects") if r["session_id"] == S_RESUME]
+    attempts.sort(key=lambda r: r["attempt"])
+    assert [(r["node_id"], r["attempt"], r["result"], r["resolution"]) for r in attempts] == [
+        (B, 1, "failed", "resumed"), (B, 2, "connected", "resumed")
+    ]
+    assert attempts[0]["recovery_seconds"] == pytest.approx(152.021 - 150.0001, abs=1e-3)
+
+
+def test_bandwidth_share_follows_the_counters(out, tables):
+    rows = by([r for r in tables(out[2], "channels") if r["node_id"] == A and r["peer_id"] == B], "channel_id")
+    assert rows[0x20]["bytes_sent"] == 2000 and rows[0x21]["bytes_sent"] == 10000
+    assert rows[0x20]["bandwidth_share"] == pytest.approx(1 / 6)
+    assert rows[0x20]["priority_share"] == pytest.approx(1 / 6)
+    assert rows[0x21]["bandwidth_share"] == pytest.approx(5 / 6)
+    assert rows[0x21]["contended_samples"] == 2
+
+
+def test_handshake_round_trips_per_link(out, tables):
+    rows = by([r for r in tables(out[2], "latency") if r["scope"] == "link"], "node_id", "peer_id")
+    assert rows[(C, A)]["p50_seconds"] == pytest.approx(0.030, abs=1e-4)
+    assert rows[(B, C)]["samples"] == 2 and rows[(B, C)]["p50_seconds"] == pytest.approx(0.020, abs=1e-4)
+    assert (A, C) not in rows  # only the dialing side measures
+
+
+def test_errors_by_kind_and_remote_host(out, tables):
+    rows = {(r["source"], r["kind"], r["remote_host"]): r["count"] for r in tables(out[2], "errors")}
+    assert rows == {
+        ("protocol_error", "UnknownPacketType", "10.0.0.9"): 2,
+        ("peer_rejected", "duplicate", "127.0.0.1"): 1,
+        ("connection_refused", "ip_limit", "10.0.0.9"): 1,
+        ("dial_gave_up", "gave_up", None): 1,
+        ("loop_stalled", "loop_stalled", None): 1,
+    }
+
+
+def test_a_dial_that_belongs_to_no_break(out, tables):
+    [row] = [r for r in tables(out[2], "reconnects") if r["address"] == "127.0.0.1:9999"]
+    assert (row["peer_id"], row["session_id"], row["break_time"], row["resolution"]) == (None, None, None, None)
+
+
+def test_malformed_and_unknown_records_are_counted_not_fatal(out):
+    summary = out[1]["summary"]
+    assert (summary["malformed_records"], summary["unknown_events"]) == (MALFORMED, 2)
+    assert summary["nodes"] == 6
+
+
+def test_summary_headline(out):
+    s = out[1]["summary"]
+    assert (s["sessions"], s["links"], s["resumes"], s["fresh_starts"]) == (6, 5, 1, 1)
+    assert (s["expired_sessions"], s["restarted_sessions"]) == (1, 1)
+    assert (s["dial_attempts"], s["failed_dials"]) == (7, 5)
+    assert (s["lost"], s["duplicated"], s["unsettled"], s["in_doubt"]) == (1, 1, 1, 0)
+    assert (s["protocol_errors"], s["refused_connections"], s["gave_up_dials"], s["loop_stalls"]) == (2, 2, 1, 1)
+    assert s["reactor_errors"] == 0
+
+
+def test_report_is_one_html_file_with_embedded_plots(out):
+    report = out[1]["report"]
+    text = open(report, encoding="utf-8").read()
+    assert text.startswith("<!doctype html>") and "PROBLEM: 1 lost, 1 duplicated" in text
+    assert text.count("data:image/png;base64,") >= 5
+    assert "src=\"http" not in text  # self-contained
