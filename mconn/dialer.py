@@ -191,6 +191,15 @@ class AddressPool:
         self.states.append(AddressState(address, discovered=True))
         return True
 
+    def add_configured(self, address: PeerAddress | str) -> None:
+        """Append a configured address, or mark a discovered one as configured."""
+        address = _as_address(address)
+        state = self.get(address)
+        if state is None:
+            self.states.append(AddressState(address))
+        else:
+            state.discovered = False
+
     def replace(self, addresses: Iterable[PeerAddress | str]) -> None:
         """Make ``addresses`` the pool (NATS ``set_server_pool``).
 

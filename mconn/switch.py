@@ -20,7 +20,7 @@ from mconn import telemetry
 from mconn.address import PeerAddress, parse_address
 from mconn.config import Config
 from mconn.connection import Connection, State, close_packet
-from mconn.dialer import AddressPool, AddressState, Dialer, default_reconnect_delay
+from mconn.dialer import AddressPool, Dialer, default_reconnect_delay
 from mconn.errors import (
     AuthenticationError,
     ConnectionClosed,
@@ -244,7 +244,7 @@ class Switch(Service):
                 redial = self._dialers[target.node_id] = _Redial(self, target.node_id, [target], persistent=True)
             else:
                 redial.persistent = True
-                redial.add_configured(target)
+                redial.dialer.pool.add_configured(target)
             if existing is not None:
                 return defer.succeed(existing)
             return redial.first_session(retry)
@@ -678,10 +678,7 @@ class Switch(Service):
         old = peer._protocol
         if old is not None and old is not proto:
             # A newcomer that proves the session takes over the live transport at once.
-            old.peer = None
-            old.end_reason = ConnectionClosed("replaced", "the session moved to a new connection")
-            old.transport.abortConnection()
-            peer._suspend()
+            self._drop_transport(peer, "the session moved to a new connection")
             self._suspended_event(peer, old.end_reason)
         self._stop_waiting(peer, dialer=False)  # a dialer that got here stops by itself
         proto.peer = peer
@@ -1088,13 +1085,6 @@ class _Redial:
         self._waiters.append((d, retry))
         self.start()
         return d
-
-    def add_configured(self, target: PeerAddress) -> None:
-        state = self.dialer.pool.get(target)
-        if state is not None:
-            state.discovered = False
-        else:
-            self.dialer.pool.states.append(AddressState(target))
 
     def set_pool(self, addresses) -> None:
         self.dialer.set_address_pool(addresses)

@@ -339,3 +339,19 @@ def test_node_counters_stay_bounded_when_strangers_come_and_go(network, monkeypa
     assert len(b.switch.node_counters) <= 8
     assert b.switch.node_counters[a.switch.node_id]["duplicates_refused"] == 1
     assert f"{49:040x}" in b.switch.node_counters and f"{0:040x}" not in b.switch.node_counters
+
+
+def test_dialing_a_persistent_node_again_adds_the_address_as_configured(network):
+    a, b = Node(network, None), Node(network, 26656)
+    b.switch.listen_address = "127.0.0.1:26999"
+    a.switch.dial(b.address, persistent=True)
+    settle(network)
+    node_id = b.switch.node_id
+    a.switch.dial(f"{node_id}@127.0.0.1:26999", persistent=True)  # was discovered
+    a.switch.dial(f"{node_id}@127.0.0.1:27001", persistent=True)  # new
+    pool = a.switch.address_pool(node_id)
+    assert [(str(s.address), s.discovered) for s in pool] == [
+        (b.address, False),
+        (f"{node_id}@127.0.0.1:26999", False),
+        (f"{node_id}@127.0.0.1:27001", False),
+    ]
