@@ -5,7 +5,13 @@ STAMP := $(VENV)/.installed
 .PHONY: test run bench clean
 
 $(STAMP): setup.cfg pyproject.toml
-	command -v java >/dev/null 2>&1 || { apt-get update -q && apt-get install -y -q default-jre-headless; }
+	# Debian packages the tests use: java for Spark, tmux for the chat terminal test,
+	# chromium for the status page test. Installed only when missing.
+	missing=""; \
+	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
+	command -v tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,pipeline]'
