@@ -14,7 +14,7 @@ $(STAMP): setup.cfg pyproject.toml
 	if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,pipeline]'
+	$(PY) -m pip install -q -e '.[test,pipeline,chat]'
 	touch $(STAMP)
 
 test: $(STAMP)
