@@ -2,7 +2,8 @@
 
 Packets are built with the construct declarations of mconn/wire.py (the reference
 encoder), never with the hot-path encoder the code under test uses. The in-memory
-transports come from ``mconn.testing``, the only module that imports twisted.test.iosim.
+transports come from ``mconn.testing``, which has its own (lossy) transport; only
+tests/adapter/test_persistent.py still uses twisted.test.iosim, for one exact race.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Two or more Switches over in-memory transports (mconn.testing, iosim) on one Clock.
+"""Two or more Switches over in-memory transports (mconn.testing) on one Clock.
 
 Covers routing to the owning reactor, the reactor call order, the peer-set rules
 (duplicates, self, dialed id, inbound limit), reactor failures, broadcast and shutdown
