@@ -1,0 +1,610 @@
+"""Peer exchange (PEX): nodes tell each other where the nodes they know listen (specs/pex.md).
+
+The peer-to-peer counterpart of the NATS client's discovered servers: a node that knows
+one seed asks it for addresses, dials what it learns, asks its new peers in turn, and so
+finds the rest of the fleet. Learnt addresses are kept in a bounded address book and fed
+to the Switch's address pools (``Switch.address_pool(node_id).add_discovered``).
+
+Theory of operation
+-------------------
+Channel 0x00 (Tendermint's PEX channel) carries two messages, declared below with
+construct: a *request* naming how many addresses the asker accepts, and a *reply*
+(``addrs``) with at most that many. The bounds are those CometBFT learnt
+(../shared/research/mconn-anchors.md section 3.4):
+
+* *Asking.* Every ``request_interval`` (the first round after a random part of it) a
+  round dials book entries until the node has ``target_outbound`` outbound peers, then
+  asks one random peer for addresses. A new outbound peer is asked at once. A peer is
+  never asked while a request to it is unanswered, nor within half an interval of the
+  last request to it or of its reply (so a request delayed by a resume cannot make the
+  next one look like a flood).
+* *Answering.* A peer's request that comes within ``min_request_interval`` of its
+  previous one (the first is free) is a flood. The reply is a random selection of the
+  book, never the asker's own address nor an address whose last dial failed.
+* *Judging replies.* A reply nobody asked for, one larger than the channel allows, one
+  that does not parse, one with more addresses than asked for, or one naming a host that
+  cannot be dialed (unspecified, multicast, broadcast) is dropped whole; its sender is
+  penalised: closed with a ``PexMisbehaved`` naming the reason, counted, banned from PEX
+  for ``ban_time`` (never dialed, its PEX messages ignored, its address not shared).
+* *The book.* One entry per node id: the address, who told us (``source``: the node
+  itself for the address it announced in its hello or the one we dialed it at), dial
+  failures. A source may own at most ``per_source_cap`` entries and the book at most
+  ``book_size``; when full, the entry that failed most is evicted, and if none failed
+  the new address is dropped. A failed dial backs off exponentially; after
+  ``max_dial_failures`` the entry is forgotten.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import ipaddress
+import random
+import re
+import types
+
+from construct import (
+    Adapter,
+    Array,
+    Bytes,
+    ConstructError,
+    Error,
+    Int8ub,
+    Int16ub,
+    PascalString,
+    Struct,
+    Switch,
+    Terminated,
+    ValidationError,
+    this,
+)
+from twisted.logger import Logger
+
+from mconn import ChannelDescriptor, MalformedPacket, PeerIdMismatch, PeerRejected, Reactor, RemoteProtocolError
+from mconn.address import PeerAddress, parse_address
+from mconn.wire import NODE_ID_BYTES, uvarint
+
+log = Logger(namespace="reactors.pex")
+
+#: Tendermint's PEX channel id (mconn-anchors.md section 3.4).
+PEX_CHANNEL = 0x00
+#: The wire bound on the addresses of one reply (CometBFT's largest selection).
+MAX_WIRE_ADDRESSES = 250
+#: Largest encoded address: id (20) | host length (1) | host (<= 255) | port (2).
+MAX_ADDRESS_BYTES = NODE_ID_BYTES + 1 + 255 + 2
+#: The sender's own rule: never ask one peer twice within this part of request_interval.
+SEND_GAP = 0.5
+#: Errors of a dial that mean the node is connected anyway (specs/resume.md section 7).
+_CONNECTED_ANYWAY = frozenset({"duplicate", "simultaneous_dial"})
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+class PexType(enum.IntEnum):
+    """The first byte of a PEX message (Tendermint v0.18's go-wire type bytes)."""
+
+    REQUEST = 0x01
+    ADDRS = 0x02
+
+
+# -- the wire (specs/pex.md section 2) -------------------------------------------------
+
+
+class _AtMost(Adapter):
+    """An unsigned integer that must not exceed ``limit`` (checked before it sizes anything)."""
+
+    def __init__(self, subcon, limit: int, what: str) -> None:
+        super().__init__(subcon)
+        self.limit, self.what = limit, what
+
+    def _decode(self, obj, context, path):
+        if obj > self.limit:
+            raise ValidationError(f"{self.what} {obj} is over {self.limit}", path=path)
+        return obj
+
+    def _encode(self, obj, context, path):
+        return self._decode(obj, context, path)
+
+
+# One address: node id (20 bytes) | host length (1) | host (UTF-8) | port (2, big-endian)
+PexAddress = Struct(
+    "node_id" / Bytes(NODE_ID_BYTES),
+    "host" / PascalString(Int8ub, "utf8"),
+    "port" / Int16ub,
+)
+# 01 | uvarint max_addresses (<= 250): "send me at most this many"
+RequestBody = Struct("max_addresses" / _AtMost(uvarint, MAX_WIRE_ADDRESSES, "max_addresses"))
+# 02 | uvarint count (<= 250, checked before the entries are read) | count x PexAddress
+AddrsBody = Struct(
+    "count" / _AtMost(uvarint, MAX_WIRE_ADDRESSES, "address count"),
+    "addresses" / Array(this.count, PexAddress),
+)
+PexMessage = Struct(
+    "type" / Int8ub,
+    "body" / Switch(this.type, {PexType.REQUEST: RequestBody, PexType.ADDRS: AddrsBody}, default=Error),
+    Terminated,
+)
+
+
+def max_message_bytes(max_addresses: int) -> int:
+    """The largest reply carrying ``max_addresses`` addresses (the channel's capacity)."""
+    return 1 + 2 + max_addresses * MAX_ADDRESS_BYTES
+
+
+class PexMisbehaved(RemoteProtocolError):
+    """A peer broke the PEX rules; ``reason`` is a short stable word (specs/pex.md section 4):
+    ``malformed``, ``oversized``, ``unsolicited_reply``, ``too_many_addresses``,
+    ``unroutable_address`` or ``request_flood``."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"pex {reason}: {message}")
+        self.reason = reason
+
+
+def encode_request(max_addresses: int) -> bytes:
+    return PexMessage.build(dict(type=PexType.REQUEST, body=dict(max_addresses=max_addresses)))
+
+
+def encode_addrs(addresses) -> bytes:
+    """A reply listing ``addresses`` (PeerAddress objects with node ids)."""
+    entries = [dict(node_id=bytes.fromhex(a.node_id), host=a.host, port=a.port) for a in addresses]
+    return PexMessage.build(dict(type=PexType.ADDRS, body=dict(count=len(entries), addresses=entries)))
+
+
+def decode_message(message: bytes, *, limit: int | None = None):
+    """``(PexType.REQUEST, max_addresses)`` or ``(PexType.ADDRS, (PeerAddress, ...))``.
+
+    :param limit: the largest message accepted, checked before a byte is parsed.
+    :raises PexMisbehaved: ``oversized`` past ``limit``, ``malformed`` for bytes that do
+        not follow specs/pex.md or an address that cannot be one, ``unroutable_address``
+        for a host that can never be dialed.
+    """
+    if limit is not None and len(message) > limit:
+        raise PexMisbehaved("oversized", f"a PEX message of {len(message)} bytes; the limit is {limit}")
+    try:
+        parsed = PexMessage.parse(message)
+    except (ConstructError, MalformedPacket, IndexError, ValueError, UnicodeDecodeError) as e:
+        first = f"{message[0]:#04x}" if message else "none"
+        why = " ".join(str(e).split())
+        raise PexMisbehaved("malformed", f"{len(message)} bytes, type byte {first}: {why}") from None
+    if parsed.type == PexType.REQUEST:
+        return PexType.REQUEST, parsed.body.max_addresses
+    addresses = tuple(_address(entry) for entry in parsed.body.addresses)
+    seen = set()
+    for address in addresses:
+        if address.node_id in seen:
+            raise PexMisbehaved("malformed", f"the reply lists node {address.node_id} twice")
+        seen.add(address.node_id)
+    return PexType.ADDRS, addresses
+
+
+def _address(entry) -> PeerAddress:
+    try:
+        address = PeerAddress(entry.node_id.hex(), entry.host, entry.port)
+    except ValueError as e:
+        raise PexMisbehaved("malformed", str(e)) from None
+    problem = host_problem(address.host)
+    if problem is not None:
+        kind = "unroutable_address" if problem.startswith("unroutable") else "malformed"
+        raise PexMisbehaved(kind, f"address {address}: {problem}")
+    return address
+
+
+def host_problem(host: str) -> str | None:
+    """Why ``host`` can never be dialed, or None: an IP literal or a DNS name is needed,
+    and an IP must not be unspecified, multicast or broadcast."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None if _HOSTNAME.fullmatch(host) else f"host {host!r} is neither an IP address nor a DNS name"
+    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
+        return f"unroutable host {host} (unspecified, multicast or broadcast)"
+    return None
+
+
+def _is_public(host: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return True  # a DNS name: where it points is decided when it is dialed
+    return ip.is_global
+
+
+# -- the address book ------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class BookEntry:
+    """One known node: where it listens, who told us, what dialing it taught us."""
+
+    address: PeerAddress
+    #: The node id that told us; the node itself for its own announced or dialed address.
+    source: str
+    #: ``clock.seconds()`` when it was added.
+    added: float
+    #: Failed dials since the last success (PEX's own dials).
+    failures: int = 0
+    last_error: str | None = None
+    #: Not dialed before this ``clock.seconds()`` (the backoff after a failure).
+    next_dial: float = 0.0
+    #: Whether a session with it ever started.
+    did_connect: bool = False
+
+
+@dataclasses.dataclass
+class _PeerState:
+    """What PEX tracks per connected peer; dropped in ``remove_peer``."""
+
+    peer: object
+    #: A request to it is unanswered (only then is a reply from it solicited).
+    asked: bool = False
+    asked_for: int = 0
+    #: When we last asked it, or got its reply if that came later.
+    last_sent: float | None = None
+    last_received: float | None = None
+
+
+class PexReactor(Reactor):
+    """Peer exchange on channel 0x00. Every argument is optional (``twistd mconn
+    --reactor reactors.pex:PexReactor`` builds it with none).
+
+    :param request_interval: seconds between rounds (dial, then ask one peer).
+    :param min_request_interval: a peer's requests closer than this are a flood
+        (``request_interval / 3`` if None, as CometBFT).
+    :param max_addresses: addresses asked for per request and sent per reply at most.
+    :param per_source_cap: book entries one source may own.
+    :param book_size: book entries in all.
+    :param target_outbound: outbound peers the rounds dial up to (the Switch's
+        ``max_outbound_peers`` if None).
+    :param ban_time: seconds a penalised node is ignored.
+    :param dial_backoff: seconds before re-dialing an address that failed once; doubles
+        with each failure up to ``max_dial_backoff``.
+    :param max_dial_failures: failures in a row after which an entry is forgotten.
+    :param routable_only: keep only publicly routable IPs (CometBFT's ``addr_book_strict``);
+        off by default so that fleets on loopback and private networks work.
+    :param rng: a ``random.Random`` (seeded in tests).
+    """
+
+    def __init__(
+        self,
+        *,
+        request_interval: float = 10.0,
+        min_request_interval: float | None = None,
+        max_addresses: int = 100,
+        per_source_cap: int = 100,
+        book_size: int = 1000,
+        target_outbound: int | None = None,
+        ban_time: float = 24 * 3600.0,
+        dial_backoff: float = 1.0,
+        max_dial_backoff: float = 300.0,
+        max_dial_failures: int = 8,
+        routable_only: bool = False,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not request_interval > 0:
+            raise ValueError(f"request_interval {request_interval!r} must be > 0")
+        if not 1 <= max_addresses <= MAX_WIRE_ADDRESSES:
+            raise ValueError(f"max_addresses {max_addresses!r} must be from 1 to {MAX_WIRE_ADDRESSES}")
+        if per_source_cap < 1 or book_size < 1 or max_dial_failures < 1:
+            raise ValueError(
+                f"per_source_cap {per_source_cap!r}, book_size {book_size!r} and "
+                f"max_dial_failures {max_dial_failures!r} must be >= 1"
+            )
+        self.request_interval = request_interval
+        self.min_request_interval = request_interval / 3 if min_request_interval is None else min_request_interval
+        self.max_addresses = max_addresses
+        self.per_source_cap = per_source_cap
+        self.book_size = book_size
+        self.target_outbound = target_outbound
+        self.ban_time = ban_time
+        self.dial_backoff = dial_backoff
+        self.max_dial_backoff = max_dial_backoff
+        self.max_dial_failures = max_dial_failures
+        self.routable_only = routable_only
+        self.max_message_bytes = max_message_bytes(max_addresses)
+        self._rng = rng if rng is not None else random.Random()
+        self._book: dict[str, BookEntry] = {}
+        self._per_source: collections.Counter = collections.Counter()
+        self._peers: dict[str, _PeerState] = {}
+        self._dialing: set[str] = set()
+        #: node id -> clock time its ban ends.
+        self._banned: dict[str, float] = {}
+        self._timer = None
+        #: Rounds run so far.
+        self.rounds = 0
+        #: requests_sent/received, replies_sent/received/dropped/unsent, penalties,
+        #: addresses_added/capped/dropped/skipped/forgotten, dials, dial_failures, ignored.
+        self.counters: collections.Counter = collections.Counter()
+        #: Penalties by reason (PexMisbehaved.reason).
+        self.penalties: collections.Counter = collections.Counter()
+
+    # -- the read-only view ---------------------------------------------------------
+
+    @property
+    def book(self) -> types.MappingProxyType:
+        """Known addresses by node id (BookEntry); read-only."""
+        return types.MappingProxyType(self._book)
+
+    @property
+    def banned(self) -> types.MappingProxyType:
+        """Banned node ids, with the clock time each ban ends; read-only."""
+        return types.MappingProxyType(self._banned)
+
+    def status(self) -> dict:
+        """A JSON-ready summary for a status page."""
+        return {
+            "book": [
+                {"address": str(e.address), "source": e.source, "failures": e.failures, "did_connect": e.did_connect}
+                for e in self._book.values()
+            ],
+            "banned": sorted(self._banned),
+            "rounds": self.rounds,
+            "counters": dict(self.counters),
+            "penalties": dict(self.penalties),
+        }
+
+    # -- the Reactor contract -------------------------------------------------------
+
+    def get_channels(self):
+        return [
+            ChannelDescriptor(PEX_CHANNEL, priority=1, send_queue_capacity=10, recv_message_capacity=self.max_message_bytes)
+        ]
+
+    def add_peer(self, peer) -> None:
+        if self._is_banned(peer.node_id):
+            self.counters["ignored"] += 1
+            return
+        self._peers[peer.node_id] = _PeerState(peer)
+        address = self._address_of(peer)
+        if address is not None:
+            self.add_address(address, source=peer.node_id)
+        entry = self._book.get(peer.node_id)
+        if entry is not None:
+            entry.did_connect, entry.failures, entry.next_dial = True, 0, 0.0
+        if getattr(self.switch, "running", False):
+            self.start()
+        if peer.is_outbound and self._needs_addresses():
+            self._request(self._peers[peer.node_id])
+
+    def remove_peer(self, peer, reason) -> None:
+        state = self._peers.get(peer.node_id)
+        if state is not None and state.peer is peer:
+            del self._peers[peer.node_id]
+        if not getattr(self.switch, "running", False):
+            self.stop()
+
+    def receive(self, channel_id: int, peer, message: bytes) -> None:
+        state = self._peers.get(peer.node_id)
+        if state is None or state.peer is not peer or self._is_banned(peer.node_id):
+            self.counters["ignored"] += 1
+            return
+        try:
+            kind, value = decode_message(message, limit=self.max_message_bytes)
+        except PexMisbehaved as e:
+            self._penalise(state, e)
+            return
+        if kind == PexType.REQUEST:
+            self._answer(state, value)
+        else:
+            self._take_reply(state, value)
+
+    # -- rounds ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run rounds (add_peer does this once the Switch runs); the first comes after a
+        random part of ``request_interval``, so a fleet does not ask in lockstep."""
+        if self._timer is None:
+            self._timer = self.switch.clock.callLater(self._rng.random() * self.request_interval, self._round)
+
+    def stop(self) -> None:
+        """Stop the rounds (remove_peer does this once the Switch stops)."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _round(self) -> None:
+        self._timer = None
+        if not getattr(self.switch, "running", False):
+            return
+        self.rounds += 1
+        now = self.switch.clock.seconds()
+        for node_id in [n for n, until in self._banned.items() if until <= now]:
+            del self._banned[node_id]
+        self._dial_more(now)
+        if self._needs_addresses():
+            ready = [s for s in self._peers.values() if self._may_ask(s, now)]
+            if ready:
+                self._request(self._rng.choice(ready))
+        self._timer = self.switch.clock.callLater(self.request_interval, self._round)
+
+    def _may_ask(self, state: _PeerState, now: float) -> bool:
+        channels = state.peer.channels  # a FakePeer's may be None: any channel
+        if state.asked or (channels is not None and PEX_CHANNEL not in channels):
+            return False
+        return state.last_sent is None or now - state.last_sent >= SEND_GAP * self.request_interval
+
+    def _needs_addresses(self) -> bool:
+        return len(self._book) < self.book_size
+
+    def _request(self, state: _PeerState) -> None:
+        if state.peer.try_send(PEX_CHANNEL, encode_request(self.max_addresses)):
+            state.asked, state.asked_for = True, self.max_addresses
+            state.last_sent = self.switch.clock.seconds()
+            self.counters["requests_sent"] += 1
+
+    # -- dialing --------------------------------------------------------------------
+
+    def _dial_more(self, now: float) -> None:
+        """Dial book entries until ``target_outbound`` outbound peers are up or being dialed."""
+        switch = self.switch
+        if not getattr(switch, "running", False):
+            return
+        target = self.target_outbound if self.target_outbound is not None else switch.config.max_outbound_peers
+        outbound = sum(1 for p in switch.peers.values() if p.is_outbound) + len(self._dialing)
+        if outbound >= target:
+            return
+        candidates = [
+            e
+            for node_id, e in self._book.items()
+            if node_id not in switch.peers
+            and node_id not in self._dialing
+            and e.next_dial <= now
+            and switch.address_pool(node_id) is None  # the Switch dials it already
+        ]
+        self._rng.shuffle(candidates)
+        candidates.sort(key=lambda e: e.failures)
+        for entry in candidates[: target - outbound]:
+            self._dial(entry)
+
+    def _dial(self, entry: BookEntry) -> None:
+        node_id = entry.address.node_id
+        self._dialing.add(node_id)
+        self.counters["dials"] += 1
+        d = self.switch.dial(str(entry.address), retry_initial_dial=False)
+        d.addCallbacks(self._dialed, self._dial_failed, callbackArgs=(node_id,), errbackArgs=(node_id,))
+
+    def _dialed(self, peer, node_id: str) -> None:
+        self._dialing.discard(node_id)
+
+    def _dial_failed(self, failure, node_id: str) -> None:
+        self._dialing.discard(node_id)
+        error = failure.value
+        entry = self._book.get(node_id)
+        if not getattr(self.switch, "running", False) or entry is None:
+            return
+        if isinstance(error, PeerRejected) and error.reason in _CONNECTED_ANYWAY:
+            return
+        self.counters["dial_failures"] += 1
+        entry.failures += 1
+        entry.last_error = f"{type(error).__name__}: {error}"
+        if isinstance(error, PeerIdMismatch) or entry.failures >= self.max_dial_failures:
+            self._forget(node_id)
+            self.counters["addresses_forgotten"] += 1
+            log.info("pex forgets {address}: {error}", address=str(entry.address), error=entry.last_error)
+            return
+        backoff = min(self.dial_backoff * 2 ** min(entry.failures - 1, 30), self.max_dial_backoff)
+        entry.next_dial = self.switch.clock.seconds() + backoff
+
+    # -- the book -------------------------------------------------------------------
+
+    def add_address(self, address, *, source: str) -> bool:
+        """Learn ``address`` (``ID@HOST:PORT`` or a PeerAddress) from ``source``.
+
+        :returns: True if the book changed.
+        :raises ValueError: for an address that does not parse or has no node id.
+        """
+        address = address if isinstance(address, PeerAddress) else parse_address(address)
+        node_id = address.node_id
+        if node_id is None:
+            raise ValueError(f"a book address needs its node id (ID@host:port), got {address}")
+        if node_id == self.switch.node_id or self._is_banned(node_id) or self._is_banned(source):
+            return False
+        if self.routable_only and not _is_public(address.host):
+            self.counters["addresses_skipped"] += 1
+            return False
+        pool = self.switch.address_pool(node_id)
+        if pool is not None:
+            pool.add_discovered(address)  # AddressPool heeds ignore_discovered_addresses
+        entry = self._book.get(node_id)
+        if entry is not None:
+            if source == node_id and entry.address != address:  # the node's own word wins
+                self._per_source[entry.source] -= 1
+                self._per_source[source] += 1
+                entry.address, entry.source, entry.failures, entry.next_dial = address, source, 0, 0.0
+                return True
+            return False
+        if source != node_id and self._per_source[source] >= self.per_source_cap:
+            self.counters["addresses_capped"] += 1
+            return False
+        if len(self._book) >= self.book_size and not self._evict():
+            self.counters["addresses_dropped"] += 1
+            return False
+        self._book[node_id] = BookEntry(address=address, source=source, added=self.switch.clock.seconds())
+        self._per_source[source] += 1
+        self.counters["addresses_added"] += 1
+        return True
+
+    def _evict(self) -> bool:
+        """Make room: forget the unconnected entry with the most failures (none: False)."""
+        failed = [e for n, e in self._book.items() if e.failures and n not in self.switch.peers]
+        if not failed:
+            return False
+        self._forget(max(failed, key=lambda e: e.failures).address.node_id)
+        return True
+
+    def _forget(self, node_id: str) -> None:
+        entry = self._book.pop(node_id, None)
+        if entry is not None:
+            self._per_source[entry.source] -= 1
+            if not self._per_source[entry.source]:
+                del self._per_source[entry.source]
+
+    def _address_of(self, peer) -> PeerAddress | None:
+        """Where ``peer`` can be dialed: the address we dialed, or the one it announced
+        (an unspecified host, as from ``--listen tcp:26656``, is its remote host)."""
+        dialed = getattr(peer, "address", None)
+        if peer.is_outbound and dialed is not None and dialed.node_id == peer.node_id:
+            return dialed
+        if not peer.listen_address:
+            return None
+        try:
+            announced = parse_address(peer.listen_address)
+            host = announced.host
+            if host_problem(host) is not None:
+                host = parse_address(peer.remote_address).host
+            address = PeerAddress(peer.node_id, host, announced.port)
+        except ValueError:
+            return None
+        return address if host_problem(address.host) is None else None
+
+    def _is_banned(self, node_id: str) -> bool:
+        until = self._banned.get(node_id)
+        return until is not None and until > self.switch.clock.seconds()
+
+    # -- answering and judging ------------------------------------------------------
+
+    def _answer(self, state: _PeerState, wanted: int) -> None:
+        now = self.switch.clock.seconds()
+        self.counters["requests_received"] += 1
+        last, state.last_received = state.last_received, now
+        if last is not None and now - last < self.min_request_interval:
+            error = PexMisbehaved(
+                "request_flood",
+                f"a request {now - last:.3f}s after the previous one; at most one per {self.min_request_interval}s",
+            )
+            self._penalise(state, error)
+            return
+        requester = state.peer.node_id
+        shared = [e.address for n, e in self._book.items() if n != requester and not e.failures]
+        chosen = self._rng.sample(shared, min(len(shared), wanted, self.max_addresses))
+        if state.peer.try_send(PEX_CHANNEL, encode_addrs(chosen)):
+            self.counters["replies_sent"] += 1
+        else:
+            self.counters["replies_unsent"] += 1
+
+    def _take_reply(self, state: _PeerState, addresses) -> None:
+        if not state.asked:
+            self._penalise(state, PexMisbehaved("unsolicited_reply", f"a reply of {len(addresses)} addresses we did not ask for"))
+            return
+        if len(addresses) > state.asked_for:
+            error = PexMisbehaved("too_many_addresses", f"{len(addresses)} addresses; we asked for at most {state.asked_for}")
+            self._penalise(state, error)
+            return
+        state.asked = False
+        state.last_sent = self.switch.clock.seconds()  # the gap runs from the reply too (specs/pex.md 3.2)
+        self.counters["replies_received"] += 1
+        source = state.peer.node_id
+        for address in addresses:
+            self.add_address(address, source=source)
+        self._dial_more(self.switch.clock.seconds())
+
+    def _penalise(self, state: _PeerState, error: PexMisbehaved) -> None:
+        """Drop the message, close the peer with ``error``, count it, ban the node."""
+        node_id = state.peer.node_id
+        self.penalties[error.reason] += 1
+        self.counters["penalties"] += 1
+        self.counters["requests_dropped" if error.reason == "request_flood" else "replies_dropped"] += 1
+        self._banned[node_id] = self.switch.clock.seconds() + self.ban_time
+        self._forget(node_id)
+        log.warn("pex penalises {peer_id}: {error}", peer_id=node_id, reason=error.reason, error=str(error))
+        state.peer.close(error)
