@@ -8,7 +8,8 @@
 
 Running a node is twistd's job: ``twistd -n mconn --help``.
 
-The status document (``GET URL/status.json``) is a JSON object; the fields read here::
+The status document (``GET URL/status.json``, served by ``twistd mconn --status ENDPOINT``,
+mconn/status.py) is specified field by field in specs/status.md; the fields read here::
 
     {"node_id": str, "listen_addresses": [str],
      "peers": [{"node_id": str, "state": str, "remote_address": str,

@@ -3,12 +3,13 @@
 twisted/plugins/mconn_plugin.py names this module; twistd builds :class:`Options` from
 the command line and calls :func:`makeService` with it. Every setting may instead come
 from a TOML file (``--config FILE``): its keys are the long options without the dashes
-(``listen``, ``peer``, ``reactor``, ``key``, ``telemetry``, ``telemetry_rotate_bytes``)
-and the :class:`mconn.Config` fields (``ping_interval = 30``), which are also options
-(``--ping-interval 30``). The command line wins: a repeatable option given there
-replaces the file's list. Relative paths in the file are relative to the file. One
-default differs from Config's: ``retry_initial_dial`` is true, so that a ``--peer`` that
-is down when the node starts is dialed until it is up.
+(``listen``, ``peer``, ``reactor``, ``key``, ``telemetry``, ``telemetry_rotate_bytes``,
+``status``, ``tls``, ``tls_ca``, ``tls_cert``, ``tls_no_client_cert``; the flags are
+``true`` or ``false`` there) and the :class:`mconn.Config` fields (``ping_interval =
+30``), which are also options (``--ping-interval 30``). The command line wins: a
+repeatable option given there replaces the file's list. Relative paths in the file are
+relative to the file. One default differs from Config's: ``retry_initial_dial`` is
+true, so that a ``--peer`` that is down when the node starts is dialed until it is up.
 
 Bad configuration stops startup before anything has started (no port, no pid file, no
 key written), with one line on stderr that says what is wrong and where (the option, or
@@ -16,6 +17,14 @@ the file and key). twistd itself prints the whole usage before a UsageError and 
 traceback for an error in makeService, so both entry points turn a
 :class:`ConfigurationError` into ``SystemExit("mconn: ...")``; :func:`build_service`
 raises it for callers that are not twistd.
+
+TLS (specs/tls.md): ``--tls`` is identity mode, a self-signed certificate made from the
+node key at each start. ``--tls-ca FILE --tls-cert FILE`` is CA mode: the certificate,
+signed by a CA in the bundle, must hold the ``--key`` key and be valid now (an expired one
+stops startup); ``--tls-no-client-cert`` lets a CA-mode listener accept dialers without a
+certificate. ``--status ENDPOINT`` serves the status page (specs/status.md); an endpoint
+without ``interface=`` listens on 127.0.0.1 only, and the URL is logged once bound:
+``mconn status page of node ID on http://127.0.0.1:PORT/``.
 
 SIGTERM: twistd stops the service, the Switch closes every peer with a close packet, the
 telemetry file gets the last events, and twistd exits (by re-raising the signal, so the
@@ -25,11 +34,14 @@ exit status is "terminated by SIGTERM", the way twistd reports an orderly stop).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import importlib
 import os
 import types
 import typing
 
+from cryptography import x509
+from OpenSSL import SSL
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
@@ -41,7 +53,9 @@ from mconn.config import Config
 from mconn.node_key import NodeKey
 from mconn.reactor import Reactor
 from mconn.switch import Switch
+from mconn.status import StatusService, local_endpoint
 from mconn.telemetry_file import DEFAULT_ROTATE_BYTES, TelemetryFileService
+from mconn.tls import TLSOptions
 
 try:
     import tomllib
@@ -54,8 +68,10 @@ log = Logger()
 DEFAULT_KEY = "node.key"
 #: Settings that may be repeated; the rest take one value.
 REPEATABLE = ("listen", "peer", "reactor")
-PATHS = ("key", "telemetry")
-NODE_SETTINGS = REPEATABLE + PATHS + ("telemetry_rotate_bytes",)
+PATHS = ("key", "telemetry", "tls_ca", "tls_cert")
+#: Settings that are on when given (``--tls``), true or false in TOML.
+FLAGS = ("tls", "tls_no_client_cert")
+NODE_SETTINGS = REPEATABLE + PATHS + ("telemetry_rotate_bytes", "status") + FLAGS
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _CONFIG_TYPES = typing.get_type_hints(Config)
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -77,6 +93,22 @@ class Setting:
 
 
 @dataclasses.dataclass(frozen=True)
+class TLSSettings:
+    """How the node speaks TLS (specs/tls.md): ``identity`` (a certificate made from the
+    node key) or ``ca`` (``cert``, signed by a CA in ``ca``, holding the node key).
+
+    A further mode (a plaintext start upgraded to TLS) would be one more ``mode`` here,
+    one more flag in FLAGS, and one more branch in ``_tls_settings`` and ``_build_tls``.
+    """
+
+    mode: str
+    where: str
+    ca: Setting | None = None
+    cert: Setting | None = None
+    require_client_cert: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeSettings:
     """Everything a node needs, checked as far as that is possible without I/O."""
 
@@ -87,6 +119,8 @@ class NodeSettings:
     telemetry: Setting | None
     telemetry_rotate_bytes: int
     config: Config
+    status: Setting | None = None  # the endpoint, with interface=127.0.0.1 if it named none
+    tls: TLSSettings | None = None
 
 
 # -- options ---------------------------------------------------------------------------
@@ -122,7 +156,18 @@ class Options(usage.Options):
             f"rotate the telemetry file when it reaches this size, 0: never [default: {DEFAULT_ROTATE_BYTES}]",
         ],
         ["config", None, None, "TOML file with any of these settings"],
+        [
+            "status", None, None,
+            "serve the status page (HTML and /status.json) on this endpoint, e.g. tcp:8080; "
+            "without interface= it listens on 127.0.0.1 only",
+        ],
+        ["tls-ca", None, None, "CA mode: trust the CAs in this PEM file (peers need certificates they signed)"],
+        ["tls-cert", None, None, "CA mode: this node's certificate (PEM), whose key is the --key file"],
     ] + _config_parameters()
+    optFlags = [
+        ["tls", None, "identity mode: TLS with a self-signed certificate made from the node key"],
+        ["tls-no-client-cert", None, "CA mode: accept dialers that present no certificate"],
+    ]
 
     def __init__(self) -> None:
         super().__init__()
@@ -153,7 +198,12 @@ class Options(usage.Options):
         for name in REPEATABLE:
             if self[name]:
                 given[name] = Setting(list(self[name]), f"--{name}")
+        for name in FLAGS:
+            if self[_option(name)]:
+                given[name] = Setting(True, f"--{_option(name)}")
         for name in NODE_SETTINGS[len(REPEATABLE):] + tuple(CONFIG_FIELDS):
+            if name in FLAGS:
+                continue
             text = self[_option(name)]
             if text is not None:
                 value = os.path.abspath(text) if name in PATHS else _from_text(name, text, f"--{_option(name)}")
@@ -183,6 +233,10 @@ def _setting_type(name: str) -> tuple[type, bool]:
     """(base type, whether None is allowed) of a Config field or node setting."""
     if name == "telemetry_rotate_bytes":
         return int, False
+    if name in FLAGS:
+        return bool, False
+    if name == "status":
+        return str, False
     hint = _CONFIG_TYPES[name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -255,15 +309,49 @@ def resolve(given: dict) -> NodeSettings:
     rotate = given.get("telemetry_rotate_bytes", Setting(DEFAULT_ROTATE_BYTES, "default"))
     if isinstance(rotate.value, bool) or not isinstance(rotate.value, int) or rotate.value < 0:
         raise ConfigurationError(f"{rotate.where}: {rotate.value!r} must be a number of bytes >= 0")
+    status = given.get("status")
+    if status is not None:
+        if not isinstance(status.value, str) or not status.value.strip():
+            raise ConfigurationError(f"{status.where}: {status.value!r} must be an endpoint, like tcp:8080")
+        status = Setting(local_endpoint(status.value.strip()), status.where)
+    listen = _each(given, "listen")
     return NodeSettings(
-        listen=_each(given, "listen"),
+        listen=listen,
         peers=tuple(Setting(_peer(s.value, s.where), s.where) for s in _each(given, "peer")),
         reactors=tuple(Setting(_reactor_spec(s.value, s.where), s.where) for s in _each(given, "reactor")),
         key=given.get("key", Setting(os.path.abspath(DEFAULT_KEY), "--key (default)")),
         telemetry=given.get("telemetry"),
         telemetry_rotate_bytes=rotate.value,
         config=config,
+        status=status,
+        tls=_tls_settings(given, listening=bool(listen)),
     )
+
+
+def _tls_settings(given: dict, *, listening: bool) -> TLSSettings | None:
+    """The TLS mode the flags and files ask for, once they agree with each other."""
+    for name in FLAGS:
+        setting = given.get(name)
+        if setting is not None and not isinstance(setting.value, bool):
+            raise ConfigurationError(f"{setting.where}: {setting.value!r} must be true or false")
+    identity, ca, cert, anonymous = (given.get(n) for n in ("tls", "tls_ca", "tls_cert", "tls_no_client_cert"))
+    identity = identity if identity is not None and identity.value else None
+    anonymous = anonymous if anonymous is not None and anonymous.value else None
+    if identity is not None and ca is not None:
+        raise ConfigurationError(
+            f"{identity.where}: identity mode (--tls) and CA mode (--tls-ca) exclude each other; choose one"
+        )
+    if ca is None:
+        for setting, what in ((cert, "a node certificate"), (anonymous, "accepting dialers without a certificate")):
+            if setting is not None:
+                raise ConfigurationError(f"{setting.where}: {what} is for CA mode: give --tls-ca FILE too")
+        return TLSSettings("identity", identity.where) if identity is not None else None
+    if cert is None and listening:
+        raise ConfigurationError(
+            f"{ca.where}: a node that listens needs a certificate to present: give --tls-cert FILE "
+            "(a certificate for the --key file, signed by the CA)"
+        )
+    return TLSSettings("ca", ca.where, ca=ca, cert=cert, require_client_cert=anonymous is None)
 
 
 def _each(given: dict, name: str) -> tuple[Setting, ...]:
@@ -309,12 +397,13 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
     """
     if clock is None:
         from twisted.internet import reactor as clock
-    for setting in settings.listen:
+    for setting in settings.listen + ((settings.status,) if settings.status is not None else ()):
         _check_endpoint(clock, setting)
     reactors = [_build_reactor(setting) for setting in settings.reactors]
     key, created = _load_key(settings.key)
+    tls = _build_tls(settings, key, created)
     try:
-        switch = Switch(reactors, node_key=key, config=settings.config, clock=clock)
+        switch = Switch(reactors, node_key=key, config=settings.config, clock=clock, tls=tls)
     except ValueError as e:  # two reactors claim one channel
         where = settings.reactors[0].where if settings.reactors else "--reactor"
         raise ConfigurationError(f"{where}: {e}") from None
@@ -340,6 +429,7 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
         listen=[s.value for s in settings.listen],
         peers=[str(s.value) for s in settings.peers],
         telemetry=telemetry,
+        status=settings.status.value if settings.status is not None else None,
     )
 
 
@@ -369,6 +459,68 @@ def _build_reactor(setting: Setting) -> Reactor:
     return reactor
 
 
+def _build_tls(settings: NodeSettings, key: NodeKey, created: bool) -> TLSOptions | None:
+    """The Switch's TLSOptions, once the files are readable, the certificate holds the
+    node key and is valid now."""
+    tls = settings.tls
+    if tls is None:
+        return None
+    if tls.mode == "identity":
+        return TLSOptions.identity(key)
+    for setting in (tls.ca, tls.cert):
+        if setting is not None:
+            _check_readable(setting)
+    if tls.cert is not None:
+        if created:
+            raise ConfigurationError(
+                f"{settings.key.where}: {settings.key.value} does not exist; in CA mode it must be the key "
+                f"that {tls.cert.where} {tls.cert.value} holds"
+            )
+        _check_validity(tls.cert)
+    try:
+        return TLSOptions.from_files(
+            ca_file=tls.ca.value,
+            cert_file=tls.cert.value if tls.cert is not None else None,
+            key_file=settings.key.value if tls.cert is not None else None,
+            require_client_cert=tls.require_client_cert,
+        )
+    except (ValueError, SSL.Error) as e:
+        where = tls.ca.where if "CA bundle" in str(e) or tls.cert is None else tls.cert.where
+        raise ConfigurationError(f"{where}: {e}") from None
+
+
+def _check_readable(setting: Setting) -> None:
+    try:
+        with open(setting.value, "rb"):
+            pass
+    except OSError as e:
+        raise ConfigurationError(f"{setting.where}: cannot read {setting.value}: {e.strerror or e}") from None
+
+
+def _check_validity(setting: Setting, now: datetime.datetime | None = None) -> None:
+    """Refuse to start with an own certificate that has expired or is not valid yet.
+
+    An unparsable file is left to ``TLSOptions.from_files``, which says so.
+    """
+    with open(setting.value, "rb") as f:
+        data = f.read()
+    try:
+        leaf = x509.load_pem_x509_certificates(data)[0]
+    except ValueError:
+        return
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    if now > leaf.not_valid_after_utc:
+        raise ConfigurationError(
+            f"{setting.where}: certificate {setting.value} expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; "
+            "renew it"
+        )
+    if now < leaf.not_valid_before_utc:
+        raise ConfigurationError(
+            f"{setting.where}: certificate {setting.value} is not valid before "
+            f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC (is the clock right?)"
+        )
+
+
 def _load_key(setting: Setting) -> tuple[NodeKey, bool]:
     """(the key, whether it is new and still to be saved)."""
     if not os.path.lexists(setting.value):
@@ -383,15 +535,18 @@ def _load_key(setting: Setting) -> tuple[NodeKey, bool]:
 
 
 class NodeService(MultiService):
-    """The telemetry file, then the Switch; ports and persistent peers on start.
+    """The telemetry file, then the Switch, then the status page; ports and persistent
+    peers on start.
 
-    Ports are bound in ``privilegedStartService`` (before twistd drops privileges), after
-    the telemetry file is observed, so the ``listening`` events are in it. ``stopService``
-    stops the children one after the other, last started first: the Switch's closing
-    events still reach the telemetry file.
+    Ports (the Switch's, then the status page's) are bound in ``privilegedStartService``
+    (before twistd drops privileges), after the telemetry file is observed, so the
+    ``listening`` events are in it. ``stopService`` stops the children one after the
+    other, last started first: the Switch's closing events still reach the telemetry file.
     """
 
-    def __init__(self, switch, *, listen, peers, telemetry: TelemetryFileService | None = None) -> None:
+    def __init__(
+        self, switch, *, listen, peers, telemetry: TelemetryFileService | None = None, status: str | None = None
+    ) -> None:
         super().__init__()
         self.switch = switch
         self.listen = list(listen)
@@ -403,6 +558,11 @@ class NodeService(MultiService):
         if telemetry is not None:
             telemetry.setServiceParent(self)
         switch.setServiceParent(self)
+        #: The status page (``--status``), or None.
+        self.status = None
+        if status is not None:
+            self.status = StatusService(switch, status, listen_addresses=self._addresses)
+            self.status.setServiceParent(self)
 
     def privilegedStartService(self) -> None:
         super().privilegedStartService()
@@ -447,24 +607,31 @@ class NodeService(MultiService):
             if self._binding:
                 failures.append((description, failure))
             else:
-                log.failure("cannot listen on {description}", failure, description=description)
+                log.failure("cannot listen: {description}", failure, description=description)
 
         self._binding = True
         for description in self.listen:
-            self.switch.listen(description).addCallbacks(self.ports.append, failed, errbackArgs=(description,))
+            self.switch.listen(description).addCallbacks(
+                self.ports.append, failed, errbackArgs=(f"--listen {description}",)
+            )
+        if self.status is not None and not failures:
+            self.status.listen().addErrback(failed, f"--status {self.status.endpoint}")
         self._binding = False
         if failures:
             for port in self.ports:
+                port.stopListening()
+            if self.status is not None and self.status.port is not None:
+                self.status.port, port = None, self.status.port
                 port.stopListening()
             if self.telemetry is not None:
                 self.telemetry.stopService()
             description, failure = failures[0]
             error = getattr(failure.value, "socketError", None)  # CannotListenError
             reason = getattr(error, "strerror", None) or failure.getErrorMessage()
-            raise StartupError(f"--listen {description}: {reason}")
+            raise StartupError(f"{description}: {reason}")
 
     def _addresses(self) -> list[str]:
-        hosts = (p.getHost() for p in self.ports)
+        hosts = (p.getHost() for p in self.ports or ())
         return [f"{h.host}:{h.port}" if hasattr(h, "port") else str(h) for h in hosts]
 
     def _dial_failed(self, failure, address: str) -> None:

@@ -222,3 +222,142 @@ def test_the_service_holds_telemetry_then_switch(tmp_path):
         assert [d.id for d in service.switch.channels] == [0x10]
     finally:
         service.telemetry.log_file.close()
+
+
+# -- --status and TLS ----------------------------------------------------------------------
+
+
+def test_status_endpoint_listens_on_loopback_unless_an_interface_is_named(tmp_path):
+    assert parse().settings.status is None
+    assert parse("--status", "tcp:8080").settings.status.value == "tcp:8080:interface=127.0.0.1"
+    assert parse("--status", "tcp:8080:interface=0.0.0.0").settings.status.value == "tcp:8080:interface=0.0.0.0"
+    write(tmp_path / "n.toml", "status = 'tcp:9090'\n")
+    assert parse("--config", "n.toml").settings.status.value == "tcp:9090:interface=127.0.0.1"
+
+
+def test_the_service_holds_telemetry_switch_then_status_page(tmp_path):
+    service = makeService(parse("--telemetry", "t.json", "--status", "tcp:0"))
+    try:
+        assert list(service) == [service.telemetry, service.switch, service.status]
+        assert service.status.endpoint == "tcp:0:interface=127.0.0.1" and service.status.switch is service.switch
+    finally:
+        service.telemetry.log_file.close()
+
+
+def test_tls_identity_mode_is_wired_into_the_switch(tmp_path):
+    assert makeService(parse()).switch.tls is None
+    service = makeService(parse("--tls"))
+    assert service.switch.tls.mode == "identity"
+    assert service.switch.tls.node_key.node_id == service.switch.node_id
+    write(tmp_path / "n.toml", "tls = true\n")
+    assert makeService(parse("--config", "n.toml")).switch.tls.mode == "identity"
+
+
+@pytest.fixture
+def pki(tmp_path):
+    """A CA, and node.key with a certificate for it: {name: path}."""
+    from integration.test_tls import CA
+    from cryptography.hazmat.primitives import serialization
+
+    ca = CA()
+    key = NodeKey.generate()
+    key.save(tmp_path / "node.key")
+    pem = serialization.Encoding.PEM
+
+    def cert(name, node_key=key, **kwargs):
+        path = tmp_path / name
+        path.write_bytes(ca.issue(node_key, **kwargs).public_bytes(pem))
+        return str(path)
+
+    import datetime
+
+    now, day = datetime.datetime.now(datetime.timezone.utc), datetime.timedelta(days=1)
+    return {
+        "ca": str(ca.write(tmp_path / "ca.pem")),
+        "cert": cert("node.pem"),
+        "other": cert("other.pem", NodeKey.generate()),
+        "expired": cert("expired.pem", not_before=now - 30 * day, not_after=now - day),
+        "future": cert("future.pem", not_before=now + day, not_after=now + 30 * day),
+        "key": str(tmp_path / "node.key"),
+        "node_id": key.node_id,
+    }
+
+
+def test_tls_ca_mode_is_wired_into_the_switch(pki):
+    service = makeService(parse("--key", pki["key"], "--tls-ca", pki["ca"], "--tls-cert", pki["cert"],
+                                "--listen", "tcp:0"))
+    tls = service.switch.tls
+    assert tls.mode == "ca" and not tls.anonymous_clients and tls.node_key.node_id == pki["node_id"]
+    relaxed = makeService(parse("--key", pki["key"], "--tls-ca", pki["ca"], "--tls-cert", pki["cert"],
+                                "--tls-no-client-cert")).switch.tls
+    assert relaxed.anonymous_clients
+    dial_only = makeService(parse("--key", pki["key"], "--tls-ca", pki["ca"])).switch.tls
+    assert dial_only.mode == "ca" and dial_only.certificate is None
+
+
+def test_tls_settings_from_toml_relative_to_the_file(pki, tmp_path):
+    write(tmp_path / "n.toml", "key = 'node.key'\ntls_ca = 'ca.pem'\ntls_cert = 'node.pem'\ntls_no_client_cert = true\n")
+    settings = parse("--config", "n.toml").settings
+    assert settings.tls.ca.value == pki["ca"] and settings.tls.cert.value == pki["cert"]
+    assert not settings.tls.require_client_cert
+    assert makeService(parse("--config", "n.toml")).switch.tls.anonymous_clients
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--tls", "--tls-ca", "ca.pem"], "mconn: --tls: identity mode (--tls) and CA mode (--tls-ca) exclude each other; choose one"),
+        (["--tls-cert", "node.pem"], "mconn: --tls-cert: a node certificate is for CA mode: give --tls-ca FILE too"),
+        (["--tls", "--tls-no-client-cert"], "mconn: --tls-no-client-cert: accepting dialers without a certificate is for CA mode: give --tls-ca FILE too"),
+        (["--tls-ca", "ca.pem", "--listen", "tcp:0"], "mconn: --tls-ca: a node that listens needs a certificate to present: give --tls-cert FILE"),
+        (["--status", " "], "mconn: --status: ' ' must be an endpoint, like tcp:8080"),
+        (["--status", "tcp:web"], "mconn: --status: endpoint 'tcp:web:interface=127.0.0.1' is not valid: invalid literal for int()"),
+    ],
+)
+def test_bad_tls_and_status_options_stop_with_one_line(args, expected):
+    assert error_of(*args).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("tls = 'yes please'\n", "n.toml: tls: 'yes please' must be true or false"),
+        ("status = 8080\n", "n.toml: status: 8080 must be an endpoint, like tcp:8080"),
+        ("tls = true\ntls_ca = 'ca.pem'\n", "n.toml: tls: identity mode (--tls) and CA mode (--tls-ca) exclude each other"),
+    ],
+)
+def test_bad_tls_and_status_settings_in_toml(tmp_path, text, expected):
+    write(tmp_path / "n.toml", text)
+    assert error_of("--config", "n.toml").startswith(f"mconn: {expected}")
+
+
+def test_bad_tls_files_stop_startup_with_one_line(pki, tmp_path):
+    ca_args = ("--key", pki["key"], "--tls-ca", pki["ca"], "--tls-cert")
+    assert error_of("--key", pki["key"], "--tls-ca", "missing.pem") == (
+        f"mconn: --tls-ca: cannot read {tmp_path / 'missing.pem'}: No such file or directory"
+    )
+    assert error_of(*ca_args, "missing.pem") == (
+        f"mconn: --tls-cert: cannot read {tmp_path / 'missing.pem'}: No such file or directory"
+    )
+    message = error_of(*ca_args, pki["other"])
+    assert message.startswith(f"mconn: --tls-cert: certificate {pki['other']!r} holds the key of node ")
+    assert message.endswith(f"but key file {pki['key']!r} is node {pki['node_id']}")
+    assert error_of(*ca_args, pki["expired"]).startswith(
+        f"mconn: --tls-cert: certificate {pki['expired']} expired on "
+    ) and error_of(*ca_args, pki["expired"]).endswith(" UTC; renew it")
+    assert error_of(*ca_args, pki["future"]).startswith(f"mconn: --tls-cert: certificate {pki['future']} is not valid before ")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    assert error_of(*ca_args, str(garbage)).startswith(f"mconn: --tls-cert: certificate {str(garbage)!r} is not PEM")
+    assert error_of("--key", pki["key"], "--tls-ca", str(garbage), "--tls-cert", pki["cert"]).startswith(
+        f"mconn: --tls-ca: CA bundle {str(garbage)!r} is not PEM"
+    )
+
+
+def test_ca_mode_with_a_missing_key_file_stops_and_writes_no_key(pki, tmp_path):
+    message = error_of("--key", "new.key", "--tls-ca", pki["ca"], "--tls-cert", pki["cert"])
+    assert message == (
+        f"mconn: --key: {tmp_path / 'new.key'} does not exist; in CA mode it must be the key that "
+        f"--tls-cert {pki['cert']} holds"
+    )
+    assert not (tmp_path / "new.key").exists()

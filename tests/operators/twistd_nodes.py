@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ ENV = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"
 #: Bound on every wait, in seconds (twistd starts in about a second on a busy machine).
 TIMEOUT = 30.0
 LOOPBACK = "tcp:0:interface=127.0.0.1"
+STATUS_LINE = re.compile(r"mconn status page of node [0-9a-f]+ on (http://\S+)")
 
 
 def wait_until(predicate, what: str, timeout: float = TIMEOUT):
@@ -102,6 +104,18 @@ class Node:
         """``ID@HOST:PORT`` from the node's ``listening`` event."""
         event = self.wait_event("listening")
         return f"{event['node_id']}@{event['address']}"
+
+    @property
+    def status_url(self) -> str:
+        """The status page's URL, from the line the node logs once the page's port is bound
+        (``mconn status page of node ID on http://127.0.0.1:PORT/``)."""
+
+        def logged():
+            self._check_running()
+            match = STATUS_LINE.search(self.log())
+            return match and match.group(1)
+
+        return wait_until(logged, f"{self.name}: the status page line")
 
     def terminate(self) -> int:
         """SIGTERM, then wait for the exit; the exit status.

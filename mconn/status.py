@@ -1,0 +1,482 @@
+"""The status page of a node: an HTML overview at ``/`` and ``/status.json`` (specs/status.md).
+
+``StatusService(switch, "tcp:8080")`` serves both with twisted.web. The page is
+self-contained (inline CSS and JavaScript, no external fetches, enforced by its
+Content-Security-Policy): it fetches ``status.json`` every second and redraws a table of
+the peers and their channels, with inline SVG sparklines of each channel's send and
+receive rates. ``/status.json`` is the same data for programs (``mconn status URL``).
+
+An endpoint that names no interface (``tcp:8080``) listens on 127.0.0.1 only (``::1``
+for ``tcp6``): the page is for the operator on the machine, or behind a proxy. Exposing
+it is explicit: ``tcp:8080:interface=0.0.0.0``. The document holds node ids, addresses
+and counters; never key material, certificates or file paths.
+
+Theory of operation
+-------------------
+A ``RateSampler`` on the Switch's clock reads every peer's ``stats`` once per interval
+and turns the byte counters into rates (bytes/s) from the difference with the previous
+sample. The counters belong to a connection, so they restart from zero when a session
+resumes on a new one; a counter that went down is taken as restarted, and its value is
+the bytes since then. Each peer and channel keeps its last ``samples`` rates in a
+bounded deque; a peer's history is forgotten when its session ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+
+from twisted.application.service import Service
+from twisted.internet import defer
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.web import pages, resource, server
+
+log = Logger()
+
+#: Version of the ``/status.json`` document (specs/status.md).
+STATUS_VERSION = 1
+#: Seconds between two rate samples, and how many samples each sparkline shows.
+SAMPLE_INTERVAL = 1.0
+SAMPLES = 60
+#: Interfaces an endpoint without ``interface=`` listens on.
+DEFAULT_INTERFACES = {"tcp": "127.0.0.1", "tcp6": "::1", "ssl": "127.0.0.1"}
+
+
+def local_endpoint(description: str) -> str:
+    """``description`` with ``interface=127.0.0.1`` (``::1`` for tcp6) added if it has none.
+
+    Endpoint kinds without an interface (``unix:``...) are returned as they are.
+    """
+    kind, colon, rest = description.partition(":")
+    interface = DEFAULT_INTERFACES.get(kind.strip().lower())
+    if not colon or interface is None or "interface=" in rest:
+        return description
+    escaped = interface.replace(":", "\\:")
+    return f"{description}:interface={escaped}"
+
+
+# -- rates -------------------------------------------------------------------------------
+
+
+class _Rates:
+    """Send and receive rates of one counter pair: the last value, and a bounded history."""
+
+    def __init__(self, samples: int) -> None:
+        self.last: tuple[int, int] | None = None
+        self.send = collections.deque(maxlen=samples)
+        self.receive = collections.deque(maxlen=samples)
+
+    def add(self, sent: int, received: int, elapsed: float) -> None:
+        if self.last is not None and elapsed > 0:
+            self.send.append(_delta(self.last[0], sent) / elapsed)
+            self.receive.append(_delta(self.last[1], received) / elapsed)
+        self.last = (sent, received)
+
+    def as_fields(self) -> dict:
+        return {
+            "send_rate": float(self.send[-1]) if self.send else 0.0,
+            "receive_rate": float(self.receive[-1]) if self.receive else 0.0,
+            "send_history": [round(float(r), 1) for r in self.send],
+            "receive_history": [round(float(r), 1) for r in self.receive],
+        }
+
+
+def _delta(before: int, now: int) -> int:
+    """Bytes counted since ``before``; a counter that went down restarted from zero."""
+    return now - before if now >= before else now
+
+
+class RateSampler:
+    """Samples every peer's byte counters each ``interval`` seconds on the Switch's clock."""
+
+    def __init__(self, switch, *, interval: float = SAMPLE_INTERVAL, samples: int = SAMPLES) -> None:
+        self.switch = switch
+        self.interval = float(interval)
+        self.samples = samples
+        #: (node id, channel id or None for the peer's total) -> _Rates.
+        self.rates: dict[tuple, _Rates] = {}
+        self._peers: dict[str, object] = {}  # node id -> the Peer sampled (a new session starts afresh)
+        self._last_time: float | None = None
+        self._loop = LoopingCall(self.sample)
+        self._loop.clock = switch.clock
+
+    def start(self) -> None:
+        if not self._loop.running:
+            self._loop.start(self.interval, now=True)
+
+    def stop(self) -> None:
+        if self._loop.running:
+            self._loop.stop()
+
+    def sample(self) -> None:
+        now = self.switch.clock.seconds()
+        elapsed = now - self._last_time if self._last_time is not None else 0.0
+        self._last_time = now
+        peers = dict(self.switch.peers)
+        for key in [k for k in self.rates if self._peers.get(k[0]) is not peers.get(k[0])]:
+            del self.rates[key]  # the session ended, or a new one replaced it
+        self._peers = peers
+        for node_id, peer in peers.items():
+            stats = peer.stats
+            self._rates(node_id, None).add(stats.bytes_sent, stats.bytes_received, elapsed)
+            for c in stats.channels:
+                self._rates(node_id, c.channel_id).add(c.bytes_sent, c.bytes_received, elapsed)
+
+    def _rates(self, node_id: str, channel_id: int | None) -> _Rates:
+        rates = self.rates.get((node_id, channel_id))
+        if rates is None:
+            rates = self.rates[(node_id, channel_id)] = _Rates(self.samples)
+        return rates
+
+    def fields(self, node_id: str, channel_id: int | None) -> dict:
+        rates = self.rates.get((node_id, channel_id))
+        return (rates if rates is not None else _Rates(0)).as_fields()
+
+
+# -- the document --------------------------------------------------------------------------
+
+
+def status_document(switch, sampler: RateSampler, listen_addresses) -> dict:
+    """The ``/status.json`` document (specs/status.md section 2)."""
+    tls = getattr(switch, "tls", None)
+    return {
+        "version": STATUS_VERSION,
+        "node_id": switch.node_id,
+        "time": time.time(),
+        "listen_addresses": list(listen_addresses()),
+        "tls": tls.mode if tls is not None else None,
+        "sample_interval": sampler.interval,
+        "sample_slots": sampler.samples,
+        "peers": [_peer_fields(peer, sampler) for _, peer in sorted(switch.peers.items())],
+        "node_counters": [
+            {"node_id": node_id, **{name: int(v) for name, v in counters.items()}}
+            for node_id, counters in sorted(switch.node_counters.items())
+        ],
+        "refusals": {reason: int(count) for reason, count in sorted(switch.refusals.items())},
+    }
+
+
+def _peer_fields(peer, sampler: RateSampler) -> dict:
+    stats = peer.stats
+    undelivered = stats.undelivered
+    return {
+        "node_id": stats.node_id,
+        "state": stats.state,
+        "direction": "outbound" if stats.is_outbound else "inbound",
+        "remote_address": str(peer.remote_address or ""),
+        "listen_address": str(peer.listen_address or ""),
+        "uptime": float(stats.uptime),
+        "round_trip": float(stats.round_trip) if stats.round_trip is not None else None,
+        "bytes_sent": stats.bytes_sent,
+        "bytes_received": stats.bytes_received,
+        **sampler.fields(stats.node_id, None),
+        "connects": stats.connects,
+        "disconnects": stats.disconnects,
+        "resumes": stats.resumes,
+        "messages_resent": stats.messages_resent,
+        "unacked_bytes": stats.unacked_bytes,
+        "resume_rejections": stats.resume_rejections,
+        "grace_expiries": stats.grace_expiries,
+        "duplicates_refused": stats.duplicates_refused,
+        "duplicates_replaced": stats.duplicates_replaced,
+        "simultaneous_dials": stats.simultaneous_dials,
+        "channels": [
+            {
+                "channel_id": c.channel_id,
+                "priority": c.priority,
+                "queue_depth": c.queue_depth,
+                "waiting_sends": c.waiting_sends,
+                "bytes_sent": c.bytes_sent,
+                "messages_sent": c.messages_sent,
+                "bytes_received": c.bytes_received,
+                "messages_received": c.messages_received,
+                "accepted": c.accepted,
+                "acked": c.acked,
+                "delivered": c.delivered,
+                "undelivered": int(undelivered.get(c.channel_id, 0)),
+                **sampler.fields(stats.node_id, c.channel_id),
+            }
+            for c in stats.channels
+        ],
+    }
+
+
+# -- twisted.web ---------------------------------------------------------------------------
+
+#: The page may load nothing from elsewhere, and talk to this server only.
+SECURITY_HEADERS = {
+    b"content-security-policy": (
+        b"default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+        b"connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'"
+    ),
+    b"x-content-type-options": b"nosniff",
+    b"cache-control": b"no-store",
+    b"referrer-policy": b"no-referrer",
+}
+
+
+class StatusJSON(resource.Resource):
+    """``/status.json``."""
+
+    isLeaf = True
+
+    def __init__(self, document) -> None:
+        super().__init__()
+        self._document = document
+
+    def render_GET(self, request) -> bytes:
+        for name, value in SECURITY_HEADERS.items():
+            request.setHeader(name, value)
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(self._document(), separators=(",", ":")).encode()
+
+
+class StatusPage(resource.Resource):
+    """``/``: the HTML overview; anything else under it is 404 (``/status.json`` is a child)."""
+
+    def render_GET(self, request) -> bytes:
+        for name, value in SECURITY_HEADERS.items():
+            request.setHeader(name, value)
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        return PAGE.encode()
+
+    def getChild(self, path: bytes, request):
+        if path == b"":
+            return self
+        return pages.notFound()
+
+
+class _QuietSite(server.Site):
+    """A Site that does not log every request (the page polls once a second)."""
+
+    noisy = False
+    displayTracebacks = False
+
+    def log(self, request) -> None:
+        pass
+
+
+def status_site(switch, sampler: RateSampler, listen_addresses=None) -> server.Site:
+    """The twisted.web Site serving ``/`` and ``/status.json`` for ``switch``.
+
+    :param listen_addresses: a callable returning the node's listen addresses (the
+        Switch's first one if None).
+    """
+    if listen_addresses is None:
+        def listen_addresses():
+            return [switch.listen_address] if switch.listen_address else []
+
+    root = StatusPage()
+    root.putChild(b"status.json", StatusJSON(lambda: status_document(switch, sampler, listen_addresses)))
+    return _QuietSite(root)
+
+
+class StatusService(Service):
+    """Serves the status page of ``switch`` on a server endpoint, and samples rates.
+
+    :param endpoint: a Twisted server endpoint string; without ``interface=`` it listens
+        on 127.0.0.1 (:func:`local_endpoint`).
+    :param listen_addresses: a callable returning the node's listen addresses.
+    """
+
+    def __init__(self, switch, endpoint: str = "tcp:0", *, listen_addresses=None,
+                 interval: float = SAMPLE_INTERVAL, samples: int = SAMPLES) -> None:
+        self.switch = switch
+        self.endpoint = local_endpoint(endpoint)
+        self.sampler = RateSampler(switch, interval=interval, samples=samples)
+        self.site = status_site(switch, self.sampler, listen_addresses)
+        #: The IListeningPort, once bound.
+        self.port = None
+
+    def listen(self) -> defer.Deferred:
+        """Bind the endpoint; fires with the port (TCP endpoints fire at once)."""
+        endpoint = serverFromString(self.switch.clock, self.endpoint)
+        return endpoint.listen(self.site).addCallback(self._listening)
+
+    def _listening(self, port):
+        self.port = port
+        log.info("mconn status page of node {node_id} on {url}", node_id=self.switch.node_id, url=self.url)
+        return port
+
+    @property
+    def url(self) -> str | None:
+        """``http://HOST:PORT/`` once bound (None before)."""
+        if self.port is None:
+            return None
+        host = self.port.getHost()
+        if not hasattr(host, "port"):
+            return None
+        name = f"[{host.host}]" if ":" in host.host else host.host
+        return f"http://{name}:{host.port}/"
+
+    def startService(self) -> None:
+        super().startService()
+        self.sampler.start()
+        if self.port is None:
+            self.listen().addErrback(
+                lambda f: log.failure("cannot serve the status page on {endpoint}", f, endpoint=self.endpoint)
+            )
+
+    def stopService(self) -> defer.Deferred:
+        super().stopService()
+        self.sampler.stop()
+        port, self.port = self.port, None
+        return defer.maybeDeferred(port.stopListening) if port is not None else defer.succeed(None)
+
+
+async def serve_status(switch, endpoint: str = "tcp:0:interface=127.0.0.1", **kwargs) -> StatusService:
+    """Start a StatusService for ``switch`` in this process (tests, embedding); stop it
+    with ``stopService()``. Fires once it listens."""
+    service = StatusService(switch, endpoint, **kwargs)
+    await service.listen()
+    service.startService()
+    return service
+
+
+# -- the page ------------------------------------------------------------------------------
+
+PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>mconn node status</title>
+<style>
+  body { font: 13px/1.35 system-ui, sans-serif; margin: 1em 1.2em; color: #1d2430; background: #fafbfc; }
+  h1 { font-size: 1.3em; margin: 0 0 .2em; }
+  h2 { font-size: 1.05em; margin: 1.4em 0 .4em; }
+  .id, td.mono { font-family: ui-monospace, monospace; font-size: 12px; }
+  .meta { color: #4b5565; }
+  .meta span { margin-right: 1.6em; }
+  table { border-collapse: collapse; background: #fff; box-shadow: 0 0 0 1px #dde1e7; }
+  th, td { padding: .3em .55em; text-align: left; border-bottom: 1px solid #eceef2; white-space: nowrap; }
+  th { background: #f0f2f5; font-weight: 600; font-size: 12.5px; }
+  td.n { text-align: right; font-variant-numeric: tabular-nums; }
+  tr.channel td { background: #fbfcfd; font-size: 12.5px; }
+  tr.channel td:first-child { padding-left: 2.2em; color: #4b5565; }
+  .state { padding: .05em .5em; border-radius: .7em; font-size: 12px; font-weight: 600; }
+  .connected { background: #d7f5df; color: #146c2e; }
+  .suspended, .connecting { background: #fff1c2; color: #7a5600; }
+  .closed { background: #f8d7da; color: #8a1c25; }
+  .dir { color: #4b5565; font-size: 11.5px; display: block; }
+  svg.spark { display: block; margin-left: auto; }
+  svg.spark .send { stroke: #2463eb; } svg.spark .receive { stroke: #d9480f; }
+  #error { color: #8a1c25; }
+  .legend i { display: inline-block; width: .9em; height: .2em; vertical-align: middle; margin: 0 .3em 0 .8em; }
+</style>
+</head>
+<body>
+<h1>mconn node <span class="id" id="node-id">&hellip;</span></h1>
+<div class="meta" id="meta"></div>
+<div id="error"></div>
+<h2>Peers <span class="meta legend"><i style="background:#2463eb"></i>sent
+  <i style="background:#d9480f"></i>received, bytes/s over the last minute</span></h2>
+<table id="peers"><thead><tr>
+  <th>peer / channel</th><th>state</th><th>address</th><th>uptime</th><th>resumes</th>
+  <th title="last ping round trip">RTT</th><th>queue</th><th>send rate</th><th>receive rate</th>
+  <th title="messages accepted for sending / confirmed by the peer / delivered here">acc / ack / dlv</th>
+  <th title="accepted and not yet confirmed">undelivered</th>
+</tr></thead><tbody></tbody></table>
+<h2>Node counters</h2>
+<table id="counters"><thead><tr><th>node</th><th>resume rejections</th><th>grace expiries</th>
+  <th>duplicates refused</th><th>duplicates replaced</th><th>simultaneous dials</th></tr></thead>
+  <tbody></tbody></table>
+<h2>Refused connections</h2>
+<table id="refusals"><thead><tr><th>reason</th><th>count</th></tr></thead><tbody></tbody></table>
+<script>
+"use strict";
+const SVG = "http://www.w3.org/2000/svg";
+function el(tag, text, cls) {
+  const e = document.createElement(tag);
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  if (cls) e.className = cls;
+  return e;
+}
+function row(cells, cls) {
+  const tr = el("tr", null, cls);
+  for (const c of cells) tr.appendChild(c instanceof Node ? c : el("td", c));
+  return tr;
+}
+function num(v) { return el("td", v, "n"); }
+function rate(v) {
+  if (v < 1024) return v.toFixed(0) + " B/s";
+  if (v < 1048576) return (v / 1024).toFixed(1) + " KiB/s";
+  return (v / 1048576).toFixed(2) + " MiB/s";
+}
+function duration(s) {
+  s = Math.floor(s);
+  if (s < 60) return s + "s";
+  if (s < 3600) return Math.floor(s / 60) + "m" + String(s % 60).padStart(2, "0") + "s";
+  if (s < 86400) return Math.floor(s / 3600) + "h" + String(Math.floor(s % 3600 / 60)).padStart(2, "0") + "m";
+  return Math.floor(s / 86400) + "d" + String(Math.floor(s % 86400 / 3600)).padStart(2, "0") + "h";
+}
+function spark(values, cls, top, slots) {
+  const w = 90, h = 22, svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("class", "spark"); svg.setAttribute("width", w); svg.setAttribute("height", h);
+  const line = document.createElementNS(SVG, "polyline");
+  const n = Math.max(slots, values.length, 2) - 1, first = n + 1 - values.length;
+  line.setAttribute("points", values.map((v, i) =>
+    ((first + i) * w / n).toFixed(1) + "," + (h - 1 - (top > 0 ? v / top : 0) * (h - 2)).toFixed(1)).join(" "));
+  line.setAttribute("class", cls); line.setAttribute("fill", "none"); line.setAttribute("stroke-width", "1.5");
+  svg.appendChild(line);
+  return svg;
+}
+let SLOTS = 60;
+function rates(o) {
+  const send = el("td", rate(o.send_rate), "n"), receive = el("td", rate(o.receive_rate), "n");
+  send.appendChild(spark(o.send_history, "send", Math.max(1, ...o.send_history), SLOTS));
+  receive.appendChild(spark(o.receive_history, "receive", Math.max(1, ...o.receive_history), SLOTS));
+  return [send, receive];
+}
+function render(doc) {
+  document.getElementById("node-id").textContent = doc.node_id;
+  SLOTS = doc.sample_slots;
+  const meta = document.getElementById("meta");
+  meta.replaceChildren(el("span", "listening on " + (doc.listen_addresses.join(", ") || "nothing")),
+    el("span", "TLS: " + (doc.tls || "off")), el("span", doc.peers.length + " peers"),
+    el("span", "updated " + new Date(doc.time * 1000).toLocaleTimeString()));
+  const body = document.querySelector("#peers tbody");
+  const rows = [];
+  for (const p of doc.peers) {
+    const tr = row([el("td", p.node_id, "mono"), el("td"), el("td", p.remote_address, "mono"),
+      num(duration(p.uptime)), num(p.resumes),
+      num(p.round_trip === null ? "-" : (p.round_trip * 1000).toFixed(1) + " ms"), num(""),
+      ...rates(p), num(""), num("")], "peer");
+    tr.dataset.peer = p.node_id;
+    tr.children[1].append(el("span", p.state, "state " + p.state), el("span", " " + p.direction, "dir"));
+    rows.push(tr);
+    for (const c of p.channels) {
+      rows.push(row([el("td", "channel 0x" + c.channel_id.toString(16).padStart(2, "0") + ", priority " + c.priority),
+        "", "", "", "", "", num(c.queue_depth + (c.waiting_sends ? " +" + c.waiting_sends + " waiting" : "")),
+        ...rates(c), num(c.accepted + " / " + c.acked + " / " + c.delivered), num(c.undelivered)], "channel"));
+    }
+  }
+  if (!rows.length) rows.push(row([el("td", "no peers")]));
+  body.replaceChildren(...rows);
+  const counters = doc.node_counters.map(c =>
+    row([el("td", c.node_id, "mono"), num(c.resume_rejections), num(c.grace_expiries),
+      num(c.duplicates_refused), num(c.duplicates_replaced), num(c.simultaneous_dials)]));
+  document.querySelector("#counters tbody").replaceChildren(...(counters.length ? counters : [row(["none"])]));
+  const refusals = Object.entries(doc.refusals).map(([reason, count]) => row([reason, num(count)]));
+  document.querySelector("#refusals tbody").replaceChildren(...(refusals.length ? refusals : [row(["none"])]));
+}
+async function refresh() {
+  try {
+    const response = await fetch("status.json", {cache: "no-store"});
+    if (!response.ok) throw new Error("HTTP " + response.status);
+    render(await response.json());
+    document.getElementById("error").textContent = "";
+  } catch (e) {
+    document.getElementById("error").textContent = "cannot update: " + e.message;
+  } finally {
+    setTimeout(refresh, 1000);
+  }
+}
+refresh();
+</script>
+</body>
+</html>
+"""

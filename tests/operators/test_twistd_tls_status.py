@@ -1,0 +1,145 @@
+"""``twistd mconn --tls --status ...`` as real processes on 127.0.0.1.
+
+Three identity-mode TLS nodes connect; the status page of one (its port found in the line
+the node logs once bound) shows the other two over TLS, and ``mconn status URL`` prints
+them. Two CA-mode nodes with certificates made here connect the same way. A bad TLS
+option stops twistd before anything starts, with one line on stderr. Every process
+started is stopped by its PID.
+"""
+
+import datetime
+import json
+import pathlib
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+
+from integration.test_tls import CA
+from mconn import NodeKey
+from operators.twistd_nodes import ENV, LOOPBACK, TIMEOUT, Node, run_twistd, wait_until
+
+pytestmark = pytest.mark.integration
+
+CHAT = ("--reactor", "operators.sample_reactors:Chat")
+STATUS = ("--status", LOOPBACK)
+MCONN = pathlib.Path(sys.executable).with_name("mconn")
+
+
+@pytest.fixture
+def nodes(tmp_path):
+    """Starts Node processes; kills any still running at the end, by PID."""
+    started = []
+
+    def node(name):
+        started.append(Node(tmp_path, name))
+        return started[-1]
+
+    yield node
+    for n in started:
+        n.kill()
+
+
+def status_of(url: str) -> dict:
+    with urllib.request.urlopen(url + "status.json", timeout=TIMEOUT) as response:
+        return json.loads(response.read())
+
+
+def connected_peers(url: str) -> set:
+    return {p["node_id"] for p in status_of(url)["peers"] if p["state"] == "connected"}
+
+
+def test_three_tls_nodes_show_each_other_on_their_status_pages(nodes):
+    a = nodes("a").start("--listen", LOOPBACK, "--tls", *CHAT, *STATUS)
+    b = nodes("b").start("--listen", LOOPBACK, "--tls", *CHAT, *STATUS, "--peer", a.address)
+    c = nodes("c").start("--listen", LOOPBACK, "--tls", *CHAT, "--peer", a.address, "--peer", b.address)
+    ids = {n.name: n.wait_event("listening")["node_id"] for n in (a, b, c)}
+    url = a.status_url
+    assert url.startswith("http://127.0.0.1:")
+    wait_until(lambda: connected_peers(url) == {ids["b"], ids["c"]}, "a's status page to show b and c")
+    wait_until(lambda: connected_peers(b.status_url) == {ids["a"], ids["c"]}, "b's status page to show a and c")
+
+    document = status_of(url)
+    assert document["node_id"] == ids["a"] and document["tls"] == "identity"
+    assert document["listen_addresses"] == [a.address.split("@")[1]]
+    assert [ch["channel_id"] for p in document["peers"] for ch in p["channels"]] == [0x10, 0x10]
+    assert {e["peer_id"] for e in a.events("handshake_done")} == {ids["b"], ids["c"]}
+
+    shown = subprocess.run([str(MCONN), "status", url], env=ENV, capture_output=True, text=True, timeout=TIMEOUT)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"node       {ids['a']}"
+    rows = {line.split()[0]: line.split() for line in lines[4:]}
+    assert set(rows) == {ids["b"], ids["c"]}
+    assert {row[1] for row in rows.values()} == {"connected"}
+
+    for node in (a, b, c):
+        node.terminate()
+    assert " started: listening on " in c.log()  # c ran without a status page
+    assert "status page" not in c.log()
+
+
+def test_two_ca_mode_nodes_connect_over_mutual_tls(nodes, tmp_path):
+    ca = CA()
+    ca.write(tmp_path / "ca.pem")
+    for name in ("a", "b"):
+        key = NodeKey.generate()
+        key.save(tmp_path / f"{name}.key")
+        pem = ca.issue(key).public_bytes(serialization.Encoding.PEM)
+        (tmp_path / f"{name}.pem").write_bytes(pem)
+    ca_args = ("--tls-ca", str(tmp_path / "ca.pem"))
+    a = nodes("a").start("--listen", LOOPBACK, *ca_args, "--tls-cert", str(tmp_path / "a.pem"), *CHAT, *STATUS)
+    b = nodes("b").start("--listen", LOOPBACK, *ca_args, "--tls-cert", str(tmp_path / "b.pem"), *CHAT,
+                         "--peer", a.address)
+    b_id = b.wait_event("listening")["node_id"]
+    wait_until(lambda: connected_peers(a.status_url) == {b_id}, "a's status page to show b")
+    assert status_of(a.status_url)["tls"] == "ca"
+    for node in (a, b):
+        node.terminate()
+
+
+def test_bad_tls_options_stop_twistd_with_one_line(tmp_path):
+    key = NodeKey.generate()
+    key.save(tmp_path / "node.key")
+    other = CA()
+    (tmp_path / "other.pem").write_bytes(
+        other.issue(NodeKey.generate()).public_bytes(serialization.Encoding.PEM)
+    )
+    other.write(tmp_path / "ca.pem")
+    base = ["-n", "--pidfile", "", "mconn", "--key", str(tmp_path / "node.key"), "--listen", LOOPBACK, *STATUS]
+    cases = [
+        (["--tls-ca", str(tmp_path / "missing.pem"), "--tls-cert", str(tmp_path / "other.pem")],
+         f"mconn: --tls-ca: cannot read {tmp_path / 'missing.pem'}: No such file or directory"),
+        (["--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "other.pem")],
+         f"mconn: --tls-cert: certificate {str(tmp_path / 'other.pem')!r} holds the key of node "),
+        (["--tls", "--tls-ca", str(tmp_path / "ca.pem")],
+         "mconn: --tls: identity mode (--tls) and CA mode (--tls-ca) exclude each other; choose one"),
+    ]
+    for args, expected in cases:
+        result = run_twistd(base + args, cwd=tmp_path)
+        assert result.returncode != 0
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith(expected), result.stderr
+        assert result.stdout == ""  # twistd never started: no log, no port, no status page
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.pem", "node.key", "other.pem"]
+
+
+def test_an_expired_own_certificate_stops_twistd_saying_so(tmp_path):
+    ca = CA()
+    ca.write(tmp_path / "ca.pem")
+    key = NodeKey.generate()
+    key.save(tmp_path / "node.key")
+    now, day = datetime.datetime.now(datetime.timezone.utc), datetime.timedelta(days=1)
+    expired = ca.issue(key, not_before=now - 10 * day, not_after=now - day)
+    (tmp_path / "node.pem").write_bytes(expired.public_bytes(serialization.Encoding.PEM))
+    result = run_twistd(
+        ["-n", "--pidfile", "", "mconn", "--key", str(tmp_path / "node.key"), "--listen", LOOPBACK,
+         "--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "node.pem")],
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    assert result.stderr == (
+        f"mconn: --tls-cert: certificate {tmp_path / 'node.pem'} expired on "
+        f"{expired.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; renew it\n"
+    )
