@@ -1,6 +1,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# How long `make run`'s fleet runs, in seconds (starting, stopping and the audit come on top).
+RUN_SECONDS ?= 60
 
 .PHONY: test run bench clean
 
@@ -21,7 +23,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 run: $(STAMP)
-	$(PY) examples/two_nodes.py
+	$(PY) examples/fleet.py --duration $(RUN_SECONDS)
 
 bench: $(STAMP)
 	$(PY) bench/run.py

@@ -1,9 +1,10 @@
 """Two mconn nodes on 127.0.0.1 exchanging messages on three channels of different priorities.
 
-Run with ``make run`` (or ``python examples/two_nodes.py``). Node "bob" listens, node
-"alice" dials it; alice then starts a 32 MiB bulk transfer on the priority-1 channel and,
-while it is moving, sends chat lines (priority 10) and status ticks (priority 5). The
-output shows the small messages arriving long before the bulk transfer finishes.
+Run with ``python examples/two_nodes.py`` (``make run`` is the fleet demo, examples/fleet.py).
+Node "bob" listens, node "alice" dials it; alice then starts a 32 MiB bulk transfer on the
+priority-1 channel and, while it is moving, sends chat lines (priority 10) and status ticks
+(priority 5). The output shows the small messages arriving long before the bulk transfer
+finishes.
 """
 
 from __future__ import annotations
