@@ -1,7 +1,7 @@
 """A three-channel demo reactor: chat (priority 10), status (5) and bulk (1).
 
 It shows what priorities do: while a bulk transfer saturates the connection, chat lines
-and status ticks still arrive promptly. Used by ``make run`` (examples/two_nodes.py).
+and status ticks still arrive promptly. Used by examples/two_nodes.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The README's programs run as written: `make run`'s example and the 20-line reactor."""
+"""The README's programs run as written: examples/two_nodes.py and the 20-line reactor
+(`make run`, the fleet demo, is tests/integration/test_fleet_demo.py)."""
 
 import pathlib
 import re
@@ -12,7 +13,7 @@ def run(args, timeout=120):
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
-def test_make_run_example_shows_messages_crossing_on_three_channels():
+def test_two_nodes_example_shows_messages_crossing_on_three_channels():
     result = run([sys.executable, "examples/two_nodes.py"])
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
