@@ -18,9 +18,10 @@ the time ratio between consecutive sizes against the event ratio (the linearity
 target: 2x events, at most 2.2x time), and the input size against the driver memory.
 Results go to stdout and bench/out/pipeline-<time>.json.
 
-The synthetic fleet: every node has ``--degree`` peers; each link carries three channels
-(priorities 1, 5 and 10) in both directions, has a ``channel_stats`` tick every 10 s at
-both ends, breaks and resumes now and then (about one link in four), sometimes expires
+The synthetic fleet: every node logs ``node_started``, then has ``--degree`` peers; each
+link carries three channels (priorities 1, 5 and 10) in both directions, has a
+``channel_stats`` tick every 10 s at both ends (with ``session_id``, ``connection`` and a
+ping ``round_trip`` that changes every minute, null in a session's first minute), breaks and resumes now and then (about one link in four), sometimes expires
 and starts a fresh session (one in twenty), and ends with a shutdown. Counters are kept
 consistent, then ``--lost`` receivers deliver one message fewer and ``--duplicated`` one
 more than they should, on distinct sessions and channels chosen at random.
@@ -48,6 +49,7 @@ TICK = 10.0
 ORIGIN = 1_800_000_000.0
 LEVEL_UUID = "02e59486-f24d-46ad-8224-3acdf2a5732a"
 FORMATS = {  # mconn.telemetry.FORMATS, copied so that the generator needs no mconn import
+    "node_started": "{node_id} started: run {run_id}, process {pid}",
     "connection_made": "{node_id} {direction} connection with {remote_address}",
     "handshake_done": "{node_id} handshake with {peer_id} at {remote_address} done",
     "connection_lost": "{node_id} connection with {peer_id} at {remote_address} ended: {reason_type}: {reason}",
@@ -81,7 +83,8 @@ def line(event: str, t: float, fields: dict) -> str:
 _STATS = (
     '\x1e{{"event": "channel_stats", "node_id": "{n}", "peer_id": "{p}", "channel_id": {c}, "priority": {pr}, '
     '"queue_depth": {q}, "bytes_sent": {bs}, "messages_sent": {ms}, "bytes_received": {br}, "messages_received": {mr}, '
-    '"accepted": {a}, "acked": {k}, "delivered": {d}, "log_logger": {{"unpersistable": true}}, '
+    '"accepted": {a}, "acked": {k}, "delivered": {d}, "session_id": "{s}", "connection": {cn}, "round_trip": {rt}, '
+    '"log_logger": {{"unpersistable": true}}, '
     '"log_level": {{"name": "info", "__class_uuid__": "' + LEVEL_UUID + '"}}, "log_namespace": "mconn", '
     '"log_source": null, "log_format": "{{node_id}} channel {{channel_id}} with {{peer_id}}: queue {{queue_depth}}", '
     '"log_time": {t!r}, "log_flattened": {{"node_id!s:": "{n}", "node_id!:": "{n}", "channel_id!s:": "{c}", '
@@ -136,7 +139,11 @@ def counts_at(session: dict, sender: int, channel: int, t: float) -> int:
 def node_lines(i: int, args, plans: dict) -> list[tuple[float, str]]:
     """Every line node i logs, with its time."""
     me = node_id(i)
-    out = [(0.0, line("listening", 0.0, {"node_id": me, "address": f"127.0.0.1:{20000 + i}"}))]
+    run = hashlib.md5(f"{args.seed}/run/{i}".encode()).hexdigest()
+    out = [
+        (0.0, line("node_started", 0.0, {"node_id": me, "run_id": run, "pid": 1000 + i, "process_started": ORIGIN})),
+        (0.0, line("listening", 0.0, {"node_id": me, "address": f"127.0.0.1:{20000 + i}"})),
+    ]
     phase = random.Random(f"{args.seed}/phase/{i}").uniform(0, TICK)
     for j in peers_of(i, args.nodes, args.degree):
         plan = plans[(min(i, j), max(i, j))]
@@ -167,7 +174,7 @@ def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
             reason="the connection ended", duration=t - start, bytes_sent=int((t - start) * 3000),
             bytes_received=int((t - start) * 2900), channels=[
                 {"channel_id": c, "bytes_sent": 0, "messages_sent": 0, "bytes_received": 0, "messages_received": 0}
-                for c, _ in CHANNELS])
+                for c, _ in CHANNELS], session_id=sid)
 
     connect(start)
     add("session_started", start + 0.003, **ids, session_id=sid, remote_address=remote, direction=direction,
@@ -191,7 +198,10 @@ def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
     stop = s["grace_end"] if s["grace_end"] is not None else end
     t = start - (start - phase) % TICK + TICK
     while t < end:
-        since = max([start] + [b[0] + b[2] for b in s["breaks"] if b[0] + b[2] <= t])
+        resumed = [b[0] + b[2] for b in s["breaks"] if b[0] + b[2] <= t]
+        since = max([start] + resumed)
+        # A ping each minute once the link is idle enough; a new value each time.
+        rtt = "null" if t - start < 60 else repr(0.002 + 0.0001 * ((int(t) // 60 + i + j) % 17))
         for k, (c, priority) in enumerate(CHANNELS):
             a = counts_at(s, i, c, t)
             d = counts_at(s, j, c, t)
@@ -199,7 +209,8 @@ def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
             mr = int(s["rates"][(j, c)] * (min(t, stop) - since)) if t < stop else 0
             out.append((t + k * 1e-5, _STATS.format(
                 n=me, p=peer, c=c, pr=priority, q=(k * 7 + int(t)) % 4 if t < stop else 0, bs=ms * 400, ms=ms,
-                br=mr * 380, mr=mr, a=a, k=max(0, a - 1), d=max(0, d), t=ORIGIN + t + k * 1e-5)))
+                br=mr * 380, mr=mr, a=a, k=max(0, a - 1), d=max(0, d), s=sid, cn=1 + len(resumed), rt=rtt,
+                t=ORIGIN + t + k * 1e-5)))
         t += TICK
     if s["grace_end"] is not None:
         lost(stop, "ConnectionLost")
@@ -250,10 +261,12 @@ def inject(plans: dict, lost: int, duplicated: int, seed: int) -> list[tuple]:
         sender = rng.choice((a, b))
         channel = rng.choice(CHANNELS)[0]
         key = (session["id"], sender, channel)
-        if key in chosen:
+        delta = -1 if len(faults) < lost else 1
+        # In an expired session the receiver's one more is one of the 2 reported
+        # undelivered: in_doubt, not duplicated (specs/pipeline.md section 5.2).
+        if key in chosen or (delta > 0 and session["grace_end"] is not None):
             continue
         chosen.add(key)
-        delta = -1 if len(faults) < lost else 1
         session["adjust"][(sender, channel)] = delta
         faults.append((node_id(sender), node_id(b if sender == a else a), session["id"], channel, delta))
     return faults

@@ -128,6 +128,8 @@ class Switch(Service):
         self.listen_address = ""
         self._ports = []
         self._stats_loop = None
+        #: This run's random id, logged in node_started at startService or the first listen.
+        self.run_id: str | None = None
         self._closed_all = []
         self._grace_timers = {}
         #: node id -> the _Redial keeping it connected (persistent) or resuming it.
@@ -155,10 +157,16 @@ class Switch(Service):
 
     def startService(self) -> None:
         super().startService()
+        self._begin_run()
         if self.config.stats_interval:
             self._stats_loop = LoopingCall(self._emit_stats)
             self._stats_loop.clock = self.clock
             self._stats_loop.start(self.config.stats_interval, now=False)
+
+    def _begin_run(self) -> None:
+        """Log node_started before this Switch's first event (a node may listen first)."""
+        if self.run_id is None:
+            self.run_id = telemetry.node_started(self.node_id)
 
     def stopService(self) -> defer.Deferred:
         """Stop listening, close every connection with a close packet, wait until gone."""
@@ -195,6 +203,7 @@ class Switch(Service):
 
         :returns: a Deferred firing with the IListeningPort.
         """
+        self._begin_run()
         endpoint = serverFromString(self.clock, endpoint_description)
         factory = MConnectionFactory(self, is_outbound=False)
         if self.tls is not None:  # TLS first; a plaintext start gets a close packet (specs/tls.md)
@@ -824,7 +833,9 @@ class Switch(Service):
         )
 
     def _plaintext_refused(self, proto, rejection: PeerRejected) -> None:
-        """A TLS listener got plaintext mconn bytes; mconn.tls answers with a close packet."""
+        """A TLS listener refused a start before TLS (plaintext mconn bytes, a pre-hello
+        where TLS first is required, a malformed pre-hello); mconn.tls answers with a
+        plaintext close packet naming ``rejection.reason`` (specs/tls.md section 7)."""
         self._peer_rejected(proto, None, rejection)
         proto.end_reason = rejection
 
@@ -868,6 +879,7 @@ class Switch(Service):
             bytes_sent=proto.core.bytes_sent,
             bytes_received=proto.core.bytes_received,
             channels=_channel_counters(proto.core),
+            session_id=_session_of(proto),
         )
         if peer is not None and peer._protocol is proto:
             if self._resumable(reason):
@@ -927,6 +939,9 @@ class Switch(Service):
                     accepted=c.accepted,
                     acked=c.acked,
                     delivered=c.delivered,
+                    session_id=peer.session.id.hex(),
+                    connection=peer.connects,
+                    round_trip=peer.round_trip,
                 )
 
     def _check_invariants(self) -> None:
@@ -951,6 +966,12 @@ class Switch(Service):
         owned = {d.id for d in self.channels}
         assert owned == set(self._reactor_by_channel), "channel table corrupt"
         assert len(owned) == len(self.channels), "duplicate channel ids"
+
+
+def _session_of(proto) -> str | None:
+    """The session a connection carries, or was resuming; None (specs/telemetry.md connection_lost)."""
+    peer = proto.peer if proto.peer is not None else proto.resuming
+    return peer.session.id.hex() if peer is not None else None
 
 
 def _channel_counters(core) -> list[dict]:

@@ -7,13 +7,22 @@ read. Each carries ``event`` (the stable name below) and ``node_id`` (the loggin
 
 from __future__ import annotations
 
+import os
+import secrets
+import time
+
 from twisted.logger import Logger
 
 log = Logger(namespace="mconn")
 
+#: When this process loaded mconn, seconds since the epoch: the same value in every
+#: ``node_started`` of one process, a new one after the process restarts.
+PROCESS_STARTED = time.time()
+
 #: Stable event names and their human-readable formats. specs/telemetry.md lists the
 #: fields of each; tests/adapter/test_telemetry.py checks them against the spec.
 FORMATS = {
+    "node_started": "{node_id} started: run {run_id}, process {pid}",
     "listening": "{node_id} listening on {address}",
     "connection_made": "{node_id} {direction} connection with {remote_address}",
     "handshake_done": "{node_id} handshake with {peer_id} at {remote_address} done",
@@ -40,6 +49,13 @@ def emit(event: str, **fields) -> None:
     """Log one telemetry event with its fields."""
     level = _LEVELS.get(event, "info")
     getattr(log, level)(FORMATS[event], event=event, **fields)
+
+
+def node_started(node_id: str) -> str:
+    """Log ``node_started`` for a Switch that starts; returns its new random run id."""
+    run_id = secrets.token_hex(16)
+    emit("node_started", node_id=node_id, run_id=run_id, pid=os.getpid(), process_started=PROCESS_STARTED)
+    return run_id
 
 
 def emit_failure(event: str, **fields) -> None:

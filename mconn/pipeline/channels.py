@@ -5,7 +5,11 @@ channel of every connected peer, all channels of one peer in one go: a *tick*. T
 are found per (node, peer) as runs of stats events less than ``TICK_GAP`` seconds apart.
 The byte and message counters count since the connection was made, so an interval's
 traffic is the difference between two consecutive samples of a channel, or the sample
-itself when the counter went down (a new connection: resume or new session).
+itself when the sample is on another connection than the previous one (its ``session_id``
+or ``connection`` changed: a resume or a new session). A counter that went down on the
+same connection is a suspended session (no transport, counters 0): no traffic. Older
+nodes log neither field; then a counter that went down marks a new connection, and a new
+connection that outgrew the old one between two samples reads as growth.
 
 A tick is *contended* when at least two channels of the link were pending (messages
 queued at either end of the interval). Over the contended ticks of a minute, a channel's
@@ -28,15 +32,24 @@ COUNTERS = ("bytes_sent", "bytes_received", "messages_sent", "messages_received"
 
 
 def _delta(column: str, window) -> F.Column:
-    previous = F.lag(column).over(window)
-    return F.when(previous.isNull() | (F.col(column) < previous), F.col(column)).otherwise(F.col(column) - previous)
+    previous, value = F.lag(column).over(window), F.col(column)
+    # Null (never true) when the fields are absent: older nodes.
+    other_connection = (F.lag("session_id").over(window) != F.col("session_id")) | (
+        F.lag("connection").over(window) != F.col("connection")
+    )
+    went_down = F.when(F.col("connection").isNotNull(), F.lit(0)).otherwise(value)
+    return (
+        F.when(previous.isNull() | other_connection, value)
+        .when(value < previous, went_down)
+        .otherwise(value - previous)
+    )
 
 
 def samples(events: DataFrame) -> DataFrame:
     """One row per channel_stats with its interval's deltas, tick and pending flag."""
     stats = of(events, "channel_stats").select(
         *PAIR, "channel_id", "log_time", "seq", "priority", "queue_depth", "bytes_sent", "bytes_received",
-        "messages_sent", "messages_received",
+        "messages_sent", "messages_received", "session_id", "connection",
     )
     by_pair = Window.partitionBy(*PAIR).orderBy("log_time", "seq")
     new_tick = F.coalesce(F.col("log_time") - F.lag("log_time").over(by_pair) > TICK_GAP, F.lit(True))

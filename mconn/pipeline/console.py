@@ -25,8 +25,8 @@ def seconds(value) -> str:
 def rows(summary: dict) -> list[tuple[str, str]]:
     s = summary
     return [
-        ("nodes / events", f"{s['nodes']:,} / {s['events']:,} ({s['malformed_records']:,} malformed, "
-                           f"{s['unknown_events']:,} unknown)"),
+        ("nodes / events", f"{s['nodes']:,} ({s['restarts']:,} restarts) / {s['events']:,} "
+                           f"({s['malformed_records']:,} malformed, {s['unknown_events']:,} unknown)"),
         ("time span", f"{s['first_time']} .. {s['last_time']} UTC"),
         ("sessions / links", f"{s['sessions']:,} / {s['links']:,}"),
         ("resumes", f"{s['resumes']:,} (fresh starts {s['fresh_starts']:,}; sessions expired "

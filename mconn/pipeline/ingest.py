@@ -16,7 +16,9 @@ number field holding a string, a list field that is not a list of the spec's ite
 Spark's reader takes any JSON value as the text of a string field). A well-formed record
 whose ``event`` the spec does not list is *unknown*. Both are kept in the ``_malformed``
 and ``_unknown`` partitions of the events table (a malformed one with its text and file),
-counted and reported, never fatal. A field that is absent is null (older nodes).
+counted and reported, never fatal. A field that is absent is null (older nodes); only
+``connection_lost.session_id``, where null has a meaning of its own, is told apart
+(``session_id_logged``).
 """
 
 from __future__ import annotations
@@ -79,9 +81,17 @@ def parse(records: DataFrame, since: float | None = None, until: float | None = 
         *scalars,
         *schema.LIST_COLUMNS.values(),
         "reject_reason",
+        _session_id_logged().alias("session_id_logged"),
         F.when(malformed, F.col("source_file")).alias("source_file"),
         F.when(malformed, F.substring(F.trim("record"), 1, KEPT_TEXT)).alias("record"),
     )
+
+
+def _session_id_logged() -> Column:
+    """For ``connection_lost``: whether the record has ``session_id`` at all. Null there
+    means the connection carried no session; absent, an older node that did not say."""
+    has = F.array_contains(F.json_object_keys(F.col("record")), "session_id")
+    return F.when(F.col("event") == "connection_lost", F.coalesce(has, F.lit(False)))
 
 
 def _parse_list(event: str, field: str) -> Column:

@@ -3,7 +3,7 @@
 ``run`` reads the telemetry once into the ``events`` table (Parquet, one partition per
 event name), then builds each output table from it and writes it under ``out``, then
 the report. Each stage prints one progress line. The few small frames several tables
-share (sessions, breaks, counters) are cached for the run.
+share (sessions, breaks, counters, round-trip samples) are cached for the run.
 """
 
 from __future__ import annotations
@@ -142,7 +142,7 @@ class _Shared:
 
     @functools.cached_property
     def rtt_samples(self):
-        return self._keep(latency.handshake_samples(self.events))
+        return self._keep(latency.samples(self.events))
 
     def release(self) -> None:
         for df in self._cached:

@@ -30,7 +30,7 @@ def outcome() -> F.Column:
     kind = end_kind()
     return (
         F.when(ended & (kind != "closed"), kind)
-        .when(~ended & F.col("next_start").isNotNull(), F.lit("restarted"))
+        .when(~ended & (F.col("next_start").isNotNull() | F.col("restart_at").isNotNull()), F.lit("restarted"))
         .when(F.col("resumes") > 0, F.lit("resumed"))
         .when(ended, F.lit("closed"))
         .otherwise(F.lit("open"))
@@ -45,8 +45,14 @@ def suspended_time(breaks: DataFrame, sessions_df: DataFrame) -> DataFrame:
 
 
 def traffic(events: DataFrame, sessions_df: DataFrame) -> DataFrame:
-    """Wire bytes of the connections each session end used (their ``connection_lost``)."""
-    lost = attribute(of(events, "connection_lost").where(F.col("peer_id").isNotNull()), sessions_df)
+    """Wire bytes of the connections each session end used (their ``connection_lost``).
+
+    A ``connection_lost`` that logged a null ``session_id`` carried no session (a refused
+    peer); one without the field (an older node) is attributed by time.
+    """
+    lost = of(events, "connection_lost").where(F.col("peer_id").isNotNull())
+    lost = lost.where(~(F.coalesce("session_id_logged", F.lit(False)) & F.col("session_id").isNull()))
+    lost = attribute(lost, sessions_df)
     return lost.groupBy(*END).agg(
         F.count("*").alias("connections"),
         F.sum("bytes_sent").alias("bytes_sent"),

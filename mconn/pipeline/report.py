@@ -171,7 +171,7 @@ def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_coun
         "<h2>Delivery audit findings</h2>",
         _findings(tables["delivery_audit"]),
         "<h2>Links</h2>",
-        _link_plots(summary, tables, rows, shared, event_counts),
+        _link_plots(summary, tables, rows, shared),
         _side_plots_and_tables(tables),
         "<h2>Input</h2>",
         _input_section(event_counts, everything),
@@ -191,12 +191,11 @@ def _findings(audit) -> str:
     return _table(list(columns), [tuple(r[c] for c in columns) for r in findings])
 
 
-def _link_plots(summary: dict, tables: dict, rows: dict, shared, event_counts: dict) -> str:
+def _link_plots(summary: dict, tables: dict, rows: dict, shared) -> str:
     lanes, origin = timeline_lanes(tables["links"], shared.sessions, shared.breaks)
     delays, recovery = reconnect_samples(tables["reconnects"], rows["reconnects"])
-    handshakes = event_counts.get("handshake_done", 0)  # at least as many as the samples
-    rtt = [r[0] for r in sample(shared.rtt_samples.select("rtt"), handshakes)]
-    source = summary["rtt_source"] or "handshake"
+    rtt = [r[0] for r in sample(shared.rtt_samples.select("rtt"), shared.rtt_samples.count())]  # cached
+    source = summary["rtt_source"] or "no"
     return "\n".join([
         _img(plots.timeline(lanes, origin), "link timeline"),
         _img(plots.reconnects(delays, recovery), "reconnect delays"),

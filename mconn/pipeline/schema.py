@@ -21,6 +21,7 @@ _ID = {"event": "str", "node_id": "str"}
 
 #: event -> {field: spec type}, in the order of specs/telemetry.md section 4.
 EVENTS: dict[str, dict[str, str]] = {
+    "node_started": {**_ID, "run_id": "str", "pid": "int", "process_started": "float"},
     "listening": {**_ID, "address": "str"},
     "connection_made": {**_ID, "direction": "str", "remote_address": "str"},
     "handshake_done": {
@@ -35,7 +36,7 @@ EVENTS: dict[str, dict[str, str]] = {
     "connection_lost": {
         **_ID, "peer_id": "str or null", "remote_address": "str", "direction": "str", "reason_type": "str",
         "reason": "str", "duration": "float", "bytes_sent": "int", "bytes_received": "int",
-        "channels": "list of object",
+        "channels": "list of object", "session_id": "str or null",
     },
     "session_started": {
         **_ID, "peer_id": "str", "session_id": "str", "remote_address": "str", "direction": "str",
@@ -63,7 +64,8 @@ EVENTS: dict[str, dict[str, str]] = {
     "channel_stats": {
         **_ID, "peer_id": "str", "channel_id": "int", "priority": "int", "queue_depth": "int",
         "bytes_sent": "int", "messages_sent": "int", "bytes_received": "int", "messages_received": "int",
-        "accepted": "int", "acked": "int", "delivered": "int",
+        "accepted": "int", "acked": "int", "delivered": "int", "session_id": "str", "connection": "int",
+        "round_trip": "float or null",
     },
     "reactor_error": {**_ID, "reactor": "str", "method": "str", "peer_id": "str"},
 }
@@ -98,7 +100,10 @@ LOG_TIME = "log_time"
 #: Fields without which a record cannot be placed: missing or mistyped, it is malformed.
 REQUIRED = ("event", "node_id", LOG_TIME)
 
-_SCALARS = {"str": T.StringType(), "str or null": T.StringType(), "int": T.LongType(), "float": T.DoubleType()}
+_SCALARS = {
+    "str": T.StringType(), "str or null": T.StringType(), "int": T.LongType(), "float": T.DoubleType(),
+    "float or null": T.DoubleType(),
+}
 _LISTS = ("list of int", "list of object")
 
 

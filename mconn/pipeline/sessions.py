@@ -4,13 +4,16 @@ The building blocks that the ``links``, ``reconnects`` and ``delivery_audit`` ta
 share (specs/pipeline.md section 3). A session is seen by each of its two nodes; every
 frame here has one row per *end*: (node_id, peer_id, session_id).
 
-Theory of operation. A node has at most one session with a given peer at a time (the
-Switch's peer table is keyed by node id, and a new session ends the old one first), so
-the sessions of one (node, peer) pair tile time: session k owns the events of that pair
-from its start up to the start of session k + 1. That attributes ``channel_stats`` and
-``connection_lost``, which name the peer but not the session, to their session. A
-session with no ``session_ended`` whose pair has a later session was lost without an
-end: the node's process stopped (crash, kill) and came back.
+Theory of operation. ``channel_stats`` and ``connection_lost`` name their session
+(``session_id``) in the logs of current nodes: they are attributed by lookup. Older
+nodes' logs lack the field, and then the tiling rule applies: a node has at most one
+session with a given peer at a time (the Switch's peer table is keyed by node id, and a
+new session ends the old one first), so the sessions of one (node, peer) pair tile time:
+session k owns the events of that pair from its start up to the start of session k + 1.
+
+A session with no ``session_ended`` was lost without an end when its node logged a
+``node_started`` after the session's start (the node restarted: crash, kill), or, in
+logs without ``node_started``, when its pair has a later session.
 """
 
 from __future__ import annotations
@@ -36,8 +39,10 @@ def sessions(events: DataFrame) -> DataFrame:
 
     ``start`` is the ``session_started`` time (or the first event seen of the session,
     ``start_seen`` false); ``next_start`` the start of the pair's next session;
-    ``observed_until`` when the logs stop telling about it: its end, else the next
-    session's start, else the node's last event.
+    ``restart_at`` the node's first ``node_started`` after the start, for an end without
+    ``session_ended`` (its node restarted with the session open); ``observed_until`` when
+    the logs stop telling about it: its end, else the next session's start or the
+    restart, whichever came first, else the node's last event.
     """
     last_event = events.groupBy("node_id").agg(F.max("log_time").alias("node_last_time"))
     s = of(events, *SESSION_EVENTS).groupBy(*END).agg(
@@ -62,8 +67,17 @@ def sessions(events: DataFrame) -> DataFrame:
     pair = Window.partitionBy(*PAIR).orderBy("start", "session_id")
     s = s.withColumn("next_start", F.lead("start").over(pair))
     s = s.join(F.broadcast(last_event), "node_id", "left")
-    until = F.coalesce("end", "next_start", "node_last_time")
+    s = s.join(_restarts(events, s), END, "left")
+    until = F.coalesce("end", F.least("next_start", "restart_at"), "node_last_time")
     return s.withColumn("observed_until", F.greatest(until, F.col("start"))).drop("node_last_time")
+
+
+def _restarts(events: DataFrame, s: DataFrame) -> DataFrame:
+    """Per session end without ``session_ended``: its node's first ``node_started`` after its start."""
+    starts = of(events, "node_started").select("node_id", F.col("log_time").alias("_started"))
+    unended = s.where(F.col("end").isNull()).select(*END, "start")
+    after = unended.join(starts, "node_id").where(F.col("_started") > F.col("start"))
+    return after.groupBy(*END).agg(F.min("_started").alias("restart_at"))
 
 
 def suspensions(events: DataFrame) -> DataFrame:
@@ -91,14 +105,17 @@ def suspensions(events: DataFrame) -> DataFrame:
 
 
 def attribute(df: DataFrame, sessions_df: DataFrame) -> DataFrame:
-    """Give each row of ``df`` (with node_id, peer_id, log_time) its session_id.
+    """Give each row of ``df`` (with node_id, peer_id, session_id, log_time) its session.
 
-    A row belongs to the pair's session whose interval [start, next_start) holds its
-    time; rows outside every interval are dropped.
+    A row that names its session keeps it, if the logs show that session (a lookup). A
+    row without one (an older node) belongs to the pair's session whose interval
+    [start, next_start) holds its time. Other rows are dropped.
     """
+    named = df.where(F.col("session_id").isNotNull()).join(sessions_df.select(*END), END, "left_semi")
     s = sessions_df.select(*PAIR, "session_id", F.col("start").alias("_s"), F.col("next_start").alias("_n"))
     inside = (F.col("log_time") >= F.col("_s")) & (F.col("_n").isNull() | (F.col("log_time") < F.col("_n")))
-    return df.drop("session_id").join(s, PAIR).where(inside).drop("_s", "_n")
+    tiled = df.where(F.col("session_id").isNull()).drop("session_id").join(s, PAIR).where(inside).drop("_s", "_n")
+    return named.unionByName(tiled)
 
 
 def counters(events: DataFrame, sessions_df: DataFrame) -> DataFrame:

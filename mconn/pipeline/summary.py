@@ -9,10 +9,11 @@ from __future__ import annotations
 from pyspark.sql import DataFrame, functions as F
 
 from mconn.pipeline.ingest import MALFORMED, UNKNOWN
+from mconn.pipeline.sessions import of
 
 #: Column order of the summary row, as the console and the report show it.
 COLUMNS = (
-    "nodes", "events", "malformed_records", "unknown_events", "first_time", "last_time",
+    "nodes", "restarts", "events", "malformed_records", "unknown_events", "first_time", "last_time",
     "sessions", "links", "resumes", "fresh_starts", "expired_sessions", "rejected_sessions", "restarted_sessions",
     "dial_attempts", "failed_dials", "recovery_p50_seconds", "recovery_max_seconds",
     "messages_audited", "lost", "duplicated", "in_doubt", "unsettled", "one_sided_rows",
@@ -38,11 +39,15 @@ def build(spark, event_counts: dict, events, *, links, reconnects, audit, errors
         F.lit(event_counts.get(MALFORMED, 0)).cast("long").alias("malformed_records"),
         F.lit(event_counts.get(UNKNOWN, 0)).cast("long").alias("unknown_events"),
     )
-    fleet = events.agg(
-        F.countDistinct("node_id").alias("nodes"),
-        F.timestamp_seconds(F.min("log_time")).alias("first_time"),
-        F.timestamp_seconds(F.max("log_time")).alias("last_time"),
+    per_node = events.groupBy("node_id").agg(F.min("log_time").alias("_first"), F.max("log_time").alias("_last"))
+    fleet = per_node.agg(
+        F.count("*").alias("nodes"),
+        F.timestamp_seconds(F.min("_first")).alias("first_time"),
+        F.timestamp_seconds(F.max("_last")).alias("last_time"),
     )
+    # A restart: a node_started after an earlier event of the same node (a previous run).
+    started = of(events, "node_started").join(per_node, "node_id")
+    restarts = started.agg(F.count(F.when(F.col("log_time") > F.col("_first"), 1)).alias("restarts"))
     per_session = links.groupBy("session_id").agg(
         F.max("resumes").alias("resumes"),
         F.max(F.coalesce(F.col("resume_refused"), F.lit("")) != "").alias("fresh"),
@@ -87,6 +92,6 @@ def build(spark, event_counts: dict, events, *, links, reconnects, audit, errors
     )
     rtt = spark.range(1).join(rtt, how="left").drop("id")  # one row even without samples
     row = base
-    for part in (fleet, sessions, link_rows, dials, audited, by_source, rtt):
+    for part in (fleet, restarts, sessions, link_rows, dials, audited, by_source, rtt):
         row = row.crossJoin(part)
     return row.select(*COLUMNS)

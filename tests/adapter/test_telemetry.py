@@ -29,6 +29,7 @@ TYPE_CHECKS = {
     "str or null": lambda v: v is None or isinstance(v, str),
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
     "float": lambda v: isinstance(v, float),
+    "float or null": lambda v: v is None or isinstance(v, float),
     "list of int": lambda v: isinstance(v, list) and all(isinstance(i, int) for i in v),
     "list of object": lambda v: isinstance(v, list) and all(isinstance(i, dict) for i in v),
 }
@@ -104,6 +105,7 @@ def emitted():
         network.connect_raw(late, a)
         network.flush()  # the old connection answers the probe: duplicate_connection
         network.advance(config.ping_interval + 1)  # keepalive timers fire late: loop_stalled
+        network.advance(5)  # channel_stats with the round trip the pings measured
         c = network.switch([RecordingReactor(CHANNELS)], config=Config(stats_interval=0, max_reconnects=1))
         c.dial(f"{'cd' * 20}@127.0.0.1:9", retry_initial_dial=True).addErrback(lambda f: None)
         for _ in range(3):  # the dialer's wait, then HostnameEndpoint's attempts (0.3 s apart)
@@ -201,3 +203,52 @@ def test_common_field_values(emitted):
     assert {e["reason"] for e in emitted if e["event"] == "connection_refused"} == {"ip_limit"}
     errors = {(e["error_type"], e["peer_id"] is None) for e in emitted if e["event"] == "protocol_error"}
     assert errors == {("UnknownPacketType", True), ("UnknownChannel", False)}
+
+
+def test_node_started_opens_each_run_with_a_fresh_run_id(emitted):
+    """Each started Switch logs node_started before anything else of its own, with its run id."""
+    started = [e for e in emitted if e["event"] == "node_started"]
+    assert len(started) == 2 and len({e["run_id"] for e in started}) == 2
+    for event in started:
+        assert re.fullmatch(r"[0-9a-f]{32}", event["run_id"])
+        own = [e for e in emitted if e["node_id"] == event["node_id"]]
+        assert own[0] is event
+        assert event["process_started"] <= event["log_time"]
+
+
+def test_channel_stats_name_the_session_the_connection_and_a_measured_round_trip(emitted):
+    """channel_stats carry the session of session_started, the connection number (2 after
+    the resume) and, once a ping was answered, its round trip."""
+    sessions = {(e["node_id"], e["peer_id"]): e["session_id"] for e in emitted if e["event"] == "session_started"}
+    stats = [e for e in emitted if e["event"] == "channel_stats"]
+    assert stats and all(e["session_id"] == sessions[(e["node_id"], e["peer_id"])] for e in stats)
+    assert {e["connection"] for e in stats} == {1, 2}
+    assert all(e["round_trip"] is None for e in stats if e["connection"] == 1)  # before the first pong
+    measured = [e["round_trip"] for e in stats if e["round_trip"] is not None]
+    assert measured and all(rtt >= 0 for rtt in measured)
+
+
+def test_connection_lost_names_the_session_it_carried(emitted):
+    """The connections of the session name it; the refused ones name none."""
+    sessions = {e["session_id"] for e in emitted if e["event"] == "session_started"}
+    lost = [e for e in emitted if e["event"] == "connection_lost"]
+    carried = {e["session_id"] for e in lost if e["session_id"] is not None}
+    assert carried and carried <= sessions
+    assert all(e["session_id"] is None for e in lost if e["peer_id"] is None)
+
+
+def test_a_switch_that_listens_before_it_starts_logs_node_started_first():
+    """twistd binds ports before it starts services: node_started still opens the run, once."""
+    capture = Telemetry().start()
+    try:
+        network = MemoryNetwork(MemoryReactorClock())
+        switch = network.switch([RecordingReactor(CHANNELS)], config=Config(stats_interval=0))
+        switch.listen("tcp:26656:interface=127.0.0.1")
+        switch.startService()
+        switch.stopService()
+        network.flush()
+    finally:
+        capture.stop()
+    names = [e["event"] for e in capture.events if e["node_id"] == switch.node_id]
+    assert names[:2] == ["node_started", "listening"] and names.count("node_started") == 1
+    assert capture.named("node_started")[0]["run_id"] == switch.run_id

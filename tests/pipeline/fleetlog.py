@@ -7,6 +7,11 @@ and the faults are explicit: ``lose`` (accepted and acked, never delivered),
 ``duplicate`` (delivered once more), ``unconfirmed`` (accepted, never acked: reported
 undelivered at the end). Time is explicit too: every call takes ``t``, seconds from the
 log's origin.
+
+Nodes are *older* by default: their events lack the fields added later (``session_id``
+in ``connection_lost`` and ``channel_stats``, ``connection``, ``round_trip``, and the
+``node_started`` event), so the pipeline's inference for old logs is what they exercise.
+A ``current`` node logs them all, as mconn does now.
 """
 
 from __future__ import annotations
@@ -44,11 +49,13 @@ def record(event: str, t: float, **fields) -> str:
 
 
 class Node:
-    def __init__(self, fleet: "FleetLog", name: str, port: int) -> None:
+    def __init__(self, fleet: "FleetLog", name: str, port: int, current: bool = False) -> None:
         self.fleet = fleet
         self.name = name
         self.id = node_id(name)
         self.address = f"127.0.0.1:{port}"
+        self.current = current
+        self.runs = 0
         self.lines: list[tuple[float, int, str]] = []
 
     def emit(self, event: str, t: float, **fields) -> None:
@@ -61,15 +68,21 @@ class Node:
     def listen(self, t: float) -> None:
         self.emit("listening", t, address=self.address)
 
+    def start(self, t: float) -> None:
+        """The Switch starts (a current node): node_started, a new run, a new process."""
+        self.runs += 1
+        self.emit("node_started", t, run_id=session_id(f"{self.name} run {self.runs}"), pid=1000 + self.runs,
+                  process_started=ORIGIN + t - 0.5)
+
 
 class FleetLog:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self._ports = iter(range(26000, 27000))
 
-    def node(self, name: str) -> Node:
+    def node(self, name: str, current: bool = False) -> Node:
         if name not in self.nodes:
-            self.nodes[name] = Node(self, name, next(self._ports))
+            self.nodes[name] = Node(self, name, next(self._ports), current)
         return self.nodes[name]
 
     def write(self, directory: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -97,6 +110,7 @@ class Link:
         self.acked = collections.Counter()
         self.delivered = collections.Counter()  # keyed by the *sender*: delivered at the other end
         self.resumes = 0
+        self.connection = 1  # as Peer.connects: one more at each resume
         self._inbound_port = iter(range(50000, 60000))
         self._connect(t)
         for node in (dialer, listener):
@@ -151,14 +165,19 @@ class Link:
             "delivered": self.delivered[(peer.name, channel)],
         }
 
-    def stats(self, node: Node, t: float, queue=None, sent_bytes=None) -> None:
+    def _current(self, node: Node, **fields) -> dict:
+        """The fields only a current node logs."""
+        return fields if node.current else {}
+
+    def stats(self, node: Node, t: float, queue=None, sent_bytes=None, round_trip=None) -> None:
         """One channel_stats tick at ``node``: queue depths and byte counters per channel."""
         queue, sent_bytes = queue or {}, sent_bytes or {}
+        current = self._current(node, session_id=self.session, connection=self.connection, round_trip=round_trip)
         for i, (channel, priority) in enumerate(sorted(self.channels.items())):
             node.emit(
                 "channel_stats", t + i * 1e-4, peer_id=self.other(node).id, channel_id=channel, priority=priority,
                 queue_depth=queue.get(channel, 0), bytes_sent=sent_bytes.get(channel, 0), messages_sent=0,
-                bytes_received=0, messages_received=0, **self.counters(node, channel),
+                bytes_received=0, messages_received=0, **self.counters(node, channel), **current,
             )
 
     # -- breaks ----------------------------------------------------------------------
@@ -173,6 +192,7 @@ class Link:
                     {"channel_id": c, "bytes_sent": 0, "messages_sent": 0, "bytes_received": 0, "messages_received": 0}
                     for c in sorted(self.channels)
                 ],
+                **self._current(node, session_id=self.session),
             )
 
     def suspend(self, t: float, ends=None, grace: float = 30.0) -> None:
@@ -194,6 +214,7 @@ class Link:
         """The dialer's attempt connects and both ends resume (then the dial is reported)."""
         self._connect(t)
         self.resumes += 1
+        self.connection += 1
         for node in (self.listener, self.dialer):
             node.emit(
                 "session_resumed", t + self.rtt + 0.001, peer_id=self.other(node).id, session_id=self.session,

@@ -1,10 +1,14 @@
 """Hand-made fleet logs with known truth, through ``mconn-pipeline`` (cli.main) on real Spark.
 
-Six nodes, one scenario per link so that each fault can be checked where it must show
-up and nowhere else: a lost message (A -> B), a duplicate (C -> A), a resume (B dials
-C), a grace expiry (D dials B), a restart (F crashes and comes back; E dials it), plus
-malformed records, unknown events, protocol errors and a refused peer. The run is
-module-scoped: the tests read its tables.
+Six older nodes (their logs lack the fields added to specs/telemetry.md later, so the
+pipeline infers), one scenario per link so that each fault can be checked where it must
+show up and nowhere else: a lost message (A -> B), a duplicate (C -> A), a resume (B
+dials C), a grace expiry (D dials B), a restart (F crashes and comes back; E dials it),
+plus malformed records, unknown events, protocol errors and a refused peer. Three current
+nodes log every field: G dials H (ping round trips, a resume whose second connection
+outgrew the first between two samples, a refused connection that carried no session),
+H restarts with no session open, I restarts with its session to G open and nothing
+replaces it. The run is module-scoped: the tests read its tables.
 """
 
 import contextlib
@@ -15,9 +19,9 @@ import pytest
 
 from .fleetlog import FleetLog, Link, node_id, record, session_id
 
-A, B, C, D, E, F = (node_id(n) for n in "ABCDEF")
-S_LOST, S_DUP, S_RESUME, S_EXPIRE, S_OLD, S_NEW = (
-    session_id(n) for n in ("s-lost", "s-dup", "s-resume", "s-expire", "s-old", "s-new")
+A, B, C, D, E, F, G, H, I = (node_id(n) for n in "ABCDEFGHI")
+S_LOST, S_DUP, S_RESUME, S_EXPIRE, S_OLD, S_NEW, S_GH, S_GI = (
+    session_id(n) for n in ("s-lost", "s-dup", "s-resume", "s-expire", "s-old", "s-new", "s-gh", "s-gi")
 )
 REFUSED = "unknown session (expired, or this node restarted)"
 MALFORMED = 6
@@ -74,6 +78,7 @@ def build_fleet() -> FleetLog:
     old.dial(291.02, 1, "connected")
     new.send(e, 0x20, 2)
     new.end(330)
+    current_nodes(fleet)
     # Errors: two protocol errors from one remote host (one of them on the line of a
     # record cut short), a refused duplicate peer.
     proto = dict(peer_id=None, remote_address="10.0.0.9:4000", error_type="UnknownPacketType", error="packet type 0x77")
@@ -97,6 +102,35 @@ def build_fleet() -> FleetLog:
     b.emit("node_upgraded", 60, version="2")
     b.emit("node_upgraded", 61, version="3")
     return fleet
+
+
+def current_nodes(fleet: FleetLog) -> None:
+    """G, H and I log every field of specs/telemetry.md (node_started, session_id, ...)."""
+    g, h, i = (fleet.node(n, current=True) for n in "GHI")
+    for node in (g, h, i):
+        node.start(0)
+        node.listen(0)
+    gh = Link(g, h, "s-gh", 400, rtt=0.040)
+    gh.send(g, 0x20, 6)
+    gh.stats(g, 410, sent_bytes={0x20: 1000}, round_trip=0.005)
+    gh.stats(h, 410, round_trip=0.006)
+    gh.suspend(415)
+    gh.resume(416)
+    # H refused a second connection from G: it carried no session (session_id null).
+    h.emit("connection_lost", 420, peer_id=G, remote_address="127.0.0.1:59999", direction="inbound",
+           reason_type="PeerRejected", reason="duplicate", duration=0.01, bytes_sent=777, bytes_received=777,
+           channels=[], session_id=None)
+    # The second connection has sent 3000 bytes, more than the first had (1000) at 410.
+    gh.stats(g, 430, sent_bytes={0x20: 3000}, round_trip=0.005)  # no new pong: the same sample
+    gh.stats(g, 440, sent_bytes={0x20: 3500}, round_trip=0.007)
+    gh.end(450)
+    h.start(470)  # H restarts with no session open
+    h.listen(470)
+    gi = Link(g, i, "s-gi", 480)
+    gi.stats(i, 490)
+    i.start(500)  # I restarts with its session open; no session with G follows
+    i.listen(500)
+    gi.suspend(500.5, ends=(g,))
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +182,7 @@ def test_every_other_audit_row_is_clean(out, tables):
     rows = tables(out[2], "delivery_audit")
     verdicts = {(r["sender"], r["session_id"], r["channel_id"]): r["verdict"] for r in rows if r["verdict"] != "ok"}
     assert verdicts == {(A, S_LOST, 0x20): "lost", (C, S_DUP, 0x21): "duplicated", (F, S_OLD, 0x21): "unsettled"}
-    assert {r["session_id"] for r in rows} == {S_LOST, S_DUP, S_RESUME, S_EXPIRE, S_OLD, S_NEW}
+    assert {r["session_id"] for r in rows} == {S_LOST, S_DUP, S_RESUME, S_EXPIRE, S_OLD, S_NEW, S_GH, S_GI}
     assert sum(r["in_doubt"] for r in rows) == 0
 
 
@@ -193,6 +227,8 @@ def test_outcomes_of_every_session_end(out, tables):
         (D, S_EXPIRE): "expired", (B, S_EXPIRE): "expired",
         (E, S_OLD): "fresh", (F, S_OLD): "restarted",
         (E, S_NEW): "closed", (F, S_NEW): "closed",
+        (G, S_GH): "resumed", (H, S_GH): "resumed",
+        (G, S_GI): "open", (I, S_GI): "restarted",
     }
 
 
@@ -246,14 +282,14 @@ def test_a_dial_that_belongs_to_no_break(out, tables):
 def test_malformed_and_unknown_records_are_counted_not_fatal(out):
     summary = out[1]["summary"]
     assert (summary["malformed_records"], summary["unknown_events"]) == (MALFORMED, 2)
-    assert summary["nodes"] == 6
+    assert summary["nodes"] == 9
 
 
 def test_summary_headline(out):
     s = out[1]["summary"]
-    assert (s["sessions"], s["links"], s["resumes"], s["fresh_starts"]) == (6, 5, 1, 1)
-    assert (s["expired_sessions"], s["restarted_sessions"]) == (1, 1)
-    assert (s["dial_attempts"], s["failed_dials"]) == (7, 5)
+    assert (s["sessions"], s["links"], s["resumes"], s["fresh_starts"]) == (8, 7, 2, 1)
+    assert (s["expired_sessions"], s["restarted_sessions"], s["restarts"]) == (1, 2, 2)
+    assert (s["dial_attempts"], s["failed_dials"]) == (8, 5)
     assert (s["lost"], s["duplicated"], s["unsettled"], s["in_doubt"]) == (1, 1, 1, 0)
     assert (s["protocol_errors"], s["refused_connections"], s["gave_up_dials"], s["loop_stalls"]) == (2, 2, 1, 1)
     assert s["reactor_errors"] == 0
@@ -265,3 +301,49 @@ def test_report_is_one_html_file_with_embedded_plots(out):
     assert text.startswith("<!doctype html>") and "PROBLEM: 1 lost, 1 duplicated" in text
     assert text.count("data:image/png;base64,") >= 5
     assert "src=\"http" not in text  # self-contained
+
+
+def test_a_restart_with_no_session_open_is_counted(out, tables):
+    """H's second node_started follows a run whose only session had ended: no session end
+    shows it, the restarts count does; G and H's first node_started are starts, not restarts."""
+    assert out[1]["summary"]["restarts"] == 2  # H's and I's
+    links = by(tables(out[2], "links"), "node_id", "session_id")
+    assert links[(H, S_GH)]["outcome"] == "resumed" and links[(H, S_GH)]["end"] is not None
+
+
+def test_a_restart_marks_the_open_session_of_the_node_lost(out, tables):
+    """I restarted with its session open and nothing replaced it: restarted, not open,
+    observed until the restart."""
+    links = by(tables(out[2], "links"), "node_id", "session_id")
+    row = links[(I, S_GI)]
+    assert (row["outcome"], row["end"]) == ("restarted", None)
+    assert row["duration_seconds"] == pytest.approx(500 - 480.01, abs=1e-3)
+    assert links[(G, S_GI)]["outcome"] == "open"
+
+
+def test_latency_comes_from_ping_round_trips_when_logged(out, tables):
+    """G and H logged round_trip: distinct values per session, at both ends; the older
+    nodes keep handshake round trips."""
+    rows = tables(out[2], "latency")
+    link = by([r for r in rows if r["scope"] == "link"], "node_id", "peer_id")
+    gh = link[(G, H)]
+    assert (gh["source"], gh["samples"], gh["max_seconds"]) == ("ping", 2, 0.007)
+    assert gh["p50_seconds"] == pytest.approx(0.005)
+    assert (link[(H, G)]["source"], link[(H, G)]["samples"], link[(H, G)]["p50_seconds"]) == ("ping", 1, 0.006)
+    assert link[(C, A)]["source"] == "handshake"
+    [fleet] = [r for r in rows if r["scope"] == "fleet"]
+    assert fleet["source"] == out[1]["summary"]["rtt_source"] == "handshake+ping"
+
+
+def test_connection_counter_separates_a_new_connection_that_outgrew_the_old(out, tables):
+    """G's 0x20 sent 1000 bytes on connection 1, then 3000 and 3500 on connection 2: 4500
+    in all (without the counter, 3000 after 1000 reads as 2000 more)."""
+    rows = by([r for r in tables(out[2], "channels") if (r["node_id"], r["peer_id"]) == (G, H)], "channel_id")
+    assert rows[0x20]["bytes_sent"] == 4500 and rows[0x20]["samples"] == 3
+
+
+def test_connections_are_attributed_by_session_id(out, tables):
+    """H's refused connection (session_id null) is no connection of the session."""
+    links = by(tables(out[2], "links"), "node_id", "session_id")
+    assert (links[(H, S_GH)]["connections"], links[(H, S_GH)]["bytes_sent"]) == (2, 2000)
+    assert links[(G, S_GH)]["connections"] == 2

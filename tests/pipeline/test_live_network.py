@@ -6,6 +6,7 @@ jsonFileLogObserver (specs/telemetry.md section 2). The test breaks links while 
 flow: B's link to A twice with ``force_reconnect``, C's link to B once with a proxy
 reset. After a clean stop, the pipeline must audit every message with nothing lost or
 duplicated, and count exactly the resumes the test caused, on the links it caused them.
+Pings are frequent, so every node logs ping round trips: the latency table uses them.
 """
 
 import pytest
@@ -69,7 +70,7 @@ async def send_batch(peer, start, count):
 
 async def run_network(directory):
     """Returns {(dialer, listener): resumes injected}, node ids by name, messages sent."""
-    config = Config(stats_interval=1.0, resume_grace=10.0, max_reconnect_delay=0.2)
+    config = Config(stats_interval=1.0, resume_grace=10.0, max_reconnect_delay=0.2, ping_interval=0.25)
     collectors = {name: Collector(CHANNELS) for name in "ABC"}
     nodes = {name: Switch([collectors[name]], clock=the_reactor(), config=config) for name in "ABC"}
     logs = [NodeLog(directory / f"{name}.json", s) for name, s in nodes.items()]
@@ -104,6 +105,9 @@ async def run_network(directory):
         for name, collector in collectors.items():
             await collector.until(2 * 2 * PER_CHANNEL)  # two peers, two channels
         await sleep(0.3)  # the last acks arrive
+        peers = [p for s in nodes.values() for p in s.peers.values()]
+        await until(lambda: all(p.round_trip is not None for p in peers))  # an idle link pings
+        await sleep(config.stats_interval + 0.2)  # a channel_stats tick logs the round trips
         return breaks, ids
     finally:
         if proxy is not None:
@@ -129,6 +133,7 @@ async def test_a_real_network_audits_clean_and_counts_the_injected_resumes(tmp_p
     assert s["messages_audited"] == sent
     assert (s["malformed_records"], s["unknown_events"], s["nodes"], s["sessions"]) == (0, 0, 3, 3)
     assert s["resumes"] == sum(breaks.values())
+    assert (s["restarts"], s["restarted_sessions"], s["rtt_source"]) == (0, 0, "ping")
     audit = tables(out, "delivery_audit")
     assert all(r["verdict"] == "ok" and r["sender_final"] and r["receiver_final"] for r in audit)
     assert sum(r["delivered"] for r in audit) == sent
@@ -137,6 +142,10 @@ async def test_a_real_network_audits_clean_and_counts_the_injected_resumes(tmp_p
     for row in tables(out, "links"):
         resumes.setdefault(frozenset((names[row["node_id"]], names[row["peer_id"]])), set()).add(row["resumes"])
     assert resumes == {frozenset(pair): {n} for pair, n in breaks.items()}  # both ends agree
+    connections = {(names[r["node_id"]], names[r["peer_id"]]): r["connections"] for r in tables(out, "links")}
+    assert connections == {(a, b): breaks.get((a, b), breaks.get((b, a))) + 1 for a, b in connections}
+    latency = [r for r in tables(out, "latency") if r["scope"] == "link"]
+    assert len(latency) == 6 and all(r["source"] == "ping" and r["samples"] >= 1 for r in latency)
     dials = [r for r in tables(out, "reconnects") if r["result"] == "connected"]
     assert sorted((names[r["node_id"]], names[r["peer_id"]], r["resolution"]) for r in dials) == [
         ("B", "A", "resumed"), ("B", "A", "resumed"), ("C", "B", "resumed")
