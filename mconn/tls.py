@@ -15,7 +15,10 @@ A ``TLSOptions`` says how a Switch speaks TLS; build one with a class method:
 
 TLS comes first: the TLS handshake runs before any mconn byte, so the hello never travels
 in clear. A TLS listener refuses a plaintext mconn start with a plaintext close packet
-(code ``tls_required``) the dialer can read.
+(code ``tls_required``) the dialer can read. A dialer built with ``upgrade=True`` starts
+in plaintext instead: it sends the 8-byte pre-hello (``mconn.wire.PreHello``, "TLS
+follows") and then its ClientHello on the same connection; a listener built with
+``tls_required=False`` accepts that start as well as TLS first (specs/tls.md section 7).
 
 Theory of operation
 -------------------
@@ -25,6 +28,12 @@ for an ``SSL.Connection`` made from the *current* context, so ``reload()`` only 
 contexts: connections already up keep theirs, and no peer is dropped. Each connection
 carries its own verify callback (``_PeerCheck``), which records why a certificate was
 refused so the error can say it rather than OpenSSL's "certificate verify failed".
+
+Before TLS, ``_TLSProtocol`` looks at the first bytes. A listener sees 16 (a ClientHello:
+TLS first), 00 (a pre-hello: read exactly its 8 bytes, then hand what follows to TLS) or
+anything else (plaintext mconn: refused). An upgrading dialer writes the pre-hello under
+its ClientHello and then expects a TLS record (14..18); a plaintext close packet instead is
+the listener's refusal, which goes to the mconn protocol as a plaintext close would.
 
 The transport is Twisted's ``TLSMemoryBIOProtocol`` without its small-write aggregation
 (the protocol's pump already writes in batches, and data should leave in the turn it was
@@ -54,10 +63,19 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mconn.errors import AuthenticationError, CertificateMismatch, PeerRejected, TLSError
+from mconn.errors import AuthenticationError, CertificateMismatch, MalformedPacket, PeerRejected, TLSError
+from mconn.frame_buffer import FrameBuffer
 from mconn.node_key import NodeKey, node_id_from_public_key
 from mconn.protocol import CLOSE_LINGER
-from mconn.wire import PacketType, encode_close, encode_extension
+from mconn.wire import (
+    PRE_HELLO_SIZE,
+    PacketType,
+    decode_close,
+    decode_pre_hello,
+    encode_close,
+    encode_extension,
+    encode_pre_hello,
+)
 
 #: TLS 1.2 cipher suites (TLS 1.3 ones are all modern): forward secrecy, AEAD only.
 TLS12_CIPHERS = b"ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL"
@@ -67,8 +85,18 @@ TLS_HANDSHAKE_RECORD = 0x16
 #: and every reload); it starts a day early to tolerate clock skew between nodes.
 IDENTITY_CERT_LIFETIME = datetime.timedelta(days=3650)
 IDENTITY_CERT_BACKDATE = datetime.timedelta(days=1)
-#: The close packet a TLS listener answers a plaintext mconn start with.
+#: The close packet a TLS listener answers a plaintext mconn start with (and a pre-hello,
+#: when it is ``tls_required``).
 TLS_REQUIRED = "tls_required"
+#: The close packet a listener answers a pre-hello that is not the 8 bytes of PreHello with.
+MALFORMED_PRE_HELLO = "malformed_pre_hello"
+#: What an upgrading dialer sends in clear before its ClientHello (specs/tls.md section 7).
+PRE_HELLO = encode_pre_hello()
+#: TLS record content types (change_cipher_spec, alert, handshake, application_data,
+#: heartbeat): the first byte of anything a TLS peer sends.
+TLS_RECORD_TYPES = frozenset(range(0x14, 0x19))
+#: The largest plaintext refusal an upgrading dialer reads before TLS.
+PLAINTEXT_ANSWER_LIMIT = 4096
 
 _SELF_SIGNED_LEAF = 18  # X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT
 _VERIFY_ERRORS = {
@@ -96,12 +124,30 @@ class TLSOptions:
         ``custom``, and for a CA-mode node that has no certificate of its own).
     :ivar anonymous_clients: a listener accepts dialers that present no certificate
         (``from_files(require_client_cert=False)``); their node id is then unproven.
+    :ivar tls_required: a listener accepts TLS first only (True, the default) or also the
+        plaintext start that upgrades (False); never plaintext mconn.
+    :ivar upgrade: a dialer starts in plaintext with the pre-hello, then TLS (True), or
+        with TLS at once (False, the default).
+
+    Each builder takes ``tls_required`` and ``upgrade`` as keyword arguments.
     """
 
-    def __init__(self, mode: str, *, node_key=None, anonymous_clients=False, loader=None, factory=None) -> None:
+    def __init__(
+        self,
+        mode: str,
+        *,
+        node_key=None,
+        anonymous_clients=False,
+        loader=None,
+        factory=None,
+        tls_required: bool = True,
+        upgrade: bool = False,
+    ) -> None:
         self.mode = mode
         self.node_key = node_key
         self.anonymous_clients = anonymous_clients
+        self.tls_required = bool(tls_required)
+        self.upgrade = bool(upgrade)
         self._loader = loader
         self._factory = factory
         self._server_context = self._client_context = None
@@ -112,7 +158,7 @@ class TLSOptions:
     # -- building ------------------------------------------------------------------
 
     @classmethod
-    def identity(cls, node_key: NodeKey) -> TLSOptions:
+    def identity(cls, node_key: NodeKey, *, tls_required: bool = True, upgrade: bool = False) -> TLSOptions:
         """Identity mode: a self-signed certificate made from ``node_key``."""
         if not isinstance(node_key, NodeKey):
             raise TypeError(f"TLSOptions.identity needs a NodeKey, got {type(node_key).__name__}")
@@ -123,7 +169,7 @@ class TLSOptions:
             client = _context([certificate], node_key.private_key, _REQUIRE_CERT)
             return node_key, certificate, server, client
 
-        return cls("identity", node_key=node_key, loader=load)
+        return cls("identity", node_key=node_key, loader=load, tls_required=tls_required, upgrade=upgrade)
 
     @classmethod
     def from_files(
@@ -133,6 +179,8 @@ class TLSOptions:
         cert_file: str | os.PathLike | None = None,
         key_file: str | os.PathLike | None = None,
         require_client_cert: bool = True,
+        tls_required: bool = True,
+        upgrade: bool = False,
     ) -> TLSOptions:
         """CA mode: ``cert_file`` (PEM, the leaf first, then any intermediates) signed by a
         CA in ``ca_file`` (PEM bundle), and ``key_file``, the node's Ed25519 key (PEM, mode
@@ -143,7 +191,8 @@ class TLSOptions:
         accept dialers without a certificate (a certificate presented is still checked).
 
         :raises ValueError: naming the file, when one is missing, unreadable, malformed, a
-            key readable by group or other, or a certificate that does not hold that key.
+            key readable by group or other, a certificate that does not hold that key, or
+            a certificate of ``cert_file`` that is expired or not yet valid (with its dates).
         """
         if (cert_file is None) != (key_file is None):
             raise ValueError("TLSOptions.from_files needs both cert_file and key_file, or neither")
@@ -156,6 +205,7 @@ class TLSOptions:
             if cert is not None:
                 node_key = NodeKey.load(key)  # refuses a key that group or other can read
                 chain = _read_certificates(cert, "certificate")
+                _check_validity(chain, cert)
                 if _public_bytes(chain[0]) != node_key.public_key_bytes:
                     raise ValueError(
                         f"certificate {cert!r} holds {_describe_key(chain[0])}, but key file {key!r} is "
@@ -167,10 +217,14 @@ class TLSOptions:
             client = _context(chain, private, _REQUIRE_CERT, authorities)
             return node_key, chain[0] if chain else None, server, client
 
-        return cls("ca", anonymous_clients=not require_client_cert, loader=load)
+        return cls(
+            "ca", anonymous_clients=not require_client_cert, loader=load, tls_required=tls_required, upgrade=upgrade
+        )
 
     @classmethod
-    def custom(cls, context_factory, *, node_key: NodeKey | None = None) -> TLSOptions:
+    def custom(
+        cls, context_factory, *, node_key: NodeKey | None = None, tls_required: bool = True, upgrade: bool = False
+    ) -> TLSOptions:
         """The deployment's own TLS policy: ``context_factory`` is anything
         ``TLSMemoryBIOFactory`` takes (``CertificateOptions``, an
         IOpenSSLServerConnectionCreator / IOpenSSLClientConnectionCreator, or an object
@@ -179,7 +233,7 @@ class TLSOptions:
         Its certificate must carry the node's Ed25519 key and it must ask for the peer's
         (the Switch refuses peers without one); checking host names is up to it.
         """
-        return cls("custom", node_key=node_key, factory=context_factory)
+        return cls("custom", node_key=node_key, factory=context_factory, tls_required=tls_required, upgrade=upgrade)
 
     def reload(self) -> None:
         """Read the certificate and key files again; new connections use them, live ones
@@ -203,8 +257,9 @@ class TLSOptions:
     def server_factory(self, wrapped_factory, *, clock, on_plaintext):
         """The listening factory: TLS around ``wrapped_factory``.
 
-        :param on_plaintext: ``on_plaintext(protocol, rejection)`` when a connection
-            starts with plaintext mconn bytes instead of a TLS ClientHello.
+        :param on_plaintext: ``on_plaintext(protocol, rejection)`` when a connection is
+            refused before TLS: plaintext mconn bytes, a pre-hello where ``tls_required``,
+            or a malformed pre-hello (``rejection.reason`` says which).
         :raises ValueError: if this node has no certificate to present.
         """
         if self._factory is not None:
@@ -215,12 +270,13 @@ class TLSOptions:
             creator = _ServerCreator(self)
         factory = _TLSFactory(creator, False, wrapped_factory, clock=clock)
         factory.on_plaintext = on_plaintext
+        factory.tls_required = self.tls_required
         return factory
 
     def client_endpoint(self, endpoint, host: str, *, clock):
         """``endpoint`` with TLS on top; a CA-mode dial checks that the certificate names ``host``."""
         creator = self._factory if self._factory is not None else _ClientCreator(self, host)
-        return _TLSClientEndpoint(endpoint, creator, clock)
+        return _TLSClientEndpoint(endpoint, creator, clock, upgrade=self.upgrade)
 
     def peer_certificate(self, transport, node_id: str, *, inbound: bool) -> x509.Certificate | None:
         """The peer's certificate, once its key is known to be node ``node_id`` (the hello's).
@@ -308,6 +364,21 @@ def _read_certificates(path: str, what: str) -> list[x509.Certificate]:
     except ValueError as e:
         raise ValueError(f"{what} {path!r} is not PEM certificates ({e})") from e
     return certificates
+
+
+def _check_validity(chain: list[x509.Certificate], path: str, now: datetime.datetime | None = None) -> None:
+    """Refuse to start with a certificate of our own that peers would refuse for its dates."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    for depth, certificate in enumerate(chain):
+        start, end = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+        if start <= now <= end:
+            continue
+        state = "has expired" if now > end else "is not yet valid"
+        which = "" if depth == 0 else f" (intermediate {depth}, {_subject(certificate)})"
+        raise ValueError(
+            f"certificate {path!r}{which} {state}: valid from {start:%Y-%m-%d %H:%M} to {end:%Y-%m-%d %H:%M} UTC, "
+            f"now is {now:%Y-%m-%d %H:%M} UTC; renew it"
+        )
 
 
 # -- contexts ----------------------------------------------------------------------------
@@ -440,24 +511,30 @@ def _is_ip(host: str) -> bool:
 
 
 class _TLSProtocol(TLSMemoryBIOProtocol):
-    """Twisted's TLS transport, plus: a listener refuses a plaintext mconn start; a TLS
-    failure reaches the mconn protocol as a TLSError that says what failed; and a close
-    that the peer does not complete (no handshake, no close_notify) ends in an abort
-    after CLOSE_LINGER, as MConnectionProtocol's own closes do."""
+    """Twisted's TLS transport, plus: the start before TLS (a listener refuses plaintext
+    mconn and reads the pre-hello; an upgrading dialer sends it and reads a refusal); a
+    TLS failure reaches the mconn protocol as a TLSError that says what failed; and a close
+    that the peer does not complete (no handshake, no close_notify) ends in an abort after
+    CLOSE_LINGER, as MConnectionProtocol's own closes do."""
 
     peer_check: _PeerCheck | None = None
-    _first = True
-    _plaintext = False
+    #: Bytes received before TLS started (a pre-hello in parts, a refusal in parts).
+    _before = b""
+    _tls_started = False
+    _refused = False
+    _answer: FrameBuffer | None = None
     _linger = None
 
+    def makeConnection(self, transport) -> None:
+        if self.factory.is_client and self.factory.upgrade:
+            transport.write(PRE_HELLO)  # the only clear bytes; the ClientHello follows at once
+        super().makeConnection(transport)
+
     def dataReceived(self, data: bytes) -> None:
-        if self._first and data:
-            self._first = False
-            if not self.factory.is_client and data[0] != TLS_HANDSHAKE_RECORD:
-                self._plaintext = True
-                self._refuse_plaintext()
-        if self._plaintext:
-            return
+        if not self._tls_started:
+            data = self._before_tls(data)
+            if not data:
+                return
         # The records of one network read (16 KiB each at most) reach the mconn protocol
         # as one call, as a plaintext read would: its per-call work is not repeated.
         protocol, gathered = self.wrappedProtocol, _Gathered()
@@ -469,13 +546,71 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
         if gathered.parts:
             protocol.dataReceived(b"".join(gathered.parts))
 
-    def _refuse_plaintext(self) -> None:
-        rejection = PeerRejected(
-            TLS_REQUIRED, "this node accepts TLS connections only, and the peer started in plaintext"
-        )
+    # -- before TLS (specs/tls.md section 7) -------------------------------------------
+
+    def _before_tls(self, data: bytes) -> bytes:
+        """What of ``data`` is TLS, once the start is known; b"" while it is not (or never)."""
+        if self._refused or not data:
+            return b""
+        if self.factory.is_client:
+            return self._dialer_before_tls(data)
+        data = self._before + data
+        first = data[0]
+        if first == TLS_HANDSHAKE_RECORD:
+            self._tls_started = True
+            return data
+        if first != PRE_HELLO[0]:
+            self._refuse(TLS_REQUIRED, "this node accepts TLS connections only, and the peer started in plaintext")
+        elif self.factory.tls_required:
+            self._refuse(
+                TLS_REQUIRED,
+                "this node accepts TLS-first connections only (tls_required), and the peer sent a pre-hello "
+                "to start in plaintext and upgrade",
+            )
+        elif len(data) < PRE_HELLO_SIZE:
+            self._before = data  # the rest may come; handshake_timeout bounds the wait
+        else:
+            try:
+                decode_pre_hello(data[:PRE_HELLO_SIZE])
+            except MalformedPacket as e:
+                self._refuse(MALFORMED_PRE_HELLO, str(e))
+                return b""
+            self._tls_started, self._before = True, b""
+            return data[PRE_HELLO_SIZE:]
+        return b""
+
+    def _refuse(self, reason: str, message: str) -> None:
+        self._refused = True
+        self._before = b""
+        rejection = PeerRejected(reason, message)
         self.factory.on_plaintext(self.wrappedProtocol, rejection)
-        self.transport.write(encode_extension(PacketType.CLOSE, encode_close(TLS_REQUIRED, str(rejection))))
+        self.transport.write(encode_extension(PacketType.CLOSE, encode_close(reason, str(rejection))))
         self.transport.loseConnection()
+
+    def _dialer_before_tls(self, data: bytes) -> bytes:
+        """A TLS-first dialer has nothing to look at; an upgrading one gets TLS records, or a
+        plaintext close packet refusing its pre-hello, which goes to the mconn protocol."""
+        if not self.factory.upgrade or (self._answer is None and data[0] in TLS_RECORD_TYPES):
+            self._tls_started = True
+            return data
+        if self._answer is None:
+            self._answer = FrameBuffer(max_payload=1, default_extension_limit=PLAINTEXT_ANSWER_LIMIT)
+        packets, error = self._answer.feed(data)
+        if not packets and error is None:
+            return b""  # the rest of the refusal may come
+        self._refused = True
+        refusal, what = _plaintext_refusal(packets[0]) if packets else (None, str(error))
+        if refusal is None:
+            self._reason = Failure(
+                TLSError(
+                    f"the listener answered the pre-hello in plaintext ({what}), not with TLS: it does not "
+                    "seem to speak TLS (is it listening without TLS?)"
+                )
+            )
+            self.transport.abortConnection()
+        else:
+            self.wrappedProtocol.dataReceived(refusal)  # as a plaintext dialer reads it
+        return b""
 
     def loseConnection(self) -> None:
         super().loseConnection()
@@ -501,27 +636,48 @@ class _Gathered:
         self.parts.append(data)
 
 
+def _plaintext_refusal(packet: tuple) -> tuple[bytes | None, str]:
+    """(the close packet to hand the mconn protocol, if ``packet`` (a FrameBuffer tuple) is
+    a listener's refusal of a pre-hello, else None; what the packet is, for messages)."""
+    if packet[0] == PacketType.HELLO:
+        return None, "a plaintext mconn hello"
+    if packet[0] != PacketType.CLOSE:
+        return None, f"packet type {packet[0]:#04x}"
+    try:
+        code, text = decode_close(packet[1])
+    except MalformedPacket as e:
+        return None, str(e)
+    if code not in (TLS_REQUIRED, MALFORMED_PRE_HELLO):
+        return None, f"close {code!r}: {text}"
+    return encode_extension(PacketType.CLOSE, packet[1]), f"close {code!r}"
+
+
 class _TLSFactory(TLSMemoryBIOFactory):
     protocol = _TLSProtocol
     on_plaintext = None
+    #: A listener's policy for the pre-hello start; a dialer's choice of it.
+    tls_required = True
+    upgrade = False
 
-    def __init__(self, creator, is_client: bool, wrapped_factory, *, clock) -> None:
+    def __init__(self, creator, is_client: bool, wrapped_factory, *, clock, upgrade: bool = False) -> None:
         super().__init__(creator, is_client, wrapped_factory, clock=clock)
         self.is_client = is_client
         self.clock = clock
+        self.upgrade = upgrade
 
 
 @implementer(IStreamClientEndpoint)
 class _TLSClientEndpoint:
     """A client endpoint with TLS on top; ``connect`` fires with the wrapped protocol."""
 
-    def __init__(self, endpoint, creator, clock) -> None:
+    def __init__(self, endpoint, creator, clock, *, upgrade: bool = False) -> None:
         self._endpoint = endpoint
         self._creator = creator
         self._clock = clock
+        self._upgrade = upgrade
 
     def connect(self, factory):
-        tls_factory = _TLSFactory(self._creator, True, factory, clock=self._clock)
+        tls_factory = _TLSFactory(self._creator, True, factory, clock=self._clock, upgrade=self._upgrade)
         return self._endpoint.connect(tls_factory).addCallback(lambda tls_protocol: tls_protocol.wrappedProtocol)
 
 

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from OpenSSL import SSL
 from twisted.internet import defer, protocol, task
-from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 from twisted.internet.interfaces import IOpenSSLContextFactory
 from zope.interface import implementer
 
@@ -36,9 +36,13 @@ from mconn import (
     Switch,
     TLSError,
 )
+import mconn.tls
+from mconn import wire
 from mconn.dialer import is_not_retried
+from mconn.errors import MalformedPacket
 from mconn.protocol import CLOSE_LINGER, MConnectionFactory
-from mconn.tls import TLSOptions, node_id_of_certificate, self_signed_certificate
+from mconn.tls import PRE_HELLO, TLS_RECORD_TYPES, TLSOptions, node_id_of_certificate, self_signed_certificate
+from tests.helpers_core import expand, load_vectors
 
 from .test_loopback import Collector, bounded, stop
 
@@ -461,9 +465,13 @@ async def test_ca_mode_a_listener_signed_by_another_ca_is_refused(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_ca_mode_an_expired_certificate_is_refused(tmp_path):
+async def test_ca_mode_an_expired_certificate_is_refused(tmp_path, monkeypatch):
+    """A listener whose certificate expired while it ran (a node does not start with one:
+    test_a_node_whose_own_certificate_is_out_of_date_refuses_to_start)."""
     ca = CA()
+    monkeypatch.setattr(mconn.tls, "_check_validity", lambda chain, path: None)  # loaded before it expired
     expired = ca_options(tmp_path, ca, "a", not_before=NOW - 10 * DAY, not_after=NOW - DAY)
+    monkeypatch.undo()
     error = await refused_dial(tmp_path, expired, ca_options(tmp_path, ca, "b"))
     assert "certificate has expired" in str(error)
 
@@ -744,3 +752,308 @@ async def test_a_resume_attempt_by_another_node_is_refused(telemetry):
         assert ra.received(0x30) == [b"unharmed"]
     finally:
         await stop(a, b, c)
+
+
+# -- the plaintext start that upgrades (specs/tls.md section 7) -------------------------------
+
+TLS_VECTORS = load_vectors("tls")
+THREE = CHANNELS + [ChannelDescriptor(0x40, priority=5, send_queue_capacity=64)]
+
+
+def three_channel_node(tls, **kwargs):
+    kwargs.setdefault("config", CONFIG)
+    reactor = Collector(THREE)
+    switch = Switch([reactor], tls=tls, clock=the_reactor(), **kwargs)
+    switch.startService()
+    return switch, reactor
+
+
+def test_the_pre_hello_is_the_golden_vector_and_no_mconn_packet_or_tls_record():
+    vector = TLS_VECTORS["pre_hello"]
+    assert PRE_HELLO == wire.encode_pre_hello() == expand(vector["hex"])
+    assert len(PRE_HELLO) == wire.PRE_HELLO_SIZE == vector["size"]
+    parsed = wire.PreHello.parse(PRE_HELLO)
+    assert (parsed.marker, parsed.version, parsed.next) == (
+        expand(vector["decoded"]["marker"]),
+        vector["decoded"]["version"],
+        vector["decoded"]["next"],
+    )
+    wire.decode_pre_hello(PRE_HELLO)
+    first = TLS_VECTORS["first_bytes"]
+    assert PRE_HELLO[:1] == expand(first["pre_hello"])
+    assert {expand(b)[0] for b in first["tls_record_types"]} == TLS_RECORD_TYPES
+    assert PRE_HELLO[0] not in TLS_RECORD_TYPES and PRE_HELLO[0] != expand(first["plaintext_mconn_hello"])[0]
+    with pytest.raises(MalformedPacket):  # 00 is no mconn packet type
+        wire.decode_packet(PRE_HELLO[:1])
+
+
+@pytest.mark.parametrize("vector", TLS_VECTORS["invalid"], ids=[v["name"] for v in TLS_VECTORS["invalid"]])
+def test_an_invalid_pre_hello_vector_is_refused_by_the_decoder(vector):
+    data = expand(vector["hex"])
+    with pytest.raises(MalformedPacket, match=vector["error"]) as info:
+        wire.decode_pre_hello(data)
+    assert data.hex(" ") in str(info.value) and PRE_HELLO.hex(" ") in str(info.value)
+
+
+class Recorder(protocol.Protocol):
+    """One side of the recording relay: what it receives goes to the other side."""
+
+    def __init__(self, relay, direction):
+        self.relay, self.direction, self.other = relay, direction, None
+        self.lost = defer.Deferred()
+
+    def dataReceived(self, data):
+        self.relay.streams[self.direction] += data
+        self.other.transport.write(data)
+
+    def connectionLost(self, reason):
+        if self.other is not None and self.other.transport is not None:
+            self.other.transport.loseConnection()
+        self.lost.callback(None)
+
+
+class Accepted(Recorder):
+    """The dialer's side: nothing is read from it until the listener is reached."""
+
+    def connectionMade(self):
+        self.transport.pauseProducing()
+        self.other = Recorder(self.relay, "down")
+        self.other.other = self
+        self.relay.sides.append(self.other)
+        connecting = self.relay.target.connect(protocol.Factory.forProtocol(lambda: self.other))
+        connecting.addCallbacks(lambda _: self.transport.resumeProducing(), lambda _: self.transport.abortConnection())
+
+
+class RecordingRelay:
+    """A loopback relay that records both directions of the connections it carries:
+    ``streams["up"]`` is what the dialer sent, ``streams["down"]`` what the listener sent."""
+
+    def __init__(self, target_port):
+        self.target = TCP4ClientEndpoint(the_reactor(), "127.0.0.1", target_port)
+        self.streams = {"up": b"", "down": b""}
+        self.sides = []
+
+    async def start(self):
+        self.port = await TCP4ServerEndpoint(the_reactor(), 0, interface="127.0.0.1").listen(
+            protocol.Factory.forProtocol(self._accepted)
+        )
+        return self.port.getHost().port
+
+    def _accepted(self):
+        side = Accepted(self, "up")
+        self.sides.append(side)
+        return side
+
+    async def stop(self):
+        await self.port.stopListening()
+        for side in self.sides:
+            if side.transport is not None and side.transport.connected:
+                side.transport.abortConnection()
+        await bounded(defer.gatherResults([s.lost for s in self.sides if s.transport is not None]))
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_upgrade_start_proves_the_node_and_carries_three_channels_with_only_the_pre_hello_in_clear():
+    proven = []
+
+    def authorize(node_id, address, certificate):
+        proven.append((node_id, node_id_of_certificate(certificate)))
+        return True
+
+    key_a, key_b = NodeKey.generate(), NodeKey.generate()
+    a, ra = three_channel_node(TLSOptions.identity(key_a, tls_required=False), authorize=authorize)
+    b, rb = three_channel_node(TLSOptions.identity(key_b, upgrade=True), authorize=authorize)
+    relay = RecordingRelay(await listen(a))
+    relay_port = await relay.start()
+    try:
+        peer_of_a = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{relay_port}"))
+        peer_of_b = await bounded(ra.added)
+        assert protocol_version(peer_of_a) == "TLSv1.3"
+        marker = b"clear-text-marker:" + os.urandom(8).hex().encode()
+        for channel in (0x20, 0x30, 0x40):
+            assert await peer_of_a.send(channel, marker + bytes([channel]))
+            assert await peer_of_b.send(channel, marker + b"back" + bytes([channel]))
+        await ra.until(3)
+        await rb.until(3)
+        for channel in (0x20, 0x30, 0x40):
+            assert ra.received(channel) == [marker + bytes([channel])]
+            assert rb.received(channel) == [marker + b"back" + bytes([channel])]
+        assert sorted(proven) == sorted([(a.node_id, a.node_id), (b.node_id, b.node_id)])
+        up, down = relay.streams["up"], relay.streams["down"]
+        # The dialer's first bytes are the pre-hello, then a TLS handshake record; the
+        # listener answers with TLS at once. No hello and no message travel in clear.
+        assert up[:8] == PRE_HELLO and up[8:10] == b"\x16\x03", up[:16].hex(" ")
+        assert down[:2] == b"\x16\x03", down[:8].hex(" ")
+        for stream in (up, down):
+            assert marker not in stream
+            assert bytes.fromhex(a.node_id) not in stream and bytes.fromhex(b.node_id) not in stream
+        a._check_invariants()
+        b._check_invariants()
+    finally:
+        await stop(a, b)
+        await relay.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_tls_required_listener_refuses_the_pre_hello_and_the_dialer_says_why(telemetry):
+    a, ra = identity_node()  # tls_required=True is the default
+    b, rb = node(TLSOptions.identity(NodeKey.generate(), upgrade=True))
+    try:
+        port = await listen(a)
+        with pytest.raises(PeerClosed) as info:
+            await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert info.value.code == "tls_required" and "pre-hello" in info.value.text
+        assert a.refusals == {"tls_required": 1}
+        [event] = telemetry.named("peer_rejected")
+        assert event["reason"] == "tls_required" and event["peer_id"] is None
+        assert a.peers == {} and b.peers == {}
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_listener_that_allows_the_upgrade_still_takes_tls_first_and_refuses_plaintext_mconn():
+    a, ra = node(TLSOptions.identity(NodeKey.generate(), tls_required=False))
+    b, rb = identity_node()
+    plain, _ = node(None)
+    try:
+        port = await listen(a)
+        peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert protocol_version(peer) == "TLSv1.3"
+        assert peer.try_send(0x20, b"tls first")
+        await ra.until(1)
+        assert ra.received(0x20) == [b"tls first"]
+        with pytest.raises(PeerClosed) as info:
+            await bounded(plain.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert info.value.code == "tls_required"
+        assert a.refusals == {"tls_required": 1} and list(a.peers) == [b.node_id]
+    finally:
+        await stop(a, b, plain)
+
+
+class Raw(protocol.Protocol):
+    """Writes ``data`` on connect and records the answer."""
+
+    def __init__(self, data):
+        self.data, self.received = data, b""
+        self.lost = defer.Deferred()
+
+    def connectionMade(self):
+        self.transport.write(self.data)
+
+    def dataReceived(self, data):
+        self.received += data
+
+    def connectionLost(self, reason):
+        self.lost.callback(None)
+
+
+async def raw_exchange(port, data, seconds=5.0):
+    raw = Raw(data)
+    endpoint = TCP4ClientEndpoint(the_reactor(), "127.0.0.1", port)
+    await bounded(endpoint.connect(protocol.Factory.forProtocol(lambda: raw)))
+    await bounded(raw.lost, seconds)
+    return raw.received
+
+
+@pytest_twisted.ensureDeferred
+async def test_malformed_pre_hellos_are_refused_with_their_reason_and_counted(telemetry):
+    a, ra = node(TLSOptions.identity(NodeKey.generate(), tls_required=False))
+    try:
+        port = await listen(a)
+        for vector in TLS_VECTORS["invalid"]:
+            answer = await raw_exchange(port, expand(vector["hex"]) + b"\x16\x03\x01")
+            packet_type, body = wire.decode_packet(answer)
+            code, text = wire.decode_close(body)
+            assert packet_type == wire.PacketType.CLOSE and code == vector["close_code"], vector["name"]
+            assert expand(vector["hex"]).hex(" ") in text and vector["error"] in text
+        assert a.refusals == {"malformed_pre_hello": len(TLS_VECTORS["invalid"])}
+        assert {e["reason"] for e in telemetry.named("peer_rejected")} == {"malformed_pre_hello"}
+        assert a.peers == {} and a.connections == set()
+    finally:
+        await stop(a)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_pre_hello_in_pieces_is_read_whole_and_then_tls_starts(telemetry):
+    a, ra = node(TLSOptions.identity(NodeKey.generate(), tls_required=False))
+    try:
+        port = await listen(a)
+        raw = Raw(b"")
+        endpoint = TCP4ClientEndpoint(the_reactor(), "127.0.0.1", port)
+        await bounded(endpoint.connect(protocol.Factory.forProtocol(lambda: raw)))
+        for piece in (PRE_HELLO[:1], PRE_HELLO[1:5], PRE_HELLO[5:]):
+            raw.transport.write(piece)
+            await sleep(0.05)
+        assert not raw.lost.called and raw.received == b""  # neither refused nor answered
+        raw.transport.write(b"\x16\x03\x01\x00\x04\x01\x00\x00\x00")  # an empty ClientHello
+        await bounded(raw.lost)
+        assert raw.received[:1] == b"\x15", raw.received.hex(" ")  # a TLS alert: TLS had started
+        [lost] = telemetry.named("connection_lost")
+        assert lost["reason_type"] == "TLSError", lost
+        assert a.refusals == {} and a.connections == set()
+    finally:
+        await stop(a)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_pre_hello_that_stalls_is_ended_by_the_handshake_timeout():
+    config = CONFIG.replace(handshake_timeout=0.3)
+    a, ra = node(TLSOptions.identity(NodeKey.generate(), tls_required=False), config=config)
+    try:
+        port = await listen(a)
+        [truncated] = TLS_VECTORS["truncated"]
+        raw = Raw(expand(truncated["hex"]))
+        endpoint = TCP4ClientEndpoint(the_reactor(), "127.0.0.1", port)
+        await bounded(endpoint.connect(protocol.Factory.forProtocol(lambda: raw)))
+        await sleep(0.1)
+        assert not raw.lost.called and len(a.connections) == 1  # still waiting for the rest
+        await bounded(raw.lost, config.handshake_timeout + CLOSE_LINGER + 2)
+        assert raw.received == b""  # the timeout's close went to TLS, which never started
+        assert a.connections == set() and a.peers == {}
+    finally:
+        await stop(a)
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_upgrading_dialer_at_a_plaintext_listener_says_the_peer_does_not_speak_tls():
+    plain, _ = node(None)
+    b, rb = node(TLSOptions.identity(NodeKey.generate(), upgrade=True))
+    try:
+        port = await listen(plain)
+        with pytest.raises(TLSError, match="answered the pre-hello in plaintext.*does not seem to speak TLS") as info:
+            await bounded(b.dial(f"127.0.0.1:{port}"))
+        assert "(a plaintext mconn hello)" in str(info.value)
+        assert plain.peers == {} and b.peers == {}
+    finally:
+        await stop(plain, b)
+
+
+# -- our own certificate's dates ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "dates, state",
+    [((NOW - 30 * DAY, NOW - DAY), "has expired"), ((NOW + DAY, NOW + 30 * DAY), "is not yet valid")],
+    ids=["expired", "not-yet-valid"],
+)
+def test_a_node_whose_own_certificate_is_out_of_date_refuses_to_start(tmp_path, dates, state):
+    not_before, not_after = dates
+    cert_file, key_file, ca_file, _ = ca_files(tmp_path, CA(), "a", not_before=not_before, not_after=not_after)
+    with pytest.raises(ValueError, match=state) as info:
+        TLSOptions.from_files(cert_file=cert_file, key_file=key_file, ca_file=ca_file)
+    message = str(info.value)
+    assert str(cert_file) in message
+    assert f"valid from {not_before:%Y-%m-%d %H:%M} to {not_after:%Y-%m-%d %H:%M} UTC" in message
+
+
+def test_a_reload_to_an_expired_certificate_is_refused_and_the_old_one_kept(tmp_path):
+    ca = CA()
+    cert_file, key_file, ca_file, key = ca_files(tmp_path, ca, "a")
+    options = TLSOptions.from_files(cert_file=cert_file, key_file=key_file, ca_file=ca_file)
+    current = options.certificate
+    expired = ca.issue(key, not_before=NOW - 30 * DAY, not_after=NOW - DAY)
+    cert_file.write_bytes(expired.public_bytes(serialization.Encoding.PEM))
+    with pytest.raises(ValueError, match="has expired"):
+        options.reload()
+    assert options.certificate is current
