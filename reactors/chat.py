@@ -2,7 +2,7 @@
 
 Chat lines travel on CHAT (priority 10) and files on FILE (priority 1), so a line typed
 while a file is moving overtakes the file's chunks (specs/connection.md section 4). The
-messages of both channels are declared in specs/chat.md.
+messages of both channels are declared in reactors/chat_wire.py and specs/chat.md.
 
 Theory of operation:
 
@@ -17,9 +17,10 @@ Theory of operation:
   The receiver writes to a private ``.part`` file in ``downloads``, checks size and
   sha256, renames it to a free, safe name and answers with a RECEIPT. A refused offer
   (too large) is answered at once; the sender then sends CANCEL and stops.
-* **Bad input.** Every message is checked against its size limit before it is parsed; a
-  message that breaks specs/chat.md raises a ChatProtocolError subclass and the peer is
-  closed with the error's name and message. The other peers carry on.
+* **Bad input.** Every message is checked against its size limit before it is parsed
+  (reactors/chat_wire.py, which declares the messages); a message that breaks
+  specs/chat.md raises a ChatProtocolError subclass and the peer is closed with the
+  error's name and message. The other peers carry on.
 * **Breaks.** mconn sessions resume after a transport break with nothing lost, so
   transfers and gossip simply continue; ``on_status`` reports ``suspended``, ``resumed``
   and, for a node whose session ended and came back, ``reconnected``.
@@ -31,143 +32,46 @@ import collections
 import dataclasses
 import hashlib
 import os
-import unicodedata
 
-from construct import (
-    Bytes,
-    ConstructError,
-    Flag,
-    GreedyBytes,
-    Int8ub,
-    Int16ub,
-    Int64ub,
-    PascalString,
-    Struct,
-    Terminated,
-)
 from twisted.internet import defer
 
-from mconn import ChannelDescriptor, Reactor, RemoteProtocolError
-
-CHAT = 0x20
-FILE = 0x21
-
-#: Largest chat line text and node name, in UTF-8 bytes.
-MAX_TEXT = 4000
-MAX_NAME = 64
-#: Largest file name in an offer, in UTF-8 bytes.
-MAX_FILE_NAME = 255
-CHUNK_SIZE = 64 * 1024
-ID_SIZE = 16
-NODE_ID_SIZE = 20
-MAX_HOPS = 16
-#: A CHAT message is never longer than a LINE with the longest name and text.
-MAX_CHAT_MESSAGE = 1 + ID_SIZE + NODE_ID_SIZE + 1 + 1 + MAX_NAME + 2 + MAX_TEXT
-#: A FILE message is never longer than a CHUNK.
-MAX_FILE_MESSAGE = 1 + ID_SIZE + CHUNK_SIZE
-
-# -- the messages (specs/chat.md) ---------------------------------------------------
-
-# kind 0x01 | name: u8 length + UTF-8
-NameMessage = Struct("name" / PascalString(Int8ub, "utf8"), Terminated)
-# kind 0x02 | id[16] | origin node id[20] | hops: u8 | name: u8 length + UTF-8 | text: u16 length + UTF-8
-LineMessage = Struct(
-    "id" / Bytes(ID_SIZE),
-    "origin" / Bytes(NODE_ID_SIZE),
-    "hops" / Int8ub,
-    "name" / PascalString(Int8ub, "utf8"),
-    "text" / PascalString(Int16ub, "utf8"),
-    Terminated,
-)
-# kind 0x01 | transfer id[16] | size: u64 | sha256[32] | name: u8 length + UTF-8
-OfferMessage = Struct(
-    "transfer" / Bytes(ID_SIZE),
-    "size" / Int64ub,
-    "sha256" / Bytes(32),
-    "name" / PascalString(Int8ub, "utf8"),
-    Terminated,
-)
-# kind 0x02 | transfer id[16] | data (the rest, 1..CHUNK_SIZE bytes)
-ChunkMessage = Struct("transfer" / Bytes(ID_SIZE), "data" / GreedyBytes)
-# kind 0x03 | transfer id[16] | reason: u8 length + UTF-8
-CancelMessage = Struct("transfer" / Bytes(ID_SIZE), "reason" / PascalString(Int8ub, "utf8"), Terminated)
-# kind 0x04 | transfer id[16] | ok: u8 (0 or 1) | reason: u8 length + UTF-8
-ReceiptMessage = Struct(
-    "transfer" / Bytes(ID_SIZE), "ok" / Flag, "reason" / PascalString(Int8ub, "utf8"), Terminated
+from mconn import ChannelDescriptor, Reactor
+from reactors.chat_wire import (
+    CANCEL,
+    CHAT,
+    CHUNK,
+    CHUNK_SIZE,
+    FILE,
+    ID_SIZE,
+    LINE,
+    MAX_CHAT_MESSAGE,
+    MAX_FILE_MESSAGE,
+    MAX_FILE_NAME,
+    MAX_HOPS,
+    MAX_NAME,
+    MAX_TEXT,
+    NAME,
+    OFFER,
+    RECEIPT,
+    ChatMessageTooLarge,
+    ChatProtocolError,
+    MalformedChatMessage,
+    UnexpectedFileMessage,
+    UnsafeFileName,
+    check_length,
+    clip_utf8,
+    decode,
+    encode,
+    safe_file_name,
 )
 
-NAME, LINE = 0x01, 0x02
-OFFER, CHUNK, CANCEL, RECEIPT = 0x01, 0x02, 0x03, 0x04
-DECLARATIONS = {
-    CHAT: {NAME: NameMessage, LINE: LineMessage},
-    FILE: {OFFER: OfferMessage, CHUNK: ChunkMessage, CANCEL: CancelMessage, RECEIPT: ReceiptMessage},
-}
-LIMITS = {CHAT: MAX_CHAT_MESSAGE, FILE: MAX_FILE_MESSAGE}
-
-
-class ChatProtocolError(RemoteProtocolError):
-    """A chat peer sent something specs/chat.md forbids; it is dropped."""
-
-
-class MalformedChatMessage(ChatProtocolError):
-    """A message that does not parse, or breaks a field's limit."""
-
-
-class ChatMessageTooLarge(ChatProtocolError):
-    """A message longer than the largest its channel can carry."""
-
-
-class UnsafeFileName(ChatProtocolError):
-    """An offered file name that is a path (separators, '..', NUL)."""
-
-
-class UnexpectedFileMessage(ChatProtocolError):
-    """A FILE message that does not fit the transfer in progress (specs/chat.md section 3)."""
-
-
-def encode(channel_id: int, kind: int, **fields) -> bytes:
-    return bytes([kind]) + DECLARATIONS[channel_id][kind].build(fields)
-
-
-def decode(channel_id: int, message: bytes):
-    """(kind, fields) of one message; the length is checked before a byte is parsed."""
-    if len(message) > LIMITS[channel_id]:
-        raise ChatMessageTooLarge(
-            f"a message of {len(message)} bytes on channel {channel_id:#04x}; the largest is {LIMITS[channel_id]}"
-        )
-    if not message:
-        raise MalformedChatMessage(f"an empty message on channel {channel_id:#04x}")
-    declaration = DECLARATIONS[channel_id].get(message[0])
-    if declaration is None:
-        raise MalformedChatMessage(f"unknown message kind {message[0]:#04x} on channel {channel_id:#04x}")
-    try:
-        fields = declaration.parse(message[1:])
-    except (ConstructError, UnicodeDecodeError) as e:
-        raise MalformedChatMessage(f"kind {message[0]:#04x} on channel {channel_id:#04x}: {e}") from None
-    return message[0], fields
-
-
-def _clip(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes, on a character boundary."""
-    return text.encode("utf8")[:limit].decode("utf8", errors="ignore")
-
-
-def _check_length(what: str, text: str, limit: int) -> None:
-    size = len(text.encode("utf8"))
-    if size > limit:
-        raise MalformedChatMessage(f"{what} of {size} bytes; the largest is {limit}")
-
-
-def safe_file_name(name: str) -> str:
-    """The name to store an offered file under.
-
-    :raises UnsafeFileName: for a name that is a path: empty, '.' or '..', or containing
-        '/', '\\' or NUL. A correct sender sends a base name only.
-    """
-    if name in ("", ".", "..") or any(c in name for c in "/\\\x00"):
-        raise UnsafeFileName(f"offered file name {name!r} is a path, not a file name")
-    cleaned = "".join("_" if unicodedata.category(c).startswith("C") else c for c in name)
-    return "_" + cleaned[1:] if cleaned.startswith(".") else cleaned
+#: The reactor, what its observers get, and the wire names it re-exports from chat_wire.
+__all__ = [
+    "ChatReactor", "ChatLine", "ReceivedFile", "FileReceipt", "CHAT", "FILE", "NAME", "LINE",
+    "OFFER", "CHUNK", "CANCEL", "RECEIPT", "MAX_CHAT_MESSAGE", "MAX_FILE_MESSAGE",
+    "ChatProtocolError", "MalformedChatMessage", "ChatMessageTooLarge", "UnsafeFileName",
+    "UnexpectedFileMessage", "encode", "decode", "safe_file_name"
+]
 
 
 # -- what observers get ----------------------------------------------------------------
@@ -250,7 +154,7 @@ class ChatReactor(Reactor):
         seen_capacity: int = 4096,
     ) -> None:
         if name is not None:
-            _check_length("name", name, MAX_NAME)
+            check_length("name", name, MAX_NAME)
         self._name = name
         self.downloads = downloads if downloads is not None else os.path.join(os.getcwd(), "downloads")
         self.max_file_size = max_file_size
@@ -341,12 +245,12 @@ class ChatReactor(Reactor):
         return line_id.hex()
 
     def _receive_chat(self, peer, kind: int, fields) -> None:
-        _check_length("name", fields.name, MAX_NAME)
+        check_length("name", fields.name, MAX_NAME)
         if kind == NAME:
             self.names[peer.node_id] = fields.name
             self.on_peers_changed()
             return
-        _check_length("text", fields.text, MAX_TEXT)
+        check_length("text", fields.text, MAX_TEXT)
         senders = self._seen.get(fields.id)
         if senders is not None:
             self.duplicates_dropped += 1
@@ -384,7 +288,7 @@ class ChatReactor(Reactor):
         """
         path = os.fspath(path)
         size, digest = _size_and_sha256(path)
-        name = _clip(os.path.basename(path).replace("\\", "_"), MAX_FILE_NAME) or "file"
+        name = clip_utf8(os.path.basename(path).replace("\\", "_"), MAX_FILE_NAME) or "file"
         peers = list(self.switch.peers.values())
         progress = _Progress(size * len(peers), on_progress)
         sends = [defer.ensureDeferred(self._send_file_to(peer, path, name, size, digest, progress)) for peer in peers]
@@ -466,7 +370,7 @@ class ChatReactor(Reactor):
             self._finish(peer, incoming)
 
     def _receive_offer(self, peer, fields) -> None:
-        _check_length("file name", fields.name, MAX_FILE_NAME)
+        check_length("file name", fields.name, MAX_FILE_NAME)
         name = safe_file_name(fields.name)
         incoming = _Incoming(fields.transfer, name, fields.size, fields.sha256)
         self._incoming[peer.node_id] = incoming
@@ -517,7 +421,7 @@ class ChatReactor(Reactor):
         self._answer(peer, incoming.transfer, False, reason)
 
     def _answer(self, peer, transfer: bytes, ok: bool, reason: str) -> None:
-        message = encode(FILE, RECEIPT, transfer=transfer, ok=ok, reason=_clip(reason, 255))
+        message = encode(FILE, RECEIPT, transfer=transfer, ok=ok, reason=clip_utf8(reason, 255))
         defer.ensureDeferred(_send_while_open(peer, FILE, message))
 
     def _abandon_incoming(self, node_id: str) -> None:

@@ -7,9 +7,9 @@ to the Switch's address pools (``Switch.address_pool(node_id).add_discovered``).
 
 Theory of operation
 -------------------
-Channel 0x00 (Tendermint's PEX channel) carries two messages, declared below with
-construct: a *request* naming how many addresses the asker accepts, and a *reply*
-(``addrs``) with at most that many. The bounds are those CometBFT learnt
+Channel 0x00 (Tendermint's PEX channel) carries two messages, declared with construct
+in reactors/pex_wire.py: a *request* naming how many addresses the asker accepts, and a
+*reply* (``addrs``) with at most that many. The bounds are those CometBFT learnt
 (../shared/research/mconn-anchors.md section 3.4):
 
 * *Asking.* Every ``request_interval`` (the first round after a random part of it) a
@@ -38,168 +38,32 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import enum
 import ipaddress
 import random
-import re
 import types
 
-from construct import (
-    Adapter,
-    Array,
-    Bytes,
-    ConstructError,
-    Error,
-    Int8ub,
-    Int16ub,
-    PascalString,
-    Struct,
-    Switch,
-    Terminated,
-    ValidationError,
-    this,
-)
 from twisted.logger import Logger
 
-from mconn import ChannelDescriptor, MalformedPacket, PeerIdMismatch, PeerRejected, Reactor, RemoteProtocolError
+from mconn import ChannelDescriptor, PeerIdMismatch, PeerRejected, Reactor
 from mconn.address import PeerAddress, parse_address
-from mconn.wire import NODE_ID_BYTES, uvarint
+from reactors.pex_wire import (
+    MAX_WIRE_ADDRESSES,
+    PEX_CHANNEL,
+    PexMisbehaved,
+    PexType,
+    decode_message,
+    encode_addrs,
+    encode_request,
+    host_problem,
+    max_message_bytes,
+)
 
 log = Logger(namespace="reactors.pex")
 
-#: Tendermint's PEX channel id (mconn-anchors.md section 3.4).
-PEX_CHANNEL = 0x00
-#: The wire bound on the addresses of one reply (CometBFT's largest selection).
-MAX_WIRE_ADDRESSES = 250
-#: Largest encoded address: id (20) | host length (1) | host (<= 255) | port (2).
-MAX_ADDRESS_BYTES = NODE_ID_BYTES + 1 + 255 + 2
 #: The sender's own rule: never ask one peer twice within this part of request_interval.
 SEND_GAP = 0.5
 #: Errors of a dial that mean the node is connected anyway (specs/resume.md section 7).
 _CONNECTED_ANYWAY = frozenset({"duplicate", "simultaneous_dial"})
-_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
-
-
-class PexType(enum.IntEnum):
-    """The first byte of a PEX message (Tendermint v0.18's go-wire type bytes)."""
-
-    REQUEST = 0x01
-    ADDRS = 0x02
-
-
-# -- the wire (specs/pex.md section 2) -------------------------------------------------
-
-
-class _AtMost(Adapter):
-    """An unsigned integer that must not exceed ``limit`` (checked before it sizes anything)."""
-
-    def __init__(self, subcon, limit: int, what: str) -> None:
-        super().__init__(subcon)
-        self.limit, self.what = limit, what
-
-    def _decode(self, obj, context, path):
-        if obj > self.limit:
-            raise ValidationError(f"{self.what} {obj} is over {self.limit}", path=path)
-        return obj
-
-    def _encode(self, obj, context, path):
-        return self._decode(obj, context, path)
-
-
-# One address: node id (20 bytes) | host length (1) | host (UTF-8) | port (2, big-endian)
-PexAddress = Struct(
-    "node_id" / Bytes(NODE_ID_BYTES),
-    "host" / PascalString(Int8ub, "utf8"),
-    "port" / Int16ub,
-)
-# 01 | uvarint max_addresses (<= 250): "send me at most this many"
-RequestBody = Struct("max_addresses" / _AtMost(uvarint, MAX_WIRE_ADDRESSES, "max_addresses"))
-# 02 | uvarint count (<= 250, checked before the entries are read) | count x PexAddress
-AddrsBody = Struct(
-    "count" / _AtMost(uvarint, MAX_WIRE_ADDRESSES, "address count"),
-    "addresses" / Array(this.count, PexAddress),
-)
-PexMessage = Struct(
-    "type" / Int8ub,
-    "body" / Switch(this.type, {PexType.REQUEST: RequestBody, PexType.ADDRS: AddrsBody}, default=Error),
-    Terminated,
-)
-
-
-def max_message_bytes(max_addresses: int) -> int:
-    """The largest reply carrying ``max_addresses`` addresses (the channel's capacity)."""
-    return 1 + 2 + max_addresses * MAX_ADDRESS_BYTES
-
-
-class PexMisbehaved(RemoteProtocolError):
-    """A peer broke the PEX rules; ``reason`` is a short stable word (specs/pex.md section 4):
-    ``malformed``, ``oversized``, ``unsolicited_reply``, ``too_many_addresses``,
-    ``unroutable_address`` or ``request_flood``."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"pex {reason}: {message}")
-        self.reason = reason
-
-
-def encode_request(max_addresses: int) -> bytes:
-    return PexMessage.build(dict(type=PexType.REQUEST, body=dict(max_addresses=max_addresses)))
-
-
-def encode_addrs(addresses) -> bytes:
-    """A reply listing ``addresses`` (PeerAddress objects with node ids)."""
-    entries = [dict(node_id=bytes.fromhex(a.node_id), host=a.host, port=a.port) for a in addresses]
-    return PexMessage.build(dict(type=PexType.ADDRS, body=dict(count=len(entries), addresses=entries)))
-
-
-def decode_message(message: bytes, *, limit: int | None = None):
-    """``(PexType.REQUEST, max_addresses)`` or ``(PexType.ADDRS, (PeerAddress, ...))``.
-
-    :param limit: the largest message accepted, checked before a byte is parsed.
-    :raises PexMisbehaved: ``oversized`` past ``limit``, ``malformed`` for bytes that do
-        not follow specs/pex.md or an address that cannot be one, ``unroutable_address``
-        for a host that can never be dialed.
-    """
-    if limit is not None and len(message) > limit:
-        raise PexMisbehaved("oversized", f"a PEX message of {len(message)} bytes; the limit is {limit}")
-    try:
-        parsed = PexMessage.parse(message)
-    except (ConstructError, MalformedPacket, IndexError, ValueError, UnicodeDecodeError) as e:
-        first = f"{message[0]:#04x}" if message else "none"
-        why = " ".join(str(e).split())
-        raise PexMisbehaved("malformed", f"{len(message)} bytes, type byte {first}: {why}") from None
-    if parsed.type == PexType.REQUEST:
-        return PexType.REQUEST, parsed.body.max_addresses
-    addresses = tuple(_address(entry) for entry in parsed.body.addresses)
-    seen = set()
-    for address in addresses:
-        if address.node_id in seen:
-            raise PexMisbehaved("malformed", f"the reply lists node {address.node_id} twice")
-        seen.add(address.node_id)
-    return PexType.ADDRS, addresses
-
-
-def _address(entry) -> PeerAddress:
-    try:
-        address = PeerAddress(entry.node_id.hex(), entry.host, entry.port)
-    except ValueError as e:
-        raise PexMisbehaved("malformed", str(e)) from None
-    problem = host_problem(address.host)
-    if problem is not None:
-        kind = "unroutable_address" if problem.startswith("unroutable") else "malformed"
-        raise PexMisbehaved(kind, f"address {address}: {problem}")
-    return address
-
-
-def host_problem(host: str) -> str | None:
-    """Why ``host`` can never be dialed, or None: an IP literal or a DNS name is needed,
-    and an IP must not be unspecified, multicast or broadcast."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return None if _HOSTNAME.fullmatch(host) else f"host {host!r} is neither an IP address nor a DNS name"
-    if ip.is_unspecified or ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255"):
-        return f"unroutable host {host} (unspecified, multicast or broadcast)"
-    return None
 
 
 def _is_public(host: str) -> bool:

@@ -1,4 +1,4 @@
-"""Peer exchange (specs/pex.md, reactors/pex.py).
+"""Peer exchange (specs/pex.md, reactors/pex.py and reactors/pex_wire.py).
 
 * The golden vectors of specs/vectors/pex.json, and a hypothesis fuzz of the decoder.
 * The rules, one at a time, on a Switch of the in-memory network (``task.Clock`` time)
@@ -28,11 +28,11 @@ from mconn import Config, PeerClosed, Switch
 from mconn.address import PeerAddress, parse_address
 from mconn.testing import FakePeer, MemoryNetwork
 from operators.twistd_nodes import LOOPBACK, Node
-from reactors.pex import (
+from reactors.pex import PexReactor
+from reactors.pex_wire import (
     MAX_WIRE_ADDRESSES,
     PEX_CHANNEL,
     PexMisbehaved,
-    PexReactor,
     PexType,
     decode_message,
     encode_addrs,

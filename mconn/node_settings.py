@@ -1,0 +1,350 @@
+"""The settings of a node run by twistd: :class:`Options`, the TOML file, and their checks.
+
+Every setting may come from the command line or from a TOML file (``--config FILE``):
+its keys are the long options without the dashes (``listen``, ``peer``, ``reactor``,
+``key``, ``telemetry``, ``telemetry_rotate_bytes``, ``status``, ``tls``, ``tls_ca``,
+``tls_cert``, ``tls_no_client_cert``; the flags are ``true`` or ``false`` there) and the
+:class:`mconn.Config` fields (``ping_interval = 30``), which are also options
+(``--ping-interval 30``). The command line wins: a repeatable option given there replaces
+the file's list. Relative paths in the file are relative to the file. One default differs
+from Config's: ``retry_initial_dial`` is true, so that a ``--peer`` that is down when the
+node starts is dialed until it is up.
+
+``Options.postOptions`` merges the file and the command line into ``{name: Setting}``
+(each value with where it was set: ``--listen``, ``node.toml: listen``); :func:`resolve`
+checks them as far as that is possible without I/O (types, Config's own checks, peer
+addresses, ``MODULE:CLASS`` specs, TLS flags that agree with each other) and returns a
+:class:`NodeSettings`. A bad setting is a :class:`ConfigurationError` naming the option,
+or the file and key, and what is wrong. mconn/node.py builds the service from the result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+
+from twisted.python import usage
+
+from mconn.address import PeerAddress, parse_address
+from mconn.config import Config
+from mconn.status import local_endpoint
+from mconn.telemetry_file import DEFAULT_ROTATE_BYTES
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    tomllib = None
+
+
+#: The key file used when neither the command line nor the config file names one.
+DEFAULT_KEY = "node.key"
+#: Settings that may be repeated; the rest take one value.
+REPEATABLE = ("listen", "peer", "reactor")
+PATHS = ("key", "telemetry", "tls_ca", "tls_cert")
+#: Settings that are on when given (``--tls``), true or false in TOML.
+FLAGS = ("tls", "tls_no_client_cert")
+NODE_SETTINGS = REPEATABLE + PATHS + ("telemetry_rotate_bytes", "status") + FLAGS
+CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_CONFIG_TYPES = typing.get_type_hints(Config)
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+#: Config defaults that differ for a node run by twistd: a --peer that is down when the
+#: node starts is dialed until it comes up, not forgotten after the first failure.
+NODE_CONFIG_DEFAULTS = {"retry_initial_dial": True}
+
+
+class ConfigurationError(usage.UsageError):
+    """A setting is wrong; the message says which (option, or file and key) and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A configured value and where it was set (``--listen``, ``node.toml: listen``)."""
+
+    value: object
+    where: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TLSSettings:
+    """How the node speaks TLS (specs/tls.md): ``identity`` (a certificate made from the
+    node key) or ``ca`` (``cert``, signed by a CA in ``ca``, holding the node key).
+
+    A further mode (a plaintext start upgraded to TLS) would be one more ``mode`` here,
+    one more flag in FLAGS, and one more branch in ``_tls_settings`` here and in
+    ``_build_tls`` (mconn/node.py).
+    """
+
+    mode: str
+    where: str
+    ca: Setting | None = None
+    cert: Setting | None = None
+    require_client_cert: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSettings:
+    """Everything a node needs, checked as far as that is possible without I/O."""
+
+    listen: tuple[Setting, ...]
+    peers: tuple[Setting, ...]  # of PeerAddress
+    reactors: tuple[Setting, ...]  # of "module:Class"
+    key: Setting
+    telemetry: Setting | None
+    telemetry_rotate_bytes: int
+    config: Config
+    status: Setting | None = None  # the endpoint, with interface=127.0.0.1 if it named none
+    tls: TLSSettings | None = None
+
+# -- options ---------------------------------------------------------------------------
+
+
+def _option(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _config_parameters() -> list:
+    return [
+        [_option(name), None, None, f"Config.{name} [default: {default!r}]"]
+        for name, field in CONFIG_FIELDS.items()
+        for default in [NODE_CONFIG_DEFAULTS.get(name, field.default)]
+    ]
+
+
+class Options(usage.Options):
+    """``twistd mconn`` options; after parsing, ``options.settings`` is a NodeSettings."""
+
+    synopsis = "[options]"
+    longdesc = (
+        "Run an mconn node: listen for peers, keep the --peer nodes connected, route their "
+        "messages to the --reactor classes. Every option (without the dashes, with '_') and "
+        "every Config field may also be set in a TOML file given with --config; the command "
+        "line wins."
+    )
+    optParameters = [
+        ["key", None, None, f"node key file (PEM, mode 0600), created if missing [default: {DEFAULT_KEY}]"],
+        ["telemetry", None, None, "write every telemetry event of this node to this file as JSON lines"],
+        [
+            "telemetry-rotate-bytes", None, None,
+            f"rotate the telemetry file when it reaches this size, 0: never [default: {DEFAULT_ROTATE_BYTES}]",
+        ],
+        ["config", None, None, "TOML file with any of these settings"],
+        [
+            "status", None, None,
+            "serve the status page (HTML and /status.json) on this endpoint, e.g. tcp:8080; "
+            "without interface= it listens on 127.0.0.1 only",
+        ],
+        ["tls-ca", None, None, "CA mode: trust the CAs in this PEM file (peers need certificates they signed)"],
+        ["tls-cert", None, None, "CA mode: this node's certificate (PEM), whose key is the --key file"],
+    ] + _config_parameters()
+    optFlags = [
+        ["tls", None, "identity mode: TLS with a self-signed certificate made from the node key"],
+        ["tls-no-client-cert", None, "CA mode: accept dialers that present no certificate"],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        for name in REPEATABLE:
+            self[name] = []
+
+    def opt_listen(self, endpoint: str) -> None:
+        """accept peers on this server endpoint, e.g. tcp:26656 (repeatable)"""
+        self["listen"].append(endpoint)
+
+    def opt_peer(self, address: str) -> None:
+        """keep the node ID@HOST:PORT connected (repeatable)"""
+        self["peer"].append(address)
+
+    def opt_reactor(self, spec: str) -> None:
+        """MODULE:CLASS of a Reactor to run, built with no arguments (repeatable)"""
+        self["reactor"].append(spec)
+
+    def parseOptions(self, options=None) -> None:
+        """Parse, then say what is wrong in one line (twistd would print its usage first)."""
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            raise SystemExit(f"mconn: {e}") from None
+
+    def postOptions(self) -> None:
+        given = _read_toml(self["config"]) if self["config"] else {}
+        for name in REPEATABLE:
+            if self[name]:
+                given[name] = Setting(list(self[name]), f"--{name}")
+        for name in FLAGS:
+            if self[_option(name)]:
+                given[name] = Setting(True, f"--{_option(name)}")
+        for name in NODE_SETTINGS[len(REPEATABLE):] + tuple(CONFIG_FIELDS):
+            if name in FLAGS:
+                continue
+            text = self[_option(name)]
+            if text is not None:
+                value = os.path.abspath(text) if name in PATHS else _from_text(name, text, f"--{_option(name)}")
+                given[name] = Setting(value, f"--{_option(name)}")
+        self.settings = resolve(given)
+
+
+def _from_text(name: str, text: str, where: str):
+    """A command-line value, converted to the type of its setting."""
+    base, optional = _setting_type(name)
+    if optional and text.lower() == "none":
+        return None
+    if base is bool:
+        if text.lower() in _TRUE + _FALSE:
+            return text.lower() in _TRUE
+        raise ConfigurationError(f"{where}: {text!r} is not true or false")
+    if base in (int, float):
+        try:
+            return base(text)
+        except ValueError:
+            kind = "an integer" if base is int else "a number"
+            raise ConfigurationError(f"{where}: {text!r} is not {kind}") from None
+    return text
+
+
+def _setting_type(name: str) -> tuple[type, bool]:
+    """(base type, whether None is allowed) of a Config field or node setting."""
+    if name == "telemetry_rotate_bytes":
+        return int, False
+    if name in FLAGS:
+        return bool, False
+    if name == "status":
+        return str, False
+    hint = _CONFIG_TYPES[name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0], True
+    return hint, False
+
+
+def _read_toml(path: str) -> dict:
+    """{setting: Setting} from a TOML file; unknown keys are errors."""
+    if tomllib is None:
+        raise ConfigurationError(f"--config {path}: reading TOML needs Python 3.11 or later")
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ConfigurationError(f"--config {path}: cannot read it: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigurationError(f"--config {path}: not valid TOML: {e}") from None
+    base = os.path.dirname(os.path.abspath(path))
+    given = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        where = f"{path}: {key}"
+        if name not in NODE_SETTINGS and name not in CONFIG_FIELDS:
+            raise ConfigurationError(
+                f"{where}: unknown setting; use the long options without '--' "
+                f"({', '.join(NODE_SETTINGS)}) or the Config fields ({', '.join(CONFIG_FIELDS)})"
+            )
+        given[name] = Setting(_from_toml(name, value, where, base), where)
+    return given
+
+
+def _from_toml(name: str, value, where: str, base: str):
+    """A TOML value as its setting's type: paths made absolute, ints accepted as floats."""
+    if name in REPEATABLE:
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigurationError(f"{where}: {value!r} must be a string or a list of strings")
+        return items
+    if name in PATHS:
+        if not isinstance(value, str):
+            raise ConfigurationError(f"{where}: {value!r} must be a path (a string)")
+        return os.path.join(base, os.path.expanduser(value))
+    kind, optional = _setting_type(name)
+    if optional and value == "none":
+        return None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # telemetry fields keep their documented type (specs/telemetry.md)
+    return value
+
+
+def resolve(given: dict) -> NodeSettings:
+    """Check the merged settings and turn them into a NodeSettings.
+
+    :raises ConfigurationError: naming the setting and what is wrong with it.
+    """
+    config_values = dict(NODE_CONFIG_DEFAULTS)
+    for name in CONFIG_FIELDS:
+        if name in given:
+            setting = given[name]
+            try:
+                Config(**{name: setting.value})
+            except (TypeError, ValueError) as e:
+                raise ConfigurationError(f"{setting.where}: {e}") from None
+            config_values[name] = setting.value
+    try:
+        config = Config(**config_values)
+    except (TypeError, ValueError) as e:
+        raise ConfigurationError(f"configuration: {e}") from None
+    rotate = given.get("telemetry_rotate_bytes", Setting(DEFAULT_ROTATE_BYTES, "default"))
+    if isinstance(rotate.value, bool) or not isinstance(rotate.value, int) or rotate.value < 0:
+        raise ConfigurationError(f"{rotate.where}: {rotate.value!r} must be a number of bytes >= 0")
+    status = given.get("status")
+    if status is not None:
+        if not isinstance(status.value, str) or not status.value.strip():
+            raise ConfigurationError(f"{status.where}: {status.value!r} must be an endpoint, like tcp:8080")
+        status = Setting(local_endpoint(status.value.strip()), status.where)
+    listen = _each(given, "listen")
+    return NodeSettings(
+        listen=listen,
+        peers=tuple(Setting(_peer(s.value, s.where), s.where) for s in _each(given, "peer")),
+        reactors=tuple(Setting(_reactor_spec(s.value, s.where), s.where) for s in _each(given, "reactor")),
+        key=given.get("key", Setting(os.path.abspath(DEFAULT_KEY), "--key (default)")),
+        telemetry=given.get("telemetry"),
+        telemetry_rotate_bytes=rotate.value,
+        config=config,
+        status=status,
+        tls=_tls_settings(given, listening=bool(listen)),
+    )
+
+
+def _tls_settings(given: dict, *, listening: bool) -> TLSSettings | None:
+    """The TLS mode the flags and files ask for, once they agree with each other."""
+    for name in FLAGS:
+        setting = given.get(name)
+        if setting is not None and not isinstance(setting.value, bool):
+            raise ConfigurationError(f"{setting.where}: {setting.value!r} must be true or false")
+    identity, ca, cert, anonymous = (given.get(n) for n in ("tls", "tls_ca", "tls_cert", "tls_no_client_cert"))
+    identity = identity if identity is not None and identity.value else None
+    anonymous = anonymous if anonymous is not None and anonymous.value else None
+    if identity is not None and ca is not None:
+        raise ConfigurationError(
+            f"{identity.where}: identity mode (--tls) and CA mode (--tls-ca) exclude each other; choose one"
+        )
+    if ca is None:
+        for setting, what in ((cert, "a node certificate"), (anonymous, "accepting dialers without a certificate")):
+            if setting is not None:
+                raise ConfigurationError(f"{setting.where}: {what} is for CA mode: give --tls-ca FILE too")
+        return TLSSettings("identity", identity.where) if identity is not None else None
+    if cert is None and listening:
+        raise ConfigurationError(
+            f"{ca.where}: a node that listens needs a certificate to present: give --tls-cert FILE "
+            "(a certificate for the --key file, signed by the CA)"
+        )
+    return TLSSettings("ca", ca.where, ca=ca, cert=cert, require_client_cert=anonymous is None)
+
+
+def _each(given: dict, name: str) -> tuple[Setting, ...]:
+    setting = given.get(name)
+    return tuple(Setting(v, setting.where) for v in setting.value) if setting is not None else ()
+
+
+def _peer(text: str, where: str) -> PeerAddress:
+    try:
+        address = parse_address(text)
+    except ValueError as e:
+        raise ConfigurationError(f"{where}: {e}") from None
+    if address.node_id is None:
+        raise ConfigurationError(f"{where}: peer address {text!r} needs the node id: ID@HOST:PORT")
+    return address
+
+
+def _reactor_spec(text: str, where: str) -> str:
+    module, colon, name = text.partition(":")
+    if not colon or not all(p.isidentifier() for p in module.split(".")) or not name.isidentifier():
+        raise ConfigurationError(f"{where}: {text!r} is not MODULE:CLASS, like reactors.pex:PexReactor")
+    return text
