@@ -21,6 +21,11 @@ certificate. ``--status ENDPOINT`` serves the status page (specs/status.md); an 
 without ``interface=`` listens on 127.0.0.1 only, and the URL is logged once bound:
 ``mconn status page of node ID on http://127.0.0.1:PORT/``.
 
+SIGHUP: the TLS certificate and key files are read again (``TLSOptions.reload``); new
+connections use them, connected peers stay. A reload that fails (a bad file, a
+certificate for another key, an expired one) is logged and the old certificate stays in
+use. Only a node started by twistd (:func:`makeService`) installs the handler.
+
 SIGTERM: twistd stops the service, the Switch closes every peer with a close packet, the
 telemetry file gets the last events, and twistd exits (by re-raising the signal, so the
 exit status is "terminated by SIGTERM", the way twistd reports an orderly stop).
@@ -31,6 +36,7 @@ from __future__ import annotations
 import datetime
 import importlib
 import os
+import signal
 
 from cryptography import x509
 from OpenSSL import SSL
@@ -61,9 +67,11 @@ log = Logger()
 def makeService(options: Options) -> NodeService:
     """twistd's entry point: :func:`build_service`, with errors as one line on stderr."""
     try:
-        return build_service(options.settings)
+        service = build_service(options.settings)
     except ConfigurationError as e:
         raise SystemExit(f"mconn: {e}") from None
+    service.reload_on_sighup = True
+    return service
 
 
 def build_service(settings: NodeSettings, clock=None) -> NodeService:
@@ -145,7 +153,7 @@ def _build_tls(settings: NodeSettings, key: NodeKey, created: bool) -> TLSOption
     if tls is None:
         return None
     if tls.mode == "identity":
-        return TLSOptions.identity(key)
+        return TLSOptions.identity(key, upgrade=tls.upgrade, tls_required=tls.tls_required)
     for setting in (tls.ca, tls.cert):
         if setting is not None:
             _check_readable(setting)
@@ -162,6 +170,8 @@ def _build_tls(settings: NodeSettings, key: NodeKey, created: bool) -> TLSOption
             cert_file=tls.cert.value if tls.cert is not None else None,
             key_file=settings.key.value if tls.cert is not None else None,
             require_client_cert=tls.require_client_cert,
+            upgrade=tls.upgrade,
+            tls_required=tls.tls_required,
         )
     except (ValueError, SSL.Error) as e:
         where = tls.ca.where if "CA bundle" in str(e) or tls.cert is None else tls.cert.where
@@ -234,6 +244,9 @@ class NodeService(MultiService):
         #: The IListeningPorts, once bound.
         self.ports = None
         self._binding = False
+        #: Install a SIGHUP handler that reloads the TLS files (set by makeService).
+        self.reload_on_sighup = False
+        self._previous_sighup = None
         if telemetry is not None:
             telemetry.setServiceParent(self)
         switch.setServiceParent(self)
@@ -263,10 +276,35 @@ class NodeService(MultiService):
         for address in self.peers:
             d = self.switch.dial(address, persistent=True)
             d.addErrback(self._dial_failed, address)
+        if self.reload_on_sighup and self.switch.tls is not None:
+            clock = self.switch.clock
+            self._previous_sighup = signal.signal(
+                signal.SIGHUP, lambda signum, frame: clock.callFromThread(self.reload_tls)
+            )
+
+    def reload_tls(self) -> bool:
+        """Read the TLS files again (SIGHUP); whether the new ones are in use.
+
+        New connections use them; connected peers keep theirs. A failure is logged and
+        leaves the old certificate in use.
+        """
+        try:
+            self.switch.tls.reload()
+        except (ValueError, SSL.Error) as e:
+            log.error("TLS reload failed, the old certificate stays in use: {error}", error=str(e))
+            return False
+        log.info(
+            "TLS files reloaded: new connections use them; {count} peers stay connected",
+            count=len(self.switch.peers),
+        )
+        return True
 
     @defer.inlineCallbacks
     def stopService(self):
         Service.stopService(self)  # not MultiService's, which stops every child at once
+        if self._previous_sighup is not None:
+            signal.signal(signal.SIGHUP, self._previous_sighup)
+            self._previous_sighup = None
         for service in reversed(list(self)):
             try:
                 yield defer.maybeDeferred(service.stopService)

@@ -3,7 +3,7 @@
 Every setting may come from the command line or from a TOML file (``--config FILE``):
 its keys are the long options without the dashes (``listen``, ``peer``, ``reactor``,
 ``key``, ``telemetry``, ``telemetry_rotate_bytes``, ``status``, ``tls``, ``tls_ca``,
-``tls_cert``, ``tls_no_client_cert``; the flags are ``true`` or ``false`` there) and the
+``tls_cert``, ``tls_no_client_cert``, ``tls_upgrade``, ``tls_accept_upgrade``; the flags are ``true`` or ``false`` there) and the
 :class:`mconn.Config` fields (``ping_interval = 30``), which are also options
 (``--ping-interval 30``). The command line wins: a repeatable option given there replaces
 the file's list. Relative paths in the file are relative to the file. One default differs
@@ -44,7 +44,7 @@ DEFAULT_KEY = "node.key"
 REPEATABLE = ("listen", "peer", "reactor")
 PATHS = ("key", "telemetry", "tls_ca", "tls_cert")
 #: Settings that are on when given (``--tls``), true or false in TOML.
-FLAGS = ("tls", "tls_no_client_cert")
+FLAGS = ("tls", "tls_no_client_cert", "tls_upgrade", "tls_accept_upgrade")
 NODE_SETTINGS = REPEATABLE + PATHS + ("telemetry_rotate_bytes", "status") + FLAGS
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _CONFIG_TYPES = typing.get_type_hints(Config)
@@ -71,9 +71,9 @@ class TLSSettings:
     """How the node speaks TLS (specs/tls.md): ``identity`` (a certificate made from the
     node key) or ``ca`` (``cert``, signed by a CA in ``ca``, holding the node key).
 
-    A further mode (a plaintext start upgraded to TLS) would be one more ``mode`` here,
-    one more flag in FLAGS, and one more branch in ``_tls_settings`` here and in
-    ``_build_tls`` (mconn/node.py).
+    In either mode, ``upgrade`` dials with the plaintext pre-hello before TLS, and
+    ``tls_required=False`` lets the listener accept that start besides TLS first
+    (specs/tls.md section 7).
     """
 
     mode: str
@@ -81,6 +81,8 @@ class TLSSettings:
     ca: Setting | None = None
     cert: Setting | None = None
     require_client_cert: bool = True
+    upgrade: bool = False
+    tls_required: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +143,8 @@ class Options(usage.Options):
     optFlags = [
         ["tls", None, "identity mode: TLS with a self-signed certificate made from the node key"],
         ["tls-no-client-cert", None, "CA mode: accept dialers that present no certificate"],
+        ["tls-upgrade", None, "dial with a plaintext pre-hello, then TLS on the same connection"],
+        ["tls-accept-upgrade", None, "accept dialers that start with the pre-hello, besides TLS first"],
     ]
 
     def __init__(self) -> None:
@@ -311,6 +315,15 @@ def _tls_settings(given: dict, *, listening: bool) -> TLSSettings | None:
     identity, ca, cert, anonymous = (given.get(n) for n in ("tls", "tls_ca", "tls_cert", "tls_no_client_cert"))
     identity = identity if identity is not None and identity.value else None
     anonymous = anonymous if anonymous is not None and anonymous.value else None
+    upgrade, accept = (given.get(n) for n in ("tls_upgrade", "tls_accept_upgrade"))
+    starts = {
+        "upgrade": upgrade is not None and upgrade.value,
+        "tls_required": not (accept is not None and accept.value),
+    }
+    if identity is None and ca is None:
+        for setting, what in ((upgrade, "--tls-upgrade"), (accept, "--tls-accept-upgrade")):
+            if setting is not None and setting.value:
+                raise ConfigurationError(f"{setting.where}: {what} is for TLS: give --tls or --tls-ca FILE too")
     if identity is not None and ca is not None:
         raise ConfigurationError(
             f"{identity.where}: identity mode (--tls) and CA mode (--tls-ca) exclude each other; choose one"
@@ -319,13 +332,13 @@ def _tls_settings(given: dict, *, listening: bool) -> TLSSettings | None:
         for setting, what in ((cert, "a node certificate"), (anonymous, "accepting dialers without a certificate")):
             if setting is not None:
                 raise ConfigurationError(f"{setting.where}: {what} is for CA mode: give --tls-ca FILE too")
-        return TLSSettings("identity", identity.where) if identity is not None else None
+        return TLSSettings("identity", identity.where, **starts) if identity is not None else None
     if cert is None and listening:
         raise ConfigurationError(
             f"{ca.where}: a node that listens needs a certificate to present: give --tls-cert FILE "
             "(a certificate for the --key file, signed by the CA)"
         )
-    return TLSSettings("ca", ca.where, ca=ca, cert=cert, require_client_cert=anonymous is None)
+    return TLSSettings("ca", ca.where, ca=ca, cert=cert, require_client_cert=anonymous is None, **starts)
 
 
 def _each(given: dict, name: str) -> tuple[Setting, ...]:

@@ -253,6 +253,27 @@ def test_tls_identity_mode_is_wired_into_the_switch(tmp_path):
     assert makeService(parse("--config", "n.toml")).switch.tls.mode == "identity"
 
 
+def test_tls_upgrade_flags_are_wired_into_the_switch(tmp_path):
+    default = makeService(parse("--tls")).switch.tls
+    assert (default.upgrade, default.tls_required) == (False, True)
+    both = makeService(parse("--tls", "--tls-upgrade", "--tls-accept-upgrade")).switch.tls
+    assert (both.upgrade, both.tls_required) == (True, False)
+    write(tmp_path / "n.toml", "tls = true\ntls_upgrade = true\n")
+    from_file = makeService(parse("--config", "n.toml")).switch.tls
+    assert (from_file.upgrade, from_file.tls_required) == (True, True)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--tls-upgrade"], "mconn: --tls-upgrade: --tls-upgrade is for TLS: give --tls or --tls-ca FILE too"),
+        (["--tls-accept-upgrade"], "mconn: --tls-accept-upgrade: --tls-accept-upgrade is for TLS: give --tls or --tls-ca FILE too"),
+    ],
+)
+def test_upgrade_flags_without_tls_stop_with_one_line(args, expected):
+    assert error_of(*args) == expected
+
+
 @pytest.fixture
 def pki(tmp_path):
     """A CA, and node.key with a certificate for it: {name: path}."""

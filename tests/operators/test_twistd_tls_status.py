@@ -10,11 +10,15 @@ started is stopped by its PID.
 import datetime
 import json
 import pathlib
+import signal
+import socket
+import ssl
 import subprocess
 import sys
 import urllib.request
 
 import pytest
+from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from integration.test_tls import CA
@@ -81,6 +85,23 @@ def test_three_tls_nodes_show_each_other_on_their_status_pages(nodes):
     assert "status page" not in c.log()
 
 
+def test_the_upgrade_start_between_twistd_nodes(nodes):
+    """--tls-upgrade dials with the pre-hello; only --tls-accept-upgrade listeners take it."""
+    accepting = nodes("accepting").start("--listen", LOOPBACK, "--tls", "--tls-accept-upgrade", *CHAT)
+    strict = nodes("strict").start("--listen", LOOPBACK, "--tls", *CHAT)
+    dialer = nodes("dialer").start(
+        "--tls", "--tls-upgrade", *CHAT, "--peer", accepting.address, "--peer", strict.address,
+    )
+    ids = {n.name: n.wait_event("listening")["node_id"] for n in (accepting, strict)}
+    done = accepting.wait_event("handshake_done")
+    assert done["peer_id"] == dialer.wait_event("node_started")["node_id"]
+    refused = strict.wait_event("peer_rejected")
+    assert refused["reason"] == "tls_required" and refused["peer_id"] is None
+    assert ids["strict"] not in {e["peer_id"] for e in dialer.events("handshake_done")}
+    for node in (accepting, strict, dialer):
+        node.terminate()
+
+
 def test_two_ca_mode_nodes_connect_over_mutual_tls(nodes, tmp_path):
     ca = CA()
     ca.write(tmp_path / "ca.pem")
@@ -96,6 +117,52 @@ def test_two_ca_mode_nodes_connect_over_mutual_tls(nodes, tmp_path):
     b_id = b.wait_event("listening")["node_id"]
     wait_until(lambda: connected_peers(a.status_url) == {b_id}, "a's status page to show b")
     assert status_of(a.status_url)["tls"] == "ca"
+    for node in (a, b):
+        node.terminate()
+
+
+def served_certificate(address: str) -> x509.Certificate:
+    """The certificate a TLS-first listener at ``ID@HOST:PORT`` presents (no client cert)."""
+    host, port = address.split("@")[1].rsplit(":", 1)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((host, int(port)), timeout=TIMEOUT) as raw:
+        with context.wrap_socket(raw) as tls:
+            return x509.load_der_x509_certificate(tls.getpeercert(binary_form=True))
+
+
+def test_sighup_reloads_the_certificate_without_dropping_peers(nodes, tmp_path):
+    ca = CA()
+    ca.write(tmp_path / "ca.pem")
+    keys = {name: NodeKey.generate() for name in ("a", "b")}
+    for name, key in keys.items():
+        key.save(tmp_path / f"{name}.key")
+        (tmp_path / f"{name}.pem").write_bytes(ca.issue(key).public_bytes(serialization.Encoding.PEM))
+    ca_args = ("--tls-ca", str(tmp_path / "ca.pem"))
+    a = nodes("a").start("--listen", LOOPBACK, *ca_args, "--tls-cert", str(tmp_path / "a.pem"),
+                         "--tls-no-client-cert", *CHAT)
+    b = nodes("b").start(*ca_args, "--tls-cert", str(tmp_path / "b.pem"), *CHAT, "--peer", a.address)
+    b.wait_event("handshake_done")
+    wait_until(lambda: " started: listening on " in a.log(), "a to be running")
+    first = served_certificate(a.address)
+
+    renewed = ca.issue(keys["a"])
+    (tmp_path / "a.pem").write_bytes(renewed.public_bytes(serialization.Encoding.PEM))
+    a.process.send_signal(signal.SIGHUP)
+    wait_until(lambda: "TLS files reloaded" in a.log(), "a to reload its certificate")
+    assert served_certificate(a.address).serial_number == renewed.serial_number != first.serial_number
+
+    other = ca.issue(NodeKey.generate())  # a certificate for another key: refused, old one kept
+    (tmp_path / "a.pem").write_bytes(other.public_bytes(serialization.Encoding.PEM))
+    a.process.send_signal(signal.SIGHUP)
+    wait_until(lambda: "TLS reload failed, the old certificate stays in use" in a.log(), "a to refuse the reload")
+    assert served_certificate(a.address).serial_number == renewed.serial_number
+    assert a.process.poll() is None
+    # The probes above end without a hello (peer_id null); the peer's connection stays.
+    b_id = b.wait_event("node_started")["node_id"]
+    assert [e for e in a.events("connection_lost") if e["peer_id"] is not None] == []
+    assert b.events("connection_lost") == []
+    assert [e["peer_id"] for e in a.events("handshake_done")] == [b_id]
     for node in (a, b):
         node.terminate()
 
