@@ -9,6 +9,7 @@ tests/adapter/test_persistent.py still uses twisted.test.iosim, for one exact ra
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol
@@ -306,3 +307,24 @@ class Telemetry:
 
     def names(self) -> list[str]:
         return [e["event"] for e in self.events]
+
+
+# -- specs' field tables ---------------------------------------------------------------
+
+#: A row of a field table in specs/*.md: | `name` | type | meaning |
+SPEC_ROW = re.compile(r"^\| `([\w\[\].]+)` \| ([^|]+?) \|")
+
+#: The types the specs' field tables use (specs/telemetry.md section 3, specs/status.md).
+SPEC_TYPE_CHECKS = {
+    "str": lambda v: isinstance(v, str),
+    "str or null": lambda v: v is None or isinstance(v, str),
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "float": lambda v: isinstance(v, float),
+    "float or null": lambda v: v is None or isinstance(v, float),
+    "list of int": lambda v: isinstance(v, list) and all(isinstance(i, int) for i in v),
+    "list of str": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
+    "list of float": lambda v: isinstance(v, list) and all(isinstance(i, float) for i in v),
+    "list of object": lambda v: isinstance(v, list) and all(isinstance(i, dict) for i in v),
+    "object of int": lambda v: isinstance(v, dict)
+    and all(isinstance(k, str) and isinstance(i, int) and not isinstance(i, bool) for k, i in v.items()),
+}

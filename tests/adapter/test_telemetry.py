@@ -13,7 +13,7 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import eventAsJSON, eventFromJSON, formatEvent
 
-from helpers import RawPeer, RecordingReactor, Telemetry, hello_packet, msg_packet
+from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, RawPeer, RecordingReactor, Telemetry, hello_packet, msg_packet
 from mconn import ChannelDescriptor, Config
 from mconn.telemetry import FORMATS
 from mconn.testing import MemoryNetwork
@@ -22,17 +22,6 @@ SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "telemetry.md"
 
 _HEADING = re.compile(r"^### `(\w+)`\s*$")
 _LEVEL = re.compile(r"^Level `(\w+)`")
-_ROW = re.compile(r"^\| `([\w\[\].]+)` \| ([^|]+?) \|")
-
-TYPE_CHECKS = {
-    "str": lambda v: isinstance(v, str),
-    "str or null": lambda v: v is None or isinstance(v, str),
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, float),
-    "float or null": lambda v: v is None or isinstance(v, float),
-    "list of int": lambda v: isinstance(v, list) and all(isinstance(i, int) for i in v),
-    "list of object": lambda v: isinstance(v, list) and all(isinstance(i, dict) for i in v),
-}
 
 
 def parse_spec(text: str) -> dict:
@@ -49,10 +38,10 @@ def parse_spec(text: str) -> dict:
         level = _LEVEL.match(line)
         if level:
             current["level"] = level.group(1)
-        row = _ROW.match(line)
+        row = SPEC_ROW.match(line)
         if row:
             name, type_name = row.group(1), row.group(2).strip()
-            assert type_name in TYPE_CHECKS, f"unknown type {type_name!r} for {name} in {SPEC.name}"
+            assert type_name in SPEC_TYPE_CHECKS, f"unknown type {type_name!r} for {name} in {SPEC.name}"
             if "[]." in name:
                 parent, child = name.split("[].")
                 current["items"].setdefault(parent, {})[child] = type_name
@@ -154,11 +143,11 @@ def test_field_values_have_the_documented_types(emitted):
     for event in emitted:
         spec = SPEC_EVENTS[event["event"]]
         for name, type_name in spec["fields"].items():
-            assert TYPE_CHECKS[type_name](event[name]), f"{event['event']}.{name} = {event[name]!r} is not {type_name}"
+            assert SPEC_TYPE_CHECKS[type_name](event[name]), f"{event['event']}.{name} = {event[name]!r} is not {type_name}"
         for parent, children in spec["items"].items():
             for item in event[parent]:
                 for name, type_name in children.items():
-                    assert TYPE_CHECKS[type_name](item[name]), f"{event['event']}.{parent}[].{name}"
+                    assert SPEC_TYPE_CHECKS[type_name](item[name]), f"{event['event']}.{parent}[].{name}"
 
 
 def test_events_are_logged_at_the_documented_level(emitted):

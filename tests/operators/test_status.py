@@ -27,6 +27,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, task, threads
 
+from helpers import SPEC_ROW, SPEC_TYPE_CHECKS
 from mconn import ChannelDescriptor, Config, Reactor, Switch
 from mconn.cli import format_status
 from mconn.status import PAGE, StatusService, local_endpoint, serve_status
@@ -186,29 +187,16 @@ async def test_a_service_with_tcp_0_binds_127_0_0_1(network):
 
 # -- the document against specs/status.md -------------------------------------------------
 
-_ROW = re.compile(r"^\| `([\w\[\].]+)` \| ([^|]+?) \|")
-TYPE_CHECKS = {
-    "str": lambda v: isinstance(v, str),
-    "str or null": lambda v: v is None or isinstance(v, str),
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "float": lambda v: isinstance(v, float),
-    "float or null": lambda v: v is None or isinstance(v, float),
-    "list of str": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
-    "list of float": lambda v: isinstance(v, list) and all(isinstance(i, float) for i in v),
-    "list of object": lambda v: isinstance(v, list) and all(isinstance(i, dict) for i in v),
-    "object of int": lambda v: isinstance(v, dict)
-    and all(isinstance(k, str) and isinstance(i, int) and not isinstance(i, bool) for k, i in v.items()),
-}
 
 
 def spec_fields() -> dict[str, str]:
     """{path: type} from the field table of specs/status.md section 2 (``peers[].uptime``)."""
     fields = {}
     for line in SPEC.read_text().splitlines():
-        row = _ROW.match(line)
+        row = SPEC_ROW.match(line)
         if row:
             name, type_name = row.group(1), row.group(2).strip()
-            assert type_name in TYPE_CHECKS, f"unknown type {type_name!r} for {name} in {SPEC.name}"
+            assert type_name in SPEC_TYPE_CHECKS, f"unknown type {type_name!r} for {name} in {SPEC.name}"
             fields[name] = type_name
     return fields
 
@@ -240,7 +228,7 @@ async def test_a_live_document_has_exactly_the_fields_and_types_of_the_spec(netw
     assert set(live) == set(spec), f"only live: {set(live) - set(spec)}; only in the spec: {set(spec) - set(live)}"
     for path, type_name in spec.items():
         for value in live[path]:
-            assert TYPE_CHECKS[type_name](value), f"{path}: {value!r} is not {type_name}"
+            assert SPEC_TYPE_CHECKS[type_name](value), f"{path}: {value!r} is not {type_name}"
 
 
 # -- a real browser ------------------------------------------------------------------------

@@ -16,25 +16,11 @@ import socket
 import pytest
 
 from mconn import NodeKey
-from operators.twistd_nodes import LOOPBACK, Node, alive, run_twistd, stop_pid, wait_until
+from operators.twistd_nodes import LOOPBACK, Node, alive, run_twistd, stop_pid, wait_until, nodes  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 
 CHAT = ("--reactor", "operators.sample_reactors:Chat")
-
-
-@pytest.fixture
-def nodes(tmp_path):
-    """Starts Node processes; kills any still running at the end, by PID."""
-    started = []
-
-    def node(name):
-        started.append(Node(tmp_path, name))
-        return started[-1]
-
-    yield node
-    for n in started:
-        n.kill()
 
 
 def assert_orderly_exit(node, status):

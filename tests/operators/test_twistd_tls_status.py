@@ -23,27 +23,13 @@ from cryptography.hazmat.primitives import serialization
 
 from integration.test_tls import CA
 from mconn import NodeKey
-from operators.twistd_nodes import ENV, LOOPBACK, TIMEOUT, Node, run_twistd, wait_until
+from operators.twistd_nodes import ENV, LOOPBACK, TIMEOUT, Node, run_twistd, wait_until, nodes  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.integration
 
 CHAT = ("--reactor", "operators.sample_reactors:Chat")
 STATUS = ("--status", LOOPBACK)
 MCONN = pathlib.Path(sys.executable).with_name("mconn")
-
-
-@pytest.fixture
-def nodes(tmp_path):
-    """Starts Node processes; kills any still running at the end, by PID."""
-    started = []
-
-    def node(name):
-        started.append(Node(tmp_path, name))
-        return started[-1]
-
-    yield node
-    for n in started:
-        n.kill()
 
 
 def status_of(url: str) -> dict:
