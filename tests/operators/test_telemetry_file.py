@@ -11,8 +11,8 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, task
 
-from adapter.test_telemetry import SPEC_EVENTS, TYPE_CHECKS, fields_of
-from helpers import Telemetry
+from adapter.test_telemetry import SPEC_EVENTS, fields_of
+from helpers import SPEC_TYPE_CHECKS, Telemetry
 from mconn.node import Options, build_service
 from mconn.telemetry_file import read_events, rotated_paths
 from operators.sample_reactors import CHAT
@@ -116,9 +116,9 @@ def assert_matches_spec(event: dict) -> None:
     assert event["log_level"].name == spec["level"], name
     assert event["log_namespace"] == "mconn"
     for field, type_name in spec["fields"].items():
-        assert TYPE_CHECKS[type_name](event[field]), f"{name}.{field} = {event[field]!r} is not {type_name}"
+        assert SPEC_TYPE_CHECKS[type_name](event[field]), f"{name}.{field} = {event[field]!r} is not {type_name}"
     for parent, children in spec["items"].items():
         for item in event[parent]:
             assert set(item) == set(children), f"{name}.{parent}[]"
             for field, type_name in children.items():
-                assert TYPE_CHECKS[type_name](item[field]), f"{name}.{parent}[].{field}"
+                assert SPEC_TYPE_CHECKS[type_name](item[field]), f"{name}.{parent}[].{field}"
