@@ -161,6 +161,11 @@ class Connection:
         self._recv_bucket = TokenBucket(config.recv_rate, now) if config.recv_rate else None
         self.bytes_received = 0
         self.bytes_sent = 0
+        #: False when the last ``data_to_send`` left nothing it could send now (its
+        #: queues empty, or send_rate's budget spent): another call at the same time
+        #: would return b"" unless something is queued meanwhile. The adapter's pump
+        #: stops on it instead of paying for that empty call.
+        self.more_to_send = True
         self.error: RemoteProtocolError | None = None
         #: The dialer's hello asks for a session: its handshake ends with the listener's
         #: session answer, which handshake_timeout bounds too (section 6).
@@ -374,6 +379,7 @@ class Connection:
         if self._control:
             parts.extend(self._control)
             self._control.clear()
+        more = False
         if self.state is State.OPEN:
             limit = self.config.write_batch_bytes if budget is None else budget
             if self._send_bucket is not None:
@@ -384,6 +390,9 @@ class Connection:
                     parts.extend(data)
                     if self._send_bucket is not None:
                         self._send_bucket.spend(sent, now)
+                    # Short of the budget only when no channel has anything left.
+                    more = sent >= limit
+        self.more_to_send = more
         if not parts:
             return b""
         out = b"".join(parts)

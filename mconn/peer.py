@@ -104,6 +104,16 @@ class Peer:
         self._config = switch.config
         self._capacity = {d.id: d.send_queue_capacity for d in switch.channels}
         self._recv_capacity = {d.id: d.recv_message_capacity for d in switch.channels}
+        #: Per channel both sides have: the largest message it accepts (the smaller
+        #: recv_message_capacity). Channels outside it are refused.
+        self._limits = {
+            d.id: min(d.recv_message_capacity, self.channels[d.id].recv_message_capacity)
+            for d in switch.channels
+            if d.id in self.channels
+        }
+        #: The connection's channels (its queues) while connected, else None.
+        self._queues = protocol.core.channels
+        self._route = switch._route
         self._connected_at = self._clock.seconds()
         self._waiting: dict[int, collections.deque] = {}
         self._held: dict[int, int] = {}  # accepted while suspended, per channel
@@ -124,35 +134,43 @@ class Peer:
         """False for channels either side lacks; ValueError for oversized messages."""
         if self._closing():
             return False
-        ours = self._recv_capacity.get(channel_id)
-        theirs = self.channels.get(channel_id)
-        if ours is None or theirs is None:
+        limit = self._limits.get(channel_id)
+        if limit is None:
             return False
-        limit = min(ours, theirs.recv_message_capacity)
         if len(message) > limit:
             raise ValueError(
                 f"message of {len(message)} bytes on channel {channel_id:#04x} is larger than its "
-                f"recv_message_capacity {limit} (ours {ours}, peer's {theirs.recv_message_capacity})"
+                f"recv_message_capacity {limit} (ours {self._recv_capacity[channel_id]}, "
+                f"peer's {self.channels[channel_id].recv_message_capacity})"
             )
         return True
 
     def _accept(self, channel_id: int, message: bytes) -> int | None:
-        """Take a checked message into the session; its sequence number, or None if full."""
-        if not self.session.has_room(channel_id, len(message)):
-            return None
+        """Take a checked message into the session; its sequence number, or None if full.
+
+        The per-message path: one call into the connection's channel queue, one into the
+        session (``Session.admit``); a message the session refuses leaves the queue again.
+        """
         if self.state == CONNECTED:
-            if not self._protocol.core.queue_message(channel_id, message):
+            channel = self._queues[channel_id]
+            if not channel.enqueue(message):
                 return None
-        else:
-            held = self._held.get(channel_id, 0)
-            if held >= self._capacity[channel_id]:
-                return None
+            sequence = self.session.admit(channel_id, message)
+            if sequence is None:
+                channel.queue.pop()  # the recovery buffer is full: not accepted after all
+            return sequence
+        held = self._held.get(channel_id, 0)
+        if held >= self._capacity[channel_id]:
+            return None
+        sequence = self.session.admit(channel_id, message)
+        if sequence is not None:
             self._held[channel_id] = held + 1
-        return self.session.record_sent(channel_id, message)
+        return sequence
 
     def try_send(self, channel_id: int, message: bytes) -> bool:
         """Queue ``message`` now if there is room; True if it was accepted."""
-        message = _as_bytes(message)
+        if type(message) is not bytes:
+            message = _as_bytes(message)
         if not self._accepts(channel_id, message) or self._waiting.get(channel_id):
             return False
         if self._accept(channel_id, message) is None:
@@ -199,7 +217,10 @@ class Peer:
         return d
 
     def _send_timed_out(self, channel_id: int, entry: list) -> None:
-        self._waiting[channel_id].remove(entry)
+        waiting = self._waiting[channel_id]
+        waiting.remove(entry)
+        if not waiting:
+            del self._waiting[channel_id]  # _drain_waiting finds nothing to do at once
         entry[1].callback(False)
 
     def _drain_waiting(self) -> bool:
@@ -208,7 +229,7 @@ class Peer:
         Returns True if any were accepted. Their Deferreds fire after the move, so a
         callback that sends again sees consistent queues.
         """
-        if self._closing():
+        if not self._waiting or self._closing():
             return False
         fired = []
         moved = 0
@@ -224,6 +245,8 @@ class Peer:
                     self._confirms.setdefault(channel_id, collections.deque()).append((sequence, d))
                 else:
                     fired.append(d)
+            if not waiting:
+                del self._waiting[channel_id]
         for d in fired:
             d.callback(True)
         return moved > 0
@@ -232,7 +255,7 @@ class Peer:
 
     def _deliver(self, channel_id: int, message: bytes) -> None:
         """Hand a whole message to its reactor, count it, and acknowledge when due."""
-        self._switch._route(channel_id, self, message)
+        self._route(channel_id, self, message)
         if self.session.record_delivered(channel_id, len(message)):
             self._send_ack()
         elif self._ack_timer is None:
@@ -266,6 +289,7 @@ class Peer:
 
     def _suspend(self) -> None:
         self._protocol = None
+        self._queues = None
         self.state = SUSPENDED
         self.disconnects += 1
         self._held = {}
@@ -274,6 +298,7 @@ class Peer:
     def _attach(self, protocol, peer_delivered: dict[int, int]) -> None:
         """A new transport carries the session on: re-send what the peer lacks."""
         self._protocol = protocol
+        self._queues = protocol.core.channels
         self.remote_address = protocol.remote_address
         self.state = CONNECTED
         self.connects += 1
@@ -290,6 +315,7 @@ class Peer:
         """The session is over: fail what waits on it."""
         self.state = CLOSED
         self._protocol = None
+        self._queues = None
         self._cancel_ack_timer()
         for waiting in self._waiting.values():
             while waiting:

@@ -175,6 +175,8 @@ class MConnectionProtocol(Protocol):
                 if not data:
                     break
                 write(data)
+                if not core.more_to_send:
+                    break  # everything that could go out now went out
             # Sends waiting for room take the room just made, and go out too.
             moved = self.peer is not None and self.peer._drain_waiting()
             if not moved or self._paused:

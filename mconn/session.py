@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import hmac
+import itertools
 
 from mconn.errors import RemoteProtocolError
 
@@ -58,6 +59,11 @@ class Session:
     :param ack_every_bytes: ...or this many delivered bytes, whichever comes first.
     """
 
+    __slots__ = (
+        "id", "_streams", "recovery_buffer_bytes", "channel_reserve_bytes", "unacked_bytes",
+        "_ack_every_messages", "_ack_every_bytes", "_ack_messages_left", "_ack_bytes_left", "resent",
+    )
+
     def __init__(
         self,
         session_id: bytes,
@@ -75,8 +81,10 @@ class Session:
         self.unacked_bytes = 0
         self._ack_every_messages = ack_every_messages
         self._ack_every_bytes = ack_every_bytes
-        self._since_ack_messages = 0
-        self._since_ack_bytes = 0
+        #: Deliveries and bytes left before an ack is due (counting down: the cheapest
+        #: test per message).
+        self._ack_messages_left = ack_every_messages
+        self._ack_bytes_left = ack_every_bytes
         #: Counters for observability (specs/telemetry.md).
         self.resent = 0
 
@@ -91,13 +99,31 @@ class Session:
     # -- sending -------------------------------------------------------------------
 
     def has_room(self, channel_id: int, nbytes: int) -> bool:
-        """Whether a message of ``nbytes`` on the channel fits the recovery buffer now."""
+        """Whether a message of ``nbytes`` on the channel fits the recovery buffer now
+        (``admit`` applies the same test)."""
         stream = self._streams[channel_id]
         return (
             not stream.unacked
             or stream.unacked_bytes + nbytes <= self.channel_reserve_bytes
             or self.unacked_bytes + nbytes <= self.recovery_buffer_bytes
         )
+
+    def admit(self, channel_id: int, message: bytes) -> int | None:
+        """``has_room`` and ``record_sent`` in one call, the per-message path: the
+        message's sequence number, or None (nothing recorded) when it does not fit."""
+        stream = self._streams[channel_id]
+        size = len(message)
+        unacked = stream.unacked
+        if (
+            unacked
+            and stream.unacked_bytes + size > self.channel_reserve_bytes
+            and self.unacked_bytes + size > self.recovery_buffer_bytes
+        ):
+            return None
+        unacked.append(message)
+        stream.unacked_bytes += size
+        self.unacked_bytes += size
+        return stream.acked + len(unacked) - 1
 
     def record_sent(self, channel_id: int, message: bytes) -> int:
         """Keep an accepted message until it is acknowledged; returns its sequence number."""
@@ -137,13 +163,21 @@ class Session:
                     f"ack count for channel {channel_id:#04x} went backwards: {count} after {stream.acked}"
                 )
             old = stream.acked
-            for _ in range(count - old):
-                size = len(stream.unacked.popleft())
-                stream.unacked_bytes -= size
-                self.unacked_bytes -= size
+            if count == old:
+                continue
+            unacked = stream.unacked
+            if count == accepted:  # all of them (the usual ack of a sender at rest)
+                freed = stream.unacked_bytes
+                unacked.clear()
+            else:
+                freed = sum(map(len, itertools.islice(unacked, count - old)))
+                popleft = unacked.popleft
+                for _ in itertools.repeat(None, count - old):
+                    popleft()
+            stream.unacked_bytes -= freed
+            self.unacked_bytes -= freed
             stream.acked = count
-            if count != old:
-                changes.append((channel_id, old, count))
+            changes.append((channel_id, old, count))
         return changes
 
     def to_resend(self, peer_delivered: dict[int, int]) -> dict[int, list[bytes]]:
@@ -162,18 +196,18 @@ class Session:
     def record_delivered(self, channel_id: int, nbytes: int) -> bool:
         """Count a message handed to our reactor; True when an ack is due."""
         self._streams[channel_id].delivered += 1
-        self._since_ack_messages += 1
-        self._since_ack_bytes += nbytes
-        return self._since_ack_messages >= self._ack_every_messages or self._since_ack_bytes >= self._ack_every_bytes
+        self._ack_messages_left -= 1
+        self._ack_bytes_left -= nbytes
+        return self._ack_messages_left <= 0 or self._ack_bytes_left <= 0
 
     @property
     def ack_pending(self) -> bool:
-        return self._since_ack_messages > 0
+        return self._ack_messages_left < self._ack_every_messages
 
     def take_ack(self) -> dict[int, int]:
         """The counts to acknowledge now (every channel with deliveries)."""
-        self._since_ack_messages = 0
-        self._since_ack_bytes = 0
+        self._ack_messages_left = self._ack_every_messages
+        self._ack_bytes_left = self._ack_every_bytes
         return self.delivered_counts()
 
     def delivered_counts(self) -> dict[int, int]:
