@@ -1,6 +1,7 @@
 """Events: the facts the sans-I/O core reports (STYLE.md 6).
 
-Each is a frozen, keyword-only dataclass named in the past tense. The Twisted adapter
+Each is a frozen, keyword-only dataclass named in the past tense (MessageReceived, the
+hot path, is not frozen). The Twisted adapter
 (protocol.py) dispatches on their type.
 """
 
@@ -22,9 +23,14 @@ class HelloReceived:
     max_packet_payload: int
 
 
-@_event
+@dataclasses.dataclass(kw_only=True, slots=True)
 class MessageReceived:
-    """A whole message was reassembled on a channel."""
+    """A whole message was reassembled on a channel.
+
+    Not frozen, unlike the other events: one is made per message, and a frozen
+    dataclass's ``__init__`` (``object.__setattr__`` per field) costs twice as much
+    (bench/RESULTS.md, "Session cost, round 2"). Nothing changes it after it is made.
+    """
 
     channel_id: int
     message: bytes
