@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/pipeline_bench.py [--nodes 1000] [--events 2000000,4000000]
         [--lost 5] [--duplicated 5] [--master local[2]] [--driver-memory 1g]
-        [--data DIR] [--keep] [--no-baseline]
+        [--data DIR] [--keep] [--no-baseline] [--compare-settings]
 
 For each size in ``--events`` (approximate event counts) the bench generates a fleet's
 telemetry (generate() below: one file per node, lines exactly as jsonFileLogObserver
@@ -13,7 +13,10 @@ files, times:
   report), with ``spark.driver.memory`` capped (1g by default);
 * bench/pipeline_baseline.py: a straightforward single-process Python delivery audit.
 
-Both must find exactly the injected losses and duplicates. It prints events/s for both,
+With ``--compare-settings`` it also runs ``mconn-pipeline`` a second time on the same files
+with the settings the command did not pick forced by ``--conf`` (``other_settings``: those of
+a large input for a small one, and the other way round; specs/pipeline.md section 6), and
+prints the ratio: whether the size threshold picked the faster settings. Both must find exactly the injected losses and duplicates. It prints events/s for both,
 the time ratio between consecutive sizes against the event ratio (the linearity
 target: 2x events, at most 2.2x time), and the input size against the driver memory.
 Results go to stdout and bench/out/pipeline-<time>.json.
@@ -356,11 +359,30 @@ def tree_rss(pid: int) -> tuple[int, str]:
     return total, heap
 
 
-def run_spark(args, data: str, out: str) -> dict:
+def other_settings(nbytes: int) -> tuple[str, dict[str, str]]:
+    """The settings the command does not pick for ``nbytes`` of local input (specs/pipeline.md
+    section 6), as ``--conf`` values that force them: (their name, the values)."""
+    sys.path.insert(0, REPO)
+    from mconn.pipeline.spark import LOCAL_DEFAULTS, SMALL_DEFAULTS, SMALL_INPUT, SMALL_JAVA_OPTIONS, _log4j_file
+
+    log4j = f"-Dlog4j2.configurationFile=file:{_log4j_file()}"
+    if nbytes >= SMALL_INPUT:
+        return "small", {**SMALL_DEFAULTS, "spark.driver.extraJavaOptions": f"{log4j} {SMALL_JAVA_OPTIONS}"}
+    return "large", {
+        "spark.sql.shuffle.partitions": LOCAL_DEFAULTS["spark.sql.shuffle.partitions"],
+        "spark.sql.codegen.wholeStage": "true",
+        "spark.sql.codegen.factoryMode": "FALLBACK",
+        "spark.driver.extraJavaOptions": log4j,
+    }
+
+
+def run_spark(args, data: str, out: str, conf: dict[str, str] | None = None) -> dict:
     command = [
         sys.executable, "-m", "mconn.pipeline", data, "--out", out, "--master", args.master,
         "--conf", f"spark.driver.memory={args.driver_memory}", "--json",
     ]
+    for key, value in (conf or {}).items():
+        command += ["--conf", f"{key}={value}"]
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     seconds, stdout, peak, heap = timed(command, env)
     result = json.loads(stdout.strip().splitlines()[-1])
@@ -384,6 +406,11 @@ def measure(args, size: int, workdir: str) -> dict:
           file=sys.stderr, flush=True)
     spark = run_spark(args, data, os.path.join(workdir, f"out-{size}"))
     print(f"  spark: {spark['seconds']:.1f} s", file=sys.stderr, flush=True)
+    forced = None
+    if args.compare_settings:
+        kind, conf = other_settings(nbytes)
+        forced = dict(run_spark(args, data, os.path.join(workdir, f"out-{size}"), conf), settings=kind)
+        print(f"  spark, {kind}-input settings forced: {forced['seconds']:.1f} s", file=sys.stderr, flush=True)
     baseline = run_baseline(data) if args.baseline else None
     if baseline:
         print(f"  baseline: {baseline['seconds']:.1f} s", file=sys.stderr, flush=True)
@@ -393,7 +420,7 @@ def measure(args, size: int, workdir: str) -> dict:
     lost = sum(1 for f in faults if f[4] < 0)
     return {
         "events": events, "bytes": nbytes, "lost_injected": lost, "duplicated_injected": len(faults) - lost,
-        "spark": spark, "baseline": baseline,
+        "spark": spark, "baseline": baseline, "spark_other_settings": forced,
     }
 
 
@@ -435,6 +462,13 @@ def table(args, rows: list[dict]) -> str:
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r["spark"]["stages"].items())
         checks.append(f"stages of {r['events']:,} events, seconds: {stages}")
     for r in rows:
+        forced = r.get("spark_other_settings")
+        if forced:
+            checks.append(
+                f"{r['events']:,} events: {r['spark']['seconds']:.1f} s as run, {forced['seconds']:.1f} s with the "
+                f"{forced['settings']}-input settings forced: {forced['seconds'] / r['spark']['seconds']:.2f}x"
+            )
+    for r in rows:
         s, b = r["spark"]["summary"], r["baseline"]
         ok = (s["lost"], s["duplicated"]) == (r["lost_injected"], r["duplicated_injected"])
         if b:
@@ -462,6 +496,8 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=None, help="where to write the logs (a temporary directory by default)")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs and tables")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false")
+    parser.add_argument("--compare-settings", action="store_true",
+                        help="also run with the other input size's settings forced, and print the ratio")
     args = parser.parse_args(argv)
     sizes = [int(float(x)) for x in args.events.split(",")]
     workdir = args.data or tempfile.mkdtemp(prefix="mconn-pipeline-bench-")

@@ -75,11 +75,11 @@ def main(argv=None) -> int:
     from pyspark import SparkContext
 
     from mconn.pipeline import console, job
-    from mconn.pipeline.spark import Progress, build_session
+    from mconn.pipeline.spark import Progress, build_session, input_bytes
 
     progress = Progress(len(job.STAGES), enabled=not args.quiet)
     ours = SparkContext._active_spark_context is None  # else a caller's session: leave it running
-    spark = build_session(args.master, dict(args.conf))
+    spark = build_session(args.master, dict(args.conf), input_size=input_bytes(args.logs))
     try:
         result = job.run(
             spark, args.logs, args.out, since=args.since, until=args.until, report_path=args.report, progress=progress

@@ -11,14 +11,9 @@ import pytest
 def spark():
     from mconn.pipeline.spark import build_session
 
-    # Small inputs: compiling code (Spark's codegen, the JIT's optimizing tier) would cost
-    # more than it saves.
-    small = {
-        "spark.sql.shuffle.partitions": "2",
-        "spark.sql.codegen.wholeStage": "false",
-        "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-    }
-    session = build_session("local[2]", small, java_options="-XX:TieredStopAtLevel=1")
+    # Small inputs: the settings the command gives a small local input (one shuffle
+    # partition, no code generation, the quick JIT tier only; specs/pipeline.md section 6).
+    session = build_session("local[2]", input_size=0)
     yield session
     session.stop()
 

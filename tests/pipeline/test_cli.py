@@ -8,6 +8,7 @@ import argparse
 import pytest
 
 from mconn.pipeline import cli, ingest
+from mconn.pipeline import spark as spark_settings
 
 from .fleetlog import ORIGIN, FleetLog
 
@@ -51,3 +52,32 @@ def test_since_and_until_keep_a_window_and_every_malformed_record(spark, tmp_pat
     records = ingest.read_records(spark, [str(tmp_path)])
     events = ingest.parse(records, since=ORIGIN + 3, until=ORIGIN + 7).groupBy("event").count().collect()
     assert {r["event"]: r["count"] for r in events} == {"listening": 4, ingest.MALFORMED: 1}
+
+
+def test_input_size_counts_local_files_and_gives_up_on_remote_ones(tmp_path):
+    (tmp_path / "a.json").write_bytes(b"x" * 10)
+    (tmp_path / "rotated").mkdir()
+    (tmp_path / "rotated" / "a.json.1").write_bytes(b"y" * 5)
+    assert spark_settings.input_bytes([str(tmp_path)]) == 15  # a directory, recursively
+    assert spark_settings.input_bytes([str(tmp_path / "*.json"), f"file://{tmp_path}/rotated"]) == 15
+    assert spark_settings.input_bytes([str(tmp_path), "hdfs:///fleet/logs"]) is None
+    assert spark_settings.input_bytes([str(tmp_path / "nothing-here")]) is None
+
+
+def test_only_a_small_local_input_gets_the_small_input_settings():
+    def settings(master, size, is_set=lambda key: False):
+        return spark_settings.session_settings(master, is_set, {"spark.driver.memory": "1g"}, "", size)
+
+    small = settings("local[2]", 3 * 2**20)  # make run's few MB
+    assert small["spark.sql.shuffle.partitions"] == "1"
+    assert small["spark.sql.codegen.wholeStage"] == "false"
+    assert "-XX:TieredStopAtLevel=1" in small["spark.driver.extraJavaOptions"]
+    assert small["spark.driver.memory"] == "1g"
+    for large in (settings("local[2]", spark_settings.SMALL_INPUT), settings("local[2]", None)):
+        assert large["spark.sql.shuffle.partitions"] == "8"
+        assert "spark.sql.codegen.wholeStage" not in large
+        assert "TieredStopAtLevel" not in large["spark.driver.extraJavaOptions"]
+    cluster = settings("spark://host:7077", 3 * 2**20)
+    assert "spark.sql.shuffle.partitions" not in cluster and "spark.driver.extraJavaOptions" not in cluster
+    submitted = settings("local[2]", 3 * 2**20, is_set=lambda key: key == "spark.sql.shuffle.partitions")
+    assert "spark.sql.shuffle.partitions" not in submitted  # spark-submit's own value wins
