@@ -15,7 +15,7 @@ What happens, in order (one progress line says which phase, and what so far):
    again with the same key on the same port.
 4. **Stop.** SIGTERM to every node (close packets, last telemetry), a bounded wait.
 5. **Audit.** ``mconn-pipeline`` on the nodes' telemetry files; the summary (sessions,
-   resumes, fresh starts, messages audited, lost, duplicated) and the report's path.
+   resumes, fresh starts, restarts, messages audited, lost, duplicated) and the report's path.
 
 Topology
 --------

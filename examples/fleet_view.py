@@ -225,6 +225,6 @@ def print_summary(result: PipelineResult, fleet) -> int:
         pass
     s = summary
     print(f"fleet summary: sessions {s['sessions']}, resumes {s['resumes']}, fresh starts {s['fresh_starts']}, "
-          f"messages audited {s['messages_audited']}, lost {s['lost']}, duplicated {s['duplicated']}")
+          f"restarts {s.get('restarts', 0)}, messages audited {s['messages_audited']}, lost {s['lost']}, duplicated {s['duplicated']}")
     print(f"report: {result.record.get('report')}", flush=True)
     return 3 if s["lost"] or s["duplicated"] else 0

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT = 420  # seconds: ~15 s of fleet, start and stop, then Spark (~30 s idle, minutes under load)
 SUMMARY = re.compile(
-    r"^fleet summary: sessions (\d+), resumes (\d+), fresh starts (\d+), "
+    r"^fleet summary: sessions (\d+), resumes (\d+), fresh starts (\d+), restarts (\d+), "
     r"messages audited (\d+), lost (\d+), duplicated (\d+)$",
     re.M,
 )
@@ -73,10 +73,11 @@ def test_demo_exits_cleanly_with_a_clean_audit(demo):
     assert code == 0, out
     summary = SUMMARY.search(out)
     assert summary, out
-    sessions, resumes, fresh, audited, lost, duplicated = map(int, summary.groups())
+    sessions, resumes, fresh, restarts, audited, lost, duplicated = map(int, summary.groups())
     assert (lost, duplicated) == (0, 0), out
     assert resumes >= 1, out  # the resets and the black hole on the seed's proxy
     assert fresh >= 1, out  # the seed was killed and restarted with the same key
+    assert restarts == 1, out  # node_started of the seed's second process (the only restart)
     assert audited > 0 and sessions >= 4, out
     report = re.search(r"^report: (.+)$", out, re.M).group(1)
     assert pathlib.Path(report).is_file() and pathlib.Path(report).is_relative_to(run)
