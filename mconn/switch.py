@@ -923,7 +923,11 @@ class Switch(Service):
             )
 
     def _emit_stats(self) -> None:
-        for peer in list(self.peers.values()):
+        """Log channel_stats for every peer, then ping each connected one, so that a busy
+        link (which the keepalive never pings) has a round trip too (specs/connection.md
+        section 3): the next tick logs it."""
+        peers = list(self.peers.values())
+        for peer in peers:
             for c in peer.stats.channels:
                 telemetry.emit(
                     "channel_stats",
@@ -943,6 +947,12 @@ class Switch(Service):
                     connection=peer.connects,
                     round_trip=peer.round_trip,
                 )
+        now = self.clock.seconds()
+        for peer in peers:
+            proto = peer._protocol
+            if proto is not None and peer.state == CONNECTED:
+                proto.core.probe(now)
+                proto.pump()
 
     def _check_invariants(self) -> None:
         """Assert that the Switch's collections agree (tests call this)."""

@@ -217,6 +217,30 @@ def test_channel_stats_name_the_session_the_connection_and_a_measured_round_trip
     assert measured and all(rtt >= 0 for rtt in measured)
 
 
+def test_a_busy_link_gets_its_round_trip_from_the_stats_ticks():
+    """The keepalive never pings a link that always has traffic; the stats ticks do."""
+    capture = Telemetry().start()
+    try:
+        network = MemoryNetwork(MemoryReactorClock())
+        config = Config(stats_interval=2)  # ping_interval 60: never silent that long here
+        a = network.switch([RecordingReactor(CHANNELS)], config=config)
+        b = network.switch([RecordingReactor(CHANNELS)], config=config)
+        a.startService()
+        b.startService()
+        link = network.connect(a, b)
+        to_b, to_a = link.peer_of(a), link.peer_of(b)
+        for step in range(20):  # 10 s, a message each way every 0.5 s
+            assert to_b.try_send(0x20, b"tick %d" % step) and to_a.try_send(0x20, b"tock %d" % step)
+            network.advance(0.5)
+        for peer in (to_b, to_a):
+            assert peer.round_trip is not None and 0 <= peer.round_trip < 0.5, peer.round_trip
+            assert peer.state == "connected"
+        logged = [e["round_trip"] for e in capture.named("channel_stats") if e["round_trip"] is not None]
+        assert len(logged) >= 4  # from the second tick on, on both sides
+    finally:
+        capture.stop()
+
+
 def test_connection_lost_names_the_session_it_carried(emitted):
     """The connections of the session name it; the refused ones name none."""
     sessions = {e["session_id"] for e in emitted if e["event"] == "session_started"}
