@@ -10,10 +10,13 @@ def verdict(summary: dict) -> tuple[bool, str]:
     problems = [f"{summary[k]:,} {k}" for k in ("lost", "duplicated") if summary[k]]
     if problems:
         return False, "PROBLEM: " + ", ".join(problems) + " (see delivery_audit)"
-    notes = [f"{summary[k]:,} {label}" for k, label in
-             (("unsettled", "unsettled"), ("one_sided_rows", "one-sided rows")) if summary[k]]
+    notes = []
+    if summary["unsettled"]:
+        notes.append(f"{summary['unsettled']:,} unsettled: a sender was killed or the logs stop before its session ended")
+    if summary["one_sided_rows"]:
+        notes.append(f"{summary['one_sided_rows']:,} one-sided rows: one end's logs are missing")
     text = f"exactly-once holds: {summary['messages_audited']:,} messages audited, 0 lost, 0 duplicated"
-    return True, text + (f" ({', '.join(notes)}: logs incomplete)" if notes else "")
+    return True, text + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def seconds(value) -> str:
