@@ -217,3 +217,37 @@ def feed_bytewise(buffer, data: bytes) -> tuple[list, Exception | None, int | No
         if error is not None:
             return out, error, i
     return out, None, None
+
+
+# -- golden vectors through a FrameBuffer --------------------------------------------------
+
+
+def vector_frame_buffer(limits: dict) -> FrameBuffer:
+    """A FrameBuffer with the ``limits`` of a vectors file (specs/vectors/*.json)."""
+    return frame_buffer(limits["max_packet_payload"], limits["max_hello_size"], limits["max_control_size"])
+
+
+def check_frames(limits: dict, data: bytes, expected: list) -> None:
+    """``data`` decodes to ``expected``, fed whole and byte by byte, leaving nothing buffered."""
+    buffer = vector_frame_buffer(limits)
+    assert feed_whole(buffer, data) == (expected, None)
+    assert buffer.buffered == 0
+    buffer = vector_frame_buffer(limits)
+    assert feed_bytewise(buffer, data) == (expected, None, None)
+    assert buffer.buffered == 0
+
+
+def check_invalid_frames(limits: dict, vector: dict, error_class: type) -> None:
+    """An invalid vector: refused by the stream at byte ``fails_at`` with ``error_class``
+    (fed whole and byte by byte) if ``rejected_by`` names the stream, else framed fine."""
+    data = expand(vector["hex"])
+    if "stream" in vector["rejected_by"]:
+        packets, error = feed_whole(vector_frame_buffer(limits), data)
+        assert packets == [] and type(error) is error_class, error
+        buffer = vector_frame_buffer(limits)
+        packets, error, index = feed_bytewise(buffer, data)
+        assert (packets, type(error), index) == ([], error_class, vector["fails_at"])
+        assert buffer.buffered == 0
+    else:
+        assert feed_whole(vector_frame_buffer(limits), data)[1] is None
+        assert feed_bytewise(vector_frame_buffer(limits), data)[1] is None

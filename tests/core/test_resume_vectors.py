@@ -21,12 +21,13 @@ from mconn.session import AckError, Session
 from mconn.wire import PacketType
 from tests.helpers_core import (
     expand,
+    check_frames,
+    check_invalid_frames,
     feed_bytewise,
-    feed_whole,
-    frame_buffer,
     load_vectors,
     make_connection,
     open_connection,
+    vector_frame_buffer,
 )
 
 RESUME = load_vectors("resume")
@@ -81,10 +82,6 @@ PACKETS = _of_kind(RESUME["valid"], "ack", "session_answer")
 REQUESTS = _of_kind(RESUME["valid"], "session_request")
 
 
-def _limited_buffer():
-    return frame_buffer(LIMITS["max_packet_payload"], LIMITS["max_hello_size"], LIMITS["max_control_size"])
-
-
 def _event(vector):
     """The event an open Connection reports for a valid ack or session answer packet."""
     value = _value(vector["kind"], vector["decoded"])
@@ -132,20 +129,13 @@ def test_packet_vector_through_frame_buffer(vector):
     _, body = wire.decode_packet(data)
     expected = [(PACKET_TYPE[vector["kind"]], body)]
 
-    buffer = _limited_buffer()
-    assert feed_whole(buffer, data) == (expected, None)
-    assert buffer.buffered == 0
-
-    buffer = _limited_buffer()
-    assert feed_bytewise(buffer, data) == (expected, None, None)
-    assert buffer.buffered == 0
+    check_frames(LIMITS, data, expected)
 
 
 def test_packet_vectors_concatenated_through_frame_buffer():
     data = b"".join(expand(v["hex"]) for v in PACKETS)
     expected = [(PACKET_TYPE[v["kind"]], wire.decode_packet(expand(v["hex"]))[1]) for v in PACKETS]
-    assert feed_whole(_limited_buffer(), data) == (expected, None)
-    assert feed_bytewise(_limited_buffer(), data) == (expected, None, None)
+    check_frames(LIMITS, data, expected)
 
 
 @pytest.mark.parametrize("vector", PACKETS, ids=_ids(PACKETS))
@@ -198,7 +188,7 @@ def test_hello_packet_with_a_session_request_opens_a_connection(vector):
     expected_field = (wire.HelloTag.SESSION, expand(vector["hex"]))
     kind, body = wire.decode_packet(packet)
     assert kind == PacketType.HELLO and wire.decode_hello(body).fields == (expected_field,)
-    assert feed_bytewise(_limited_buffer(), packet) == ([(PacketType.HELLO, body)], None, None)
+    assert feed_bytewise(vector_frame_buffer(LIMITS), packet) == ([(PacketType.HELLO, body)], None, None)
     for chunks in ([packet], [packet[i : i + 1] for i in range(len(packet))]):
         conn = make_connection()
         events = []
@@ -249,18 +239,7 @@ def test_invalid_vector_with_decode_packet(vector):
 
 @pytest.mark.parametrize("vector", INVALID_PACKETS, ids=_ids(INVALID_PACKETS))
 def test_invalid_vector_with_frame_buffer(vector):
-    data = expand(vector["hex"])
-    error_class = getattr(errors, vector["error"])
-    if "stream" in vector["rejected_by"]:
-        packets, error = feed_whole(_limited_buffer(), data)
-        assert packets == [] and type(error) is error_class, error
-        buffer = _limited_buffer()
-        packets, error, index = feed_bytewise(buffer, data)
-        assert (packets, type(error), index) == ([], error_class, vector["fails_at"])
-        assert buffer.buffered == 0
-    else:
-        assert feed_whole(_limited_buffer(), data)[1] is None
-        assert feed_bytewise(_limited_buffer(), data)[1] is None
+    check_invalid_frames(LIMITS, vector, getattr(errors, vector["error"]))
 
 
 @pytest.mark.parametrize("vector", INVALID_PACKETS, ids=_ids(INVALID_PACKETS))

@@ -16,12 +16,13 @@ from mconn.node_key import node_id_from_public_key
 from mconn.wire import PacketType
 from tests.helpers_core import (
     expand,
+    check_frames,
+    check_invalid_frames,
     feed_bytewise,
-    feed_whole,
-    frame_buffer,
     load_vectors,
     make_connection,
     open_connection,
+    vector_frame_buffer,
     split_packets,
 )
 
@@ -34,10 +35,6 @@ OPEN_CHANNELS = [ChannelDescriptor(0x20), ChannelDescriptor(0x30)]
 
 def _ids(vectors):
     return [v["name"] for v in vectors]
-
-
-def _limited_buffer():
-    return frame_buffer(LIMITS["max_packet_payload"], LIMITS["max_hello_size"], LIMITS["max_control_size"])
 
 
 def _expected(decoded: dict):
@@ -88,20 +85,13 @@ def test_valid_vector_through_frame_buffer(vector):
     data = expand(vector["hex"])
     expected = [_expected(vector["decoded"])]
 
-    buffer = _limited_buffer()
-    assert feed_whole(buffer, data) == (expected, None)
-    assert buffer.buffered == 0
-
-    buffer = _limited_buffer()
-    assert feed_bytewise(buffer, data) == (expected, None, None)
-    assert buffer.buffered == 0
+    check_frames(LIMITS, data, expected)
 
 
 def test_valid_vectors_concatenated_through_frame_buffer():
     data = b"".join(expand(v["hex"]) for v in WIRE["valid"])
     expected = [_expected(v["decoded"]) for v in WIRE["valid"]]
-    assert feed_whole(_limited_buffer(), data) == (expected, None)
-    assert feed_bytewise(_limited_buffer(), data) == (expected, None, None)
+    check_frames(LIMITS, data, expected)
 
 
 def test_close_vectors_decode_to_code_and_text():
@@ -169,19 +159,7 @@ def test_invalid_vector_with_decode_packet(vector):
 
 @pytest.mark.parametrize("vector", WIRE["invalid"], ids=_ids(WIRE["invalid"]))
 def test_invalid_vector_with_frame_buffer(vector):
-    data = expand(vector["hex"])
-    error_class = getattr(errors, vector["error"])
-    if "stream" in vector["rejected_by"]:
-        packets, error = feed_whole(_limited_buffer(), data)
-        assert packets == []
-        assert type(error) is error_class, error
-        buffer = _limited_buffer()
-        packets, error, index = feed_bytewise(buffer, data)
-        assert (packets, type(error), index) == ([], error_class, vector["fails_at"])
-        assert buffer.buffered == 0
-    else:
-        assert feed_whole(_limited_buffer(), data)[1] is None
-        assert feed_bytewise(_limited_buffer(), data)[1] is None
+    check_invalid_frames(LIMITS, vector, getattr(errors, vector["error"]))
 
 
 @pytest.mark.parametrize("vector", WIRE["invalid"], ids=_ids(WIRE["invalid"]))
@@ -231,7 +209,7 @@ def test_hello_vector_node_id_is_derived_from_its_public_key(vector):
 def test_hello_packet_vector_opens_a_connection(vector):
     packet = expand(vector["packet_hex"])
     assert wire.decode_packet(packet) == (PacketType.HELLO, expand(vector["hex"]))
-    assert feed_bytewise(_limited_buffer(), packet) == ([(PacketType.HELLO, expand(vector["hex"]))], None, None)
+    assert feed_bytewise(vector_frame_buffer(LIMITS), packet) == ([(PacketType.HELLO, expand(vector["hex"]))], None, None)
     conn = make_connection()
     expected = _hello_from(vector["decoded"])
     assert conn.receive_data(packet, 0.5) == [HelloReceived(hello=expected, max_packet_payload=1024)]
