@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from twisted.internet import defer, task
 from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
@@ -328,3 +329,32 @@ SPEC_TYPE_CHECKS = {
     "object of int": lambda v: isinstance(v, dict)
     and all(isinstance(k, str) and isinstance(i, int) and not isinstance(i, bool) for k, i in v.items()),
 }
+
+
+# -- tests on the real reactor (loopback sockets, processes) ----------------------------
+
+
+def the_reactor():
+    """Twisted's global reactor, imported late (pytest-twisted installs it first)."""
+    from twisted.internet import reactor
+
+    return reactor
+
+
+def sleep(seconds: float):
+    """A Deferred that fires after ``seconds`` on the real reactor."""
+    return task.deferLater(the_reactor(), seconds, lambda: None)
+
+
+def bounded(d, seconds: float = 10.0):
+    """``d`` (a Deferred or a coroutine), failing with TimeoutError after ``seconds``."""
+    return defer.ensureDeferred(d).addTimeout(seconds, the_reactor())
+
+
+async def until(condition, what: str = "the condition", seconds: float = 10.0, step: float = 0.02) -> None:
+    """Poll ``condition`` every ``step`` on the real reactor, at most ``seconds``."""
+    for _ in range(int(seconds / step)):
+        if condition():
+            return
+        await sleep(step)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")

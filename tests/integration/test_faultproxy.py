@@ -10,12 +10,13 @@ import os
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, error, protocol, task
+from twisted.internet import defer, error, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from zope.interface import implementer
 
 from faultproxy import MAX_BUFFERED, FaultProxy
+from helpers import sleep, the_reactor
 
 pytestmark = pytest.mark.integration
 
@@ -23,18 +24,8 @@ TIMEOUT = 5.0
 QUIET = 0.5  # how long "nothing happens" is watched for
 
 
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
 def bounded(d, seconds=TIMEOUT):
     return d.addTimeout(seconds, the_reactor())
-
-
-def sleep(seconds):
-    return task.deferLater(the_reactor(), seconds, lambda: None)
 
 
 class Peer(protocol.Protocol):

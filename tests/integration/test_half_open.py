@@ -15,6 +15,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import endpoints, protocol, task
 
+from helpers import the_reactor
 from mconn import ChannelDescriptor, Config, Switch
 
 from .test_loopback import Collector, bounded, start_pair, stop
@@ -62,12 +63,6 @@ switch.listen("tcp:0:interface=127.0.0.1").addCallback(listening)
 stdio.StandardIO(StopOnEOF())
 reactor.run()
 """
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
 
 
 @pytest.fixture

@@ -51,6 +51,7 @@ import pytest_twisted
 from twisted.internet import defer, protocol, task
 from twisted.logger import globalLogPublisher
 
+from helpers import bounded, sleep, the_reactor
 from mconn import Config, Reactor, Switch
 
 from .hostile_clients import CHANNELS
@@ -81,20 +82,6 @@ SPECIFIC = {
     "MessageTooLarge", "HandshakeTimeout", "IncompatiblePeer", "PongTimeout", "ControlFlood", "AckError",
     "PeerRejected", "PeerClosed", "refused:pending_limit", "refused:ip_limit",
 }
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
-def bounded(d, seconds):
-    return d.addTimeout(seconds, the_reactor())
-
-
-async def sleep(seconds):
-    await task.deferLater(the_reactor(), seconds, lambda: None)
 
 
 async def wait_until(condition, seconds, what):

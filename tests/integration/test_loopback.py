@@ -11,7 +11,7 @@ import pytest_twisted
 from twisted.internet import defer, protocol
 from twisted.internet.endpoints import TCP4ClientEndpoint
 
-from helpers import RecordingReactor, close_packets_in
+from helpers import RecordingReactor, bounded, close_packets_in, the_reactor
 from mconn import ChannelDescriptor, ConnectionClosed, PeerClosed, Switch
 
 pytestmark = pytest.mark.integration
@@ -23,12 +23,6 @@ CHANNELS = [
     ChannelDescriptor(0x21, priority=5, send_queue_capacity=4),  # many small messages
     ChannelDescriptor(0x30, priority=10, send_queue_capacity=4),  # many small, urgent
 ]
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
 
 
 class Collector(RecordingReactor):
@@ -65,10 +59,6 @@ class Collector(RecordingReactor):
         else:
             self._waiters.append((n, d))
         return bounded(d)
-
-
-def bounded(d, seconds=TIMEOUT):
-    return d.addTimeout(seconds, the_reactor())
 
 
 async def start_pair(**switch_kwargs):

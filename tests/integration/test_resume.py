@@ -7,9 +7,10 @@ message accepted by ``send`` must arrive exactly once, in order per channel.
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, task
+from twisted.internet import defer
 
 from faultproxy import FaultProxy
+from helpers import sleep, the_reactor
 from mconn import ChannelDescriptor, Config, PeerClosed, SessionExpired, Switch
 
 from .test_loopback import Collector, bounded, stop
@@ -23,12 +24,6 @@ CHANNELS = [
 ]
 
 
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
 async def pair_through_proxy(config):
     ra, rb = Collector(CHANNELS), Collector(CHANNELS)
     a = Switch([ra], clock=the_reactor(), config=config)
@@ -40,10 +35,6 @@ async def pair_through_proxy(config):
     proxy_port = await proxy.start()
     peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{proxy_port}"))
     return a, b, ra, rb, proxy, peer
-
-
-async def sleep(seconds):
-    await task.deferLater(the_reactor(), seconds, lambda: None)
 
 
 @pytest_twisted.ensureDeferred

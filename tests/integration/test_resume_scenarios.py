@@ -21,10 +21,10 @@ import time
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, protocol, task
+from twisted.internet import defer, protocol
 
 from faultproxy import FaultProxy
-from helpers import message_packets
+from helpers import message_packets, sleep, the_reactor
 from mconn import (
     ChannelDescriptor,
     Config,
@@ -54,16 +54,6 @@ CHANNELS = [
     ChannelDescriptor(0x30, priority=10, send_queue_capacity=64),
 ]
 IDS = [c.id for c in CHANNELS]
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
-async def sleep(seconds):
-    await task.deferLater(the_reactor(), seconds, lambda: None)
 
 
 async def eventually(predicate, what, timeout=TIMEOUT, step=0.005):

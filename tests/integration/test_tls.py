@@ -25,6 +25,7 @@ from twisted.internet.interfaces import IOpenSSLContextFactory
 from zope.interface import implementer
 
 from faultproxy import FaultProxy
+from helpers import sleep, the_reactor, until
 from mconn import (
     AuthenticationError,
     CertificateMismatch,
@@ -55,16 +56,6 @@ CHANNELS = [
 CONFIG = Config(stats_interval=0, max_reconnect_delay=0.05)
 NOW = datetime.datetime.now(datetime.timezone.utc)
 DAY = datetime.timedelta(days=1)
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
-
-
-async def sleep(seconds):
-    await task.deferLater(the_reactor(), seconds, lambda: None)
 
 
 def node(tls, **kwargs):
@@ -592,14 +583,6 @@ async def test_allowed_peers_outbound_refuses_the_listener():
         await stop(a, b)
 
 
-async def wait_for(condition, seconds=5.0):
-    for _ in range(int(seconds / 0.02)):
-        if condition():
-            return
-        await sleep(0.02)
-    raise AssertionError("condition not met in time")
-
-
 def later(value, seconds=0.2):
     return task.deferLater(the_reactor(), seconds, lambda: value)
 
@@ -715,7 +698,7 @@ async def test_resume_over_tls_after_a_reset():
             if i in (100, 250):
                 resumes = peer.resumes
                 assert proxy.reset_all() == 1
-                await wait_for(lambda: peer.resumes > resumes)
+                await until(lambda: peer.resumes > resumes, "the session to resume", seconds=5.0)
         await ra.until(len(sent))
         assert ra.received(0x20) == sent
         assert peer.resumes >= 1 and peer.state == "connected"

@@ -11,7 +11,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, task
 
-from helpers import RecordingReactor
+from helpers import RecordingReactor, bounded, the_reactor, until
 from mconn import Config, PeerClosed, Switch
 from reactors import chat
 from reactors.chat import CHAT, FILE, ChatReactor
@@ -20,25 +20,6 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT = 10.0
 CONFIG = Config(stats_interval=0)
-
-
-def clock():
-    from twisted.internet import reactor
-
-    return reactor
-
-
-async def until(condition, what, timeout=TIMEOUT):
-    """Poll ``condition`` every 10 ms, at most ``timeout`` seconds."""
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await task.deferLater(clock(), 0.01, lambda: None)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def bounded(d, seconds=TIMEOUT):
-    return defer.ensureDeferred(d).addTimeout(seconds, clock())
 
 
 class Net:
@@ -55,7 +36,7 @@ class Net:
             reactor.on_line = lambda line, r=reactor: r.events.append(("line", line))
             reactor.on_file = lambda f, r=reactor: r.events.append(("file", f))
             reactor.on_status = lambda node_id, status, detail, r=reactor: r.events.append(("status", status, detail))
-        switch = Switch([reactor], config=CONFIG, clock=clock())
+        switch = Switch([reactor], config=CONFIG, clock=the_reactor())
         switch.startService()
         port = await switch.listen("tcp:0:interface=127.0.0.1")
         switch.address = f"{switch.node_id}@127.0.0.1:{port.getHost().port}"
@@ -97,7 +78,7 @@ async def test_a_line_crosses_a_line_of_three_nodes_through_the_middle_exactly_o
         ra, rb, rc = (s.reactors[0] for s in (a, b, c))
         line_id = ra.say("hello from alice")
         await until(lambda: lines(rc), "carol to get the line")
-        await task.deferLater(clock(), 0.2, lambda: None)  # room for a second copy to show up
+        await task.deferLater(the_reactor(), 0.2, lambda: None)  # room for a second copy to show up
         [at_b], [at_c] = lines(rb), lines(rc)
         assert (at_c.id, at_c.text, at_c.name, at_c.origin) == (line_id, "hello from alice", "alice", a.node_id)
         assert at_c.via == b.node_id and at_c.hops == 1 and at_b.hops == 0
@@ -120,7 +101,7 @@ async def test_in_a_triangle_each_node_shows_a_line_once_and_drops_the_copies(tm
         rc.say("two")
         await until(lambda: len(lines(ra)) == 2 and len(lines(rb)) == 1 and len(lines(rc)) == 1, "the lines")
         await until(lambda: ra.duplicates_dropped + rb.duplicates_dropped + rc.duplicates_dropped >= 2, "the copies")
-        await task.deferLater(clock(), 0.2, lambda: None)
+        await task.deferLater(the_reactor(), 0.2, lambda: None)
         assert sorted(line.text for line in lines(ra)) == ["one", "two"]
         assert [line.text for line in lines(rb)] == ["two"] and [line.text for line in lines(rc)] == ["one"]
     finally:

@@ -3,12 +3,14 @@
 In-process and bounded: every service started is stopped, whatever the outcome.
 """
 
+import functools
 import socket
 
 import pytest
 import pytest_twisted
 from twisted.internet import defer, task
 
+from helpers import the_reactor, until as poll
 from mconn import NodeKey
 from mconn.node import Options, StartupError, build_service
 from mconn.telemetry_file import read_events
@@ -16,12 +18,8 @@ from mconn.telemetry_file import read_events
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 15.0
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
+#: Every wait of this module polls for at most TIMEOUT seconds.
+until = functools.partial(poll, seconds=TIMEOUT)
 
 
 def node(*args):
@@ -34,14 +32,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-async def until(predicate, what):
-    for _ in range(int(TIMEOUT / 0.02)):
-        if predicate():
-            return
-        await task.deferLater(the_reactor(), 0.02, lambda: None)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet import defer, task
 
-from helpers import RecordingReactor
+from helpers import RecordingReactor, the_reactor
 from mconn import Config, PeerClosed, Switch
 from mconn.address import PeerAddress, parse_address
 from mconn.testing import FakePeer, MemoryNetwork
@@ -470,12 +470,6 @@ def test_ten_nodes_knowing_only_the_seed_form_a_full_mesh_within_three_rounds():
         assert set(pex.book) == everyone - {switch.node_id}
         assert pex.rounds <= 3 and pex.penalties == {}
         switch._check_invariants()
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
 
 
 @pytest.mark.integration

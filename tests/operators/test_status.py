@@ -11,6 +11,7 @@ its process group, whose leader is the PID started here).
 
 from __future__ import annotations
 
+import functools
 import base64
 import json
 import os
@@ -27,7 +28,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, task, threads
 
-from helpers import SPEC_ROW, SPEC_TYPE_CHECKS
+from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, the_reactor, until as poll
 from mconn import ChannelDescriptor, Config, Reactor, Switch
 from mconn.cli import format_status
 from mconn.status import PAGE, StatusService, local_endpoint, serve_status
@@ -39,15 +40,11 @@ SPEC = ROOT / "specs" / "status.md"
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TIMEOUT = 15.0
+#: Every wait of this module polls for at most TIMEOUT seconds.
+until = functools.partial(poll, seconds=TIMEOUT)
 BROWSER_TIMEOUT = 60.0
 CHANNELS = (ChannelDescriptor(0x20, priority=1), ChannelDescriptor(0x30, priority=7))
 CONFIG = Config(stats_interval=0)
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
 
 
 class Sink(Reactor):
@@ -56,14 +53,6 @@ class Sink(Reactor):
 
     def receive(self, channel_id, peer, message):
         pass
-
-
-async def until(predicate, what: str):
-    for _ in range(int(TIMEOUT / 0.02)):
-        if predicate():
-            return
-        await task.deferLater(the_reactor(), 0.02, lambda: None)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def fetch(url: str) -> tuple[dict, bytes]:
@@ -186,7 +175,6 @@ async def test_a_service_with_tcp_0_binds_127_0_0_1(network):
 
 
 # -- the document against specs/status.md -------------------------------------------------
-
 
 
 def spec_fields() -> dict[str, str]:

@@ -7,12 +7,13 @@ tests/adapter/test_telemetry.py); one node's file rotates many times, and across
 rotations its records are exactly the events the node logged, in order.
 """
 
+import functools
 import pytest
 import pytest_twisted
-from twisted.internet import defer, task
+from twisted.internet import defer
 
 from adapter.test_telemetry import SPEC_EVENTS, fields_of
-from helpers import SPEC_TYPE_CHECKS, Telemetry
+from helpers import SPEC_TYPE_CHECKS, Telemetry, the_reactor, until as poll
 from mconn.node import Options, build_service
 from mconn.telemetry_file import read_events, rotated_paths
 from operators.sample_reactors import CHAT
@@ -20,16 +21,12 @@ from operators.sample_reactors import CHAT
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 15.0
+#: Every wait of this module polls for at most TIMEOUT seconds.
+until = functools.partial(poll, seconds=TIMEOUT)
 ROTATE_BYTES = 4096
 #: What a network that connects, exchanges and shuts down must have written.
 EXPECTED = {"listening", "connection_made", "handshake_done", "session_started", "channel_stats",
             "connection_lost", "session_ended"}
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
 
 
 def node(tmp_path, name, *args):
@@ -40,14 +37,6 @@ def node(tmp_path, name, *args):
         "--stats-interval", "0.02", *args,
     ])
     return build_service(options.settings, clock=the_reactor())
-
-
-async def until(predicate, what):
-    for _ in range(int(TIMEOUT / 0.02)):
-        if predicate():
-            return
-        await task.deferLater(the_reactor(), 0.02, lambda: None)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def address_of(service):

@@ -16,7 +16,7 @@ import socket
 import pytest
 
 from mconn import NodeKey
-from operators.twistd_nodes import LOOPBACK, Node, alive, run_twistd, stop_pid, wait_until, nodes  # noqa: F401 (fixture)
+from operators.twistd_nodes import LOOPBACK, Node, alive, run_twistd, stop_pid, wait_until
 
 pytestmark = pytest.mark.integration
 

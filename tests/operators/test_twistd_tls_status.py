@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import serialization
 
 from integration.test_tls import CA
 from mconn import NodeKey
-from operators.twistd_nodes import ENV, LOOPBACK, TIMEOUT, Node, run_twistd, wait_until, nodes  # noqa: F401 (fixture)
+from operators.twistd_nodes import ENV, LOOPBACK, TIMEOUT, run_twistd, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,6 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 from mconn.telemetry_file import read_events
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -145,17 +143,3 @@ def stop_pid(pid: int) -> None:
         time.sleep(0.05)
     if alive(pid):
         os.kill(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-def nodes(tmp_path):
-    """Starts Node processes; kills any still running at the end, by PID."""
-    started = []
-
-    def node(name):
-        started.append(Node(tmp_path, name))
-        return started[-1]
-
-    yield node
-    for n in started:
-        n.kill()

@@ -11,11 +11,12 @@ Pings are frequent, so every node logs ping round trips: the latency table uses 
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.logger import FilteringLogObserver, PredicateResult, globalLogPublisher, jsonFileLogObserver
 
 from faultproxy import FaultProxy
 from integration.test_loopback import Collector, bounded, stop
+from helpers import sleep, the_reactor, until
 from mconn import ChannelDescriptor, Config, Switch
 
 pytestmark = pytest.mark.integration
@@ -23,12 +24,6 @@ pytestmark = pytest.mark.integration
 CHANNELS = [ChannelDescriptor(0x20, priority=1, send_queue_capacity=16),
             ChannelDescriptor(0x21, priority=5, send_queue_capacity=16)]
 PER_CHANNEL = 60  # messages per channel, direction and link
-
-
-def the_reactor():
-    from twisted.internet import reactor
-
-    return reactor
 
 
 class NodeLog:
@@ -48,18 +43,6 @@ class NodeLog:
     def close(self):
         globalLogPublisher.removeObserver(self.observer)
         self.file.close()
-
-
-async def sleep(seconds):
-    await task.deferLater(the_reactor(), seconds, lambda: None)
-
-
-async def until(condition, seconds=10.0):
-    for _ in range(int(seconds / 0.02)):
-        if condition():
-            return
-        await sleep(0.02)
-    raise AssertionError("condition not met in time")
 
 
 async def send_batch(peer, start, count):
