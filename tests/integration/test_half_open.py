@@ -13,9 +13,9 @@ import time
 
 import pytest
 import pytest_twisted
-from twisted.internet import endpoints, protocol, task
+from twisted.internet import endpoints, protocol
 
-from helpers import the_reactor
+from helpers import sleep, the_reactor
 from mconn import ChannelDescriptor, Config, Switch
 
 from .test_loopback import Collector, bounded, start_pair, stop
@@ -129,7 +129,7 @@ async def test_a_stalled_loop_does_not_make_a_healthy_peer_look_dead(healthy_pee
     try:
         peer = await bounded(node.dial(healthy_peer))
         stalled = block_after_first_ping(peer._protocol, client)
-        await task.deferLater(the_reactor(), 2.0, lambda: None)
+        await sleep(2.0)
         assert stalled["done"], "the ping never went out; the test proved nothing"
         assert peer.state == "connected" and peer.disconnects == 0, "our own stall was blamed on the peer"
         assert telemetry.named("connection_lost") == []

@@ -9,9 +9,9 @@ import os
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, task
+from twisted.internet import defer
 
-from helpers import RecordingReactor, bounded, the_reactor, until
+from helpers import RecordingReactor, bounded, sleep, the_reactor, until
 from mconn import Config, PeerClosed, Switch
 from reactors import chat
 from reactors.chat import CHAT, FILE, ChatReactor
@@ -78,7 +78,7 @@ async def test_a_line_crosses_a_line_of_three_nodes_through_the_middle_exactly_o
         ra, rb, rc = (s.reactors[0] for s in (a, b, c))
         line_id = ra.say("hello from alice")
         await until(lambda: lines(rc), "carol to get the line")
-        await task.deferLater(the_reactor(), 0.2, lambda: None)  # room for a second copy to show up
+        await sleep(0.2)  # room for a second copy to show up
         [at_b], [at_c] = lines(rb), lines(rc)
         assert (at_c.id, at_c.text, at_c.name, at_c.origin) == (line_id, "hello from alice", "alice", a.node_id)
         assert at_c.via == b.node_id and at_c.hops == 1 and at_b.hops == 0
@@ -101,7 +101,7 @@ async def test_in_a_triangle_each_node_shows_a_line_once_and_drops_the_copies(tm
         rc.say("two")
         await until(lambda: len(lines(ra)) == 2 and len(lines(rb)) == 1 and len(lines(rc)) == 1, "the lines")
         await until(lambda: ra.duplicates_dropped + rb.duplicates_dropped + rc.duplicates_dropped >= 2, "the copies")
-        await task.deferLater(the_reactor(), 0.2, lambda: None)
+        await sleep(0.2)
         assert sorted(line.text for line in lines(ra)) == ["one", "two"]
         assert [line.text for line in lines(rb)] == ["two"] and [line.text for line in lines(rc)] == ["one"]
     finally:

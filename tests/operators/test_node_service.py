@@ -8,9 +8,9 @@ import socket
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, task
+from twisted.internet import defer
 
-from helpers import the_reactor, until as poll
+from helpers import sleep, the_reactor, until as poll
 from mconn import NodeKey
 from mconn.node import Options, StartupError, build_service
 from mconn.telemetry_file import read_events
@@ -72,7 +72,7 @@ async def test_a_port_in_use_fails_the_start_and_leaves_nothing_open(tmp_path, s
     with pytest.raises(StartupError, match=f"^--listen tcp:{port}:interface=127.0.0.1: Address already in use$"):
         second.startService()
     assert not second.running and second.telemetry.log_file.closed
-    await task.deferLater(the_reactor(), 0, lambda: None)  # the closed port lets go of its socket
+    await sleep(0)  # the closed port lets go of its socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", free))  # the port that did open was closed again
 

@@ -28,7 +28,7 @@ import pytest
 import pytest_twisted
 from twisted.internet import defer, task, threads
 
-from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, the_reactor, until as poll
+from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, sleep, the_reactor, until as poll
 from mconn import ChannelDescriptor, Config, Reactor, Switch
 from mconn.cli import format_status
 from mconn.status import PAGE, StatusService, local_endpoint, serve_status
@@ -353,7 +353,7 @@ async def test_a_node_whose_status_port_is_in_use_does_not_start(tmp_path):
             second.startService()
         assert not second.running
         freed = second.ports[0].getHost().port
-        await task.deferLater(the_reactor(), 0, lambda: None)  # the closed port lets go of its socket
+        await sleep(0)  # the closed port lets go of its socket
         with socket.socket() as s:
             s.bind(("127.0.0.1", freed))  # the Switch's port, bound first, was closed again
     finally:
