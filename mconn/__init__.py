@@ -8,6 +8,7 @@ The public API (specs/reactor-api.md)::
 from mconn.channel import ChannelDescriptor
 from mconn.config import Config
 from mconn.errors import (
+    AckError,
     AuthenticationError,
     CertificateMismatch,
     ConnectionClosed,
@@ -40,7 +41,7 @@ from mconn.node_key import NodeKey
 from mconn.reactor import Reactor
 
 # The Twisted layer is imported on first use, so that importing the pure core
-# (mconn.wire, mconn.connection, ...) never imports Twisted (STYLE.md 1).
+# (mconn.wire, mconn.connection, ...) never imports Twisted: the core is sans-I/O.
 _LAZY = {"Peer": "mconn.peer", "Switch": "mconn.switch", "TLSOptions": "mconn.tls"}
 
 
@@ -72,6 +73,7 @@ __all__ = [
     "UnexpectedPacket",
     "UnknownChannel",
     "MessageTooLarge",
+    "AckError",
     "HandshakeError",
     "HandshakeTimeout",
     "IncompatiblePeer",

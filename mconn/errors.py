@@ -10,10 +10,23 @@ class MConnError(Exception):
     """Base class of every error mconn raises.
 
     When an error ends a session, ``undelivered`` maps each channel id to the number of
-    messages accepted for sending and not confirmed delivered (specs/resume.md).
+    messages accepted for sending and not confirmed delivered (specs/resume.md section 5).
+    Each instance has its own dict, empty until the session's end fills it in.
     """
 
-    undelivered: dict = {}
+    @property
+    def undelivered(self) -> dict[int, int]:
+        # Made on first use, per instance: a dict on the class would be one dict shared
+        # by every error, so filling in one reason's counts would fill in all of them.
+        try:
+            return self._undelivered
+        except AttributeError:
+            self._undelivered: dict[int, int] = {}
+            return self._undelivered
+
+    @undelivered.setter
+    def undelivered(self, value: dict[int, int]) -> None:
+        self._undelivered = value
 
 
 class ProtocolError(MConnError):
@@ -50,6 +63,12 @@ class UnknownChannel(RemoteProtocolError):
 
 class MessageTooLarge(RemoteProtocolError):
     """A reassembled message grew past the channel's recv_message_capacity."""
+
+
+class AckError(RemoteProtocolError):
+    """An ack or resume count that the sender's own counts make impossible: a channel
+    outside the session, more messages than were sent, or a count that went backwards
+    (specs/resume.md section 2.3)."""
 
 
 class HandshakeError(RemoteProtocolError):

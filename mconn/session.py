@@ -32,11 +32,8 @@ import collections
 import hmac
 import itertools
 
-from mconn.errors import RemoteProtocolError
-
-
-class AckError(RemoteProtocolError):
-    """An ack or resume count the sender's own counts make impossible."""
+# AckError lives with the other errors; ``from mconn.session import AckError`` still works.
+from mconn.errors import AckError
 
 
 class _Stream:
