@@ -27,6 +27,7 @@ NODE_ID = "0123456789abcdef0123456789abcdef01234567"
     ],
 )
 def test_parse_accepts(text, expected):
+    """Every accepted form parses: optional tcp:// scheme and node id, IPv6 in brackets, node id lowercased."""
     assert parse_address(text) == expected
 
 
@@ -41,15 +42,18 @@ def test_parse_accepts(text, expected):
     ],
 )
 def test_str_round_trips(text):
+    """str() of a parsed address gives back the canonical text it was parsed from."""
     assert str(parse_address(text)) == text
 
 
 def test_str_brackets_ipv6_and_drops_scheme():
+    """str() puts an IPv6 host in brackets, drops the scheme and lowercases the node id."""
     assert str(PeerAddress(NODE_ID, "::1", 26656)) == f"{NODE_ID}@[::1]:26656"
     assert str(parse_address(f"tcp://{NODE_ID.upper()}@h:1")) == f"{NODE_ID}@h:1"
 
 
 def test_peer_address_is_frozen_and_hashable():
+    """A PeerAddress cannot be changed and equal addresses hash alike."""
     address = PeerAddress(None, "h", 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         address.port = 2
@@ -57,6 +61,7 @@ def test_peer_address_is_frozen_and_hashable():
 
 
 def test_peer_address_lowercases_node_id():
+    """A node id given in upper case is stored lowercased."""
     assert PeerAddress(NODE_ID.upper(), "h", 1).node_id == NODE_ID
 
 
@@ -74,6 +79,7 @@ def test_peer_address_lowercases_node_id():
     ],
 )
 def test_peer_address_validates_fields(fields, problem):
+    """A bad node id, host or port is a ValueError naming the field and its value."""
     with pytest.raises(ValueError) as info:
         PeerAddress(*fields)
     assert problem in str(info.value)
@@ -116,6 +122,7 @@ def test_peer_address_validates_fields(fields, problem):
     ],
 )
 def test_parse_refuses(text, problem):
+    """Each malformed address is a ValueError quoting the text and saying what is wrong with it."""
     with pytest.raises(ValueError) as info:
         parse_address(text)
     message = str(info.value)
@@ -124,6 +131,7 @@ def test_parse_refuses(text, problem):
 
 
 def test_parse_refuses_non_str():
+    """Bytes are a TypeError, not decoded."""
     with pytest.raises(TypeError, match="bytes"):
         parse_address(b"h:1")
 
@@ -143,4 +151,5 @@ def test_parse_refuses_non_str():
     ],
 )
 def test_is_valid_node_id(text, valid):
+    """Only a str of exactly 40 hex digits, in either case, is a valid node id."""
     assert is_valid_node_id(text) is valid

@@ -10,6 +10,7 @@ from tests.helpers_core import msg_payloads, split_packets
 
 
 def test_descriptor_defaults_follow_the_reference():
+    """ChannelDescriptor defaults match the reference: priority 1, queue 1, 22020096-byte messages."""
     d = ChannelDescriptor(0x20)
     assert (d.priority, d.send_queue_capacity, d.recv_message_capacity) == (1, 1, 22020096)
     assert DEFAULT_RECV_MESSAGE_CAPACITY == 22020096
@@ -29,6 +30,7 @@ def test_descriptor_defaults_follow_the_reference():
     ],
 )
 def test_descriptor_validation_names_field_and_value(kwargs, words):
+    """A bad id, priority or capacity is a ValueError naming the channel, the field and the value."""
     with pytest.raises(ValueError) as info:
         ChannelDescriptor(**kwargs)
     for word in words:
@@ -36,6 +38,7 @@ def test_descriptor_validation_names_field_and_value(kwargs, words):
 
 
 def test_descriptor_extremes_are_accepted():
+    """Channel ids 0 and 255, a large priority and recv_message_capacity 0 are all valid."""
     assert ChannelDescriptor(0).id == 0
     assert ChannelDescriptor(255, priority=1000, recv_message_capacity=0).id == 255
 
@@ -55,6 +58,7 @@ def test_descriptor_extremes_are_accepted():
     ],
 )
 def test_msg_header(channel_id, eof, length, expected):
+    """msg_header encodes channel, eof and length as in the wire spec, length as a minimal varint."""
     assert msg_header(channel_id, eof, length) == bytes.fromhex(expected)
 
 
@@ -62,6 +66,7 @@ def test_msg_header(channel_id, eof, length, expected):
 
 
 def test_send_queue_capacity_counts_waiting_messages_not_the_one_being_sent():
+    """send_queue_capacity bounds the messages waiting; once one goes out, a new one fits."""
     channel = Channel(ChannelDescriptor(0x20, send_queue_capacity=2))
     assert channel.enqueue(b"1") and channel.enqueue(b"2")
     assert not channel.enqueue(b"3")
@@ -74,6 +79,7 @@ def test_send_queue_capacity_counts_waiting_messages_not_the_one_being_sent():
 
 
 def test_message_being_cut_is_not_counted_against_the_queue():
+    """A message partly sent no longer counts against send_queue_capacity."""
     channel = Channel(ChannelDescriptor(0x20, send_queue_capacity=1))
     assert channel.enqueue(b"a" * 100)
     channel.emit([], payload=10, budget=1)  # first packet of the message; the rest is pending
@@ -106,6 +112,7 @@ def _emit_all(channel: Channel, payload: int) -> bytes:
     ],
 )
 def test_every_packet_but_the_last_carries_exactly_the_payload(length, payload, sizes):
+    """A message is cut into full-payload packets and a shorter last one with eof; the pieces rejoin to it."""
     channel = Channel(ChannelDescriptor(0x20))
     message = bytes(range(256)) * (length // 256) + bytes(range(length % 256))
     channel.enqueue(message)
@@ -117,6 +124,7 @@ def test_every_packet_but_the_last_carries_exactly_the_payload(length, payload, 
 
 
 def test_emit_respects_the_budget_and_resumes_where_it_stopped():
+    """emit stops once the byte budget is reached (always at least one packet) and the next call resumes."""
     channel = Channel(ChannelDescriptor(0x20))
     channel.enqueue(b"x" * 5000)
     parts: list = []
@@ -135,6 +143,7 @@ def test_emit_respects_the_budget_and_resumes_where_it_stopped():
 
 
 def test_emit_goes_on_to_the_next_message_within_the_budget():
+    """Within one budget, emit sends several queued messages back to back and counts them in stats."""
     channel = Channel(ChannelDescriptor(0x20, send_queue_capacity=3))
     for m in (b"one", b"two", b""):
         channel.enqueue(m)
@@ -147,6 +156,7 @@ def test_emit_goes_on_to_the_next_message_within_the_budget():
 
 
 def test_emitted_bytes_are_whole_packets_for_the_declaration():
+    """Whatever the message sizes, emitted bytes split into whole packets by the declaration."""
     channel = Channel(ChannelDescriptor(0x7F, send_queue_capacity=5))
     for size in (0, 1, 700, 1400, 3001):
         channel.enqueue(b"q" * size)
@@ -158,6 +168,7 @@ def test_emitted_bytes_are_whole_packets_for_the_declaration():
 
 
 def test_reassembly_delivers_on_eof_only():
+    """Packets are joined until one with eof; only then is the message delivered and counted."""
     channel = Channel(ChannelDescriptor(0x20))
     assert channel.reassemble(0, memoryview(b"hel")) is None
     assert channel.reassemble(0, memoryview(b"")) is None
@@ -168,6 +179,7 @@ def test_reassembly_delivers_on_eof_only():
 
 
 def test_reassembled_message_is_a_copy_of_the_payload():
+    """A delivered message is its own bytes, unaffected by later changes to the receive buffer."""
     channel = Channel(ChannelDescriptor(0x20))
     source = bytearray(b"abc")
     message = channel.reassemble(1, memoryview(source))
@@ -176,12 +188,14 @@ def test_reassembled_message_is_a_copy_of_the_payload():
 
 
 def test_message_of_exactly_recv_message_capacity_is_accepted():
+    """A message of exactly recv_message_capacity bytes is delivered."""
     channel = Channel(ChannelDescriptor(0x20, recv_message_capacity=10))
     assert channel.reassemble(0, memoryview(b"12345")) is None
     assert channel.reassemble(1, memoryview(b"67890")) == b"1234567890"
 
 
 def test_message_over_recv_message_capacity_is_refused_before_it_is_kept():
+    """MessageTooLarge as soon as the parts exceed the capacity, naming both; nothing of it is kept."""
     channel = Channel(ChannelDescriptor(0x20, recv_message_capacity=10))
     channel.reassemble(0, memoryview(b"123456"))
     with pytest.raises(MessageTooLarge) as info:
@@ -193,6 +207,7 @@ def test_message_over_recv_message_capacity_is_refused_before_it_is_kept():
 
 
 def test_single_packet_over_capacity_is_refused():
+    """A single eof packet over recv_message_capacity is MessageTooLarge; an empty one is fine."""
     channel = Channel(ChannelDescriptor(0x21, recv_message_capacity=0))
     assert channel.reassemble(1, memoryview(b"")) == b""
     with pytest.raises(MessageTooLarge, match="0x21.* 1 bytes"):

@@ -88,6 +88,7 @@ def _split(data: bytes, cuts: list[int]) -> list[bytes]:
 @CORE
 @given(packet=msg_packets(), max_payload=st.integers(1, 4096), cuts=st.lists(st.integers(0, 4000), max_size=4))
 def test_frame_buffer_equals_declaration_on_msg_packets(packet, max_payload, cuts):
+    """However cut, a msg packet decodes as the declaration says; data over max_payload is PacketTooLarge."""
     raw, decoded = packet
     assert wire.decode_packet(raw) == decoded
     buffer = FrameBuffer(max_payload=max_payload, default_extension_limit=1024)
@@ -111,6 +112,7 @@ def test_frame_buffer_equals_declaration_on_msg_packets(packet, max_payload, cut
 @CORE
 @given(packets=st.lists(any_packets(max_data=40), min_size=1, max_size=8), cuts=st.lists(st.integers(0, 400), max_size=6))
 def test_frame_buffer_equals_declaration_on_packet_streams(packets, cuts):
+    """Streams of pings, pongs, msgs and extensions, cut anywhere, decode packet by packet as declared."""
     stream = b"".join(packets)
     buffer = FrameBuffer(max_payload=UNLIMITED, default_extension_limit=UNLIMITED)
     out: list = []
@@ -128,6 +130,7 @@ def test_frame_buffer_equals_declaration_on_packet_streams(packets, cuts):
 @CORE
 @given(channel_id=st.integers(0, 255), eof=st.booleans(), data=st.binary(max_size=3000))
 def test_msg_header_plus_data_equals_encode_packet(channel_id, eof, data):
+    """msg_header followed by the data is exactly the declaration's encoded msg packet."""
     built = wire.encode_packet(PacketType.MSG, channel_id=channel_id, eof=eof, data=data)
     assert msg_header(channel_id, eof, len(data)) + data == built
 
@@ -135,6 +138,7 @@ def test_msg_header_plus_data_equals_encode_packet(channel_id, eof, data):
 @CORE
 @given(channel_id=st.integers(0, 255), eof=st.booleans(), length=st.integers(0, (1 << 64) - 1))
 def test_msg_header_length_is_the_declared_uvarint(channel_id, eof, length):
+    """The length in msg_header is the declared uvarint, for any 64-bit length."""
     header = msg_header(channel_id, eof, length)
     assert header == bytes([PacketType.MSG, channel_id, int(eof)]) + wire.encode_uvarint(length)
     assert wire.uvarint.parse(header[3:]) == length
@@ -214,6 +218,7 @@ def schedules(draw):
 @settings(CORE, max_examples=150)
 @given(case=schedules())
 def test_scheduler_output_reassembles_into_the_messages(case):
+    """Under any priorities and budgets the scheduler's bytes reassemble into each channel's messages, in order."""
     ids, priorities, messages, payload, budgets, refill_every = case
     descriptors = [ChannelDescriptor(i, priority=p, send_queue_capacity=64) for i, p in zip(ids, priorities)]
     channels = [Channel(d) for d in descriptors]
@@ -283,6 +288,7 @@ ack_counts = st.dictionaries(st.integers(0, 255), st.integers(0, (1 << 64) - 1),
 
 @given(delivered=ack_counts)
 def test_encode_ack_equals_the_declaration(delivered):
+    """encode_ack builds the declared ack body, and decode_ack reads it back."""
     reference = wire.AckBody.build(dict(delivered=wire._count_list(delivered)))
     assert wire.encode_ack(delivered) == reference
     assert wire.decode_ack(reference) == delivered
@@ -309,5 +315,6 @@ def test_decode_ack_equals_the_declaration_on_arbitrary_bytes(body, cut, extra):
 
 @given(packet_type=st.integers(wire.FIRST_EXTENSION_TYPE, 255), body=st.binary(max_size=600))
 def test_encode_extension_equals_the_declaration(packet_type, body):
+    """encode_extension builds the declared extension packet for any type >= 0x80 and body."""
     reference = wire.Packet.build(dict(type=packet_type, payload=dict(body=body)))
     assert wire.encode_extension(packet_type, body) == reference

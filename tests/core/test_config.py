@@ -9,6 +9,7 @@ from mconn.config import MAX_PACKET_PAYLOAD_LIMIT, Config
 
 
 def test_defaults():
+    """Config defaults: the documented timeouts, sizes, peer limits, and no rate limits."""
     c = Config()
     assert (c.ping_interval, c.pong_timeout, c.handshake_timeout, c.send_timeout, c.dial_timeout) == (
         60.0, 45.0, 10.0, 10.0, 3.0,
@@ -19,6 +20,7 @@ def test_defaults():
 
 
 def test_fields_are_keyword_only_and_frozen():
+    """Config takes keywords only and cannot be changed after it is made."""
     with pytest.raises(TypeError):
         Config(60.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -40,6 +42,7 @@ BAD = (
 
 @pytest.mark.parametrize("field, value", BAD, ids=[f"{f}={v!r}" for f, v in BAD])
 def test_invalid_value_is_refused_naming_field_and_value(field, value):
+    """An out-of-range or wrongly typed value is a ValueError naming Config.<field> and the value."""
     with pytest.raises(ValueError) as info:
         Config(**{field: value})
     message = str(info.value)
@@ -64,10 +67,12 @@ GOOD = [
 
 @pytest.mark.parametrize("field, value", GOOD, ids=[f"{f}={v!r}" for f, v in GOOD])
 def test_boundary_values_are_accepted(field, value):
+    """The smallest and largest allowed values of each field are accepted as given."""
     assert getattr(Config(**{field: value}), field) == value
 
 
 def test_replace_changes_fields_and_validates_again():
+    """replace() returns a copy with the new values, keeps the others, and validates again."""
     c = Config().replace(max_packet_payload=512, send_rate=1000.0)
     assert (c.max_packet_payload, c.send_rate, c.ping_interval) == (512, 1000.0, 60.0)
     with pytest.raises(ValueError, match="Config.pong_timeout"):

@@ -69,10 +69,12 @@ def _spec_table() -> dict:
 
 
 def test_spec_table_equals_transitions():
+    """The transition table in specs/connection.md is exactly TRANSITIONS."""
     assert _spec_table() == TRANSITIONS
 
 
 def test_spec_diagram_has_exactly_the_transitions():
+    """The spec's state diagram has one edge per transition, no more and no fewer."""
     text = (SPECS / "connection.md").read_text()
     diagram = text.split("```mermaid")[1].split("```")[0]
     edges = set()
@@ -86,6 +88,7 @@ def test_spec_diagram_has_exactly_the_transitions():
 
 
 def test_hello_is_the_first_thing_sent_without_waiting():
+    """A new connection sends its hello (version, node id, channels, payload) at once, and only that."""
     conn = make_connection(channels=[ChannelDescriptor(0x20, priority=3), ChannelDescriptor(0x21)])
     assert conn.state is State.HANDSHAKING
     kind, body = wire.decode_packet(conn.data_to_send(0.0))
@@ -98,6 +101,7 @@ def test_hello_is_the_first_thing_sent_without_waiting():
 
 
 def test_core_pair_handshake_opens_both_sides():
+    """Two cores exchanging hellos both report HelloReceived and are OPEN."""
     pair = CorePair.make()
     events_a, events_b = pair.pump(0.0)
     assert events_a == [HelloReceived(hello=pair.b.hello, max_packet_payload=1024)]
@@ -107,6 +111,7 @@ def test_core_pair_handshake_opens_both_sides():
 
 
 def test_negotiated_payload_is_the_smaller_of_the_two():
+    """Both sides use the smaller max_packet_payload, and messages are cut at it."""
     pair = CorePair.make(config_a=Config(max_packet_payload=1024), config_b=Config(max_packet_payload=512))
     events_a, events_b = pair.pump(0.0)
     assert events_a[0].max_packet_payload == events_b[0].max_packet_payload == 512
@@ -120,6 +125,7 @@ def test_negotiated_payload_is_the_smaller_of_the_two():
 
 
 def test_larger_packets_than_negotiated_are_refused():
+    """A packet over the negotiated payload is PacketTooLarge naming its size and the limit."""
     conn = open_connection(peer_payload=512)
     error = _failure(conn.receive_data(msg(CH, b"x" * 513), 1.0))
     assert type(error) is PacketTooLarge
@@ -127,6 +133,7 @@ def test_larger_packets_than_negotiated_are_refused():
 
 
 def test_packet_right_after_the_hello_is_judged_by_the_negotiated_payload():
+    """A packet in the same chunk as the hello is already held to the payload just negotiated."""
     conn = make_connection()
     events = conn.receive_data(hello_packet(max_packet_payload=100) + msg(CH, b"y" * 101), 0.0)
     assert [type(e) for e in events] == [HelloReceived, ConnectionFailed]
@@ -134,6 +141,7 @@ def test_packet_right_after_the_hello_is_judged_by_the_negotiated_payload():
 
 
 def test_hello_and_messages_in_one_chunk():
+    """A hello, messages and a ping in one chunk are all handled: messages delivered, ping answered."""
     conn = make_connection()
     events = conn.receive_data(hello_packet() + msg(CH, b"one") + PING + msg(CH, b"two"), 0.0)
     assert [type(e) for e in events] == [HelloReceived, MessageReceived, MessageReceived]
@@ -142,6 +150,7 @@ def test_hello_and_messages_in_one_chunk():
 
 
 def test_hello_byte_by_byte():
+    """A hello and a message fed one byte at a time give the same events as whole."""
     conn = make_connection()
     data = hello_packet() + msg(CH, b"slow")
     events = []
@@ -151,6 +160,7 @@ def test_hello_byte_by_byte():
 
 
 def test_incompatible_version_fails_naming_both_versions():
+    """A hello of another version is IncompatiblePeer naming both versions and closes the connection."""
     conn = make_connection()
     error = _failure(conn.receive_data(hello_packet(version=2), 0.0))
     assert type(error) is IncompatiblePeer
@@ -159,12 +169,14 @@ def test_incompatible_version_fails_naming_both_versions():
 
 
 def test_no_message_may_be_queued_before_the_handshake():
+    """queue_message while handshaking is a LocalProtocolError."""
     conn = make_connection()
     with pytest.raises(LocalProtocolError, match="0x20.*handshaking"):
         conn.queue_message(CH, b"too early")
 
 
 def test_queueing_on_an_unknown_channel_is_a_local_error():
+    """queue_message on a channel we did not declare is a LocalProtocolError naming it."""
     conn = open_connection()
     with pytest.raises(LocalProtocolError, match="0x55"):
         conn.queue_message(0x55, b"x")
@@ -199,6 +211,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("name, opened, data, error_class, words", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_fails_with_a_specific_error(name, opened, data, error_class, words):
+    """Each kind of bad input fails the connection with its own error class and a message naming the values."""
     conn = open_connection() if opened else make_connection()
     events = conn.receive_data(data, 1.0)
     assert [type(e) for e in events] == [ConnectionFailed]
@@ -210,6 +223,7 @@ def test_bad_input_fails_with_a_specific_error(name, opened, data, error_class, 
 
 
 def test_reassembled_message_over_recv_message_capacity():
+    """A message whose packets together exceed recv_message_capacity is MessageTooLarge."""
     conn = open_connection(channels=[ChannelDescriptor(CH, recv_message_capacity=100)])
     assert conn.receive_data(msg(CH, b"a" * 60, eof=False), 1.0) == []
     error = _failure(conn.receive_data(msg(CH, b"b" * 60), 1.0))
@@ -225,6 +239,7 @@ def test_malformed_hello_message_names_what_is_wrong():
 
 
 def test_messages_before_the_bad_bytes_are_still_delivered():
+    """Messages read before bad bytes in the same chunk are delivered; nothing after them is."""
     conn = open_connection()
     events = conn.receive_data(msg(CH, b"first") + PING + msg(CH, b"second") + b"\x00" + msg(CH, b"never"), 1.0)
     assert events[:-1] == [
@@ -235,6 +250,7 @@ def test_messages_before_the_bad_bytes_are_still_delivered():
 
 
 def test_after_a_failure_only_a_close_naming_the_error_goes_out():
+    """After a failure only a close naming the error is sent; queued data, input and timers are dropped."""
     conn = open_connection()
     conn.queue_message(CH, b"queued")
     error = _failure(conn.receive_data(msg(0x99, b""), 1.0))
@@ -250,6 +266,7 @@ def test_after_a_failure_only_a_close_naming_the_error_goes_out():
 
 
 def test_unknown_optional_extension_is_stepped_over():
+    """An unknown extension >= 0x80 is skipped, whether open or handshaking."""
     conn = open_connection()
     events = conn.receive_data(bytes.fromhex("80 01 03 010203 ff 00") + msg(CH, b"after"), 1.0)
     assert events == [MessageReceived(channel_id=CH, message=b"after")]
@@ -262,6 +279,7 @@ def test_unknown_optional_extension_is_stepped_over():
 
 
 def test_handshake_timeout():
+    """No hello within handshake_timeout is HandshakeTimeout at exactly that deadline."""
     conn = make_connection(config=Config(handshake_timeout=10.0), now=100.0)
     assert conn.next_deadline() == 110.0
     assert conn.handle_timeout(109.9) == []
@@ -272,6 +290,7 @@ def test_handshake_timeout():
 
 
 def test_hello_in_time_stops_the_handshake_timer():
+    """A hello before handshake_timeout opens the connection; the next deadline is the ping."""
     conn = make_connection(config=Config(handshake_timeout=10.0), now=100.0)
     conn.receive_data(hello_packet(), 109.0)
     assert conn.handle_timeout(110.0) == []
@@ -283,6 +302,7 @@ def test_hello_in_time_stops_the_handshake_timer():
 
 
 def test_ping_after_ping_interval_of_silence():
+    """After ping_interval without input exactly one ping is sent, and pong_timeout starts."""
     conn = open_connection()
     assert conn.next_deadline() == 60.0
     assert conn.handle_timeout(59.9) == []
@@ -293,6 +313,7 @@ def test_ping_after_ping_interval_of_silence():
 
 
 def test_silence_after_the_ping_is_a_pong_timeout():
+    """Nothing received for pong_timeout after our ping is PongTimeout."""
     conn = open_connection()
     conn.handle_timeout(60.0)
     conn.data_to_send(60.0)
@@ -303,6 +324,7 @@ def test_silence_after_the_ping_is_a_pong_timeout():
 
 
 def test_any_received_byte_proves_liveness():
+    """Even the first byte of a packet cancels the pong timeout and restarts ping_interval."""
     conn = open_connection()
     conn.handle_timeout(60.0)
     assert conn.receive_data(b"\x03", 100.0) == []  # the first byte of some msg packet
@@ -312,6 +334,7 @@ def test_any_received_byte_proves_liveness():
 
 
 def test_received_data_restarts_the_ping_interval():
+    """A received message postpones the ping by ping_interval."""
     conn = open_connection()
     conn.receive_data(msg(CH, b"hi"), 30.0)
     assert conn.next_deadline() == 90.0
@@ -320,6 +343,7 @@ def test_received_data_restarts_the_ping_interval():
 
 
 def test_outgoing_traffic_does_not_delay_the_ping():
+    """Sending does not postpone the ping: only received bytes count."""
     conn = open_connection()
     for t in (10.0, 30.0, 50.0):
         conn.queue_message(CH, b"out")
@@ -330,12 +354,14 @@ def test_outgoing_traffic_does_not_delay_the_ping():
 
 
 def test_every_ping_is_answered_with_a_pong():
+    """Each ping received gets its own pong."""
     conn = open_connection()
     assert conn.receive_data(PING + PING, 1.0) == []
     assert conn.data_to_send(1.0) == PONG + PONG
 
 
 def test_control_packets_go_before_data():
+    """Pongs and pings go out ahead of data queued before them."""
     conn = open_connection()
     conn.queue_message(CH, b"d" * 5000)
     first = conn.data_to_send(1.0, budget=1)
@@ -348,6 +374,7 @@ def test_control_packets_go_before_data():
 
 
 def test_pong_reports_the_round_trip():
+    """A pong answering our ping reports the round trip; a second pong is ignored."""
     conn = open_connection()
     conn.handle_timeout(60.0)
     conn.data_to_send(60.0)
@@ -357,12 +384,14 @@ def test_pong_reports_the_round_trip():
 
 
 def test_unsolicited_pong_is_ignored():
+    """A pong we did not ask for is neither an event nor an error."""
     conn = open_connection()
     assert conn.receive_data(PONG, 5.0) == []
     assert conn.state is State.OPEN
 
 
 def test_keepalive_between_two_cores():
+    """Two cores ping each other after ping_interval and both measure the round trip."""
     pair = CorePair.make()
     pair.pump(0.0)
     for conn in (pair.a, pair.b):
@@ -377,6 +406,7 @@ def test_keepalive_between_two_cores():
 
 
 def test_close_packet_from_the_peer():
+    """A close from the peer is CloseReceived with its code and text and closes the connection."""
     conn = open_connection()
     close = wire.encode_extension(PacketType.CLOSE, wire.encode_close("duplicate", "already connected"))
     assert conn.receive_data(close, 1.0) == [CloseReceived(code="duplicate", text="already connected")]
@@ -386,6 +416,7 @@ def test_close_packet_from_the_peer():
 
 
 def test_close_packet_during_the_handshake():
+    """A close before the hello is CloseReceived too, and closes the connection."""
     conn = make_connection()
     close = wire.encode_extension(PacketType.CLOSE, wire.encode_close("inbound_limit", "40 peers"))
     assert conn.receive_data(close, 1.0) == [CloseReceived(code="inbound_limit", text="40 peers")]
@@ -404,6 +435,7 @@ def test_bytes_after_the_peers_close_are_ignored_like_later_bytes():
 
 
 def test_our_close_is_the_last_thing_sent():
+    """After close() only the close packet goes out; queued data is dropped and a second close is a no-op."""
     pair = CorePair.make()
     pair.pump(0.0)
     pair.a.queue_message(CH, b"never sent")
@@ -420,6 +452,7 @@ def test_our_close_is_the_last_thing_sent():
 
 
 def test_while_closing_the_peers_packets_are_read_and_ignored():
+    """While closing, the peer's packets are read but ignored (no pong) until its close arrives."""
     conn = open_connection()
     conn.close("shutdown")
     conn.data_to_send(1.0)
@@ -431,6 +464,7 @@ def test_while_closing_the_peers_packets_are_read_and_ignored():
 
 
 def test_close_during_the_handshake_goes_out_after_our_hello():
+    """A close before the handshake ends is sent after our hello."""
     conn = make_connection()
     conn.close("self", "connected to ourselves")
     kinds = [kind for kind, _ in decode_stream(conn.data_to_send(0.0))]
@@ -438,6 +472,7 @@ def test_close_during_the_handshake_goes_out_after_our_hello():
 
 
 def test_close_text_is_cut_to_fit_a_close_packet():
+    """A long close text is shortened so the close packet fits max_control_size."""
     conn = open_connection()
     conn.close("shutdown", "x" * 5000)
     (packet,) = split_packets(conn.data_to_send(1.0))
@@ -461,6 +496,7 @@ def _assert_timer_advances(conn, now):
 
 
 def test_timers_advance_while_handshaking_and_open():
+    """handle_timeout at the deadline always moves next_deadline forward: handshake, ping, pong timeout."""
     _assert_timer_advances(make_connection(), 0.0)
     conn = open_connection()
     _assert_timer_advances(conn, 0.0)  # sends a ping
@@ -495,6 +531,7 @@ def test_timer_advances_with_send_rate_while_the_transport_is_paused():
 
 
 def test_send_rate_limits_bytes_per_second():
+    """Over 10 s, send_rate holds to within one burst and one packet."""
     rate = 10_000.0
     conn = open_connection(config=Config(send_rate=rate), channels=[ChannelDescriptor(CH, send_queue_capacity=4)])
     sent = 0
@@ -508,6 +545,7 @@ def test_send_rate_limits_bytes_per_second():
 
 
 def test_send_rate_debt_delays_data_but_not_control_packets():
+    """After the burst, data waits until the bucket is out of debt; a pong goes out at once."""
     conn = open_connection(config=Config(send_rate=1000.0))
     conn.queue_message(CH, b"q" * 5000)
     first = conn.data_to_send(0.0)
@@ -534,6 +572,7 @@ def test_data_may_go_out_at_the_deadline_send_rate_announces():
 
 
 def test_recv_rate_is_reflected_in_receive_ready_at():
+    """Input beyond recv_rate's burst puts receive_ready_at in the future by the debt."""
     conn = open_connection(config=Config(recv_rate=1000.0))
     assert conn.receive_ready_at(0.0) == 0.0
     # 2068 bytes of burst minus the hello already read; 5000 more puts the bucket in debt.
@@ -545,6 +584,7 @@ def test_recv_rate_is_reflected_in_receive_ready_at():
 
 
 def test_without_rates_nothing_waits():
+    """With no rates set, receiving never waits and sending is unbounded."""
     conn = open_connection()
     conn.receive_data(msg(CH, b"w" * 1000) * 100, 0.0)
     assert conn.receive_ready_at(0.0) == 0.0
@@ -557,6 +597,7 @@ def test_without_rates_nothing_waits():
 
 
 def test_messages_flow_both_ways_on_several_channels_in_order():
+    """Messages sent both ways on two channels arrive complete and in order per channel."""
     channels = [ChannelDescriptor(0x20, priority=1, send_queue_capacity=10), ChannelDescriptor(0x30, priority=5, send_queue_capacity=10)]
     pair = CorePair.make(channels_a=channels, channels_b=channels)
     pair.pump(0.0)
@@ -580,6 +621,7 @@ def test_messages_flow_both_ways_on_several_channels_in_order():
     cuts=st.lists(st.integers(0, 30000), max_size=12),
 )
 def test_any_split_of_the_stream_delivers_the_same_messages(payload_a, payload_b, messages, cuts):
+    """For any payload sizes and any cuts of the stream, the same messages arrive in order per channel."""
     channels = [ChannelDescriptor(0x20, send_queue_capacity=8), ChannelDescriptor(0x30, priority=4, send_queue_capacity=8)]
     a = make_connection(channels=channels, config=Config(max_packet_payload=payload_a))
     b = make_connection(node_id=NODE_B, channels=channels, config=Config(max_packet_payload=payload_b))

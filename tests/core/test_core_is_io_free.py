@@ -26,6 +26,7 @@ print(len(loaded), loaded[:5])
 
 
 def test_core_imports_without_twisted():
+    """Importing every core module in a fresh interpreter loads no twisted module."""
     result = subprocess.run(
         [sys.executable, "-c", PROGRAM.format(modules=CORE_MODULES)],
         capture_output=True,

@@ -19,6 +19,7 @@ def test_each_error_has_its_own_undelivered():
 
 
 def test_undelivered_can_be_replaced_and_is_kept():
+    """undelivered starts empty, may be assigned a new dict and keeps it; other errors stay empty."""
     reason = errors.ConnectionClosed("closed")
     assert reason.undelivered == {}
     reason.undelivered = {0x21: 1}
@@ -27,6 +28,7 @@ def test_undelivered_can_be_replaced_and_is_kept():
 
 
 def test_session_errors_copy_their_undelivered():
+    """SessionExpired and SessionRejected keep their own copy of the counts given, and the message names them."""
     counts = {0x20: 2}
     expired = errors.SessionExpired(30.0, counts)
     rejected = errors.SessionRejected("new session", counts)
@@ -37,12 +39,14 @@ def test_session_errors_copy_their_undelivered():
 
 
 def test_undelivered_survives_pickling():
+    """An error's undelivered counts survive a pickle round trip."""
     reason = errors.ConnectionLost("reset")
     reason.undelivered = {0x20: 1}
     assert pickle.loads(pickle.dumps(reason)).undelivered == {0x20: 1}
 
 
 def test_ack_error_is_a_remote_protocol_error_exported_from_mconn():
+    """AckError is one class in mconn, mconn.errors and mconn.session: documented and a RemoteProtocolError."""
     assert mconn.AckError is errors.AckError is SessionAckError
     assert "AckError" in mconn.__all__
     assert issubclass(errors.AckError, errors.RemoteProtocolError)

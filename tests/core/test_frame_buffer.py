@@ -19,6 +19,7 @@ def _hex(text: str) -> bytes:
 
 
 def test_packets_come_out_on_their_last_byte_when_fed_one_byte_at_a_time():
+    """Fed byte by byte, each packet comes out exactly on its last byte, and nothing stays buffered."""
     stream = _hex("01") + msg(0x20, b"hello") + _hex("02") + _hex("80 01 03 010203") + msg(0x21, b"")
     buffer = frame_buffer()
     emitted_at = []
@@ -37,6 +38,7 @@ def test_packets_come_out_on_their_last_byte_when_fed_one_byte_at_a_time():
 
 
 def test_incomplete_packet_is_kept_not_refused():
+    """An incomplete packet is kept and completed by the next feed, not refused."""
     buffer = frame_buffer()
     assert buffer.feed(_hex("03 20 01 01 05 6865")) == ([], None)
     assert buffer.buffered == 7
@@ -69,6 +71,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("name, data, error_class, fails_at, words", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_fails_at_its_earliest_byte(name, data, error_class, fails_at, words):
+    """Each bad input fails on the first byte that makes it bad, with the same error fed whole or bytewise."""
     data = _hex(data)
     buffer = frame_buffer()
     packets, error, index = feed_bytewise(buffer, data)
@@ -86,6 +89,7 @@ def test_bad_input_fails_at_its_earliest_byte(name, data, error_class, fails_at,
 
 
 def test_packets_before_the_bad_bytes_are_returned_with_the_error():
+    """Packets complete before the bad bytes are returned together with the error."""
     packets, error = frame_buffer().feed(_hex("01") + msg(0x20, b"ok") + _hex("02 00 01"))
     assert [p[0] for p in packets] == [PacketType.PING, PacketType.MSG, PacketType.PONG]
     assert bytes(packets[1][3]) == b"ok"
@@ -93,6 +97,7 @@ def test_packets_before_the_bad_bytes_are_returned_with_the_error():
 
 
 def test_oversized_msg_is_refused_before_its_body_arrives():
+    """A msg length over max_payload is PacketTooLarge from the header alone; no body is kept."""
     buffer = frame_buffer(max_payload=100)
     header = _hex("03 20 00 01 65")  # 101 bytes declared
     packets, error = buffer.feed(header)
@@ -103,6 +108,7 @@ def test_oversized_msg_is_refused_before_its_body_arrives():
 
 
 def test_exactly_the_limit_is_accepted():
+    """A msg of exactly max_payload and an extension of exactly its limit are accepted."""
     buffer = frame_buffer(max_payload=100, max_control_size=64)
     data = msg(0x20, b"x" * 100) + _hex("80 01 40") + b"y" * 64
     packets, error = feed_whole(buffer, data)
@@ -111,6 +117,7 @@ def test_exactly_the_limit_is_accepted():
 
 
 def test_extension_limits_are_per_type():
+    """An extension type with its own limit uses it; other types use the default limit."""
     buffer = FrameBuffer(max_payload=1024, default_extension_limit=10, extension_limits={0x81: 20})
     assert feed_whole(buffer, _hex("81 01 14") + bytes(20))[1] is None
     assert isinstance(feed_whole(buffer, _hex("80 01 14"))[1], PacketTooLarge)
@@ -131,6 +138,7 @@ def test_decoding_pauses_after_an_extension_so_limits_can_change():
 
 
 def test_without_pausing_extensions_do_not_stop_decoding():
+    """With stop_after_extension=False, packets after an extension come out in the same feed."""
     packets, error = frame_buffer().feed(_hex("80 00 01 02"), stop_after_extension=False)
     assert ([p[0] for p in packets], error) == ([0x80, PacketType.PING, PacketType.PONG], None)
 
@@ -141,6 +149,7 @@ def test_without_pausing_extensions_do_not_stop_decoding():
     cuts=st.lists(st.integers(0, 2000), max_size=10),
 )
 def test_buffer_holds_at_most_one_incomplete_packet(payloads, cuts):
+    """However the stream is cut, only the bytes of the one incomplete packet are kept."""
     packets = [msg(0x20, p) for p in payloads]
     stream = b"".join(packets)
     ends = [sum(len(p) for p in packets[: i + 1]) for i in range(len(packets))]

@@ -35,6 +35,7 @@ from tests.fuzz.target import CONFIG, fuzz_one, new_connection, peer_hello, run,
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=schedules(), dialer=st.booleans())
 def test_any_inbound_bytes_end_in_events_or_a_specific_failure(schedule, dialer):
+    """Any inbound schedule, dialer or listener, ends in events or a specific failure within the limits."""
     conn = new_connection(dialer)
     conn.data_to_send(0.0)  # our hello
     run(conn, schedule)

@@ -16,6 +16,7 @@ CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=64), ChannelDescriptor(0x2
 
 
 def test_false_once_the_queues_are_empty():
+    """more_to_send is False once everything queued has been sent."""
     conn = open_connection(channels=CHANNELS)
     conn.queue_message(CH, b"small")
     assert conn.data_to_send(0.0)
@@ -24,6 +25,7 @@ def test_false_once_the_queues_are_empty():
 
 
 def test_true_while_a_budget_cut_the_data_short():
+    """more_to_send stays True while a budget leaves data behind, and turns False with the last packet."""
     conn = open_connection(channels=CHANNELS)
     conn.queue_message(CH, b"x" * 5000)
     chunks = []
@@ -36,6 +38,7 @@ def test_true_while_a_budget_cut_the_data_short():
 
 
 def test_false_when_send_rate_has_no_budget_left():
+    """With send_rate's burst spent, more_to_send is False: another call now would send nothing."""
     conn = open_connection(channels=CHANNELS, config=Config(send_rate=1000.0))
     conn.queue_message(CH, b"q" * 5000)
     assert conn.data_to_send(0.0)
@@ -49,6 +52,7 @@ def test_false_when_send_rate_has_no_budget_left():
     budgets=st.lists(st.integers(1, 6000), min_size=1, max_size=30),
 )
 def test_never_false_while_data_is_left(sizes, budgets):
+    """For any messages and budgets, a False more_to_send means nothing is left to send now."""
     conn = open_connection(channels=CHANNELS)
     for channel_id, size in sizes:
         assert conn.queue_message(channel_id, bytes(size))

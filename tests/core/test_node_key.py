@@ -35,6 +35,7 @@ def pem_of(private_key) -> bytes:
 
 
 def test_node_id_is_first_20_bytes_of_sha256_of_raw_public_key():
+    """On the RFC 8032 key, the node id is the hex of the first 20 bytes of sha256(raw public key)."""
     key = NodeKey(ed25519.Ed25519PrivateKey.from_private_bytes(RFC8032_SECRET))
     expected = hashlib.sha256(RFC8032_PUBLIC).hexdigest()[:40]
     assert key.public_key_bytes == RFC8032_PUBLIC
@@ -43,6 +44,7 @@ def test_node_id_is_first_20_bytes_of_sha256_of_raw_public_key():
 
 
 def test_generated_key_id_matches_its_public_key():
+    """A generated key's id is derived from its own 32-byte public key, as 40 lowercase hex digits."""
     key = NodeKey.generate()
     raw = key.private_key.public_key().public_bytes(
         serialization.Encoding.Raw, serialization.PublicFormat.Raw
@@ -55,16 +57,19 @@ def test_generated_key_id_matches_its_public_key():
 
 @pytest.mark.parametrize("raw", [b"", b"\x00" * 31, b"\x00" * 33, "a" * 32])
 def test_node_id_from_public_key_refuses_wrong_size(raw):
+    """node_id_from_public_key refuses anything but 32 bytes with a ValueError."""
     with pytest.raises(ValueError, match="32 bytes"):
         node_id_from_public_key(raw)
 
 
 def test_constructor_refuses_other_key_types():
+    """NodeKey wraps only an Ed25519PrivateKey; another key type is a TypeError."""
     with pytest.raises(TypeError, match="Ed25519PrivateKey"):
         NodeKey(ec.generate_private_key(ec.SECP256R1()))
 
 
 def test_sign_verifies_with_public_key():
+    """sign() gives a 64-byte signature that verifies with the public key bytes."""
     key = NodeKey.generate()
     signature = key.sign(b"challenge")
     assert len(signature) == 64
@@ -72,6 +77,7 @@ def test_sign_verifies_with_public_key():
 
 
 def test_save_load_round_trip(tmp_path):
+    """save then load gives the same key, as a PKCS8 PEM file, with no temporary file left."""
     path = tmp_path / "node_key.pem"
     key = NodeKey.generate()
     key.save(path)
@@ -83,6 +89,7 @@ def test_save_load_round_trip(tmp_path):
 
 
 def test_load_accepts_str_path(tmp_path):
+    """save and load accept a str path as well as a Path."""
     key = NodeKey.generate()
     key.save(str(tmp_path / "k.pem"))
     assert NodeKey.load(str(tmp_path / "k.pem")).node_id == key.node_id
@@ -90,6 +97,7 @@ def test_load_accepts_str_path(tmp_path):
 
 @posix_only
 def test_saved_file_mode_is_0600_even_with_permissive_umask(tmp_path):
+    """The saved key file is mode 0600 even under umask 0."""
     old = os.umask(0)
     try:
         NodeKey.generate().save(tmp_path / "k.pem")
@@ -100,6 +108,7 @@ def test_saved_file_mode_is_0600_even_with_permissive_umask(tmp_path):
 
 @posix_only
 def test_save_replaces_existing_file_and_tightens_mode(tmp_path):
+    """save over an existing 0644 file replaces it and leaves mode 0600."""
     path = tmp_path / "k.pem"
     path.write_bytes(b"old")
     path.chmod(0o644)
@@ -110,6 +119,7 @@ def test_save_replaces_existing_file_and_tightens_mode(tmp_path):
 
 
 def test_save_into_missing_directory_raises_oserror(tmp_path):
+    """save into a directory that does not exist raises OSError."""
     with pytest.raises(OSError):
         NodeKey.generate().save(tmp_path / "missing" / "k.pem")
 
@@ -117,6 +127,7 @@ def test_save_into_missing_directory_raises_oserror(tmp_path):
 @posix_only
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
 def test_load_refuses_file_readable_by_others(tmp_path, mode):
+    """load refuses a key file readable by group or others, naming the path, the mode and chmod 600."""
     path = tmp_path / "k.pem"
     NodeKey.generate().save(path)
     path.chmod(mode)
@@ -129,6 +140,7 @@ def test_load_refuses_file_readable_by_others(tmp_path, mode):
 
 
 def test_load_missing_file_names_path_and_os_error(tmp_path):
+    """Loading a missing file is a ValueError naming the path and the OS error."""
     path = tmp_path / "absent.pem"
     with pytest.raises(ValueError) as info:
         NodeKey.load(path)
@@ -137,12 +149,14 @@ def test_load_missing_file_names_path_and_os_error(tmp_path):
 
 
 def test_load_directory_is_value_error(tmp_path):
+    """Loading a directory is a ValueError, not an OSError."""
     with pytest.raises(ValueError, match="cannot read node key"):
         NodeKey.load(tmp_path)
 
 
 @pytest.mark.parametrize("data", [b"", b"garbage\n", b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"])
 def test_load_refuses_garbage(tmp_path, data):
+    """An empty, non-PEM or corrupt PEM file is a ValueError naming the path."""
     path = tmp_path / "k.pem"
     write_private(path, data)
     with pytest.raises(ValueError) as info:
@@ -160,6 +174,7 @@ def test_load_refuses_garbage(tmp_path, data):
     ids=["rsa", "ec"],
 )
 def test_load_refuses_other_key_types(tmp_path, private_key, found):
+    """An RSA or EC key file is refused, naming the path and the kind of key found."""
     path = tmp_path / "k.pem"
     write_private(path, pem_of(private_key))
     with pytest.raises(ValueError) as info:
@@ -171,6 +186,7 @@ def test_load_refuses_other_key_types(tmp_path, private_key, found):
 
 
 def test_load_refuses_encrypted_key(tmp_path):
+    """A password-protected key file is refused as encrypted."""
     path = tmp_path / "k.pem"
     pem = ed25519.Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM,
@@ -183,6 +199,7 @@ def test_load_refuses_encrypted_key(tmp_path):
 
 
 def test_load_or_create_creates_then_reuses(tmp_path):
+    """load_or_create writes a 0600 key the first time and loads the same key after."""
     path = tmp_path / "k.pem"
     first = NodeKey.load_or_create(path)
     assert path.exists()
@@ -193,6 +210,7 @@ def test_load_or_create_creates_then_reuses(tmp_path):
 
 
 def test_load_or_create_does_not_overwrite_a_bad_file(tmp_path):
+    """load_or_create raises on an unreadable key file and leaves it untouched."""
     path = tmp_path / "k.pem"
     write_private(path, b"garbage")
     with pytest.raises(ValueError):
@@ -201,6 +219,7 @@ def test_load_or_create_does_not_overwrite_a_bad_file(tmp_path):
 
 
 def test_repr_shows_node_id_and_hides_key_material():
+    """repr shows the node id and no key material."""
     key = NodeKey(ed25519.Ed25519PrivateKey.from_private_bytes(RFC8032_SECRET))
     text = repr(key)
     assert text == f"NodeKey(node_id={key.node_id!r})"
@@ -210,6 +229,7 @@ def test_repr_shows_node_id_and_hides_key_material():
 
 
 def test_modules_do_not_import_twisted():
+    """Importing mconn.node_key and mconn.address loads no Twisted."""
     code = "import sys, mconn.node_key, mconn.address; print('twisted' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -7,16 +7,19 @@ from mconn.rate import TokenBucket
 
 @pytest.mark.parametrize("rate", [0, -1, -0.5])
 def test_rate_must_be_positive(rate):
+    """A zero or negative rate is a ValueError quoting the value."""
     with pytest.raises(ValueError, match=f"rate must be positive, got {rate!r}"):
         TokenBucket(rate, now=0.0)
 
 
 @pytest.mark.parametrize("rate, burst", [(1000, 2068), (100_000, 2068), (1_000_000, 10_000.0), (5_120_000, 51_200.0)])
 def test_default_burst_is_ten_milliseconds_but_at_least_two_packets(rate, burst):
+    """The default burst is 10 ms of the rate, but never under two full packets (2068 bytes)."""
     assert TokenBucket(rate, now=0.0).burst == burst
 
 
 def test_starts_full_and_refills_continuously_up_to_the_burst():
+    """The bucket starts full, refills at the rate in proportion to time, and never beyond the burst."""
     bucket = TokenBucket(1000, now=10.0, burst=500)
     assert bucket.available(10.0) == 500
     bucket.spend(500, 10.0)
@@ -27,6 +30,7 @@ def test_starts_full_and_refills_continuously_up_to_the_burst():
 
 
 def test_spend_may_overdraw_and_ready_time_is_when_the_debt_is_repaid():
+    """spend may overdraw; ready_time is when the debt is repaid and one whole byte is available."""
     bucket = TokenBucket(1000, now=0.0, burst=500)
     bucket.spend(1500, 0.0)
     assert bucket.available(0.0) == -1000
@@ -36,6 +40,7 @@ def test_spend_may_overdraw_and_ready_time_is_when_the_debt_is_repaid():
 
 
 def test_ready_time_is_none_when_tokens_are_left():
+    """ready_time is None while a whole byte is left, and a time once less than one byte is."""
     bucket = TokenBucket(1000, now=3.0, burst=500)
     bucket.spend(100, 3.0)
     assert bucket.ready_time() is None
@@ -44,6 +49,7 @@ def test_ready_time_is_none_when_tokens_are_left():
 
 
 def test_time_going_backwards_neither_refills_nor_breaks():
+    """A now earlier than the last one adds no tokens, and refilling resumes from the latest time."""
     bucket = TokenBucket(1000, now=5.0, burst=500)
     bucket.spend(500, 5.0)
     assert bucket.available(4.0) == 0

@@ -89,6 +89,7 @@ def _event(vector):
 
 
 def test_vector_file_is_well_formed():
+    """resume.json is consistent: unique names, every kind valid and invalid, coherent rejected_by layers."""
     for vectors in (RESUME["valid"], RESUME["invalid"], RESUME["ack_checks"]):
         names = _ids(vectors)
         assert len(names) == len(set(names)), "vector names must be unique"
@@ -111,6 +112,7 @@ def test_vector_file_is_well_formed():
 
 @pytest.mark.parametrize("vector", PACKETS, ids=_ids(PACKETS))
 def test_packet_vector_decodes_to_its_values(vector):
+    """Each valid ack or session answer vector decodes to the values the file gives."""
     kind, body = wire.decode_packet(expand(vector["hex"]))
     assert kind == PACKET_TYPE[vector["kind"]]
     assert DECODE[vector["kind"]](body) == _value(vector["kind"], vector["decoded"])
@@ -118,6 +120,7 @@ def test_packet_vector_decodes_to_its_values(vector):
 
 @pytest.mark.parametrize("vector", PACKETS, ids=_ids(PACKETS))
 def test_packet_vector_is_what_the_encoder_builds(vector):
+    """Encoding a vector's values gives its canonical bytes."""
     value = _value(vector["kind"], vector["decoded"])
     built = wire.encode_extension(PACKET_TYPE[vector["kind"]], ENCODE[vector["kind"]](value))
     assert built.hex(" ") == expand(vector.get("canonical_hex", vector["hex"])).hex(" ")
@@ -125,6 +128,7 @@ def test_packet_vector_is_what_the_encoder_builds(vector):
 
 @pytest.mark.parametrize("vector", PACKETS, ids=_ids(PACKETS))
 def test_packet_vector_through_frame_buffer(vector):
+    """Each valid packet vector comes out of the FrameBuffer, fed whole or byte by byte."""
     data = expand(vector["hex"])
     _, body = wire.decode_packet(data)
     expected = [(PACKET_TYPE[vector["kind"]], body)]
@@ -133,6 +137,7 @@ def test_packet_vector_through_frame_buffer(vector):
 
 
 def test_packet_vectors_concatenated_through_frame_buffer():
+    """All valid packet vectors back to back come out of the FrameBuffer one by one."""
     data = b"".join(expand(v["hex"]) for v in PACKETS)
     expected = [(PACKET_TYPE[v["kind"]], wire.decode_packet(expand(v["hex"]))[1]) for v in PACKETS]
     check_frames(LIMITS, data, expected)
@@ -140,6 +145,7 @@ def test_packet_vectors_concatenated_through_frame_buffer():
 
 @pytest.mark.parametrize("vector", PACKETS, ids=_ids(PACKETS))
 def test_packet_vector_through_an_open_connection(vector):
+    """An open Connection turns each valid vector, whole or byte by byte, into its one event and sends nothing."""
     data = expand(vector["hex"])
     conn = open_connection(channels=OPEN_CHANNELS)
     assert conn.receive_data(data, 1.0) == [_event(vector)]
@@ -164,6 +170,7 @@ def test_ack_example_of_the_wire_spec_is_the_first_vector():
 
 @pytest.mark.parametrize("vector", REQUESTS, ids=_ids(REQUESTS))
 def test_session_request_vector_decodes_and_encodes(vector):
+    """Each session request vector decodes to its values and encodes back to its bytes."""
     value = _value("session_request", vector["decoded"])
     assert wire.decode_session_request(expand(vector["hex"])) == value
     assert wire.encode_session_request(value).hex(" ") == expand(vector["hex"]).hex(" ")
@@ -211,6 +218,7 @@ INVALID_PACKETS = _of_kind(INVALID, "ack", "session_answer")
 
 @pytest.mark.parametrize("vector", INVALID, ids=_ids(INVALID))
 def test_invalid_vector_with_its_body_decoder(vector):
+    """The body decoder refuses exactly the invalid vectors naming decode_body, with the named error."""
     data = expand(vector["hex"])
     decode = DECODE[vector["kind"]]
     if vector["kind"] != "session_request":
@@ -229,6 +237,7 @@ def test_invalid_vector_with_its_body_decoder(vector):
 
 @pytest.mark.parametrize("vector", INVALID_PACKETS, ids=_ids(INVALID_PACKETS))
 def test_invalid_vector_with_decode_packet(vector):
+    """decode_packet refuses exactly the invalid vectors naming it, and reads the others."""
     data = expand(vector["hex"])
     if "decode_packet" in vector["rejected_by"]:
         with pytest.raises(errors.MalformedPacket):  # every failure, whatever the vector's error
@@ -239,11 +248,13 @@ def test_invalid_vector_with_decode_packet(vector):
 
 @pytest.mark.parametrize("vector", INVALID_PACKETS, ids=_ids(INVALID_PACKETS))
 def test_invalid_vector_with_frame_buffer(vector):
+    """The FrameBuffer refuses just the vectors naming stream, with the named error at the named byte."""
     check_invalid_frames(LIMITS, vector, getattr(errors, vector["error"]))
 
 
 @pytest.mark.parametrize("vector", INVALID_PACKETS, ids=_ids(INVALID_PACKETS))
 def test_invalid_vector_with_a_connection(vector):
+    """An open Connection fails on exactly the vectors naming it, sending a close with the error's name."""
     data = expand(vector["hex"])
     for chunks in ([data], [data[i : i + 1] for i in range(len(data))]):
         conn = open_connection(channels=OPEN_CHANNELS)
@@ -266,6 +277,7 @@ def test_invalid_vector_with_a_connection(vector):
 
 @pytest.mark.parametrize("case", RESUME["ack_checks"], ids=_ids(RESUME["ack_checks"]))
 def test_ack_check(case):
+    """Each ack check leaves the acked and undelivered counts it gives, or raises its AckError."""
     session = Session(
         b"\x01" * 16, case["channels"], recovery_buffer_bytes=1 << 20, ack_every_messages=1, ack_every_bytes=1 << 20
     )

@@ -28,6 +28,7 @@ def _first_channel(parts) -> int:
 
 
 def test_decay_constant_is_point_eight_per_two_seconds():
+    """DECAY_TAU makes recently_sent decay by a factor of 0.8 every 2 seconds."""
     assert DECAY_TAU == pytest.approx(2 / math.log(1.25))
     assert math.exp(-2 / DECAY_TAU) == pytest.approx(0.8)
 
@@ -41,6 +42,7 @@ def test_decay_constant_is_point_eight_per_two_seconds():
     ],
 )
 def test_saturated_channels_share_bytes_by_priority(priorities, shares):
+    """Channels that always have data share the bytes sent in proportion to their priorities."""
     channels = _channels(*[(0x10 + i, p) for i, p in enumerate(priorities)])
     scheduler = Scheduler(channels, now=0.0)
     now = 0.0
@@ -55,6 +57,7 @@ def test_saturated_channels_share_bytes_by_priority(priorities, shares):
 
 
 def test_shares_hold_packet_by_packet_too():
+    """With one packet per call, the priority shares still hold to within 1%."""
     channels = _channels((0x01, 1), (0x02, 3))
     scheduler = Scheduler(channels, now=0.0)
     sent = {0x01: 0, 0x02: 0}
@@ -67,6 +70,7 @@ def test_shares_hold_packet_by_packet_too():
 
 
 def test_idle_channel_new_message_goes_out_next():
+    """A new message on an idle low-priority channel goes out before a busy high-priority one."""
     busy, idle = _channels((0x40, 10), (0x20, 1))
     scheduler = Scheduler([busy, idle], now=0.0)
     now = 0.0
@@ -98,6 +102,7 @@ def test_channel_idle_for_long_goes_first_even_after_a_big_burst():
 
 
 def test_recently_sent_decays_continuously():
+    """recently_sent decays continuously with time, and new bytes add at full weight."""
     channel = Channel(ChannelDescriptor(0x20))
     scheduler = Scheduler([channel], now=100.0)
     channel.enqueue(b"x" * 1000)
@@ -115,6 +120,7 @@ def test_recently_sent_decays_continuously():
 
 
 def test_recently_sent_counts_header_bytes():
+    """recently_sent counts the packet header too, even for an empty message."""
     channel = Channel(ChannelDescriptor(0x20))
     scheduler = Scheduler([channel], now=0.0)
     channel.enqueue(b"")
@@ -124,6 +130,7 @@ def test_recently_sent_counts_header_bytes():
 
 @pytest.mark.parametrize("order", [(0x40, 0x20), (0x20, 0x40)])
 def test_ties_go_to_the_channel_declared_first(order):
+    """Between equal channels with equal history, the one declared first goes first."""
     channels = _channels(*[(i, 2) for i in order])
     scheduler = Scheduler(channels, now=0.0)
     _fill(channels)
@@ -132,6 +139,7 @@ def test_ties_go_to_the_channel_declared_first(order):
 
 
 def test_equal_priorities_alternate_packet_by_packet():
+    """Two saturated channels of equal priority alternate packet by packet."""
     channels = _channels((0x01, 1), (0x02, 1))
     scheduler = Scheduler(channels, now=0.0)
     _fill(channels)
@@ -143,6 +151,7 @@ def test_equal_priorities_alternate_packet_by_packet():
 
 
 def test_nothing_pending_sends_nothing():
+    """With nothing queued, pending() is False and next_packets returns nothing."""
     channels = _channels((0x01, 1))
     scheduler = Scheduler(channels, now=0.0)
     assert not scheduler.pending()
@@ -150,6 +159,7 @@ def test_nothing_pending_sends_nothing():
 
 
 def test_budget_bounds_a_call_to_within_one_packet():
+    """One next_packets call sends at least the budget and at most one packet more."""
     channels = _channels((0x01, 1), (0x02, 5))
     scheduler = Scheduler(channels, now=0.0)
     _fill(channels)

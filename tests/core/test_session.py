@@ -21,6 +21,7 @@ def session(**kwargs):
 
 
 def test_ack_example_in_the_spec_is_what_the_declaration_builds():
+    """The ack example in specs/wire.md is what encode_ack builds, and it decodes back to its counts."""
     example = re.search(r"`(06 01 09 [0-9a-f ]+)`", SPEC.read_text()).group(1)
     packet = wire.encode_extension(wire.PacketType.ACK, wire.encode_ack({0x20: 5, 0x21: 300}))
     assert packet.hex(" ") == example
@@ -29,6 +30,7 @@ def test_ack_example_in_the_spec_is_what_the_declaration_builds():
 
 
 def test_session_request_and_answer_round_trip_and_refuse_bad_bytes():
+    """Session request and answer round-trip; a resume flag of 02 and a channel acked twice are MalformedPacket."""
     request = wire.SessionRequest(session_id=b"\x01" * 16, resume=True, delivered={0x20: 7})
     assert wire.decode_session_request(wire.encode_session_request(request)) == request
     answer = wire.SessionAnswer(session_id=b"\x02" * 16, resumed=False, reason="unknown session")
@@ -40,6 +42,7 @@ def test_session_request_and_answer_round_trip_and_refuse_bad_bytes():
 
 
 def test_acks_drop_confirmed_messages_in_order():
+    """An ack drops the confirmed messages from the recovery buffer in order; a repeated ack changes nothing."""
     s = session()
     for i in range(4):
         assert s.record_sent(0x20, b"m%d" % i) == i
@@ -51,6 +54,7 @@ def test_acks_drop_confirmed_messages_in_order():
 
 
 def test_impossible_acks_are_protocol_errors_naming_the_values():
+    """An ack beyond what was sent, going backwards, or on an unknown channel is an AckError naming the values."""
     s = session()
     s.record_sent(0x20, b"x")
     with pytest.raises(AckError, match="says 2 messages delivered on channel 0x20, but only 1 were sent"):
@@ -63,6 +67,7 @@ def test_impossible_acks_are_protocol_errors_naming_the_values():
 
 
 def test_resume_resends_exactly_what_the_peer_lacks():
+    """On resume, exactly the messages past the peer's delivered counts are resent, on every channel."""
     s = session()
     for i in range(5):
         s.record_sent(0x20, b"a%d" % i)
@@ -73,6 +78,7 @@ def test_resume_resends_exactly_what_the_peer_lacks():
 
 
 def test_recovery_buffer_is_bounded_but_each_channel_keeps_a_reserve():
+    """The recovery buffer is bounded overall, but a full buffer still leaves each channel its reserve."""
     s = session(recovery_buffer_bytes=1000, channel_reserve_bytes=100)
     s.record_sent(0x20, b"x" * 990)  # bulk fills the shared bound
     assert not s.has_room(0x20, 20)  # over the bound and over 0x20's reserve
@@ -83,6 +89,8 @@ def test_recovery_buffer_is_bounded_but_each_channel_keeps_a_reserve():
 
 
 def test_acks_are_due_after_n_messages_or_b_bytes():
+    """An ack is due after ack_every_messages messages or ack_every_bytes bytes, whichever comes first;
+    proves() accepts only the session's own id."""
     s = session(ack_every_messages=3, ack_every_bytes=100)
     assert not s.record_delivered(0x20, 10)
     assert not s.record_delivered(0x21, 10)

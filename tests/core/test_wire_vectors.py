@@ -50,6 +50,7 @@ def _expected(decoded: dict):
 
 
 def test_vector_files_are_well_formed():
+    """wire.json and hello.json are consistent: unique names, coherent rejected_by layers and fails_at."""
     for vectors in (WIRE["valid"], WIRE["invalid"], HELLO["valid"], HELLO["invalid"]):
         names = _ids(vectors)
         assert len(names) == len(set(names)), "vector names must be unique"
@@ -64,11 +65,13 @@ def test_vector_files_are_well_formed():
 
 @pytest.mark.parametrize("vector", WIRE["valid"], ids=_ids(WIRE["valid"]))
 def test_valid_vector_decodes_with_the_declaration(vector):
+    """Each valid wire vector decodes with the declaration to the values the file gives."""
     assert wire.decode_packet(expand(vector["hex"])) == _expected(vector["decoded"])
 
 
 @pytest.mark.parametrize("vector", WIRE["valid"], ids=_ids(WIRE["valid"]))
 def test_valid_vector_encodes_to_its_canonical_bytes(vector):
+    """Encoding a valid vector's values gives its canonical bytes."""
     kind, payload = _expected(vector["decoded"])
     if kind == PacketType.MSG:
         channel_id, eof, data = payload
@@ -82,6 +85,7 @@ def test_valid_vector_encodes_to_its_canonical_bytes(vector):
 
 @pytest.mark.parametrize("vector", WIRE["valid"], ids=_ids(WIRE["valid"]))
 def test_valid_vector_through_frame_buffer(vector):
+    """Each valid wire vector comes out of the FrameBuffer, fed whole or byte by byte."""
     data = expand(vector["hex"])
     expected = [_expected(vector["decoded"])]
 
@@ -89,12 +93,14 @@ def test_valid_vector_through_frame_buffer(vector):
 
 
 def test_valid_vectors_concatenated_through_frame_buffer():
+    """All valid wire vectors back to back come out of the FrameBuffer one by one."""
     data = b"".join(expand(v["hex"]) for v in WIRE["valid"])
     expected = [_expected(v["decoded"]) for v in WIRE["valid"]]
     check_frames(LIMITS, data, expected)
 
 
 def test_close_vectors_decode_to_code_and_text():
+    """Close vectors decode to their code and text, and encode back to the same body."""
     closes = [v for v in WIRE["valid"] if "close" in v["decoded"]]
     assert closes
     for v in closes:
@@ -106,6 +112,7 @@ def test_close_vectors_decode_to_code_and_text():
 
 @pytest.mark.parametrize("vector", WIRE["valid"], ids=_ids(WIRE["valid"]))
 def test_valid_vector_through_an_open_connection(vector):
+    """An open Connection gives each valid vector's event (or none) without error; a ping gets a pong."""
     conn = open_connection(channels=OPEN_CHANNELS)
     events = conn.receive_data(expand(vector["hex"]), 1.0)
     decoded = vector["decoded"]
@@ -125,6 +132,7 @@ def test_valid_vector_through_an_open_connection(vector):
 
 @pytest.mark.parametrize("case", WIRE["messages"], ids=_ids(WIRE["messages"]))
 def test_message_is_chunked_into_the_vector_packets(case):
+    """A message is cut into exactly the packets the vector file lists for its payload size."""
     message = expand(case["message"])
     expected = [expand(VALID[name]["hex"]) for name in case["packets"]]
     channel = Channel(ChannelDescriptor(case["channel_id"]))
@@ -136,6 +144,7 @@ def test_message_is_chunked_into_the_vector_packets(case):
 
 @pytest.mark.parametrize("case", WIRE["messages"], ids=_ids(WIRE["messages"]))
 def test_chunked_vector_packets_reassemble_in_a_connection(case):
+    """A Connection reassembles a message's vector packets and delivers it once, on the last one."""
     conn = open_connection(channels=[ChannelDescriptor(case["channel_id"])])
     first, *rest = [expand(VALID[name]["hex"]) for name in case["packets"]]
     assert conn.receive_data(first, 1.0) == []
@@ -148,6 +157,7 @@ def test_chunked_vector_packets_reassemble_in_a_connection(case):
 
 @pytest.mark.parametrize("vector", WIRE["invalid"], ids=_ids(WIRE["invalid"]))
 def test_invalid_vector_with_decode_packet(vector):
+    """decode_packet refuses exactly the invalid wire vectors naming it."""
     data = expand(vector["hex"])
     if "decode_packet" in vector["rejected_by"]:
         # The reference decoder reports every failure as MalformedPacket.
@@ -159,11 +169,13 @@ def test_invalid_vector_with_decode_packet(vector):
 
 @pytest.mark.parametrize("vector", WIRE["invalid"], ids=_ids(WIRE["invalid"]))
 def test_invalid_vector_with_frame_buffer(vector):
+    """The FrameBuffer refuses just the vectors naming stream, with the named error at the named byte."""
     check_invalid_frames(LIMITS, vector, getattr(errors, vector["error"]))
 
 
 @pytest.mark.parametrize("vector", WIRE["invalid"], ids=_ids(WIRE["invalid"]))
 def test_invalid_vector_with_a_connection(vector):
+    """A Connection fails with the named error on exactly the invalid vectors naming it."""
     data = expand(vector["hex"])
     if data[0] == PacketType.HELLO:
         conn = make_connection(channels=OPEN_CHANNELS)
@@ -194,6 +206,7 @@ def _hello_from(decoded: dict) -> wire.Hello:
 
 @pytest.mark.parametrize("vector", HELLO["valid"], ids=_ids(HELLO["valid"]))
 def test_hello_vector_decodes_and_encodes(vector):
+    """Each valid hello body decodes to its values and encodes back to the same bytes."""
     body = expand(vector["hex"])
     expected = _hello_from(vector["decoded"])
     assert wire.decode_hello(body) == expected
@@ -202,11 +215,13 @@ def test_hello_vector_decodes_and_encodes(vector):
 
 @pytest.mark.parametrize("vector", HELLO["valid"], ids=_ids(HELLO["valid"]))
 def test_hello_vector_node_id_is_derived_from_its_public_key(vector):
+    """Each hello vector's node id is the one derived from its public key."""
     assert node_id_from_public_key(bytes.fromhex(vector["public_key"])) == vector["decoded"]["node_id"]
 
 
 @pytest.mark.parametrize("vector", [v for v in HELLO["valid"] if "packet_hex" in v])
 def test_hello_packet_vector_opens_a_connection(vector):
+    """A hello packet vector decodes, passes the FrameBuffer byte by byte, and opens a Connection."""
     packet = expand(vector["packet_hex"])
     assert wire.decode_packet(packet) == (PacketType.HELLO, expand(vector["hex"]))
     assert feed_bytewise(vector_frame_buffer(LIMITS), packet) == ([(PacketType.HELLO, expand(vector["hex"]))], None, None)
@@ -217,6 +232,7 @@ def test_hello_packet_vector_opens_a_connection(vector):
 
 @pytest.mark.parametrize("vector", HELLO["invalid"], ids=_ids(HELLO["invalid"]))
 def test_invalid_hello_vector(vector):
+    """Each invalid hello body is MalformedPacket from decode_hello."""
     assert vector["error"] == "MalformedPacket"
     with pytest.raises(errors.MalformedPacket, match="hello|varint"):
         wire.decode_hello(expand(vector["hex"]))
@@ -224,6 +240,7 @@ def test_invalid_hello_vector(vector):
 
 @pytest.mark.parametrize("vector", HELLO["invalid"], ids=_ids(HELLO["invalid"]))
 def test_invalid_hello_vector_fails_a_connection(vector):
+    """An invalid hello body inside a hello packet fails the connection with MalformedPacket."""
     conn = make_connection()
     body = expand(vector["hex"])
     events = conn.receive_data(wire.encode_extension(PacketType.HELLO, body), 0.5)
@@ -233,6 +250,7 @@ def test_invalid_hello_vector_fails_a_connection(vector):
 
 @pytest.mark.parametrize("vector", HELLO["incompatible"], ids=_ids(HELLO["incompatible"]))
 def test_incompatible_hello_vector(vector):
+    """A well-formed but incompatible hello is refused by check_hello with the named error."""
     theirs = wire.decode_hello(expand(vector["hex"]))
     ours = make_hello(node_id="cc" * 20, channels=[], max_packet_payload=1024)
     with pytest.raises(getattr(errors, vector["error"])):
