@@ -21,17 +21,16 @@ from twisted.python.failure import Failure
 
 from mconn import ChannelDescriptor, Config, NodeKey, Reactor, Switch
 from mconn.frame_buffer import FrameBuffer
-from mconn.handshake import make_hello
 from mconn.protocol import MConnectionFactory
 from mconn.wire import (
-    PROTOCOL_VERSION,
     PacketType,
     decode_close,
     encode_close,
-    encode_hello,
     encode_packet,
     encode_uvarint,
 )
+
+from helpers_core import hello_packet  # one hello builder for the core and adapter tests
 
 PING = PacketType.PING
 PONG = PacketType.PONG
@@ -45,22 +44,6 @@ def new_node_id() -> str:
 
 
 # -- packets ----------------------------------------------------------------------
-
-
-def hello_packet(
-    node_id: str,
-    channels=(),
-    *,
-    max_packet_payload: int = 1024,
-    version: int = PROTOCOL_VERSION,
-    listen_address: str = "",
-) -> bytes:
-    """A whole hello packet (specs/handshake.md), built from the declaration."""
-    hello = make_hello(
-        node_id=node_id, channels=list(channels), max_packet_payload=max_packet_payload, listen_address=listen_address
-    )
-    hello = dataclasses.replace(hello, version=version)
-    return encode_packet(HELLO, body=encode_hello(hello))
 
 
 def msg_packet(channel_id: int, data: bytes, *, eof: bool = True) -> bytes:
@@ -247,7 +230,7 @@ CHANNELS = [
 ]
 
 
-def open_connection(
+def open_switch_connection(
     *,
     channels=CHANNELS,
     peer_channels=None,

@@ -7,6 +7,7 @@ other's ``receive_data`` until both are quiet.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import pathlib
@@ -90,21 +91,24 @@ def make_connection(
 
 
 def hello_packet(
-    *,
     node_id: str = NODE_B,
-    channels: list[ChannelDescriptor] | None = None,
+    channels=None,
+    *,
     max_packet_payload: int = 1024,
     version: int = wire.PROTOCOL_VERSION,
+    listen_address: str = "",
 ) -> bytes:
-    """A peer's whole hello packet."""
-    channels = [ChannelDescriptor(CH)] if channels is None else channels
-    hello = make_hello(node_id=node_id, channels=channels, max_packet_payload=max_packet_payload)
-    body = wire.encode_hello(wire.Hello(**{**_fields(hello), "version": version}))
-    return wire.encode_extension(PacketType.HELLO, body)
+    """A peer's whole hello packet (specs/handshake.md), built from the declaration.
 
-
-def _fields(hello: wire.Hello) -> dict:
-    return {name: getattr(hello, name) for name in hello.__dataclass_fields__}
+    ``channels`` (any iterable of ChannelDescriptor) defaults to the one channel CH.
+    The adapter tests use it too, through tests/helpers.py.
+    """
+    channels = [ChannelDescriptor(CH)] if channels is None else list(channels)
+    hello = make_hello(
+        node_id=node_id, channels=channels, max_packet_payload=max_packet_payload, listen_address=listen_address
+    )
+    hello = dataclasses.replace(hello, version=version)
+    return wire.encode_packet(PacketType.HELLO, body=wire.encode_hello(hello))
 
 
 def open_connection(*, peer_payload: int = 1024, now: float = 0.0, **kwargs) -> Connection:

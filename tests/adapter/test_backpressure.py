@@ -5,7 +5,7 @@ from the channel queues, so full queues make try_send return False instead of gr
 buffer. send_rate paces writes with a timer; recv_rate pauses reading.
 """
 
-from helpers import AutoPausingTransport, message_packets, messages_in, msg_packet, open_connection
+from helpers import AutoPausingTransport, message_packets, messages_in, msg_packet, open_switch_connection
 from mconn import ChannelDescriptor, Config
 
 
@@ -15,7 +15,7 @@ def depth(peer, channel_id):
 
 def test_paused_protocol_pulls_nothing_from_the_queues():
     """While paused, queued messages stay queued and nothing is written."""
-    h = open_connection()
+    h = open_switch_connection()
     h.proto.pauseProducing()
     assert h.peer.try_send(0x21, b"one")
     assert h.peer.try_send(0x21, b"two")
@@ -28,7 +28,7 @@ def test_paused_protocol_pulls_nothing_from_the_queues():
 
 def test_try_send_returns_false_when_the_queue_is_full():
     """A channel holds send_queue_capacity messages while paused; one more is refused."""
-    h = open_connection()  # 0x20 capacity 1, 0x21 capacity 2
+    h = open_switch_connection()  # 0x20 capacity 1, 0x21 capacity 2
     h.proto.pauseProducing()
     assert h.peer.try_send(0x20, b"a")
     assert not h.peer.try_send(0x20, b"b")
@@ -40,7 +40,7 @@ def test_try_send_returns_false_when_the_queue_is_full():
 
 def test_resume_producing_writes_the_rest():
     """resumeProducing writes everything that was queued while paused, in order per channel."""
-    h = open_connection()
+    h = open_switch_connection()
     h.proto.pauseProducing()
     h.peer.try_send(0x20, b"a")
     h.peer.try_send(0x21, b"c")
@@ -58,7 +58,7 @@ def test_resume_producing_also_writes_sends_that_were_waiting():
     Without this the message sits in the queue until some unrelated event (a packet from
     the peer, the keepalive timer) pumps again: up to ping_interval later.
     """
-    h = open_connection()
+    h = open_switch_connection()
     h.proto.pauseProducing()
     assert h.peer.try_send(0x20, b"first")
     d = h.peer.send(0x20, b"second")
@@ -73,7 +73,7 @@ def test_auto_pausing_transport_stops_the_scheduler():
     """A transport that pauses when its buffer passes N bytes gets a bounded write; the rest waits."""
     transport = AutoPausingTransport(limit=4096)
     channels = [ChannelDescriptor(0x30, send_queue_capacity=4)]
-    h = open_connection(channels=channels, transport=transport, config=Config(write_batch_bytes=2048))
+    h = open_switch_connection(channels=channels, transport=transport, config=Config(write_batch_bytes=2048))
     big = bytes(range(256)) * 64  # 16 KiB
     assert h.peer.try_send(0x30, big)
     first = transport.value()
@@ -95,7 +95,7 @@ def test_queues_fill_while_the_transport_is_paused():
     """With the transport paused mid-message, try_send fills the queue and then refuses."""
     transport = AutoPausingTransport(limit=1000)
     channels = [ChannelDescriptor(0x30, send_queue_capacity=2)]
-    h = open_connection(channels=channels, transport=transport, config=Config(write_batch_bytes=1024))
+    h = open_switch_connection(channels=channels, transport=transport, config=Config(write_batch_bytes=1024))
     assert h.peer.try_send(0x30, b"x" * 20000)
     assert h.peer.try_send(0x30, b"y")
     assert h.peer.try_send(0x30, b"z")
@@ -105,7 +105,7 @@ def test_queues_fill_while_the_transport_is_paused():
 
 def test_recv_rate_pauses_reading():
     """Bytes beyond recv_rate's burst pause the transport until the rate allows more."""
-    h = open_connection(config=Config(recv_rate=1000))
+    h = open_switch_connection(config=Config(recv_rate=1000))
     h.feed(message_packets(0x20, bytes(4970)))  # 5000 bytes: 5 msg packets (pings would be a flood)
     assert h.transport.producerState == "paused"
     # 5000 bytes against a 2068-byte burst at 1000 B/s: about 2.9 s of debt.
@@ -117,7 +117,7 @@ def test_recv_rate_pauses_reading():
 
 def test_recv_rate_does_not_pause_within_the_burst():
     """A read within the recv_rate burst leaves the transport producing."""
-    h = open_connection(config=Config(recv_rate=1000))
+    h = open_switch_connection(config=Config(recv_rate=1000))
     h.feed(msg_packet(0x20, bytes(94)))  # 100 bytes
     assert h.transport.producerState == "producing"
 
@@ -139,7 +139,7 @@ def test_send_rate_limits_bytes_per_second_smoothly():
     """send_rate holds in every 100 ms window, from the first one on, without stalls or lumps."""
     rate = 100_000
     channels = [ChannelDescriptor(0x30, send_queue_capacity=10)]
-    h = open_connection(channels=channels, config=Config(send_rate=rate, max_packet_payload=256))
+    h = open_switch_connection(channels=channels, config=Config(send_rate=rate, max_packet_payload=256))
     log = write_log(h)
     for _ in range(5):
         assert h.peer.try_send(0x30, b"m" * 40_000)  # 200 kB: 2 s at the rate
@@ -158,6 +158,6 @@ def test_send_rate_limits_bytes_per_second_smoothly():
 def test_send_rate_without_contention_keeps_latency_low():
     """A small message under send_rate, with an empty bucket, goes out at once."""
     channels = [ChannelDescriptor(0x30, send_queue_capacity=10)]
-    h = open_connection(channels=channels, config=Config(send_rate=100_000))
+    h = open_switch_connection(channels=channels, config=Config(send_rate=100_000))
     assert h.peer.try_send(0x30, b"quick")
     assert messages_in(h.take()) == [(0x30, b"quick")]

@@ -5,7 +5,7 @@ within pong_timeout after it, the connection fails with PongTimeout. Only receiv
 prove the peer alive: our own outgoing traffic does not.
 """
 
-from helpers import PING, PONG, close_packets_in, msg_packet, open_connection, parse_packets
+from helpers import PING, PONG, close_packets_in, msg_packet, open_switch_connection, parse_packets
 from mconn import Config, PongTimeout
 from mconn.wire import PacketType
 
@@ -14,7 +14,7 @@ CONFIG = Config(ping_interval=10, pong_timeout=4)
 
 def test_ping_after_ping_interval_of_silence():
     """Nothing is sent before ping_interval; then exactly one ping."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     h.clock.advance(9.9)
     assert h.take() == b""
     h.clock.advance(0.1)
@@ -25,7 +25,7 @@ def test_ping_after_ping_interval_of_silence():
 
 def test_pong_timeout_suspends_the_session_when_resume_is_on():
     """With resume_grace, a pong timeout is a break, not an end: the session is suspended."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     peer = h.peer
     h.clock.advance(10)
     h.clock.advance(4)
@@ -42,7 +42,7 @@ def test_pong_timeout_drops_the_connection():
     peer is presumed gone; if only our direction failed, a close would end its session
     instead of letting it resume), remove_peer (resume disabled: the session ends with
     the connection)."""
-    h = open_connection(config=CONFIG.replace(resume_grace=0))
+    h = open_switch_connection(config=CONFIG.replace(resume_grace=0))
     peer = h.peer
     h.clock.advance(10)
     h.take()
@@ -61,7 +61,7 @@ def test_pong_timeout_drops_the_connection():
 
 def test_pong_timeout_is_logged(telemetry):
     """A pong timeout is a protocol_error event naming the peer."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     h.clock.advance(10)
     h.clock.advance(4)
     [event] = telemetry.named("protocol_error")
@@ -71,7 +71,7 @@ def test_pong_timeout_is_logged(telemetry):
 
 def test_pong_cancels_the_pong_timeout_and_measures_round_trip():
     """A pong after our ping keeps the connection and sets peer.round_trip."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     h.clock.advance(10)
     h.clock.advance(1.5)
     h.feed(bytes([PONG]))
@@ -82,7 +82,7 @@ def test_pong_cancels_the_pong_timeout_and_measures_round_trip():
 
 def test_any_received_bytes_cancel_the_pong_timeout():
     """Any received packet, not only a pong, proves the peer alive."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     h.clock.advance(10)
     h.take()
     h.clock.advance(3)
@@ -98,7 +98,7 @@ def test_any_received_bytes_cancel_the_pong_timeout():
 
 def test_received_bytes_postpone_the_ping():
     """Each received byte restarts the ping_interval countdown."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     for _ in range(5):
         h.clock.advance(9)
         h.feed(bytes([PING]))
@@ -108,7 +108,7 @@ def test_received_bytes_postpone_the_ping():
 
 def test_outgoing_traffic_does_not_postpone_the_ping():
     """Sending every second does not delay the ping: only received bytes count."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     for _ in range(9):
         h.clock.advance(1)
         assert h.peer.try_send(0x21, b"chatter")
@@ -119,7 +119,7 @@ def test_outgoing_traffic_does_not_postpone_the_ping():
 
 def test_outgoing_traffic_does_not_prevent_the_pong_timeout():
     """A peer that only receives from us, and sends nothing, is dropped after the ping."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     h.clock.advance(10)
     for _ in range(4):
         assert not h.transport.disconnecting
@@ -131,7 +131,7 @@ def test_outgoing_traffic_does_not_prevent_the_pong_timeout():
 
 def test_pong_is_sent_before_queued_data():
     """A pong goes out ahead of data already waiting in the queues."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     h.proto.pauseProducing()
     assert h.peer.try_send(0x20, b"queued")
     h.feed(bytes([PING]))
@@ -143,7 +143,7 @@ def test_pong_is_sent_before_queued_data():
 
 def test_even_an_incomplete_packet_proves_the_peer_alive():
     """The first byte of a packet still in flight cancels the pong timeout."""
-    h = open_connection(config=CONFIG)
+    h = open_switch_connection(config=CONFIG)
     h.clock.advance(10)
     h.clock.advance(3)
     data = msg_packet(0x21, b"slow link")

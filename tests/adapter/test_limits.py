@@ -26,7 +26,7 @@ from helpers import (
     hello_packet,
     msg_packet,
     new_node_id,
-    open_connection,
+    open_switch_connection,
     parse_packets,
 )
 from mconn import ChannelDescriptor, Config, ControlFlood, HandshakeTimeout, PacketTooLarge, Switch
@@ -260,7 +260,7 @@ def test_an_answered_session_ends_the_handshake_timer():
 
 
 def test_a_peer_that_pings_too_often_is_dropped_naming_the_rate_and_the_limit(telemetry):
-    h = open_connection(config=Config(ping_interval=10, max_pings_per_interval=5))
+    h = open_switch_connection(config=Config(ping_interval=10, max_pings_per_interval=5))
     h.clock.advance(1)
     h.feed(bytes([PacketType.PING]) * 5)
     assert parse_packets(h.take()) == [(PacketType.PONG,)] * 5
@@ -278,7 +278,7 @@ def test_a_peer_that_pings_too_often_is_dropped_naming_the_rate_and_the_limit(te
 
 
 def test_pings_within_the_limit_in_every_window_are_answered():
-    h = open_connection(config=Config(ping_interval=10, max_pings_per_interval=3))
+    h = open_switch_connection(config=Config(ping_interval=10, max_pings_per_interval=3))
     for _ in range(5):  # five windows, three pings each
         h.feed(bytes([PacketType.PING]) * 3)
         h.clock.advance(10)
@@ -286,7 +286,7 @@ def test_pings_within_the_limit_in_every_window_are_answered():
 
 
 def test_pongs_a_peer_does_not_read_are_bounded():
-    h = open_connection(config=Config(max_control_backlog=3, max_pings_per_interval=100))
+    h = open_switch_connection(config=Config(max_control_backlog=3, max_pings_per_interval=100))
     h.proto.pauseProducing()  # the transport is full: the peer does not read
     for _ in range(3):
         h.feed(bytes([PacketType.PING]))
@@ -301,7 +301,7 @@ def test_pongs_a_peer_does_not_read_are_bounded():
 def test_acks_do_not_pile_up_behind_a_peer_that_does_not_read():
     """Acks are cumulative: an unsent one is replaced by the next, so a busy peer that does
     not read ours costs one queued ack, not one per ack_interval."""
-    h = open_connection(config=Config(ack_every_messages=1, max_control_backlog=2))
+    h = open_switch_connection(config=Config(ack_every_messages=1, max_control_backlog=2))
     h.proto.pauseProducing()
     for i in range(10):
         h.feed(msg_packet(0x20, b"m%d" % i))
@@ -326,7 +326,7 @@ def test_acks_do_not_pile_up_behind_a_peer_that_does_not_read():
     ids=["hello", "close", "optional extension", "hello 2^40"],
 )
 def test_an_oversized_body_is_refused_at_its_header_before_any_byte_is_buffered(header, limit_name):
-    h = open_connection(handshake=False)
+    h = open_switch_connection(handshake=False)
     h.feed(header)  # the header only: the body never needs to arrive
     assert type(h.proto.end_reason) is PacketTooLarge
     assert limit_name.split()[-1] in str(h.proto.end_reason)
@@ -334,7 +334,7 @@ def test_an_oversized_body_is_refused_at_its_header_before_any_byte_is_buffered(
 
 
 def test_an_incomplete_body_buffers_at_most_its_limit():
-    h = open_connection(handshake=False)
+    h = open_switch_connection(handshake=False)
     h.feed(bytes([PacketType.HELLO]) + encode_uvarint(4096) + bytes(4000))
     assert h.proto.end_reason is None
     assert h.proto.core._buffer.buffered == 4 + 4000  # 04 02 10 00, then the body so far

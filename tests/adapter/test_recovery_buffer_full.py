@@ -6,7 +6,7 @@ again: not sent, not counted, and the sequence numbers of later messages unchang
 (specs/resume.md, the recovery buffer bound).
 """
 
-from helpers import messages_in, open_connection
+from helpers import messages_in, open_switch_connection
 from mconn import ChannelDescriptor, Config, wire
 from mconn.session import Session
 from mconn.wire import PacketType
@@ -32,7 +32,7 @@ def fill(h) -> list[bytes]:
 
 
 def test_refused_message_is_neither_queued_nor_sent_nor_counted():
-    h = open_connection(channels=CHANNELS, config=Config(recovery_buffer_bytes=10_000))
+    h = open_switch_connection(channels=CHANNELS, config=Config(recovery_buffer_bytes=10_000))
     accepted = fill(h)
     session = h.peer.session
     # The channel's reserve (64 KiB, over the shared bound of 10,000 bytes) is what it holds.
