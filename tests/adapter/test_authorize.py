@@ -60,6 +60,7 @@ def added(reactor):
 
 
 def test_a_listener_decides_later_and_nothing_happens_before():
+    """Until the listener's hook answers, neither side has a peer or an add_peer; after yes, both do."""
     hook = Hook()
     network, a, ra, b, rb = pair(listener=hook)
     link = connect(network, b, a)
@@ -76,6 +77,7 @@ def test_a_listener_decides_later_and_nothing_happens_before():
 
 
 def test_a_dialer_decides_later_and_gets_what_the_listener_sent_meanwhile():
+    """A message the listener sent before the dialer's hook said yes is delivered once it does."""
     hook = Hook()
     network, a, ra, b, rb = pair(dialer=hook, greeter=True)
     link = connect(network, b, a)
@@ -88,6 +90,7 @@ def test_a_dialer_decides_later_and_gets_what_the_listener_sent_meanwhile():
 
 
 def test_a_later_no_closes_with_unauthorized_and_drops_what_was_held():
+    """A later no closes with unauthorized; the held messages are never delivered and the refusal is counted."""
     hook = Hook()
     network, a, ra, b, rb = pair(dialer=hook, greeter=True)
     link = connect(network, b, a)
@@ -101,6 +104,7 @@ def test_a_later_no_closes_with_unauthorized_and_drops_what_was_held():
 
 
 def test_a_connection_gone_before_the_answer_is_left_alone():
+    """An answer arriving after the connection was lost changes nothing: no peer, no reactor call."""
     hook = Hook()
     network, a, ra, b, rb = pair(listener=hook)
     link = connect(network, b, a)
@@ -112,6 +116,7 @@ def test_a_connection_gone_before_the_answer_is_left_alone():
 
 
 def test_an_answer_that_is_not_a_bool_or_a_failure_refuses():
+    """A hook that fails, or answers a truthy value other than True, refuses as unauthorized."""
     hook = Hook()
     network, a, ra, b, rb = pair(listener=hook)
     link = connect(network, b, a)
@@ -132,6 +137,7 @@ def test_an_answer_that_is_not_a_bool_or_a_failure_refuses():
 
 
 def test_no_answer_within_handshake_timeout_refuses_and_may_be_retried():
+    """A hook that has not answered by handshake_timeout refuses the connection as authorize_timeout."""
     hook = Hook()
     network, a, ra, b, rb = pair(listener=hook)
     connect(network, b, a)
@@ -141,6 +147,7 @@ def test_no_answer_within_handshake_timeout_refuses_and_may_be_retried():
 
 
 def test_allowed_peers_without_tls_checks_the_declared_id():
+    """Without TLS, allowed_peers admits only the node ids listed in the hello; others are unauthorized."""
     network = MemoryNetwork()
     rb = RecordingReactor(CHANNELS)
     b = network.switch([rb], config=CONFIG)
@@ -153,6 +160,7 @@ def test_allowed_peers_without_tls_checks_the_declared_id():
 
 
 def test_an_answer_already_made_counts_at_once():
+    """A hook returning an already-fired yes admits the peer at once, with no held events lost."""
     network, a, ra, b, rb = pair(listener=lambda n, addr, cert: defer.succeed(True), greeter=True)
     link = connect(network, b, a)
     link.flush()

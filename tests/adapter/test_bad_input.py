@@ -86,6 +86,8 @@ def world():
 @pytest.mark.parametrize("data, error_type, had_peer", CASES.values(), ids=list(CASES))
 @pytest.mark.parametrize("one_byte_at_a_time", [False, True], ids=["whole", "bytewise"])
 def test_bad_input_drops_only_that_connection(world, telemetry, data, error_type, had_peer, one_byte_at_a_time):
+    """Bad bytes, whole or bytewise, close only that connection with the specific error, logged and
+    given as the reason; other peers carry on."""
     network, switch, reactor, good, good_reactor, good_link = world
     raw = RawPeer()
     raw_link = network.connect_raw(raw, switch)

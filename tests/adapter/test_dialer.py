@@ -90,6 +90,7 @@ class Harness:
 
 
 def test_the_schedule_without_jitter_is_0_0_then_doubling_milliseconds_up_to_the_cap():
+    """Without jitter the delays are 0, 0, then 4 ms doubling each attempt up to the 4 s cap."""
     delays = [default_reconnect_delay(n, jitter=0) for n in range(1, 16)]
     assert delays == [
         0, 0, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.0, 4.0, 4.0,
@@ -97,11 +98,13 @@ def test_the_schedule_without_jitter_is_0_0_then_doubling_milliseconds_up_to_the
 
 
 def test_max_delay_caps_the_schedule_and_huge_attempts_do_not_overflow():
+    """max_delay caps the delay, and an attempt number of a million still gives the cap."""
     assert default_reconnect_delay(8, max_delay=0.1, jitter=0) == 0.1
     assert default_reconnect_delay(10**6, jitter=0) == 4.0
 
 
 def test_jitter_stays_within_its_bounds_and_spreads_the_delays():
+    """Jittered delays stay within 25% of the base, cap included, and spread over the whole range."""
     rng = random.Random(1234)
     for attempt in (3, 7, 12, 13, 40):
         base = default_reconnect_delay(attempt, jitter=0)
@@ -113,6 +116,7 @@ def test_jitter_stays_within_its_bounds_and_spreads_the_delays():
 
 
 def test_jitter_leaves_the_first_two_attempts_immediate_and_is_exact_at_its_extremes():
+    """The first two attempts stay immediate whatever the jitter; its extremes give exact bounds, never below 0."""
     assert default_reconnect_delay(1, rng=lambda: 0.9) == 0
     assert default_reconnect_delay(2, rng=lambda: 0.9) == 0
     assert default_reconnect_delay(13, jitter=0.5, rng=lambda: 0.0) == 2.0
@@ -130,6 +134,7 @@ def test_jitter_leaves_the_first_two_attempts_immediate_and_is_exact_at_its_extr
     ],
 )
 def test_out_of_range_arguments_are_refused_by_name(kwargs, word):
+    """An attempt below 1 or a bool, jitter over 1 or a negative max_delay is a ValueError naming it."""
     attempt = kwargs.pop("attempt")
     with pytest.raises(ValueError, match=word):
         default_reconnect_delay(attempt, **kwargs)
@@ -139,6 +144,7 @@ def test_out_of_range_arguments_are_refused_by_name(kwargs, word):
 
 
 def test_a_pool_parses_text_drops_duplicates_and_keeps_the_order_when_asked():
+    """AddressPool parses text or takes PeerAddress, drops duplicates, and keeps the order with retain_order."""
     pool = AddressPool([A, parse_address(B), A, C], retain_order=True)
     assert [str(s.address) for s in pool] == [A, B, C]
     assert len(pool) == 3 and pool.states[0] == AddressState(parse_address(A))
@@ -146,6 +152,7 @@ def test_a_pool_parses_text_drops_duplicates_and_keeps_the_order_when_asked():
 
 
 def test_a_pool_is_shuffled_by_its_rng_unless_retain_order():
+    """Without retain_order the pool is shuffled by its rng: the same seed gives the same order."""
     addresses = [f"10.0.0.{i}:26656" for i in range(1, 21)]
     first = [str(s.address) for s in AddressPool(addresses, rng=random.Random(5))]
     again = [str(s.address) for s in AddressPool(addresses, rng=random.Random(5))]
@@ -155,11 +162,13 @@ def test_a_pool_is_shuffled_by_its_rng_unless_retain_order():
 
 
 def test_a_bad_address_is_refused_when_the_pool_is_built():
+    """A malformed address is a ValueError when the pool is built, not when it is dialed."""
     with pytest.raises(ValueError, match="missing ':<port>'"):
         AddressPool(["nohost"])
 
 
 def test_candidates_are_the_unbanned_ordered_by_fewest_failures_stable_on_pool_order():
+    """candidates() leaves out banned addresses and orders the rest by failures, ties in pool order."""
     pool = AddressPool([A, B, C], retain_order=True)
     a, b, c = pool.states
     a.failed_attempts, b.failed_attempts, c.failed_attempts = 2, 1, 1
@@ -169,6 +178,7 @@ def test_candidates_are_the_unbanned_ordered_by_fewest_failures_stable_on_pool_o
 
 
 def test_discovered_addresses_are_added_once_and_ignored_when_asked():
+    """A discovered address is added once, marked discovered; with ignore_discovered nothing is added."""
     pool = AddressPool([A], retain_order=True)
     assert pool.add_discovered(B) is True
     assert pool.add_discovered(parse_address(B)) is False
@@ -179,6 +189,7 @@ def test_discovered_addresses_are_added_once_and_ignored_when_asked():
 
 
 def test_replace_keeps_the_state_of_addresses_in_both_pools():
+    """replace() keeps the state of addresses still present, adds fresh ones and drops the rest."""
     pool = AddressPool([A, B], retain_order=True)
     pool.add_discovered(C)
     a, b, c = pool.states
@@ -209,6 +220,7 @@ def test_replace_keeps_the_state_of_addresses_in_both_pools():
     ],
 )
 def test_which_failures_are_not_retried(error, banned):
+    """Id mismatches, authentication failures and unauthorized refusals are not retried; other failures are."""
     assert is_not_retried(error) is banned
 
 
@@ -216,6 +228,7 @@ def test_which_failures_are_not_retried(error, banned):
 
 
 def test_the_first_attempt_is_on_the_next_turn_and_attempts_follow_the_schedule():
+    """start() dials on the next reactor turn, and each failure waits the scheduled delay before the next."""
     h = Harness(addresses=(A,))
     h.dialer.start()
     assert h.connect.calls == [] and h.dialer.running
@@ -234,6 +247,7 @@ def test_the_first_attempt_is_on_the_next_turn_and_attempts_follow_the_schedule(
 
 
 def test_the_dialer_goes_round_robin_over_the_addresses_with_fewest_failures():
+    """With equal failures the dialer goes round the pool in order."""
     h = Harness()
     h.dialer.start()
     for _ in range(7):
@@ -243,6 +257,7 @@ def test_the_dialer_goes_round_robin_over_the_addresses_with_fewest_failures():
 
 
 def test_an_address_with_fewer_failures_is_preferred():
+    """The dialer picks the address with the fewest failures first."""
     h = Harness()
     h.pool.states[0].failed_attempts = 5
     h.pool.states[1].failed_attempts = 1
@@ -253,6 +268,7 @@ def test_an_address_with_fewer_failures_is_preferred():
 
 
 def test_a_success_marks_the_address_resets_the_counter_and_stops():
+    """A success marks the address connected, clears its failures and the attempt counter, and stops dialing."""
     h = Harness()
     h.dialer.start()
     h.fail_next()
@@ -266,6 +282,7 @@ def test_a_success_marks_the_address_resets_the_counter_and_stops():
 
 
 def test_after_a_break_the_restarted_dialer_begins_again_on_the_next_address():
+    """A dialer restarted after a success dials the next address in the pool first."""
     h = Harness()
     h.dialer.start()
     h.clock.advance(0)
@@ -276,6 +293,7 @@ def test_after_a_break_the_restarted_dialer_begins_again_on_the_next_address():
 
 
 def test_a_callback_that_raises_is_logged_and_does_not_stop_the_dialer():
+    """An on_attempt callback that raises does not stop the dialer: the next attempt still happens."""
     h = Harness()
     h.dialer.on_attempt = lambda info: 1 / 0
     h.dialer.start()
@@ -289,6 +307,7 @@ def test_a_callback_that_raises_is_logged_and_does_not_stop_the_dialer():
 
 
 def test_max_reconnects_gives_up_after_that_many_failures():
+    """After max_reconnects failures the dialer gives up, naming the count and the last error, and goes idle."""
     h = Harness(max_reconnects=3)
     h.dialer.start()
     for _ in range(3):
@@ -300,6 +319,7 @@ def test_max_reconnects_gives_up_after_that_many_failures():
 
 
 def test_max_reconnects_counts_again_from_zero_after_a_success():
+    """A success resets the count toward max_reconnects."""
     h = Harness(max_reconnects=3)
     h.dialer.start()
     h.fail_next()
@@ -315,6 +335,7 @@ def test_max_reconnects_counts_again_from_zero_after_a_success():
 
 
 def test_max_reconnects_counts_again_from_zero_after_the_pool_is_replaced():
+    """set_address_pool resets the count toward max_reconnects and dials only the new pool's addresses."""
     h = Harness(max_reconnects=2)
     h.dialer.start()
     h.fail_next()
@@ -327,6 +348,7 @@ def test_max_reconnects_counts_again_from_zero_after_the_pool_is_replaced():
 
 
 def test_reset_sets_the_attempt_counter_back_to_zero():
+    """reset() sets the attempt counter back to zero, so max_reconnects counts afresh."""
     h = Harness(max_reconnects=2)
     h.dialer.start()
     h.fail_next()
@@ -336,6 +358,7 @@ def test_reset_sets_the_attempt_counter_back_to_zero():
 
 
 def test_max_reconnects_zero_gives_up_at_once():
+    """max_reconnects=0 gives up on start without dialing."""
     h = Harness(max_reconnects=0)
     h.dialer.start()
     assert h.gave_up == ["gave up after 0 failed attempts (max_reconnects=0)"]
@@ -346,6 +369,7 @@ def test_max_reconnects_zero_gives_up_at_once():
 
 
 def test_an_authentication_failure_bans_the_address_and_the_dialer_moves_on():
+    """An authentication failure bans the address (result not_retried); the dialer keeps to the others."""
     h = Harness()
     h.dialer.start()
     h.fail_next(PeerIdMismatch(ID_A, ID_B))
@@ -359,6 +383,7 @@ def test_an_authentication_failure_bans_the_address_and_the_dialer_moves_on():
 
 
 def test_the_dialer_gives_up_naming_the_addresses_when_all_are_banned():
+    """Once every address is banned the dialer gives up, naming each address and its error."""
     h = Harness(addresses=(A, B))
     h.dialer.start()
     h.fail_next(PeerClosed("unauthorized", ""))
@@ -371,6 +396,7 @@ def test_the_dialer_gives_up_naming_the_addresses_when_all_are_banned():
 
 
 def test_an_empty_pool_gives_up_at_once():
+    """An empty pool gives up on start, saying the pool is empty."""
     h = Harness(addresses=())
     h.dialer.start()
     assert h.gave_up == ["the address pool is empty"]
@@ -381,6 +407,7 @@ def test_an_empty_pool_gives_up_at_once():
 
 
 def test_choose_address_picks_the_address_and_its_delay():
+    """choose_address picks the address and the delay, and gets the previous attempt's info (None first)."""
     seen = []
 
     def choose(pool, last_info):
@@ -398,6 +425,7 @@ def test_choose_address_picks_the_address_and_its_delay():
 
 
 def test_choose_address_may_name_a_peer_address_and_leave_the_delay_to_the_default():
+    """choose_address may return a PeerAddress and a None delay; the default schedule then applies."""
     h = Harness(choose_address=lambda pool, info: (parse_address(B), None))
     h.dialer.start()
     h.fail_next()
@@ -417,6 +445,7 @@ def test_choose_address_may_name_a_peer_address_and_leave_the_delay_to_the_defau
     ],
 )
 def test_an_answer_outside_the_pool_falls_back_to_the_default_order(answer):
+    """An address outside the pool or a malformed answer from choose_address falls back to the default order."""
     h = Harness(choose_address=lambda pool, info: answer)
     h.dialer.start()
     h.fail_next()
@@ -425,6 +454,7 @@ def test_an_answer_outside_the_pool_falls_back_to_the_default_order(answer):
 
 
 def test_choose_address_naming_a_banned_address_falls_back():
+    """A banned address or a negative delay from choose_address falls back to the default choice."""
     h = Harness(choose_address=lambda pool, info: (A, -1))
     h.pool.states[0].banned = True
     h.dialer.start()
@@ -433,6 +463,7 @@ def test_choose_address_naming_a_banned_address_falls_back():
 
 
 def test_choose_address_that_raises_falls_back():
+    """A choose_address that raises falls back to the default order."""
     h = Harness(choose_address=lambda pool, info: 1 / 0)
     h.dialer.start()
     h.fail_next()
@@ -443,6 +474,7 @@ def test_choose_address_that_raises_falls_back():
 
 
 def test_stop_during_a_wait_cancels_it():
+    """stop() while waiting cancels the wait: no more attempts, however long the clock runs."""
     h = Harness()
     h.dialer.start()
     h.fail_next()
@@ -455,6 +487,7 @@ def test_stop_during_a_wait_cancels_it():
 
 
 def test_stop_during_an_attempt_ignores_its_failure():
+    """A failure of the attempt in flight at stop() is swallowed: not counted, not reported, not retried."""
     h = Harness()
     h.dialer.start()
     h.clock.advance(0)
@@ -465,6 +498,7 @@ def test_stop_during_an_attempt_ignores_its_failure():
 
 
 def test_stop_during_an_attempt_ignores_its_success():
+    """A success of the attempt in flight at stop() is ignored: no on_connected, address not marked."""
     h = Harness()
     h.dialer.start()
     h.clock.advance(0)
@@ -475,6 +509,7 @@ def test_stop_during_an_attempt_ignores_its_success():
 
 
 def test_a_restart_after_stop_ignores_the_old_attempt():
+    """After stop() and start(), the old attempt's result is ignored and only the new one counts."""
     h = Harness()
     h.dialer.start()
     h.clock.advance(0)
@@ -490,6 +525,7 @@ def test_a_restart_after_stop_ignores_the_old_attempt():
 
 
 def test_on_attempt_may_stop_the_dialer():
+    """on_attempt may call stop(); the dialer then goes idle."""
     h = Harness()
     h.dialer.on_attempt = lambda info: h.dialer.stop()
     h.dialer.start()
@@ -498,6 +534,7 @@ def test_on_attempt_may_stop_the_dialer():
 
 
 def test_start_twice_makes_one_attempt():
+    """A second start() while running makes no extra attempt."""
     h = Harness()
     h.dialer.start()
     h.dialer.start()
@@ -506,6 +543,7 @@ def test_start_twice_makes_one_attempt():
 
 
 def test_a_synchronous_failure_waits_for_the_clock():
+    """A connect that fails synchronously still waits for the clock between attempts; no recursion."""
     h = Harness(max_reconnects=4)
     h.dialer.connect = lambda address: defer.fail(ConnectionRefusedError())
     h.dialer.start()
@@ -518,6 +556,7 @@ def test_a_synchronous_failure_waits_for_the_clock():
 
 
 def test_connect_that_raises_counts_as_a_failure():
+    """A connect that raises is a failed attempt whose error is reported."""
     h = Harness()
 
     def connect(address):
@@ -533,6 +572,7 @@ def test_connect_that_raises_counts_as_a_failure():
 
 
 def test_on_attempt_reports_every_field():
+    """on_attempt gets address, attempt, delay, result and error for each attempt; last_info is the last."""
     h = Harness()
     h.dialer.start()
     h.fail_next()

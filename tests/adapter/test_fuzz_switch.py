@@ -50,6 +50,8 @@ def world():
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schedule=schedules())
 def test_a_hostile_stream_ends_with_a_specific_reason_and_harms_nobody_else(schedule):
+    """Any hostile stream ends its connection with a specific reason, while the good peer on the same
+    Switch keeps its session and both directions still work."""
     network, switch, reactor, good, good_reactor, good_link = world()
     raw = RawPeer()
     link = network.connect_raw(raw, switch)

@@ -69,6 +69,7 @@ NEW_FIELDS = ["max_pending_handshakes", "max_connections_per_ip", "max_pings_per
 
 
 def test_defaults():
+    """Defaults: 64 pending handshakes, 8 connections per IP, 20 pings per interval, 64 unsent control packets."""
     c = Config()
     assert (c.max_pending_handshakes, c.max_connections_per_ip) == (64, 8)
     assert (c.max_pings_per_interval, c.max_control_backlog) == (20, 64)
@@ -77,6 +78,7 @@ def test_defaults():
 @pytest.mark.parametrize("field", NEW_FIELDS)
 @pytest.mark.parametrize("value", [0, -1, 1.5, True, "8"])
 def test_invalid_limits_are_refused_naming_field_and_value(field, value):
+    """Each abuse limit must be an integer >= 1; anything else is a ValueError naming field and value."""
     with pytest.raises(ValueError, match=f"Config.{field} must be an integer >= 1, got {value!r}"):
         Config(**{field: value})
 
@@ -85,6 +87,8 @@ def test_invalid_limits_are_refused_naming_field_and_value(field, value):
 
 
 def test_past_max_pending_handshakes_a_new_connection_is_refused_at_once(network, telemetry):
+    """Past max_pending_handshakes a new connection is closed at once with pending_limit, before any
+    Connection is built; counted in refusals and logged, the handshaking ones untouched."""
     switch, _ = listener(network, max_pending_handshakes=2)
     stalled = [connect(network, switch) for _ in range(2)]
     raw, link = connect(network, switch)
@@ -105,6 +109,7 @@ def test_past_max_pending_handshakes_a_new_connection_is_refused_at_once(network
 
 
 def test_a_finished_handshake_frees_its_pending_slot(network):
+    """A completed handshake frees its pending slot for the next connection."""
     switch, reactor = listener(network, max_pending_handshakes=1)
     first, _ = connect(network, switch)
     first.send(hello_of())
@@ -117,6 +122,7 @@ def test_a_finished_handshake_frees_its_pending_slot(network):
 
 
 def test_a_closed_pending_connection_frees_its_slot(network):
+    """A handshaking connection that is lost frees its pending slot."""
     switch, _ = listener(network, max_pending_handshakes=1)
     first, link = connect(network, switch)
     link.reset()
@@ -127,6 +133,7 @@ def test_a_closed_pending_connection_frees_its_slot(network):
 
 
 def test_outbound_connections_are_not_pending_inbound_ones(network):
+    """Our own outbound handshakes do not count against max_pending_handshakes."""
     switch, _ = listener(network, max_pending_handshakes=1)
     other, _ = listener(network)
     network.connect(switch, other)  # outbound from switch: its handshake does not count
@@ -138,6 +145,8 @@ def test_outbound_connections_are_not_pending_inbound_ones(network):
 
 
 def test_past_max_connections_per_ip_a_new_connection_from_that_ip_is_refused(network, telemetry):
+    """Past max_connections_per_ip, established ones included, a new connection from that IP is refused
+    with ip_limit; other addresses still connect."""
     switch, _ = listener(network, max_connections_per_ip=2)
     peers = [connect(network, switch, hello_of()) for _ in range(2)]  # established ones count too
     assert len(switch.peers) == 2
@@ -156,6 +165,7 @@ def test_past_max_connections_per_ip_a_new_connection_from_that_ip_is_refused(ne
 
 
 def test_a_lost_connection_releases_its_ip_slot(network):
+    """A lost connection releases its per-IP slot, so another from that IP is admitted."""
     switch, _ = listener(network, max_connections_per_ip=1)
     first, link = connect(network, switch, hello_of())
     assert switch._connections_per_ip == {"192.0.2.1": 1}
@@ -181,6 +191,7 @@ def test_the_ip_slot_is_released_by_the_key_it_was_taken_with(network):
 
 
 def test_a_refused_connection_releases_nothing(network):
+    """A connection refused by ip_limit took no slot, so its end releases none."""
     switch, _ = listener(network, max_connections_per_ip=1)
     connect(network, switch)
     raw, link = connect(network, switch)
@@ -190,6 +201,7 @@ def test_a_refused_connection_releases_nothing(network):
 
 
 def test_outbound_connections_do_not_count_per_ip(network):
+    """Outbound connections do not count against max_connections_per_ip."""
     dialer, _ = listener(network, max_connections_per_ip=1)
     targets = [listener(network)[0] for _ in range(3)]
     for target in targets:
@@ -201,6 +213,7 @@ def test_outbound_connections_do_not_count_per_ip(network):
 
 
 def test_peer_limits_are_counted_in_refusals(network, telemetry):
+    """A peer over max_inbound_peers is refused with inbound_limit, counted in refusals and logged."""
     switch, _ = listener(network, max_inbound_peers=1)
     connect(network, switch, hello_of())
     raw, _ = connect(network, switch, hello_of())
@@ -247,6 +260,7 @@ def test_handshake_timeout_bounds_the_wait_for_the_session_answer():
 
 
 def test_an_answered_session_ends_the_handshake_timer():
+    """Once the session answer arrives, handshake_timeout no longer applies; the next deadline is the ping."""
     clock, switch, proto, transport = outbound_connection(Config(handshake_timeout=5, ping_interval=60))
     request = proto.session_request
     answer = encode_session_answer(SessionAnswer(session_id=request.session_id, resumed=False, reason=""))
@@ -260,6 +274,8 @@ def test_an_answered_session_ends_the_handshake_timer():
 
 
 def test_a_peer_that_pings_too_often_is_dropped_naming_the_rate_and_the_limit(telemetry):
+    """More than max_pings_per_interval pings in a ping_interval is ControlFlood, naming the rate and the
+    limit in the close, the log and remove_peer."""
     h = open_switch_connection(config=Config(ping_interval=10, max_pings_per_interval=5))
     h.clock.advance(1)
     h.feed(bytes([PacketType.PING]) * 5)
@@ -278,6 +294,7 @@ def test_a_peer_that_pings_too_often_is_dropped_naming_the_rate_and_the_limit(te
 
 
 def test_pings_within_the_limit_in_every_window_are_answered():
+    """Pings up to the limit in every window keep the connection open."""
     h = open_switch_connection(config=Config(ping_interval=10, max_pings_per_interval=3))
     for _ in range(5):  # five windows, three pings each
         h.feed(bytes([PacketType.PING]) * 3)
@@ -286,6 +303,7 @@ def test_pings_within_the_limit_in_every_window_are_answered():
 
 
 def test_pongs_a_peer_does_not_read_are_bounded():
+    """Pongs left unsent past max_control_backlog, because the peer does not read, are ControlFlood."""
     h = open_switch_connection(config=Config(max_control_backlog=3, max_pings_per_interval=100))
     h.proto.pauseProducing()  # the transport is full: the peer does not read
     for _ in range(3):
@@ -326,6 +344,7 @@ def test_acks_do_not_pile_up_behind_a_peer_that_does_not_read():
     ids=["hello", "close", "optional extension", "hello 2^40"],
 )
 def test_an_oversized_body_is_refused_at_its_header_before_any_byte_is_buffered(header, limit_name):
+    """A hello, close or extension body over its limit is PacketTooLarge from its header, nothing buffered."""
     h = open_switch_connection(handshake=False)
     h.feed(header)  # the header only: the body never needs to arrive
     assert type(h.proto.end_reason) is PacketTooLarge
@@ -334,6 +353,7 @@ def test_an_oversized_body_is_refused_at_its_header_before_any_byte_is_buffered(
 
 
 def test_an_incomplete_body_buffers_at_most_its_limit():
+    """A body within its limit is buffered as it arrives, and no more than it."""
     h = open_switch_connection(handshake=False)
     h.feed(bytes([PacketType.HELLO]) + encode_uvarint(4096) + bytes(4000))
     assert h.proto.end_reason is None

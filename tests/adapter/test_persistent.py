@@ -77,6 +77,7 @@ def test_a_persistent_peer_gets_a_fresh_session_after_its_session_ends(network):
 
 
 def test_a_non_persistent_peer_is_not_dialed_after_its_session_ends(network):
+    """A peer dialed without persistent is not dialed again once the other side closes its session."""
     a, b = Node(network, None), Node(network, 26656)
     got = results_of(a.switch.dial(b.address))
     settle(network)
@@ -87,6 +88,7 @@ def test_a_non_persistent_peer_is_not_dialed_after_its_session_ends(network):
 
 
 def test_a_persistent_dial_needs_the_node_id(network):
+    """A persistent dial of an address without a node id fails with a ValueError."""
     a = Node(network, None)
     [failure] = results_of(a.switch.dial("127.0.0.1:26656", persistent=True))
     assert failure.check(ValueError) and "needs its node id" in str(failure.value)
@@ -121,6 +123,7 @@ def test_without_retry_initial_dial_the_first_error_fails_the_dial_and_ends_dial
 
 
 def test_max_reconnects_gives_up_with_dial_gave_up(network, telemetry):
+    """After max_reconnects failed attempts the dial fails with DialGaveUp, logged, and the pool is dropped."""
     config = CONFIG.replace(max_reconnects=3)
     a = Node(network, None, config=config)
     node_id = "ab" * 20
@@ -149,6 +152,7 @@ def test_a_suspended_session_is_resumed_through_the_persistent_dialer(network):
 
 
 def test_listen_addresses_from_hellos_join_the_pool_unless_ignored(network):
+    """The listen address in a peer's hello joins its pool as discovered, unless ignore_discovered_addresses."""
     a, b = Node(network, None), Node(network, 26656)
     b.switch.listen_address = "127.0.0.1:26999"  # what b announces in its hellos
     a.switch.dial(b.address, persistent=True)
@@ -166,6 +170,8 @@ def test_listen_addresses_from_hellos_join_the_pool_unless_ignored(network):
 
 
 def test_set_address_pool_replaces_the_pool_and_keeps_known_state(network):
+    """set_address_pool replaces a persistent peer's pool keeping known addresses' state; another node's
+    address or an unknown peer is refused."""
     a, b = Node(network, None), Node(network, 26656)
     a.switch.dial(b.address, persistent=True)
     settle(network)
@@ -296,6 +302,7 @@ def test_simultaneous_dial_keeps_the_connection_dialed_by_the_smaller_node_id(ne
 
 
 def test_choose_address_picks_the_next_address(network):
+    """A choose_address hook steers the persistent dialer away from a dead address to the live one."""
     picked = []
 
     def choose(pool, last_info):
@@ -312,6 +319,7 @@ def test_choose_address_picks_the_next_address(network):
 
 
 def test_a_custom_reconnect_delay_is_used(network, telemetry):
+    """A reconnect_delay function gets each attempt number and its delays are the ones waited and logged."""
     delays = []
 
     def reconnect_delay(attempt):
@@ -342,6 +350,7 @@ def test_node_counters_stay_bounded_when_strangers_come_and_go(network, monkeypa
 
 
 def test_dialing_a_persistent_node_again_adds_the_address_as_configured(network):
+    """Dialing a persistent node again adds the address to its pool as configured, even one discovered."""
     a, b = Node(network, None), Node(network, 26656)
     b.switch.listen_address = "127.0.0.1:26999"
     a.switch.dial(b.address, persistent=True)

@@ -32,6 +32,8 @@ def fill(h) -> list[bytes]:
 
 
 def test_refused_message_is_neither_queued_nor_sent_nor_counted():
+    """A message refused by a full recovery buffer is not queued, sent or counted; acks make room and the
+    next message takes the next number."""
     h = open_switch_connection(channels=CHANNELS, config=Config(recovery_buffer_bytes=10_000))
     accepted = fill(h)
     session = h.peer.session

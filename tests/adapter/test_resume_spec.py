@@ -441,6 +441,7 @@ def telemetry_of(events: list[dict]) -> list[str]:
 
 
 def test_every_row_has_a_scenario_and_every_scenario_a_row():
+    """Each (state, input) row of the spec's table has exactly one scenario here, and each scenario a row."""
     keys = {(row.state, row.input) for row in ROWS}
     assert len(keys) == len({(row.state, row.side, row.input) for row in ROWS}), "a (state, input) pair twice"
     assert keys == set(SCENARIOS), (
@@ -452,6 +453,7 @@ def test_every_row_has_a_scenario_and_every_scenario_a_row():
 
 @pytest.mark.parametrize("row, side", CASES, ids=[f"{r.state}-{s}-{r.input}" for r, s in CASES])
 def test_state_table_row(row, side, telemetry):
+    """Applying a row's input leads to its next state, with exactly its reactor calls and session events."""
     assert (row.state, row.input) in SCENARIOS, f"no scenario for ({row.state}, {row.input})"
     make_world, drive = SCENARIOS[(row.state, row.input)]
     world = make_world()

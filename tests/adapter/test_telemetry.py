@@ -151,11 +151,13 @@ def test_field_values_have_the_documented_types(emitted):
 
 
 def test_events_are_logged_at_the_documented_level(emitted):
+    """Every emitted event is logged at the level the telemetry spec gives for it."""
     for event in emitted:
         assert event["log_level"].name == SPEC_EVENTS[event["event"]]["level"], event["event"]
 
 
 def test_events_are_in_the_mconn_namespace_with_the_event_name_in_the_field(emitted):
+    """Every event is logged in the mconn namespace, with the log format FORMATS gives its name."""
     for event in emitted:
         assert event["log_namespace"] == "mconn"
         assert event["log_format"] == FORMATS[event["event"]]

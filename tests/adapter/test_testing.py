@@ -46,6 +46,7 @@ def test_fake_peer_follows_the_peer_contract():
 
 
 def test_fake_peer_without_channels_accepts_anything():
+    """A FakePeer made without channels has a node id and accepts any message on any channel."""
     peer = FakePeer()
     assert len(peer.node_id) == 40
     assert peer.try_send(7, b"x" * 100_000)
@@ -119,6 +120,7 @@ def test_dial_goes_through_the_switchs_own_endpoint():
 
 
 def test_dial_to_a_closed_port_is_refused_and_through_a_black_hole_times_out():
+    """A dial to a host that does not listen is refused; one through a black hole times out at dial_timeout."""
     from twisted.internet.error import ConnectionRefusedError, TimeoutError
 
     network, a, b, *_ = pair()
@@ -191,6 +193,7 @@ def test_heal_resets_the_end_that_did_not_give_up():
 
 
 def test_delay_delivers_after_the_delay():
+    """A delayed link delivers a message only once the delay has passed; a negative delay is a ValueError."""
     network, a, b, ra, rb, link = pair()
     network.delay(a, b, 0.5)
     assert a.peers[b.node_id].try_send(0x41, b"slow")
