@@ -1,20 +1,23 @@
 """Channels: descriptors, send queues, chunking, reassembly and the priority scheduler.
 
-Theory of operation (specs/wire.md section 4, specs/scheduling.md).
+Theory of operation (specs/scheduling.md; the packet layout is specs/wire.md section 2.3).
 
 Sending. Each channel holds up to ``send_queue_capacity`` whole messages plus the one
 being cut into packets. Every packet but a message's last carries exactly the negotiated
-payload size. The next packet comes from the pending channel with the lowest
-``recently_sent / priority``. ``recently_sent`` counts the bytes a channel put on the wire
-(headers included) and decays continuously, ``exp(-dt / DECAY_TAU)`` (the reference
-multiplies by 0.8 every 2 s, a step every 2 s; ours is the same average decay without
-the steps). Decaying every channel on every packet would cost O(channels); instead every
-channel stores ``recently_sent * exp((t - epoch) / tau)`` so that one common factor
-decays them all at once, and comparisons need no decay at all. When the factor grows
-large the stored values are rescaled.
+payload size (chunking: specs/wire.md section 4, specs/scheduling.md section 2). The next
+packet comes from the pending channel with the lowest ``recently_sent / priority``, ties
+to the channel declared first (specs/scheduling.md section 3.1). ``recently_sent`` counts
+the bytes a channel put on the wire (headers included) and decays continuously,
+``exp(-dt / DECAY_TAU)`` (the reference multiplies by 0.8 every 2 s, a step every 2 s;
+ours is the same average decay without the steps; section 3.2). Decaying every channel
+on every packet would cost O(channels); instead every channel stores
+``recently_sent * exp((t - epoch) / tau)`` so that one common factor decays them all at
+once, and comparisons need no decay at all. When the factor grows large the stored values
+are rescaled (section 8).
 
-Once a channel is chosen it keeps the wire while its ratio stays at or below the
-runner-up's: the greedy choice per packet, computed per run of packets.
+Once a channel is chosen it keeps the wire while its ratio stays below the runner-up's;
+on a tie the choice is made again: the greedy choice per packet, computed per run of
+packets (section 8). What this guarantees, and what it does not, is section 6.
 
 Receiving. Payloads append to a per-channel buffer until eof; a message is checked
 against ``recv_message_capacity`` before its bytes are kept.
