@@ -14,6 +14,8 @@ def run(args, timeout=120):
 
 
 def test_two_nodes_example_shows_messages_crossing_on_three_channels():
+    """examples/two_nodes.py exits 0 with messages on chat, status and bulk; a chat line beats the 32 MiB bulk
+    message (priorities)."""
     result = run([sys.executable, "examples/two_nodes.py"])
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
@@ -25,6 +27,8 @@ def test_two_nodes_example_shows_messages_crossing_on_three_channels():
 
 
 def test_readme_reactor_snippet_runs():
+    """The README's Python snippet runs as written: both nodes print the other's greeting, short id matching
+    full id."""
     readme = (ROOT / "README.md").read_text()
     snippet = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
     result = run([sys.executable, "-c", snippet], timeout=60)
@@ -35,6 +39,7 @@ def test_readme_reactor_snippet_runs():
 
 
 def test_makefile_targets_match_the_readme():
+    """Every make target the README names exists in the Makefile, and CI runs `make test`."""
     readme = (ROOT / "README.md").read_text()
     makefile = (ROOT / "Makefile").read_text()
     for target in ("run", "test"):

@@ -156,6 +156,8 @@ def assert_clean(reason):
 
 @pytest_twisted.ensureDeferred
 async def test_forwards_5_mb_each_way_intact_and_closes_cleanly():
+    """5 MB each way pass through intact, counted per link and per proxy; a clean close ends both sides and
+    the link."""
     down = os.urandom(5 * 1024 * 1024)
     up = os.urandom(5 * 1024 * 1024)
     s = await started(greeting=down)
@@ -180,6 +182,7 @@ async def test_forwards_5_mb_each_way_intact_and_closes_cleanly():
 
 @pytest_twisted.ensureDeferred
 async def test_server_close_reaches_the_client_after_the_data():
+    """A server's close reaches the client cleanly, after the bytes written before it."""
     s = await started()
     try:
         client, server = await s.connect()
@@ -193,6 +196,8 @@ async def test_server_close_reaches_the_client_after_the_data():
 
 @pytest_twisted.ensureDeferred
 async def test_half_close_is_forwarded_and_the_other_direction_keeps_flowing():
+    """A client FIN is forwarded as a half-close: the server's reply still flows back before both ends close
+    cleanly."""
     s = await started(peer_class=Responder)
     try:
         client, server = await s.connect()
@@ -208,6 +213,8 @@ async def test_half_close_is_forwarded_and_the_other_direction_keeps_flowing():
 
 @pytest_twisted.ensureDeferred
 async def test_reset_one_link_then_all_aborts_both_ends_promptly():
+    """Resetting one link aborts both of its ends (once) and leaves the others working; reset_all aborts the
+    rest within a second."""
     s = await started()
     try:
         (client, server), *pairs = [await s.connect(greeting=b"hi") for _ in range(3)]
@@ -236,6 +243,8 @@ async def test_reset_one_link_then_all_aborts_both_ends_promptly():
 
 @pytest_twisted.ensureDeferred
 async def test_blackhole_drops_everything_closes_nothing_and_stop_ends_it():
+    """A black hole forwards and closes nothing, new links included; after heal() only new links work, and
+    stop() ends all."""
     s = await started()
     try:
         client, server = await s.connect(greeting=b"ping")
@@ -278,6 +287,8 @@ async def _wait_for_links(proxy, n):
 
 @pytest_twisted.ensureDeferred
 async def test_link_opened_during_blackhole_never_reaches_the_server():
+    """A connection accepted during a black hole never reaches the target and stays open until the proxy
+    stops."""
     s = await started()
     try:
         s.proxy.blackhole_all()
@@ -292,6 +303,8 @@ async def test_link_opened_during_blackhole_never_reaches_the_server():
 
 @pytest_twisted.ensureDeferred
 async def test_delay_holds_each_chunk_at_least_that_long_and_keeps_order():
+    """A delay holds each chunk at least that long, a later shorter delay never reorders chunks, and a close
+    waits behind its data."""
     s = await started()
     try:
         client, server = await s.connect()
@@ -321,6 +334,8 @@ async def test_delay_holds_each_chunk_at_least_that_long_and_keeps_order():
 @pytest.mark.parametrize("n", [0, 1, 4095, 150_000])
 @pytest_twisted.ensureDeferred
 async def test_cut_after_n_bytes_delivers_exactly_n_then_aborts(direction, n):
+    """A cut after N bytes ('up', 'down' or 'both') delivers exactly the first N bytes, then resets both ends;
+    the next link is uncut."""
     size = 300_000
     up, down = os.urandom(size), os.urandom(size)
     s = await started(greeting=down if direction != "up" else b"")
@@ -350,6 +365,7 @@ async def test_cut_after_n_bytes_delivers_exactly_n_then_aborts(direction, n):
 
 @pytest_twisted.ensureDeferred
 async def test_cut_with_a_delay_still_lands_on_the_exact_byte():
+    """With a delay set, a cut on a live link still delivers exactly the first N bytes before the reset."""
     s = await started()
     try:
         s.proxy.set_delay(0.05)
@@ -366,6 +382,8 @@ async def test_cut_with_a_delay_still_lands_on_the_exact_byte():
 
 @pytest_twisted.ensureDeferred
 async def test_refuse_accepts_and_drops_then_recovers():
+    """While refusing, a connection is accepted and aborted without a link or a server connection;
+    refuse(False) restores forwarding."""
     s = await started()
     try:
         s.proxy.refuse(True)
@@ -388,6 +406,7 @@ async def test_refuse_accepts_and_drops_then_recovers():
 
 @pytest_twisted.ensureDeferred
 async def test_target_down_drops_the_client():
+    """When the target is not listening, the accepted client is reset and no link is left behind."""
     clock = the_reactor()
     port = clock.listenTCP(0, Server(), interface="127.0.0.1")
     dead_port = port.getHost().port
@@ -407,6 +426,8 @@ async def test_target_down_drops_the_client():
 
 @pytest_twisted.ensureDeferred
 async def test_slow_reader_backpressure_bounds_the_proxy_then_all_arrives():
+    """A server that stops reading stalls the sender with at most MAX_BUFFERED held in the proxy; once it
+    reads, every byte arrives intact."""
     data = os.urandom(24 * 1024 * 1024)
     s = await started()
     try:
@@ -428,6 +449,7 @@ async def test_slow_reader_backpressure_bounds_the_proxy_then_all_arrives():
 
 @pytest_twisted.ensureDeferred
 async def test_ipv6_target():
+    """The proxy forwards to an IPv6 loopback target (::1), when the machine has one."""
     s = Setup(host="::1")
     try:
         await s.start()
@@ -443,6 +465,8 @@ async def test_ipv6_target():
 
 @pytest_twisted.ensureDeferred
 async def test_stop_leaves_no_links_ports_or_timers_and_is_idempotent():
+    """stop(), even called concurrently and again, ends every link, drops delayed chunks, cancels its timers
+    and stops listening."""
     clock = the_reactor()
     baseline = set(clock.getDelayedCalls())
     s = await started()
@@ -475,6 +499,8 @@ async def test_stop_leaves_no_links_ports_or_timers_and_is_idempotent():
 
 
 def test_rejects_non_loopback_targets_and_bad_arguments():
+    """Non-loopback targets, an unknown cut direction, a negative byte count and a negative delay are refused
+    with ValueError."""
     with pytest.raises(ValueError, match="loopback"):
         FaultProxy("10.0.0.1", 80, clock=object())
     with pytest.raises(ValueError, match="loopback"):

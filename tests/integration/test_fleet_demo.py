@@ -69,6 +69,8 @@ def demo(tmp_path_factory):
 
 
 def test_demo_exits_cleanly_with_a_clean_audit(demo):
+    """The fleet demo exits 0 with an audit that lost and duplicated nothing, saw resumes, a fresh session and
+    one restart, and wrote its report."""
     code, out, run, _ = demo
     assert code == 0, out
     summary = SUMMARY.search(out)
@@ -84,6 +86,7 @@ def test_demo_exits_cleanly_with_a_clean_audit(demo):
 
 
 def test_every_node_process_is_gone(demo):
+    """Every node process the demo started (five, and the seed's restart) is gone when it exits."""
     code, out, run, leftovers = demo
     pids = recorded(run)
     # five nodes, and the seed's second process after its restart
@@ -92,6 +95,8 @@ def test_every_node_process_is_gone(demo):
 
 
 def test_nodes_chatted_streamed_and_moved_the_file(demo):
+    """Every node saw chat lines, no bulk stream broke, no log has a traceback, and n1's file arrived byte for
+    byte."""
     code, out, run, _ = demo
     logs = {path.relative_to(run): path.read_text(errors="replace") for path in (run / "nodes").glob("*/twistd*.log")}
     assert len(logs) == 6, sorted(logs)
@@ -143,6 +148,8 @@ def test_a_node_that_cannot_start_fails_the_run(tmp_path):
 
 
 def test_telemetry_tail_reads_only_whole_records(tmp_path):
+    """The fleet view's telemetry tail reads only whole records: a half-written one waits for its end and a
+    garbled one is skipped."""
     sys.path.insert(0, str(ROOT / "examples"))
     from fleet_view import TelemetryTail
 

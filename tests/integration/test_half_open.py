@@ -122,6 +122,8 @@ def block_after_first_ping(proto, client):
 
 @pytest_twisted.ensureDeferred
 async def test_a_stalled_loop_does_not_make_a_healthy_peer_look_dead(healthy_peer, telemetry):
+    """A stall of our own event loop is reported as loop_stalled, not blamed on a healthy peer: no pong
+    timeout, no disconnect."""
     config = Config(stats_interval=0, ping_interval=0.2, pong_timeout=0.3)
     node = Switch([Collector(CHANNELS)], clock=the_reactor(), config=config)
     node.startService()

@@ -246,6 +246,8 @@ async def check_still_serving(a: Switch, port: int) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_a_hostile_flood_harms_no_good_peer_and_leaves_nothing_behind():
+    """A flood of hostile connections costs a good peer no message; each is ended for a stated reason and
+    memory returns to its level."""
     ra, rb = Checker("b"), Checker("a")
     a = Switch([ra], clock=the_reactor(), config=TARGET_CONFIG)
     b = Switch([rb], clock=the_reactor(), config=Config(stats_interval=0))

@@ -39,6 +39,8 @@ async def pair_through_proxy(config):
 
 @pytest_twisted.ensureDeferred
 async def test_resets_during_a_transfer_lose_and_duplicate_nothing():
+    """Repeated resets during a three-channel transfer are healed by resume: every message arrives once, in
+    order, to the same Peer."""
     config = Config(stats_interval=0, resume_grace=10.0, ack_every_messages=64)
     a, b, ra, rb, proxy, peer = await pair_through_proxy(config)
     try:
@@ -74,6 +76,8 @@ async def test_resets_during_a_transfer_lose_and_duplicate_nothing():
 
 @pytest_twisted.ensureDeferred
 async def test_a_reset_in_the_middle_of_a_message_resends_it_whole():
+    """A link cut in the middle of a 2 MiB message is healed by one resume: the message arrives whole, and the
+    next one after it."""
     config = Config(stats_interval=0, resume_grace=10.0)
     a, b, ra, rb, proxy, peer = await pair_through_proxy(config)
     try:
@@ -92,6 +96,8 @@ async def test_a_reset_in_the_middle_of_a_message_resends_it_whole():
 
 @pytest_twisted.ensureDeferred
 async def test_grace_expiry_ends_the_session_with_undelivered_counts():
+    """With the listener unreachable, the session ends on both sides when the grace expires, with
+    SessionExpired counting the undelivered."""
     config = Config(stats_interval=0, resume_grace=0.3, max_reconnect_delay=0.05)
     a, b, ra, rb, proxy, peer = await pair_through_proxy(config)
     try:
@@ -115,6 +121,8 @@ async def test_grace_expiry_ends_the_session_with_undelivered_counts():
 
 @pytest_twisted.ensureDeferred
 async def test_close_ends_the_session_at_once_without_resume():
+    """peer.close() ends the session on both sides at once, with PeerClosed carrying the text; nothing is
+    resumed."""
     config = Config(stats_interval=0, resume_grace=10.0)
     a, b, ra, rb, proxy, peer = await pair_through_proxy(config)
     try:

@@ -278,6 +278,8 @@ class Transfer:
 
 @pytest_twisted.ensureDeferred
 async def test_a_hundred_resets_during_a_hundred_thousand_messages_lose_and_duplicate_nothing():
+    """A hundred resets during a hundred thousand messages: each is resumed, every message arrives once and in
+    order, to the same Peers."""
     config = Config(
         stats_interval=0, resume_grace=30.0, ack_every_messages=128, send_timeout=60.0, max_reconnect_delay=0.05
     )
@@ -325,6 +327,8 @@ HOLE_CONFIG = dict(
 
 @pytest_twisted.ensureDeferred
 async def test_a_black_hole_healed_within_grace_resumes_and_delivers_everything_once(telemetry):
+    """A black hole found by the keepalive suspends both sides; healed within grace, one resume delivers every
+    message once, in order."""
     p = await pair_through_proxy(Config(resume_grace=20.0, **HOLE_CONFIG))
     try:
         to_a, to_b = {c: [] for c in IDS}, {c: [] for c in IDS}
@@ -367,6 +371,8 @@ async def test_a_black_hole_healed_within_grace_resumes_and_delivers_everything_
 
 @pytest_twisted.ensureDeferred
 async def test_a_black_hole_healed_after_grace_ends_the_session_with_counts_then_a_fresh_dial_works(telemetry):
+    """A black hole outlasting grace ends the session with exact undelivered counts and stops redials; a fresh
+    dial then re-sends nothing old."""
     p = await pair_through_proxy(Config(resume_grace=1.0, **HOLE_CONFIG))
     try:
         to_a, to_b = {c: [] for c in IDS}, {c: [] for c in IDS}
@@ -468,6 +474,8 @@ async def kill(node):
 
 @pytest_twisted.ensureDeferred
 async def test_a_restarted_node_process_knows_no_session_so_a_fresh_one_starts_with_counts(tmp_path):
+    """A node killed and restarted with the same key refuses the resume: the old session ends with exact
+    undelivered counts and a fresh one starts."""
     key_file = tmp_path / "node.key"
     key = NodeKey.generate()
     key.save(key_file)
@@ -528,6 +536,8 @@ async def test_a_restarted_node_process_knows_no_session_so_a_fresh_one_starts_w
 @pytest.mark.parametrize("closer", ["dialer", "listener"])
 @pytest_twisted.ensureDeferred
 async def test_a_close_packet_ends_the_session_at_once_without_grace_or_redial(closer, how, telemetry):
+    """A close from either side (peer.close or stopService) ends the session on both at once: no suspension,
+    no grace, no redial."""
     config = Config(stats_interval=0, resume_grace=10.0, max_reconnect_delay=0.05)
     p = await pair_through_proxy(config)
     try:
@@ -598,6 +608,8 @@ async def test_send_confirmed_fires_true_when_the_reset_fell_between_delivery_an
 
 @pytest_twisted.ensureDeferred
 async def test_send_confirmed_fires_true_when_the_reset_fell_between_send_and_delivery():
+    """Messages lost on the wire before a reset are re-sent by the resume, and their send_confirmed Deferreds
+    fire True."""
     p = await pair_through_proxy(CONFIRM_CONFIG)
     try:
         [link] = p.proxy.links
@@ -616,6 +628,8 @@ async def test_send_confirmed_fires_true_when_the_reset_fell_between_send_and_de
 
 @pytest_twisted.ensureDeferred
 async def test_send_confirmed_fails_with_delivery_not_confirmed_when_grace_expires():
+    """When grace expires, every unconfirmed send_confirmed fails with DeliveryNotConfirmed naming its
+    channel, sequence and the session's end."""
     config = Config(stats_interval=0, resume_grace=0.5, max_reconnect_delay=0.05)
     p = await pair_through_proxy(config)
     try:

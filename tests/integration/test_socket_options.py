@@ -24,6 +24,7 @@ def options_of(peer):
 
 @pytest_twisted.ensureDeferred
 async def test_default_config_sets_nodelay_and_notsent_lowat_on_both_ends():
+    """By default both ends of a connection set TCP_NODELAY and TCP_NOTSENT_LOWAT (16384)."""
     a, b, ra, rb, port = await start_pair()
     try:
         outbound = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
@@ -38,6 +39,7 @@ async def test_default_config_sets_nodelay_and_notsent_lowat_on_both_ends():
 
 @pytest_twisted.ensureDeferred
 async def test_socket_options_follow_config():
+    """tcp_nodelay=False and tcp_notsent_lowat in the Config are what the socket gets."""
     a, b, ra, rb, port = await start_pair(config=Config(tcp_nodelay=False, tcp_notsent_lowat=65536))
     try:
         peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))

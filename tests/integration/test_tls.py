@@ -157,6 +157,8 @@ def ca_options(tmp_path, ca, name, require_client_cert=True, **issue):
 
 
 def test_the_identity_certificate_carries_the_node_key_and_names_the_node():
+    """An identity certificate is self-signed by the node key, names the node id as its common name, proves
+    that id and is valid now."""
     key = NodeKey.generate()
     cert = self_signed_certificate(key)
     assert node_id_of_certificate(cert) == key.node_id
@@ -167,12 +169,14 @@ def test_the_identity_certificate_carries_the_node_key_and_names_the_node():
 
 
 def test_a_certificate_without_an_ed25519_key_proves_no_node_id():
+    """A certificate whose key is not Ed25519 proves no node id: AuthenticationError says so."""
     ca = CA()
     with pytest.raises(AuthenticationError, match="Ed25519"):
         node_id_of_certificate(ca.certificate)
 
 
 def test_a_key_file_others_can_read_stops_the_node(tmp_path):
+    """A private key file that others can read (mode 0644) is refused at load, naming the file and its mode."""
     cert_file, key_file, ca_file, _ = ca_files(tmp_path, CA(), "a")
     os.chmod(key_file, 0o644)
     with pytest.raises(ValueError, match=r"has mode 0644") as info:
@@ -181,6 +185,7 @@ def test_a_key_file_others_can_read_stops_the_node(tmp_path):
 
 
 def test_a_certificate_for_another_key_is_refused_at_load(tmp_path):
+    """A certificate file paired with another node's key file is refused at load."""
     ca = CA()
     cert_file, _, ca_file, _ = ca_files(tmp_path, ca, "a")
     _, other_key_file, _, _ = ca_files(tmp_path, ca, "b")
@@ -189,6 +194,8 @@ def test_a_certificate_for_another_key_is_refused_at_load(tmp_path):
 
 
 def test_the_switch_key_must_be_the_certificate_key():
+    """A Switch refuses a node key other than its TLS certificate's; without one, it takes the certificate's
+    node id."""
     with pytest.raises(ValueError, match="TLS certificate key is node"):
         Switch([], node_key=NodeKey.generate(), tls=TLSOptions.identity(NodeKey.generate()))
     key = NodeKey.generate()
@@ -200,6 +207,8 @@ def test_the_switch_key_must_be_the_certificate_key():
 
 @pytest_twisted.ensureDeferred
 async def test_identity_mode_both_ways_over_tls_1_3():
+    """Two identity-mode nodes talk both ways over TLS 1.3, and authorize sees each node id proven by its
+    certificate."""
     seen = []
 
     def authorize(node_id, address, certificate):
@@ -246,6 +255,8 @@ async def test_a_close_over_tls_completes_at_once_on_both_sides():
 
 @pytest_twisted.ensureDeferred
 async def test_dialing_another_node_id_is_refused_and_the_address_banned(telemetry):
+    """Dialing an address whose certificate proves another node id fails with PeerIdMismatch, not retried; a
+    persistent dial bans the address."""
     a, ra = identity_node()
     b, rb = identity_node()
     try:
@@ -269,6 +280,8 @@ async def test_dialing_another_node_id_is_refused_and_the_address_banned(telemet
 
 @pytest_twisted.ensureDeferred
 async def test_a_dialer_whose_hello_is_not_its_certificate_key_is_refused(telemetry):
+    """A dialer whose hello claims a node id other than its certificate's is closed with id_mismatch, counted
+    and not retried."""
     a, ra = identity_node()
     b, rb = identity_node()
     liar, _ = identity_node()
@@ -289,6 +302,8 @@ async def test_a_dialer_whose_hello_is_not_its_certificate_key_is_refused(teleme
 
 @pytest_twisted.ensureDeferred
 async def test_a_listener_whose_hello_is_not_its_certificate_key_is_refused():
+    """A listener whose hello claims a node id other than its certificate's is refused by the dialer with
+    CertificateMismatch."""
     a, ra = identity_node()
     b, rb = identity_node()
     real_id = a.node_id
@@ -306,6 +321,8 @@ async def test_a_listener_whose_hello_is_not_its_certificate_key_is_refused():
 
 @pytest_twisted.ensureDeferred
 async def test_a_plaintext_dialer_gets_a_close_saying_tls_is_required(telemetry):
+    """A plaintext dialer at a TLS listener gets a close with code tls_required, and the listener keeps no
+    connection."""
     a, ra = identity_node()
     plain, _ = node(None)
     try:
@@ -349,6 +366,7 @@ async def test_a_connection_refused_by_a_limit_is_dropped_even_if_it_never_does_
 
 @pytest_twisted.ensureDeferred
 async def test_a_tls_dialer_to_a_plaintext_listener_says_the_peer_does_not_speak_tls():
+    """A TLS dialer at a plaintext listener fails with a TLSError saying the peer does not seem to speak TLS."""
     plain, _ = node(None)
     b, rb = identity_node()
     try:
@@ -396,6 +414,7 @@ async def test_a_custom_context_factory_sets_its_own_policy():
 
 @pytest_twisted.ensureDeferred
 async def test_identity_mode_refuses_expired_and_ca_signed_certificates(telemetry):
+    """Identity mode refuses a dialer's expired certificate and a CA-signed one, and logs why."""
     a, ra = identity_node()
     key = NodeKey.generate()
     expired = self_signed_certificate(key, now=NOW - datetime.timedelta(days=4000))
@@ -421,6 +440,8 @@ async def test_identity_mode_refuses_expired_and_ca_signed_certificates(telemetr
 
 @pytest_twisted.ensureDeferred
 async def test_ca_mode_mutual_tls_works(tmp_path):
+    """In CA mode two nodes with certificates from one CA connect, and authorize gets the dialer's CA-issued
+    certificate."""
     ca = CA()
     certificates = []
     a, ra = node(ca_options(tmp_path, ca, "a"), authorize=lambda n, addr, cert: certificates.append(cert) or True)
@@ -451,6 +472,7 @@ async def refused_dial(tmp_path, listener_options, dialer_options):
 
 @pytest_twisted.ensureDeferred
 async def test_ca_mode_a_listener_signed_by_another_ca_is_refused(tmp_path):
+    """In CA mode a listener whose certificate is from an untrusted CA is refused, saying so."""
     error = await refused_dial(tmp_path, ca_options(tmp_path, CA("other CA"), "a"), ca_options(tmp_path, CA(), "b"))
     assert "not signed by a CA this node trusts" in str(error)
 
@@ -469,6 +491,8 @@ async def test_ca_mode_an_expired_certificate_is_refused(tmp_path, monkeypatch):
 
 @pytest_twisted.ensureDeferred
 async def test_ca_mode_a_certificate_for_another_host_is_refused(tmp_path):
+    """In CA mode a listener certificate that does not name the dialed IP address is refused, saying which
+    address."""
     ca = CA()
     elsewhere = ca_options(tmp_path, ca, "a", hosts=("node-a.example", "10.1.2.3"))
     error = await refused_dial(tmp_path, elsewhere, ca_options(tmp_path, ca, "b"))
@@ -477,6 +501,7 @@ async def test_ca_mode_a_certificate_for_another_host_is_refused(tmp_path):
 
 @pytest_twisted.ensureDeferred
 async def test_ca_mode_a_dialer_without_a_certificate_is_refused_where_one_is_required(tmp_path):
+    """In CA mode a dialer without a certificate is refused by a listener that requires one."""
     ca = CA()
     no_certificate = TLSOptions.from_files(ca_file=ca.write(tmp_path / "ca.pem"))
     error = await refused_dial(tmp_path, ca_options(tmp_path, ca, "a"), no_certificate)
@@ -485,6 +510,8 @@ async def test_ca_mode_a_dialer_without_a_certificate_is_refused_where_one_is_re
 
 @pytest_twisted.ensureDeferred
 async def test_ca_mode_a_listener_may_let_dialers_without_certificates_in(tmp_path):
+    """With require_client_cert=False a dialer without a certificate gets in and authorize sees None; such a
+    node cannot listen."""
     ca = CA()
     certificates = []
     a, ra = node(
@@ -505,6 +532,8 @@ async def test_ca_mode_a_listener_may_let_dialers_without_certificates_in(tmp_pa
 
 @pytest_twisted.ensureDeferred
 async def test_reload_takes_new_certificates_without_dropping_peers(tmp_path):
+    """reload() takes a renewed certificate without dropping peers, refuses another node's files, and new
+    dials see the new certificate."""
     ca = CA()
     cert_file, key_file, ca_file, key_a = ca_files(tmp_path, ca, "a")
     options = TLSOptions.from_files(cert_file=cert_file, key_file=key_file, ca_file=ca_file)
@@ -549,6 +578,8 @@ async def test_reload_takes_new_certificates_without_dropping_peers(tmp_path):
 
 @pytest_twisted.ensureDeferred
 async def test_a_node_not_in_allowed_peers_is_refused_inbound_and_not_redialed(telemetry):
+    """A dialer outside the listener's allowed_peers is closed as unauthorized, counted, and its persistent
+    dialer gives up."""
     b, rb = identity_node()
     a, ra = identity_node(allowed_peers={NodeKey.generate().node_id})
     try:
@@ -570,6 +601,8 @@ async def test_a_node_not_in_allowed_peers_is_refused_inbound_and_not_redialed(t
 
 @pytest_twisted.ensureDeferred
 async def test_allowed_peers_outbound_refuses_the_listener():
+    """A dialer refuses a listener outside its own allowed_peers without retrying; adding it to the set lets
+    the next dial in."""
     a, ra = identity_node()
     b, rb = identity_node(allowed_peers={NodeKey.generate().node_id})
     try:
@@ -589,6 +622,8 @@ def later(value, seconds=0.2):
 
 @pytest_twisted.ensureDeferred
 async def test_authorize_inbound_deferred_false_refuses_with_unauthorized():
+    """An authorize that answers False through a Deferred refuses the dialer as unauthorized; it was asked
+    once, with the address."""
     asked = []
     a, ra = identity_node(authorize=lambda n, addr, cert: asked.append((n, addr)) or later(False))
     b, rb = identity_node()
@@ -605,6 +640,7 @@ async def test_authorize_inbound_deferred_false_refuses_with_unauthorized():
 
 @pytest_twisted.ensureDeferred
 async def test_authorize_inbound_deferred_true_lets_the_peer_in():
+    """An authorize that answers True through a Deferred lets the dialer in, and its messages arrive."""
     a, ra = identity_node(authorize=lambda n, addr, cert: later(True))
     b, rb = identity_node()
     try:
@@ -646,6 +682,7 @@ async def test_authorize_outbound_deferred_true_holds_what_the_listener_sends_me
 
 @pytest_twisted.ensureDeferred
 async def test_authorize_outbound_false_refuses_the_listener():
+    """A dialer whose authorize answers False refuses the listener; neither side keeps a peer."""
     a, ra = identity_node()
     b, rb = identity_node(authorize=lambda n, addr, cert: False)
     try:
@@ -661,6 +698,8 @@ async def test_authorize_outbound_false_refuses_the_listener():
 
 @pytest_twisted.ensureDeferred
 async def test_authorize_that_raises_or_never_answers_refuses(telemetry):
+    """An authorize that raises refuses as unauthorized with its message; one that never answers refuses at
+    the handshake timeout, retryably."""
     def broken(node_id, address, certificate):
         raise RuntimeError("policy store down")
 
@@ -685,6 +724,7 @@ async def test_authorize_that_raises_or_never_answers_refuses(telemetry):
 
 @pytest_twisted.ensureDeferred
 async def test_resume_over_tls_after_a_reset():
+    """Over TLS, a reset is healed by resume: every message arrives once, in order, to the same peer."""
     config = CONFIG.replace(resume_grace=10.0)
     a, ra = identity_node(config=config)
     b, rb = identity_node(config=config)
@@ -752,6 +792,8 @@ def three_channel_node(tls, **kwargs):
 
 
 def test_the_pre_hello_is_the_golden_vector_and_no_mconn_packet_or_tls_record():
+    """The pre-hello matches its golden vector, and its first byte is neither a TLS record type nor an mconn
+    packet type."""
     vector = TLS_VECTORS["pre_hello"]
     assert PRE_HELLO == wire.encode_pre_hello() == expand(vector["hex"])
     assert len(PRE_HELLO) == wire.PRE_HELLO_SIZE == vector["size"]
@@ -772,6 +814,8 @@ def test_the_pre_hello_is_the_golden_vector_and_no_mconn_packet_or_tls_record():
 
 @pytest.mark.parametrize("vector", TLS_VECTORS["invalid"], ids=[v["name"] for v in TLS_VECTORS["invalid"]])
 def test_an_invalid_pre_hello_vector_is_refused_by_the_decoder(vector):
+    """Each invalid pre-hello vector is refused with MalformedPacket naming the expected error, the bytes got
+    and the bytes expected."""
     data = expand(vector["hex"])
     with pytest.raises(MalformedPacket, match=vector["error"]) as info:
         wire.decode_pre_hello(data)
@@ -837,6 +881,8 @@ class RecordingRelay:
 
 @pytest_twisted.ensureDeferred
 async def test_the_upgrade_start_proves_the_node_and_carries_three_channels_with_only_the_pre_hello_in_clear():
+    """An upgrade start proves both nodes and carries three channels over TLS 1.3; only the pre-hello travels
+    in clear."""
     proven = []
 
     def authorize(node_id, address, certificate):
@@ -879,6 +925,8 @@ async def test_the_upgrade_start_proves_the_node_and_carries_three_channels_with
 
 @pytest_twisted.ensureDeferred
 async def test_a_tls_required_listener_refuses_the_pre_hello_and_the_dialer_says_why(telemetry):
+    """A tls_required listener refuses an upgrading dialer's pre-hello with a tls_required close, counted and
+    reported to the dialer."""
     a, ra = identity_node()  # tls_required=True is the default
     b, rb = node(TLSOptions.identity(NodeKey.generate(), upgrade=True))
     try:
@@ -896,6 +944,8 @@ async def test_a_tls_required_listener_refuses_the_pre_hello_and_the_dialer_says
 
 @pytest_twisted.ensureDeferred
 async def test_a_listener_that_allows_the_upgrade_still_takes_tls_first_and_refuses_plaintext_mconn():
+    """A listener that allows the upgrade still accepts TLS first, and refuses a plaintext mconn hello as
+    tls_required."""
     a, ra = node(TLSOptions.identity(NodeKey.generate(), tls_required=False))
     b, rb = identity_node()
     plain, _ = node(None)
@@ -941,6 +991,8 @@ async def raw_exchange(port, data, seconds=5.0):
 
 @pytest_twisted.ensureDeferred
 async def test_malformed_pre_hellos_are_refused_with_their_reason_and_counted(telemetry):
+    """Each malformed pre-hello gets a close with its vector's code and reason, and is counted as
+    malformed_pre_hello."""
     a, ra = node(TLSOptions.identity(NodeKey.generate(), tls_required=False))
     try:
         port = await listen(a)
@@ -959,6 +1011,8 @@ async def test_malformed_pre_hellos_are_refused_with_their_reason_and_counted(te
 
 @pytest_twisted.ensureDeferred
 async def test_a_pre_hello_in_pieces_is_read_whole_and_then_tls_starts(telemetry):
+    """A pre-hello arriving in pieces is waited for, not refused; once whole, TLS starts on the bytes after
+    it."""
     a, ra = node(TLSOptions.identity(NodeKey.generate(), tls_required=False))
     try:
         port = await listen(a)
@@ -981,6 +1035,8 @@ async def test_a_pre_hello_in_pieces_is_read_whole_and_then_tls_starts(telemetry
 
 @pytest_twisted.ensureDeferred
 async def test_a_pre_hello_that_stalls_is_ended_by_the_handshake_timeout():
+    """A truncated pre-hello that never completes is ended by the handshake timeout, and no connection is
+    left."""
     config = CONFIG.replace(handshake_timeout=0.3)
     a, ra = node(TLSOptions.identity(NodeKey.generate(), tls_required=False), config=config)
     try:
@@ -1000,6 +1056,8 @@ async def test_a_pre_hello_that_stalls_is_ended_by_the_handshake_timeout():
 
 @pytest_twisted.ensureDeferred
 async def test_an_upgrading_dialer_at_a_plaintext_listener_says_the_peer_does_not_speak_tls():
+    """An upgrading dialer at a plaintext listener fails with a TLSError saying the peer answered in
+    plaintext."""
     plain, _ = node(None)
     b, rb = node(TLSOptions.identity(NodeKey.generate(), upgrade=True))
     try:
@@ -1021,6 +1079,8 @@ async def test_an_upgrading_dialer_at_a_plaintext_listener_says_the_peer_does_no
     ids=["expired", "not-yet-valid"],
 )
 def test_a_node_whose_own_certificate_is_out_of_date_refuses_to_start(tmp_path, dates, state):
+    """A node's own expired or not-yet-valid certificate is refused at load, naming the file and its validity
+    dates."""
     not_before, not_after = dates
     cert_file, key_file, ca_file, _ = ca_files(tmp_path, CA(), "a", not_before=not_before, not_after=not_after)
     with pytest.raises(ValueError, match=state) as info:
@@ -1031,6 +1091,7 @@ def test_a_node_whose_own_certificate_is_out_of_date_refuses_to_start(tmp_path, 
 
 
 def test_a_reload_to_an_expired_certificate_is_refused_and_the_old_one_kept(tmp_path):
+    """reload() to an expired certificate is refused and the current certificate stays in use."""
     ca = CA()
     cert_file, key_file, ca_file, key = ca_files(tmp_path, ca, "a")
     options = TLSOptions.from_files(cert_file=cert_file, key_file=key_file, ca_file=ca_file)

@@ -25,6 +25,8 @@ def two_nodes(rate=64 * 1024, chunk=4096, window=None, **config):
 
 
 def test_streams_both_ways_at_the_rate():
+    """Each node streams at its configured rate, never ahead of time, and the other receives all but what is
+    in flight, error-free."""
     network, a, b, a_bulk, b_bulk = two_nodes(rate=64 * 1024, chunk=4096)
     network.run(10.0)
     for bulk in (a_bulk, b_bulk):
@@ -49,6 +51,7 @@ def test_backpressure_slows_the_stream_to_what_the_link_carries():
 
 
 def test_stream_survives_resets_in_order():
+    """A bulk stream survives five resets through resume with no checking error: the sequence stays unbroken."""
     network, a, b, a_bulk, b_bulk = two_nodes(rate=256 * 1024, chunk=8192)
     for _ in range(5):
         network.run(1.0)
@@ -60,6 +63,7 @@ def test_stream_survives_resets_in_order():
 
 
 def test_a_corrupt_message_is_an_error_and_drops_the_peer():
+    """A bulk message whose pattern is corrupt counts as an error and drops the peer on both sides."""
     network, a, b, a_bulk, b_bulk = two_nodes(rate=64 * 1024, chunk=1024)
     network.run(1.0)
     peer = a.peers[b.node_id]
@@ -75,6 +79,8 @@ def test_a_corrupt_message_is_an_error_and_drops_the_peer():
 
 
 def test_check_names_the_problem():
+    """check() accepts the expected message and names what is wrong otherwise: sequence number, short header
+    or broken pattern."""
     assert check("n", 3, encode(3, 100)) == 3
     with pytest.raises(BulkStreamError, match="sequence number 4, expected 3"):
         check("n", 3, encode(4, 100))
@@ -88,11 +94,14 @@ def test_check_names_the_problem():
 
 @pytest.mark.parametrize("kwargs", [{"rate": 0}, {"rate": True}, {"chunk_size": 0}, {"chunk_size": 65537}])
 def test_bad_settings(kwargs):
+    """A BulkReactor refuses a zero or boolean rate and a chunk size outside 1..65536."""
     with pytest.raises(ValueError, match="BulkReactor"):
         BulkReactor(**kwargs)
 
 
 def test_fleet_bulk_takes_its_settings_from_the_environment(monkeypatch):
+    """FleetBulk reads its rate and chunk size from the environment and refuses a rate that is not a number or
+    is below 1."""
     from reactors.fleet import FleetBulk
 
     monkeypatch.setenv("MCONN_DEMO_BULK_RATE", "1000")

@@ -70,6 +70,8 @@ def random_file(path, size):
 
 @pytest_twisted.ensureDeferred
 async def test_a_line_crosses_a_line_of_three_nodes_through_the_middle_exactly_once(tmp_path):
+    """In a line of three nodes a chat line reaches the far end through the middle once, with its origin, via
+    and hop count, and never comes back."""
     net = Net(tmp_path)
     try:
         a, b, c = [await net.node(n) for n in ("alice", "bob", "carol")]
@@ -90,6 +92,7 @@ async def test_a_line_crosses_a_line_of_three_nodes_through_the_middle_exactly_o
 
 @pytest_twisted.ensureDeferred
 async def test_in_a_triangle_each_node_shows_a_line_once_and_drops_the_copies(tmp_path):
+    """In a triangle each node shows every line once and drops the copies that arrive by the other way round."""
     net = Net(tmp_path)
     try:
         a, b, c = [await net.node(n) for n in ("alice", "bob", "carol")]
@@ -110,6 +113,7 @@ async def test_in_a_triangle_each_node_shows_a_line_once_and_drops_the_copies(tm
 
 @pytest_twisted.ensureDeferred
 async def test_the_same_line_id_twice_from_a_peer_is_shown_once(tmp_path):
+    """A line id sent twice by a peer is shown once; the second copy is counted as a duplicate."""
     net = Net(tmp_path)
     try:
         raw = RecordingReactor(ChatReactor().get_channels())
@@ -131,6 +135,8 @@ async def test_the_same_line_id_twice_from_a_peer_is_shown_once(tmp_path):
 
 @pytest_twisted.ensureDeferred
 async def test_a_chat_line_overtakes_a_large_file_and_the_file_arrives_intact(tmp_path):
+    """A chat line said during a 16 MiB file transfer arrives before the file, and the file arrives intact at
+    both peers with no .part left."""
     net = Net(tmp_path)
     try:
         a, b, c = [await net.node(n) for n in ("alice", "bob", "carol")]
@@ -163,6 +169,8 @@ async def test_a_chat_line_overtakes_a_large_file_and_the_file_arrives_intact(tm
 
 @pytest_twisted.ensureDeferred
 async def test_an_oversized_file_is_refused_and_the_next_one_still_arrives(tmp_path):
+    """A file over the receiver's max_file_size is refused with a reason and nothing stored; a smaller one
+    still arrives intact."""
     net = Net(tmp_path)
     try:
         a, b = await net.node("alice"), await net.node("bob", max_file_size=100_000)
@@ -183,6 +191,7 @@ async def test_an_oversized_file_is_refused_and_the_next_one_still_arrives(tmp_p
 
 @pytest_twisted.ensureDeferred
 async def test_a_file_that_cannot_be_stored_is_refused_and_the_sender_stays(tmp_path):
+    """A file the receiver cannot store is refused with a reason, and the sender stays connected."""
     net = Net(tmp_path)
     try:
         a, b = await net.node("alice"), await net.node("bob")
@@ -198,6 +207,8 @@ async def test_a_file_that_cannot_be_stored_is_refused_and_the_sender_stays(tmp_
 
 @pytest_twisted.ensureDeferred
 async def test_odd_names_are_sanitised_and_never_overwrite(tmp_path):
+    """Odd file names are sanitised, a second file of the same name gets a new name instead of overwriting,
+    and an empty file arrives."""
     net = Net(tmp_path)
     try:
         a, b = await net.node("alice"), await net.node("bob")
@@ -249,6 +260,8 @@ BAD = {
 @pytest.mark.parametrize("case", list(BAD))
 @pytest_twisted.ensureDeferred
 async def test_a_bad_message_drops_its_sender_with_a_specific_reason_and_others_carry_on(tmp_path, case):
+    """A malformed chat message drops its sender with a close naming the problem; other peers keep chatting
+    and nothing is written."""
     channel_id, message, expected = BAD[case]
     net = Net(tmp_path)
     try:
@@ -271,6 +284,8 @@ async def test_a_bad_message_drops_its_sender_with_a_specific_reason_and_others_
 
 
 def test_a_message_longer_than_its_channel_allows_is_refused_before_parsing():
+    """A file-channel message one byte over its limit is refused as ChatMessageTooLarge before parsing; one
+    byte under is decoded."""
     with pytest.raises(chat.ChatMessageTooLarge, match=f"of {chat.MAX_FILE_MESSAGE + 1} bytes on channel 0x21"):
         chat.decode(FILE, b"\x02" + b"\x00" * chat.MAX_FILE_MESSAGE)
     assert chat.decode(FILE, b"\x02" + b"\x00" * (chat.MAX_FILE_MESSAGE - 1))[0] == chat.CHUNK
@@ -278,6 +293,7 @@ def test_a_message_longer_than_its_channel_allows_is_refused_before_parsing():
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "..\\x", "nul\x00"])
 def test_path_names_are_refused(name):
+    """Empty, dot, parent, path-separated and NUL-bearing file names are refused as UnsafeFileName."""
     with pytest.raises(chat.UnsafeFileName):
         chat.safe_file_name(name)
 
@@ -287,6 +303,8 @@ def test_path_names_are_refused(name):
 
 @pytest_twisted.ensureDeferred
 async def test_a_transfer_survives_a_transport_break_and_the_status_says_so(tmp_path):
+    """A file transfer survives a transport reset mid-file through resume and arrives intact; both sides show
+    joined, suspended, resumed."""
     net = Net(tmp_path)
     try:
         a, b = await net.node("alice"), await net.node("bob")

@@ -156,6 +156,8 @@ def terminal(tmp_path):
 
 
 def test_three_chat_peers_in_a_terminal_chat_send_a_file_and_ride_out_a_restart(terminal, tmp_path):
+    """Three terminal chat peers exchange lines once each (a half-typed line survives), send a file intact and
+    ride out one peer's kill and restart."""
     names = ("alice", "bob", "carol")
     ports = {name: free_port() for name in names}
     ids = {}

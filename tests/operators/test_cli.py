@@ -29,6 +29,7 @@ STATUS = {
 
 
 def test_keygen_writes_a_0600_key_and_prints_its_node_id(tmp_path, capsys):
+    """mconn keygen writes a mode-0600 key, prints its node id and leaves no temporary file."""
     path = tmp_path / "node.key"
     assert main(["keygen", str(path)]) == 0
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -38,6 +39,7 @@ def test_keygen_writes_a_0600_key_and_prints_its_node_id(tmp_path, capsys):
 
 
 def test_keygen_refuses_to_overwrite(tmp_path, capsys):
+    """mconn keygen refuses to overwrite an existing file, says so in one line and leaves the file as it was."""
     path = tmp_path / "node.key"
     path.write_text("precious")
     assert main(["keygen", str(path)]) == 1
@@ -47,11 +49,13 @@ def test_keygen_refuses_to_overwrite(tmp_path, capsys):
 
 
 def test_keygen_into_a_missing_directory_says_so(tmp_path, capsys):
+    """mconn keygen into a missing directory fails with exit 1 and says it cannot write."""
     assert main(["keygen", str(tmp_path / "nowhere" / "node.key")]) == 1
     assert "cannot write" in capsys.readouterr().err
 
 
 def test_id_prints_the_node_id(tmp_path, capsys):
+    """mconn id prints the node id of a key file."""
     key = NodeKey.generate()
     key.save(tmp_path / "node.key")
     assert main(["id", str(tmp_path / "node.key")]) == 0
@@ -59,6 +63,7 @@ def test_id_prints_the_node_id(tmp_path, capsys):
 
 
 def test_id_of_a_loose_key_fails_with_one_line(tmp_path, capsys):
+    """mconn id of a key others can read fails with one line that says to chmod 600."""
     NodeKey.generate().save(tmp_path / "node.key")
     (tmp_path / "node.key").chmod(0o644)
     assert main(["id", str(tmp_path / "node.key")]) == 1
@@ -67,12 +72,15 @@ def test_id_of_a_loose_key_fails_with_one_line(tmp_path, capsys):
 
 
 def test_usage_errors_exit_2(capsys):
+    """An unknown subcommand is a usage error: exit code 2."""
     with pytest.raises(SystemExit) as info:
         main(["frobnicate"])
     assert info.value.code == 2
 
 
 def test_status_table():
+    """The status table shows the node id, the listen addresses and one aligned row per peer, '-' where a
+    value is unknown."""
     lines = format_status(STATUS).splitlines()
     assert lines[0] == f"node       {'c3' * 20}"
     assert lines[1] == "listening  127.0.0.1:26656, [::1]:26656"
@@ -83,6 +91,7 @@ def test_status_table():
 
 
 def test_status_without_peers():
+    """A status without peers ends with 'no peers'."""
     assert format_status({"node_id": "x", "listen_addresses": [], "peers": []}).splitlines()[-1] == "no peers"
 
 
@@ -95,10 +104,12 @@ def test_status_without_peers():
     ],
 )
 def test_status_url(url, expected):
+    """A status address becomes the URL of its status.json: http:// added when missing, a full URL kept."""
     assert status_url(url) == expected
 
 
 def test_durations_and_round_trips():
+    """Durations and round trips are shown in short human units, and '-' when unknown or negative."""
     assert [format_duration(s) for s in (0, 59.9, 60, 3599, 3600, 90000, None, -1)] == [
         "0s", "59s", "1m00s", "59m59s", "1h00m", "1d01h", "-", "-"
     ]
@@ -130,6 +141,7 @@ def serve(body: bytes):
 
 @pytest_twisted.ensureDeferred
 async def test_status_fetches_status_json_from_a_running_server(capsys):
+    """mconn status fetches status.json from a running server and prints it as the status table."""
     port = serve(json.dumps(STATUS).encode())
     try:
         code = await threads.deferToThread(main, ["status", f"http://127.0.0.1:{port.getHost().port}"])
@@ -141,6 +153,8 @@ async def test_status_fetches_status_json_from_a_running_server(capsys):
 
 @pytest_twisted.ensureDeferred
 async def test_status_errors_are_one_line(capsys):
+    """mconn status reports an HTTP error, a body that is not JSON and an unreachable server in one line each,
+    exit 1."""
     port = serve(b"<html>")
     number = port.getHost().port
     try:

@@ -61,6 +61,8 @@ def can_build_wheels() -> bool:
 
 
 def test_twistd_lists_mconn_after_a_plain_install(tmp_path):
+    """After a plain install, twistd lists the mconn plugin from the installed copy and the mconn command
+    runs."""
     python = install(ROOT, tmp_path)
     where = run([python, "-c", "import twisted.plugins.mconn_plugin as p, mconn; print(p.__file__); print(mconn.__file__)"],
                 cwd=tmp_path)

@@ -45,6 +45,7 @@ def started():
 
 @pytest_twisted.ensureDeferred
 async def test_a_peer_that_is_down_at_start_is_dialed_until_it_is_up(tmp_path, started):
+    """A configured peer that is down at start is dialed again until it is up, and then connected."""
     key = NodeKey.generate()
     key.save(tmp_path / "a.key")
     port = free_port()
@@ -62,6 +63,8 @@ async def test_a_peer_that_is_down_at_start_is_dialed_until_it_is_up(tmp_path, s
 
 @pytest_twisted.ensureDeferred
 async def test_a_port_in_use_fails_the_start_and_leaves_nothing_open(tmp_path, started):
+    """A --listen port in use fails the start with a StartupError naming it, and the ports and telemetry file
+    opened so far are closed."""
     first = node("--key", str(tmp_path / "first.key"), "--listen", "tcp:0:interface=127.0.0.1")
     first.startService()
     started.append(first)
@@ -79,6 +82,7 @@ async def test_a_port_in_use_fails_the_start_and_leaves_nothing_open(tmp_path, s
 
 @pytest_twisted.ensureDeferred
 async def test_stopping_writes_the_closing_events_before_the_file_is_closed(tmp_path, started):
+    """Stopping a node writes connection_lost and session_ended to its telemetry file before closing it."""
     a = node("--key", str(tmp_path / "a.key"), "--listen", "tcp:0:interface=127.0.0.1",
              "--telemetry", str(tmp_path / "a.json"))
     a.startService()

@@ -50,6 +50,8 @@ def write(path, text: str):
 
 
 def test_defaults_no_listen_no_peers_node_key_in_the_current_directory(tmp_path):
+    """By default a node listens nowhere, dials no one, has no telemetry and keeps node.key in the current
+    directory."""
     settings = parse().settings
     assert settings.listen == settings.peers == settings.reactors == ()
     assert settings.key.value == str(tmp_path / "node.key")
@@ -59,6 +61,8 @@ def test_defaults_no_listen_no_peers_node_key_in_the_current_directory(tmp_path)
 
 
 def test_repeatable_options_and_config_fields_on_the_command_line(tmp_path):
+    """--listen, --peer and --reactor repeat, paths resolve from the current directory, and Config fields are
+    options."""
     settings = parse(
         "--listen", "tcp:0:interface=127.0.0.1", "--listen", "tcp:0:interface=::1",
         "--peer", f"{ID}@127.0.0.1:26656",
@@ -76,11 +80,14 @@ def test_repeatable_options_and_config_fields_on_the_command_line(tmp_path):
 
 
 def test_every_config_field_is_an_option():
+    """Every Config field has a command-line option of the same name (dashes for underscores)."""
     names = {long for long, *_ in Options.optParameters}
     assert {f.replace("_", "-") for f in Config.__dataclass_fields__} <= names
 
 
 def test_toml_file_sets_everything_and_the_command_line_wins(tmp_path):
+    """A TOML file sets every setting, its paths relative to the file; a command-line option replaces the
+    file's value."""
     (tmp_path / "conf").mkdir()
     config = write(tmp_path / "conf" / "node.toml", f"""\
         listen = ["tcp:0:interface=127.0.0.1", "tcp:0:interface=::1"]
@@ -129,6 +136,7 @@ def test_toml_integers_become_floats_for_float_fields(tmp_path):
     ],
 )
 def test_bad_command_lines_stop_with_one_line(args, expected):
+    """Each bad command line stops with one line naming the option and what is wrong with its value."""
     assert error_of(*args).startswith(expected)
 
 
@@ -145,11 +153,13 @@ def test_bad_command_lines_stop_with_one_line(args, expected):
     ],
 )
 def test_bad_toml_files_stop_with_one_line_naming_file_and_key(tmp_path, text, expected):
+    """Each bad TOML file stops with one line naming the file, the key and what is wrong."""
     write(tmp_path / "n.toml", text)
     assert error_of("--config", "n.toml").startswith(f"mconn: {expected}")
 
 
 def test_key_is_created_on_first_start_with_mode_0600_and_kept(tmp_path):
+    """The node key is created with mode 0600 on the first start and reused, same node id, on the next."""
     service = makeService(parse("--key", "node.key"))
     assert isinstance(service, NodeService) and not service.running
     mode = stat.S_IMODE(os.stat(tmp_path / "node.key").st_mode)
@@ -180,6 +190,8 @@ def bad_key(tmp_path, kind):
     ],
 )
 def test_a_bad_key_file_stops_startup(tmp_path, kind, expected):
+    """A key file that others can read, that is not a PEM key, or that is a directory stops startup with one
+    line naming it."""
     path = bad_key(tmp_path, kind)
     message = error_of("--key", path)
     assert message.startswith("mconn: --key: ") and repr(path) in message and expected in message
@@ -208,6 +220,7 @@ def test_bad_endpoints_reactors_and_files_stop_startup_and_write_no_key(tmp_path
 
 
 def test_build_service_raises_usage_errors_for_callers_other_than_twistd():
+    """build_service raises ConfigurationError for a bad endpoint, for callers other than twistd."""
     from mconn.node import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="^--listen: endpoint 'tcp:x' is not valid"):
@@ -215,6 +228,8 @@ def test_build_service_raises_usage_errors_for_callers_other_than_twistd():
 
 
 def test_the_service_holds_telemetry_then_switch(tmp_path):
+    """The node service holds the telemetry file first, then the Switch with the configured reactor's
+    channels."""
     service = makeService(parse("--telemetry", "t.json", "--reactor", "operators.sample_reactors:Chat"))
     try:
         assert list(service) == [service.telemetry, service.switch]
@@ -228,6 +243,8 @@ def test_the_service_holds_telemetry_then_switch(tmp_path):
 
 
 def test_status_endpoint_listens_on_loopback_unless_an_interface_is_named(tmp_path):
+    """The status endpoint listens on 127.0.0.1 unless an interface is named, on the command line or in a
+    file."""
     assert parse().settings.status is None
     assert parse("--status", "tcp:8080").settings.status.value == "tcp:8080:interface=127.0.0.1"
     assert parse("--status", "tcp:8080:interface=0.0.0.0").settings.status.value == "tcp:8080:interface=0.0.0.0"
@@ -236,6 +253,7 @@ def test_status_endpoint_listens_on_loopback_unless_an_interface_is_named(tmp_pa
 
 
 def test_the_service_holds_telemetry_switch_then_status_page(tmp_path):
+    """With --status the node service holds telemetry, Switch, then the status page on the loopback."""
     service = makeService(parse("--telemetry", "t.json", "--status", "tcp:0"))
     try:
         assert list(service) == [service.telemetry, service.switch, service.status]
@@ -245,6 +263,8 @@ def test_the_service_holds_telemetry_switch_then_status_page(tmp_path):
 
 
 def test_tls_identity_mode_is_wired_into_the_switch(tmp_path):
+    """--tls (or tls = true in a file) gives the Switch identity-mode TLS with the node's key; without it, no
+    TLS."""
     assert makeService(parse()).switch.tls is None
     service = makeService(parse("--tls"))
     assert service.switch.tls.mode == "identity"
@@ -254,6 +274,8 @@ def test_tls_identity_mode_is_wired_into_the_switch(tmp_path):
 
 
 def test_tls_upgrade_flags_are_wired_into_the_switch(tmp_path):
+    """--tls-upgrade and --tls-accept-upgrade set the Switch's upgrade and tls_required, from the command line
+    or a file."""
     default = makeService(parse("--tls")).switch.tls
     assert (default.upgrade, default.tls_required) == (False, True)
     both = makeService(parse("--tls", "--tls-upgrade", "--tls-accept-upgrade")).switch.tls
@@ -271,6 +293,7 @@ def test_tls_upgrade_flags_are_wired_into_the_switch(tmp_path):
     ],
 )
 def test_upgrade_flags_without_tls_stop_with_one_line(args, expected):
+    """The upgrade flags without --tls or --tls-ca stop with one line saying TLS is needed."""
     assert error_of(*args) == expected
 
 
@@ -305,6 +328,8 @@ def pki(tmp_path):
 
 
 def test_tls_ca_mode_is_wired_into_the_switch(pki):
+    """--tls-ca with --tls-cert gives the Switch CA-mode TLS; --tls-no-client-cert admits dialers without one;
+    without a cert it only dials."""
     service = makeService(parse("--key", pki["key"], "--tls-ca", pki["ca"], "--tls-cert", pki["cert"],
                                 "--listen", "tcp:0"))
     tls = service.switch.tls
@@ -317,6 +342,7 @@ def test_tls_ca_mode_is_wired_into_the_switch(pki):
 
 
 def test_tls_settings_from_toml_relative_to_the_file(pki, tmp_path):
+    """TLS settings in a TOML file resolve their paths relative to the file and reach the Switch."""
     write(tmp_path / "n.toml", "key = 'node.key'\ntls_ca = 'ca.pem'\ntls_cert = 'node.pem'\ntls_no_client_cert = true\n")
     settings = parse("--config", "n.toml").settings
     assert settings.tls.ca.value == pki["ca"] and settings.tls.cert.value == pki["cert"]
@@ -336,6 +362,8 @@ def test_tls_settings_from_toml_relative_to_the_file(pki, tmp_path):
     ],
 )
 def test_bad_tls_and_status_options_stop_with_one_line(args, expected):
+    """Conflicting or incomplete TLS options and a bad status endpoint stop with one line saying which and
+    why."""
     assert error_of(*args).startswith(expected)
 
 
@@ -348,11 +376,14 @@ def test_bad_tls_and_status_options_stop_with_one_line(args, expected):
     ],
 )
 def test_bad_tls_and_status_settings_in_toml(tmp_path, text, expected):
+    """Bad TLS and status settings in a TOML file stop with one line naming the file, the key and why."""
     write(tmp_path / "n.toml", text)
     assert error_of("--config", "n.toml").startswith(f"mconn: {expected}")
 
 
 def test_bad_tls_files_stop_startup_with_one_line(pki, tmp_path):
+    """Missing, mismatched, expired, not-yet-valid and non-PEM TLS files each stop startup with one line
+    naming the file."""
     ca_args = ("--key", pki["key"], "--tls-ca", pki["ca"], "--tls-cert")
     assert error_of("--key", pki["key"], "--tls-ca", "missing.pem") == (
         f"mconn: --tls-ca: cannot read {tmp_path / 'missing.pem'}: No such file or directory"
@@ -376,6 +407,8 @@ def test_bad_tls_files_stop_startup_with_one_line(pki, tmp_path):
 
 
 def test_ca_mode_with_a_missing_key_file_stops_and_writes_no_key(pki, tmp_path):
+    """In CA mode a missing key file stops startup, saying it must be the certificate's key, and no new key is
+    written."""
     message = error_of("--key", "new.key", "--tls-ca", pki["ca"], "--tls-cert", pki["cert"])
     assert message == (
         f"mconn: --key: {tmp_path / 'new.key'} does not exist; in CA mode it must be the key that "

@@ -65,6 +65,7 @@ def _expected(decoded: dict):
 
 
 def test_vector_names_are_unique_and_limits_match_the_code():
+    """The PEX vector names are unique, and the limits in the vectors file are the code's own."""
     names = _ids(VECTORS["valid"]) + _ids(VECTORS["invalid"])
     assert len(names) == len(set(names))
     limits = VECTORS["limits"]
@@ -74,6 +75,7 @@ def test_vector_names_are_unique_and_limits_match_the_code():
 
 @pytest.mark.parametrize("vector", VECTORS["valid"], ids=_ids(VECTORS["valid"]))
 def test_valid_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector):
+    """Each valid PEX vector decodes to its values and encodes back to its exact bytes."""
     data = bytes.fromhex(vector["hex"])
     kind, value = _expected(vector["decoded"])
     assert decode_message(data) == (kind, value)
@@ -82,6 +84,7 @@ def test_valid_vector_decodes_to_its_values_and_encodes_to_its_bytes(vector):
 
 @pytest.mark.parametrize("vector", VECTORS["invalid"], ids=_ids(VECTORS["invalid"]))
 def test_invalid_vector_is_refused_with_its_reason(vector):
+    """Each invalid PEX vector is refused with PexMisbehaved carrying the vector's reason."""
     with pytest.raises(PexMisbehaved) as caught:
         decode_message(bytes.fromhex(vector["hex"]))
     assert caught.value.reason == vector["reason"]
@@ -89,6 +92,7 @@ def test_invalid_vector_is_refused_with_its_reason(vector):
 
 
 def test_a_message_over_the_limit_is_refused_before_it_is_parsed():
+    """A PEX message over the size limit is refused as oversized before any parsing."""
     with pytest.raises(PexMisbehaved, match=r"oversized: a PEX message of 11 bytes; the limit is 10"):
         decode_message(b"\x03" * 11, limit=10)  # would be malformed if parsed
 
@@ -96,6 +100,7 @@ def test_a_message_over_the_limit_is_refused_before_it_is_parsed():
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=300))
 def test_any_bytes_decode_or_fail_with_pex_misbehaved(data):
+    """Any bytes either decode or fail with PexMisbehaved and one of its known reasons; nothing else escapes."""
     try:
         decode_message(data, limit=200)
     except PexMisbehaved as e:
@@ -105,6 +110,7 @@ def test_any_bytes_decode_or_fail_with_pex_misbehaved(data):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(0, 1 << 20), unique=True, max_size=MAX_WIRE_ADDRESSES), st.integers(1, 65535))
 def test_address_lists_round_trip(ids, port):
+    """Any list of addresses up to the wire maximum encodes and decodes back to itself."""
     addresses = tuple(fake_address(i, port=port) for i in ids)
     assert decode_message(encode_addrs(addresses)) == (PexType.ADDRS, addresses)
 
@@ -147,12 +153,14 @@ def requests(peer):
 
 
 def test_pex_needs_no_arguments_and_owns_channel_0x00():
+    """A PexReactor needs no arguments and owns channel 0x00, priority 1, sized for 100 addresses."""
     pex = PexReactor()
     [channel] = pex.get_channels()
     assert (channel.id, channel.priority, channel.recv_message_capacity) == (0x00, 1, max_message_bytes(100))
 
 
 def test_a_request_gets_known_addresses_but_never_the_askers_own_and_no_more_than_asked():
+    """A request is answered with known addresses, never the asker's own and never more than it asked for."""
     solo = Solo(target_outbound=0)
     asker = FakePeer(channels=solo.pex.get_channels())
     for i in range(3):
@@ -169,6 +177,8 @@ def test_a_request_gets_known_addresses_but_never_the_askers_own_and_no_more_tha
 
 
 def test_a_request_within_min_request_interval_is_a_flood_and_the_node_is_banned():
+    """A second request sooner than a third of the interval is a flood: the peer is closed and banned, and
+    then ignored when it returns."""
     solo = Solo(target_outbound=0)
     polite, flooder = solo.peer(), solo.peer()
     for peer in (polite, flooder):
@@ -194,6 +204,7 @@ def test_a_request_within_min_request_interval_is_a_flood_and_the_node_is_banned
 
 
 def test_an_unsolicited_reply_is_dropped_and_its_sender_closed():
+    """A reply we did not ask for is dropped unbooked, and its sender is closed with unsolicited_reply."""
     solo = Solo(target_outbound=0)
     sender = solo.peer()  # inbound: never asked
     solo.feed(sender, encode_addrs([fake_address(1)]))
@@ -204,6 +215,7 @@ def test_an_unsolicited_reply_is_dropped_and_its_sender_closed():
 
 
 def test_a_second_reply_to_one_request_is_unsolicited():
+    """Only the first reply to a request is booked; a second one is unsolicited and closes the peer."""
     solo = Solo(target_outbound=0)
     peer = solo.peer(outbound=True)
     assert len(requests(peer)) == 1  # a new outbound peer is asked at once
@@ -225,6 +237,8 @@ def _bad_replies(limit):
 
 @pytest.mark.parametrize("reason", ["too_many_addresses", "oversized", "malformed", "unroutable_address"])
 def test_a_bad_reply_is_dropped_whole_and_its_sender_closed_with_the_reason(reason):
+    """A bad reply is dropped whole, good addresses in it included, and its sender is closed and banned with
+    the specific reason."""
     solo = Solo(target_outbound=0, max_addresses=2)
     peer = solo.peer(outbound=True)
     assert decode_message(requests(peer)[0]) == (PexType.REQUEST, 2)
@@ -236,6 +250,7 @@ def test_a_bad_reply_is_dropped_whole_and_its_sender_closed_with_the_reason(reas
 
 
 def test_the_sender_asks_a_peer_only_once_it_answered_and_never_within_half_an_interval():
+    """A peer is asked again only after it answered, and never sooner than half a request interval."""
     solo = Solo(target_outbound=0)
     mute = solo.peer(outbound=True)
     solo.run(10 * INTERVAL)
@@ -254,6 +269,8 @@ def test_the_sender_asks_a_peer_only_once_it_answered_and_never_within_half_an_i
 
 
 def test_one_source_cannot_take_more_than_per_source_cap_and_the_book_stays_bounded():
+    """One source holds at most per_source_cap book entries however much it sends, and the book never grows
+    past book_size."""
     solo = Solo(target_outbound=0, per_source_cap=5, book_size=12, max_addresses=20)
     hostile = solo.peer(outbound=True)
     fresh = iter(range(10_000))
@@ -275,6 +292,7 @@ def test_one_source_cannot_take_more_than_per_source_cap_and_the_book_stays_boun
 
 
 def test_a_full_book_evicts_the_entry_that_failed_most():
+    """A full book makes room by evicting the entry with the most dial failures."""
     solo = Solo(target_outbound=0, book_size=3)
     for i in range(3):
         solo.pex.add_address(fake_address(i), source="ab" * 20)
@@ -285,6 +303,7 @@ def test_a_full_book_evicts_the_entry_that_failed_most():
 
 
 def test_a_peer_announcing_an_unspecified_host_is_booked_at_the_host_it_came_from():
+    """A peer announcing 0.0.0.0 is booked at the host it connected from, with its announced port."""
     solo = Solo(target_outbound=0)
     peer = solo.peer(listen_address="0.0.0.0:26656", remote_address="10.0.0.7:5555")
     entry = solo.pex.book[peer.node_id]
@@ -292,6 +311,7 @@ def test_a_peer_announcing_an_unspecified_host_is_booked_at_the_host_it_came_fro
 
 
 def test_our_own_address_is_never_booked_and_routable_only_skips_private_hosts():
+    """Our own address is never booked, and routable_only skips private hosts."""
     solo = Solo(target_outbound=0, routable_only=True)
     assert not solo.pex.add_address(PeerAddress(solo.switch.node_id, "8.8.8.8", 1), source="ab" * 20)
     assert not solo.pex.add_address(fake_address(1, host="192.168.1.1"), source="ab" * 20)
@@ -317,6 +337,8 @@ def address_of(network, switch, port=26656):
 
 
 def test_a_refusing_address_backs_off_doubling_then_is_forgotten():
+    """A booked address that refuses dials is retried after doubling delays, then forgotten after
+    max_dial_failures."""
     network = MemoryNetwork()
     a, pex, _ = pex_node(network, dial_backoff=2.0, max_dial_failures=3)
     b, _, _ = pex_node(network)
@@ -337,6 +359,8 @@ def test_a_refusing_address_backs_off_doubling_then_is_forgotten():
 
 
 def test_connected_peers_and_ourselves_are_not_dialed_and_pools_get_discovered_addresses():
+    """PEX dials neither connected peers nor ourselves, and a connected peer's newly heard address joins its
+    dial pool as discovered."""
     network = MemoryNetwork()
     a, pex, _ = pex_node(network)
     seed, _, _ = pex_node(network)
@@ -354,6 +378,7 @@ def test_connected_peers_and_ourselves_are_not_dialed_and_pools_get_discovered_a
 
 
 def test_ignore_discovered_addresses_keeps_pools_as_configured():
+    """With ignore_discovered_addresses, a heard address does not join a peer's dial pool."""
     network = MemoryNetwork()
     pex = PexReactor(request_interval=1.0)
     a = network.switch([pex], config=Config(stats_interval=0, ignore_discovered_addresses=True))
@@ -366,6 +391,7 @@ def test_ignore_discovered_addresses_keeps_pools_as_configured():
 
 
 def test_stopping_the_switch_stops_the_rounds():
+    """Stopping the Switch stops PEX rounds and cancels its timer."""
     network = MemoryNetwork()
     a, pex, _ = pex_node(network)
     b, _, _ = pex_node(network)
@@ -422,6 +448,8 @@ def hostile_pair(network, hostile_class, **victim_kwargs):
 
 
 def test_a_hostile_peer_flooding_addresses_holds_at_most_per_source_cap_of_the_book():
+    """A peer flooding addresses it was asked for holds at most per_source_cap book entries, unpenalised;
+    honest peers still get in."""
     network = MemoryNetwork()
     victim, pex, _, hostile, _ = hostile_pair(network, FloodingPex, per_source_cap=8, max_addresses=50, target_outbound=0)
     honest, _, _ = pex_node(network)
@@ -439,6 +467,8 @@ def test_a_hostile_peer_flooding_addresses_holds_at_most_per_source_cap_of_the_b
     "hostile_class, reason", [(UnsolicitedPex, "unsolicited_reply"), (FloodingAsker, "request_flood")]
 )
 def test_a_hostile_peer_is_dropped_with_a_specific_reason_on_both_sides(hostile_class, reason):
+    """A peer sending unsolicited replies or flooding requests is dropped and banned, both sides told the
+    specific reason."""
     network = MemoryNetwork()
     victim, pex, recorder, hostile, hostile_recorder = hostile_pair(network, hostile_class)
     hostile.dial(address_of(network, victim))
@@ -455,6 +485,7 @@ def test_a_hostile_peer_is_dropped_with_a_specific_reason_on_both_sides(hostile_
 
 
 def test_ten_nodes_knowing_only_the_seed_form_a_full_mesh_within_three_rounds():
+    """Ten nodes that know only the seed form a full mesh within three PEX rounds, with no penalty."""
     network = MemoryNetwork()
     nodes = [pex_node(network, request_interval=1.0, rng=random.Random(i)) for i in range(10)]
     seed = nodes[0][0]

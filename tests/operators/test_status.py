@@ -94,6 +94,8 @@ def network():
 
 @pytest_twisted.ensureDeferred
 async def test_status_json_shows_the_switch_its_peers_channels_and_moving_counters(network):
+    """status.json shows the node, each peer with its addresses and channels, and per-channel counters and
+    send rates that move with traffic."""
     (a, b, c), services = await network()
     service = await serve_status(a, interval=0.05)
     services.append(service)
@@ -125,6 +127,7 @@ async def test_status_json_shows_the_switch_its_peers_channels_and_moving_counte
 
 @pytest_twisted.ensureDeferred
 async def test_node_counters_and_refusals_appear(network):
+    """The Switch's refusals and per-node counters appear in status.json, node-wide and on each peer."""
     (a, b, c), services = await network()
     a.refusals["ip_limit"] = 3  # as the Switch counts them (a refusal needs a flood to provoke)
     a._count(b.node_id, "duplicates_refused")
@@ -139,6 +142,8 @@ async def test_node_counters_and_refusals_appear(network):
 
 @pytest_twisted.ensureDeferred
 async def test_the_page_is_self_contained_and_json_has_no_key_material(network):
+    """The status page loads nothing from elsewhere under a strict CSP, status.json holds no key material, and
+    mconn status reads it."""
     (a, b, c), services = await network()
     service = await serve_status(a)
     services.append(service)
@@ -157,6 +162,8 @@ async def test_the_page_is_self_contained_and_json_has_no_key_material(network):
 
 
 def test_endpoints_without_an_interface_listen_on_loopback():
+    """A TCP status endpoint without an interface is bound to the loopback (127.0.0.1 or ::1); others are kept
+    as given."""
     assert local_endpoint("tcp:8080") == "tcp:8080:interface=127.0.0.1"
     assert local_endpoint("tcp6:8080") == "tcp6:8080:interface=\\:\\:1"
     assert local_endpoint("tcp:8080:interface=0.0.0.0") == "tcp:8080:interface=0.0.0.0"
@@ -165,6 +172,7 @@ def test_endpoints_without_an_interface_listen_on_loopback():
 
 @pytest_twisted.ensureDeferred
 async def test_a_service_with_tcp_0_binds_127_0_0_1(network):
+    """A status service on tcp:0 binds 127.0.0.1, and its URL says so."""
     (a, b, c), services = await network()
     service = StatusService(a, "tcp:0")
     services.append(service)
@@ -204,6 +212,7 @@ def document_fields(value, prefix: str = "") -> dict[str, list]:
 
 @pytest_twisted.ensureDeferred
 async def test_a_live_document_has_exactly_the_fields_and_types_of_the_spec(network):
+    """A live status.json has exactly the fields of specs/status.md, each of its stated type."""
     (a, b, c), services = await network()
     a._count(b.node_id, "simultaneous_dials")  # so node_counters has an item to check
     a.refusals["pending_limit"] = 1
@@ -256,6 +265,8 @@ def test_chromium_is_installed():
 
 @pytest_twisted.ensureDeferred
 async def test_a_headless_browser_renders_every_peer_of_a_live_three_node_network(network, tmp_path):
+    """A headless browser renders every peer of a live three-node network on the status page while traffic
+    flows."""
     (a, b, c), services = await network()
     service = await serve_status(a, interval=0.1)
     services.append(service)
@@ -313,6 +324,8 @@ class FakePeer:
 
 
 def test_rates_come_from_counter_deltas_restart_with_the_counter_and_stay_bounded():
+    """Rates are counter deltas per interval; a counter that went back (a resume restarted it) counts from
+    zero; history keeps the last N; ended peers are forgotten."""
     from types import SimpleNamespace
 
     from mconn.status import RateSampler
@@ -336,6 +349,8 @@ def test_rates_come_from_counter_deltas_restart_with_the_counter_and_stay_bounde
 
 @pytest_twisted.ensureDeferred
 async def test_a_node_whose_status_port_is_in_use_does_not_start(tmp_path):
+    """A node whose status port is in use does not start, says which, and closes the Switch port it had
+    opened."""
     from mconn.node import Options, StartupError, build_service
 
     def node(*args):

@@ -70,6 +70,8 @@ def network(tmp_path):
 
 @pytest_twisted.ensureDeferred
 async def test_telemetry_files_of_a_live_network_match_the_spec_and_rotate_without_loss(network, tmp_path):
+    """A live network's telemetry files hold every logged event, matching the spec, and rotate by size without
+    losing or splitting a record."""
     start, capture = network
     a, b, c = await start()
     await until(lambda: all(len(s.switch.peers) == 2 for s in (a, b, c)), "every node connected to the other two")

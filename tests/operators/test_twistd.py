@@ -31,6 +31,8 @@ def assert_orderly_exit(node, status):
 
 
 def test_two_foreground_nodes_connect_and_close_with_a_close_packet_on_sigterm(nodes):
+    """Two twistd nodes connect; on SIGTERM one exits in order with a close packet, and the other hears
+    PeerClosed and keeps dialing."""
     a = nodes("a").start("--listen", LOOPBACK, *CHAT)
     address = a.address
     b = nodes("b").start("--listen", LOOPBACK, *CHAT, "--peer", address)
@@ -49,6 +51,7 @@ def test_two_foreground_nodes_connect_and_close_with_a_close_packet_on_sigterm(n
 
 
 def test_a_key_created_on_first_start_gives_the_same_node_id_on_the_next(nodes, tmp_path):
+    """A twistd node creates a 0600 key on its first start and has the same node id on the next."""
     first = nodes("n").start("--listen", LOOPBACK)
     node_id = first.wait_event("listening")["node_id"]
     assert (tmp_path / "n.key").stat().st_mode & 0o777 == 0o600
@@ -60,6 +63,8 @@ def test_a_key_created_on_first_start_gives_the_same_node_id_on_the_next(nodes, 
 
 
 def test_daemon_writes_its_pid_file_and_removes_it_on_sigterm(tmp_path):
+    """A daemonised node writes its pid file, listens, and on SIGTERM exits, removes the pid file and logs its
+    shutdown."""
     pidfile, logfile, telemetry = tmp_path / "node.pid", tmp_path / "node.log", tmp_path / "node.json"
     result = run_twistd(
         ["--pidfile", str(pidfile), "--logfile", str(logfile), "mconn", "--listen", LOOPBACK,
@@ -94,6 +99,7 @@ BAD = [
 
 @pytest.mark.parametrize("args, expected", BAD, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
 def test_bad_configuration_stops_twistd_with_one_line_and_nothing_running(tmp_path, args, expected):
+    """Each bad configuration stops twistd with one line on stderr, no pid file and no key written."""
     (tmp_path / "bad.toml").write_text("colour = 'blue'\n")
     NodeKey.generate().save(tmp_path / "loose.key")
     (tmp_path / "loose.key").chmod(0o644)
@@ -123,6 +129,7 @@ def test_bad_configuration_stops_a_daemon_before_it_forks(tmp_path):
 
 
 def test_a_port_in_use_stops_a_daemon_with_the_reason_and_no_pid_file(tmp_path):
+    """A daemon whose --listen port is in use exits 1 with the reason, and its pid file is removed."""
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

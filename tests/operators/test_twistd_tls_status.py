@@ -42,6 +42,8 @@ def connected_peers(url: str) -> set:
 
 
 def test_three_tls_nodes_show_each_other_on_their_status_pages(nodes):
+    """Three identity-mode TLS twistd nodes connect, and status pages and mconn status show each one's peers,
+    connected."""
     a = nodes("a").start("--listen", LOOPBACK, "--tls", *CHAT, *STATUS)
     b = nodes("b").start("--listen", LOOPBACK, "--tls", *CHAT, *STATUS, "--peer", a.address)
     c = nodes("c").start("--listen", LOOPBACK, "--tls", *CHAT, "--peer", a.address, "--peer", b.address)
@@ -89,6 +91,7 @@ def test_the_upgrade_start_between_twistd_nodes(nodes):
 
 
 def test_two_ca_mode_nodes_connect_over_mutual_tls(nodes, tmp_path):
+    """Two CA-mode twistd nodes connect over mutual TLS, and the status page says ca."""
     ca = CA()
     ca.write(tmp_path / "ca.pem")
     for name in ("a", "b"):
@@ -118,6 +121,8 @@ def served_certificate(address: str) -> x509.Certificate:
 
 
 def test_sighup_reloads_the_certificate_without_dropping_peers(nodes, tmp_path):
+    """SIGHUP reloads a renewed certificate without dropping peers; a certificate for another key is refused
+    and the old one stays."""
     ca = CA()
     ca.write(tmp_path / "ca.pem")
     keys = {name: NodeKey.generate() for name in ("a", "b")}
@@ -154,6 +159,8 @@ def test_sighup_reloads_the_certificate_without_dropping_peers(nodes, tmp_path):
 
 
 def test_bad_tls_options_stop_twistd_with_one_line(tmp_path):
+    """Missing, mismatched or conflicting TLS options stop twistd with one line, before it writes or opens
+    anything."""
     key = NodeKey.generate()
     key.save(tmp_path / "node.key")
     other = CA()
@@ -179,6 +186,7 @@ def test_bad_tls_options_stop_twistd_with_one_line(tmp_path):
 
 
 def test_an_expired_own_certificate_stops_twistd_saying_so(tmp_path):
+    """An expired own certificate stops twistd with one line giving the expiry date and saying to renew it."""
     ca = CA()
     ca.write(tmp_path / "ca.pem")
     key = NodeKey.generate()

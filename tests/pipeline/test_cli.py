@@ -14,6 +14,8 @@ from .fleetlog import ORIGIN, FleetLog
 
 
 def test_times_are_epoch_seconds_or_iso_8601():
+    """--since/--until take epoch seconds or ISO 8601 (UTC when no zone is given); anything else is a usage
+    error."""
     assert cli.parse_time("1700000000.5") == 1700000000.5
     assert cli.parse_time("2023-11-14T22:13:20") == 1700000000.0  # UTC when the zone is not given
     assert cli.parse_time("2023-11-14T23:13:20+01:00") == 1700000000.0
@@ -22,12 +24,14 @@ def test_times_are_epoch_seconds_or_iso_8601():
 
 
 def test_conf_is_key_equals_value():
+    """--conf takes KEY=VALUE; a bare key is a usage error."""
     assert cli.parse_conf("spark.driver.memory=1g") == ("spark.driver.memory", "1g")
     with pytest.raises(argparse.ArgumentTypeError):
         cli.parse_conf("spark.driver.memory")
 
 
 def test_usage_errors_exit_with_2(capsys):
+    """Usage errors (no --out, --since after --until) exit with 2 and say what is wrong."""
     with pytest.raises(SystemExit) as raised:
         cli.main(["logs"])  # no --out
     assert raised.value.code == 2
@@ -36,6 +40,7 @@ def test_usage_errors_exit_with_2(capsys):
 
 
 def test_a_missing_input_fails_with_1_and_one_line(spark, tmp_path, capsys):
+    """A missing input path fails with exit 1 and a single error line."""
     status = cli.main([str(tmp_path / "nothing-here"), "--out", str(tmp_path / "out"), "--quiet"])
     err = capsys.readouterr().err
     assert status == 1
@@ -43,6 +48,7 @@ def test_a_missing_input_fails_with_1_and_one_line(spark, tmp_path, capsys):
 
 
 def test_since_and_until_keep_a_window_and_every_malformed_record(spark, tmp_path):
+    """--since and --until keep only the events inside their window, and still keep every malformed record."""
     fleet = FleetLog()
     node = fleet.node("A")
     for t in range(10):
@@ -55,6 +61,8 @@ def test_since_and_until_keep_a_window_and_every_malformed_record(spark, tmp_pat
 
 
 def test_input_size_counts_local_files_and_gives_up_on_remote_ones(tmp_path):
+    """The input size counts local files, directories and globs recursively; a remote or missing input gives
+    no size."""
     (tmp_path / "a.json").write_bytes(b"x" * 10)
     (tmp_path / "rotated").mkdir()
     (tmp_path / "rotated" / "a.json.1").write_bytes(b"y" * 5)
@@ -65,6 +73,8 @@ def test_input_size_counts_local_files_and_gives_up_on_remote_ones(tmp_path):
 
 
 def test_only_a_small_local_input_gets_the_small_input_settings():
+    """Only a small input on a local master gets the small-input Spark settings; large, unknown-size and
+    cluster runs and spark-submit's own values are left alone."""
     def settings(master, size, is_set=lambda key: False):
         return spark_settings.session_settings(master, is_set, {"spark.driver.memory": "1g"}, "", size)
 

@@ -156,12 +156,15 @@ def by(rows, *keys):
 
 
 def test_check_fails_the_command_because_of_the_lost_and_the_duplicated_message(out):
+    """With --check, the known fleet's one lost and one duplicated message make the command exit 3."""
     status, result, _ = out
     assert status == 3
     assert result["summary"]["lost"] == 1 and result["summary"]["duplicated"] == 1
 
 
 def test_the_lost_message_shows_up_in_one_audit_row_only(out, tables):
+    """The one lost message shows up in exactly one audit row, its sender's session and channel, with both
+    ends' final counts."""
     rows = tables(out[2], "delivery_audit")
     lost = [(r["sender"], r["receiver"], r["session_id"], r["channel_id"], r["lost"]) for r in rows if r["lost"]]
     assert lost == [(A, B, S_LOST, 0x20, 1)]
@@ -171,6 +174,7 @@ def test_the_lost_message_shows_up_in_one_audit_row_only(out, tables):
 
 
 def test_the_duplicate_shows_up_in_one_audit_row_only(out, tables):
+    """The one duplicated message shows up in exactly one audit row, its sender's session and channel."""
     rows = tables(out[2], "delivery_audit")
     dups = [(r["sender"], r["receiver"], r["session_id"], r["channel_id"], r["duplicated"])
             for r in rows if r["duplicated"]]
@@ -187,6 +191,8 @@ def test_every_other_audit_row_is_clean(out, tables):
 
 
 def test_grace_expiry_reports_undelivered_not_lost(out, tables):
+    """Messages left when grace expired count as undelivered, not lost; both ends say expired, with the
+    suspension and failed redials."""
     audit = by(tables(out[2], "delivery_audit"), "sender", "session_id", "channel_id")
     row = audit[(D, S_EXPIRE, 0x20)]
     assert (row["accepted"], row["undelivered"], row["delivered"], row["lost"]) == (7, 2, 5, 0)
@@ -201,6 +207,8 @@ def test_grace_expiry_reports_undelivered_not_lost(out, tables):
 
 
 def test_the_restart_shows_up_as_a_lost_session_end_and_a_fresh_session(out, tables):
+    """A restarted node's old session has no end on its side and a fresh start on the other; its unreported
+    message is unsettled, not lost."""
     links = by(tables(out[2], "links"), "node_id", "session_id")
     assert links[(F, S_OLD)]["outcome"] == "restarted" and links[(F, S_OLD)]["end"] is None
     assert links[(E, S_OLD)]["outcome"] == "fresh"
@@ -219,6 +227,8 @@ def test_the_restart_shows_up_as_a_lost_session_end_and_a_fresh_session(out, tab
 
 
 def test_outcomes_of_every_session_end(out, tables):
+    """Every session end in the known fleet gets its outcome: closed, resumed, expired, fresh, restarted or
+    still open."""
     outcomes = {(r["node_id"], r["session_id"]): r["outcome"] for r in tables(out[2], "links")}
     assert outcomes == {
         (A, S_LOST): "closed", (B, S_LOST): "closed",
@@ -233,6 +243,8 @@ def test_outcomes_of_every_session_end(out, tables):
 
 
 def test_the_resume_is_counted_and_timed(out, tables):
+    """The resume is counted once at both ends, with its suspension time, its two connections and the dial
+    that ended it."""
     links = by(tables(out[2], "links"), "node_id", "session_id")
     for node in (B, C):
         row = links[(node, S_RESUME)]
@@ -248,6 +260,7 @@ def test_the_resume_is_counted_and_timed(out, tables):
 
 
 def test_bandwidth_share_follows_the_counters(out, tables):
+    """A channel's bandwidth share follows its byte counters, and its contended samples are counted."""
     rows = by([r for r in tables(out[2], "channels") if r["node_id"] == A and r["peer_id"] == B], "channel_id")
     assert rows[0x20]["bytes_sent"] == 2000 and rows[0x21]["bytes_sent"] == 10000
     assert rows[0x20]["bandwidth_share"] == pytest.approx(1 / 6)
@@ -257,6 +270,7 @@ def test_bandwidth_share_follows_the_counters(out, tables):
 
 
 def test_handshake_round_trips_per_link(out, tables):
+    """Handshake round trips give per-link latency percentiles, measured on the dialing side only."""
     rows = by([r for r in tables(out[2], "latency") if r["scope"] == "link"], "node_id", "peer_id")
     assert rows[(C, A)]["p50_seconds"] == pytest.approx(0.030, abs=1e-4)
     assert rows[(B, C)]["samples"] == 2 and rows[(B, C)]["p50_seconds"] == pytest.approx(0.020, abs=1e-4)
@@ -264,6 +278,7 @@ def test_handshake_round_trips_per_link(out, tables):
 
 
 def test_errors_by_kind_and_remote_host(out, tables):
+    """Errors are counted by source, kind and remote host."""
     rows = {(r["source"], r["kind"], r["remote_host"]): r["count"] for r in tables(out[2], "errors")}
     assert rows == {
         ("protocol_error", "UnknownPacketType", "10.0.0.9"): 2,
@@ -275,17 +290,20 @@ def test_errors_by_kind_and_remote_host(out, tables):
 
 
 def test_a_dial_that_belongs_to_no_break(out, tables):
+    """A dial that belongs to no break is kept with no peer, session, break time or resolution."""
     [row] = [r for r in tables(out[2], "reconnects") if r["address"] == "127.0.0.1:9999"]
     assert (row["peer_id"], row["session_id"], row["break_time"], row["resolution"]) == (None, None, None, None)
 
 
 def test_malformed_and_unknown_records_are_counted_not_fatal(out):
+    """Malformed records and unknown events are counted, not fatal, and every node is still seen."""
     summary = out[1]["summary"]
     assert (summary["malformed_records"], summary["unknown_events"]) == (MALFORMED, 2)
     assert summary["nodes"] == 9
 
 
 def test_summary_headline(out):
+    """The summary's headline counts match the known fleet exactly."""
     s = out[1]["summary"]
     assert (s["sessions"], s["links"], s["resumes"], s["fresh_starts"]) == (8, 7, 2, 1)
     assert (s["expired_sessions"], s["restarted_sessions"], s["restarts"]) == (1, 2, 2)
@@ -296,6 +314,7 @@ def test_summary_headline(out):
 
 
 def test_report_is_one_html_file_with_embedded_plots(out):
+    """The report is one self-contained HTML file with its plots embedded, stating the problem found."""
     report = out[1]["report"]
     text = open(report, encoding="utf-8").read()
     assert text.startswith("<!doctype html>") and "PROBLEM: 1 lost, 1 duplicated" in text

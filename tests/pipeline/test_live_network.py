@@ -102,6 +102,8 @@ async def run_network(directory):
 
 @pytest_twisted.ensureDeferred
 async def test_a_real_network_audits_clean_and_counts_the_injected_resumes(tmp_path, spark, tables):
+    """The pipeline on a real three-node network's logs finds no loss or duplicate and counts exactly the
+    resumes the proxies injected, at both ends."""
     from mconn.pipeline import job
     from mconn.pipeline.spark import Progress
 

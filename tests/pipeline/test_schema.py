@@ -14,19 +14,23 @@ from mconn.pipeline import schema
 
 
 def test_every_event_of_the_spec_with_its_fields_and_types():
+    """The pipeline schema has every event of specs/telemetry.md, with its fields and their types."""
     assert schema.EVENTS == {name: spec["fields"] for name, spec in SPEC_EVENTS.items()}
 
 
 def test_the_events_above_info_level():
+    """The schema's warnings are exactly the spec's events above info level, with their levels."""
     assert schema.WARNINGS == {name: spec["level"] for name, spec in SPEC_EVENTS.items() if spec["level"] != "info"}
 
 
 def test_every_list_of_objects_with_its_item_fields():
+    """Every list-of-objects field in the spec has its item fields in the schema."""
     items = {(name, field): children for name, spec in SPEC_EVENTS.items() for field, children in spec["items"].items()}
     assert schema.ITEMS == items
 
 
 def test_every_list_field_has_a_column_in_the_events_table():
+    """Every list field has its own column in the events table, clashing with no other column or scalar field."""
     lists = {(e, f) for e, fields in schema.EVENTS.items() for f, t in fields.items() if t.startswith("list of")}
     assert set(schema.LIST_COLUMNS) == lists
     assert len(set(schema.LIST_COLUMNS.values())) == len(lists)
@@ -34,6 +38,7 @@ def test_every_list_field_has_a_column_in_the_events_table():
 
 
 def test_a_field_name_has_one_type_across_events():
+    """A field name has one type in every event that has it."""
     schema.scalar_fields()  # raises if two events disagree
 
 
