@@ -116,10 +116,12 @@ def receiver(impl: str) -> int:
 def _raw_listen(reactor, impl: str, key: NodeKey, on_link):
     from twisted.internet.endpoints import TCP4ServerEndpoint
 
+    from mconn.tls_transport import tls_server_factory
+
     factory = raw_factory(on_link)
     options = tls_options(impl, key, listener=True)
     if options is not None:
-        factory = options.server_factory(factory, clock=reactor, on_plaintext=lambda protocol, rejection: None)
+        factory = tls_server_factory(options, factory, clock=reactor, on_plaintext=lambda protocol, rejection: None)
     return TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(factory)
 
 
@@ -179,9 +181,11 @@ class Connector:
             return d
         from twisted.internet.endpoints import TCP4ClientEndpoint
 
+        from mconn.tls_transport import tls_client_endpoint
+
         endpoint = TCP4ClientEndpoint(self.clock, "127.0.0.1", self.port)
         if self.tls is not None:
-            endpoint = self.tls.client_endpoint(endpoint, "127.0.0.1", clock=self.clock)
+            endpoint = tls_client_endpoint(self.tls, endpoint, "127.0.0.1", clock=self.clock)
         endpoint.connect(raw_factory(self._on_link)).addErrback(d.errback)
         return d
 

@@ -32,6 +32,8 @@ class Config:
     handshake_timeout: float = 10.0
     #: Per TCP connection attempt of ``Switch.dial``.
     dial_timeout: float = 3.0
+    #: After a close packet, how long the transport may take to flush before it is aborted.
+    close_linger: float = 2.0
     max_inbound_peers: int = 40
     max_outbound_peers: int = 10
     #: Inbound connections accepted but not yet through the handshake; past it a new
@@ -97,7 +99,7 @@ class Config:
 
     def __post_init__(self) -> None:
         for name in (
-            "ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout",
+            "ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout", "close_linger",
             "ack_interval", "max_reconnect_delay", "duplicate_probe_timeout",
         ):
             _check_positive(name, getattr(self, name))

@@ -39,6 +39,7 @@ from mconn.node_key import NodeKey
 from mconn.peer import CLOSED, CONNECTED, CONNECTING, SUSPENDED, Peer
 from mconn.protocol import MConnectionFactory
 from mconn.session import Session
+from mconn.tls_transport import tls_client_endpoint, tls_server_factory
 from mconn.wire import (
     SESSION_ID_BYTES,
     HelloTag,
@@ -208,7 +209,10 @@ class Switch(Service):
         factory = MConnectionFactory(self, is_outbound=False)
         if self.tls is not None:  # TLS first; a plaintext start gets a close packet (specs/tls.md)
             try:
-                factory = self.tls.server_factory(factory, clock=self.clock, on_plaintext=self._plaintext_refused)
+                factory = tls_server_factory(
+                    self.tls, factory, clock=self.clock, on_plaintext=self._plaintext_refused,
+                    close_linger=self.config.close_linger,
+                )
             except ValueError:
                 return defer.fail()
         d = endpoint.listen(factory)
@@ -303,7 +307,9 @@ class Switch(Service):
         bind = (self.config.local_address, 0) if self.config.local_address else None
         endpoint = HostnameEndpoint(self.clock, target.host, target.port, timeout=self.config.dial_timeout, bindAddress=bind)
         if self.tls is not None:
-            endpoint = self.tls.client_endpoint(endpoint, target.host, clock=self.clock)
+            endpoint = tls_client_endpoint(
+                self.tls, endpoint, target.host, clock=self.clock, close_linger=self.config.close_linger
+            )
         return endpoint
 
     def _connect(self, target: PeerAddress, node_id: str | None) -> defer.Deferred:

@@ -25,10 +25,11 @@ Theory of operation
 ``reload()`` only swaps the options' contexts: the connection creators of
 ``mconn.tls_transport`` make each new ``SSL.Connection`` from the *current* context, so
 connections already up keep theirs, and no peer is dropped. Each connection carries its
-own verify callback (``_PeerCheck``, here), which records why a certificate was refused so
+own verify callback (``PeerCheck``, here), which records why a certificate was refused so
 the error can say it rather than OpenSSL's "certificate verify failed". The transport
-itself (the start before TLS, the TLSMemoryBIOProtocol subclass, error translation) is
-``mconn.tls_transport``.
+itself (the start before TLS, the TLSMemoryBIOProtocol subclass, error translation, and
+``tls_server_factory`` and ``tls_client_endpoint``, which a Switch builds its listening
+factory and its dials with) is ``mconn.tls_transport``.
 """
 
 from __future__ import annotations
@@ -47,28 +48,13 @@ from service_identity.cryptography import verify_certificate_hostname, verify_ce
 
 from mconn.errors import AuthenticationError, CertificateMismatch
 from mconn.node_key import NodeKey, node_id_from_public_key
-from mconn.wire import encode_pre_hello
 
 #: TLS 1.2 cipher suites (TLS 1.3 ones are all modern): forward secrecy, AEAD only.
 TLS12_CIPHERS = b"ECDHE+AESGCM:ECDHE+CHACHA20:!aNULL:!eNULL"
-#: First byte of every TLS record that opens a connection (a handshake record).
-TLS_HANDSHAKE_RECORD = 0x16
 #: How long a generated self-signed certificate is valid (regenerated at every start
 #: and every reload); it starts a day early to tolerate clock skew between nodes.
 IDENTITY_CERT_LIFETIME = datetime.timedelta(days=3650)
 IDENTITY_CERT_BACKDATE = datetime.timedelta(days=1)
-#: The close packet a TLS listener answers a plaintext mconn start with (and a pre-hello,
-#: when it is ``tls_required``).
-TLS_REQUIRED = "tls_required"
-#: The close packet a listener answers a pre-hello that is not the 8 bytes of PreHello with.
-MALFORMED_PRE_HELLO = "malformed_pre_hello"
-#: What an upgrading dialer sends in clear before its ClientHello (specs/tls.md section 7).
-PRE_HELLO = encode_pre_hello()
-#: TLS record content types (change_cipher_spec, alert, handshake, application_data,
-#: heartbeat): the first byte of anything a TLS peer sends.
-TLS_RECORD_TYPES = frozenset(range(0x14, 0x19))
-#: The largest plaintext refusal an upgrading dialer reads before TLS.
-PLAINTEXT_ANSWER_LIMIT = 4096
 
 _SELF_SIGNED_LEAF = 18  # X509_V_ERR_DEPTH_ZERO_SELF_SIGNED_CERT
 _VERIFY_ERRORS = {
@@ -135,8 +121,8 @@ class TLSOptions:
 
         def load():
             certificate = self_signed_certificate(node_key)
-            server = _context([certificate], node_key.private_key, _REQUIRE_CERT)
-            client = _context([certificate], node_key.private_key, _REQUIRE_CERT)
+            server = _context([certificate], node_key.private_key, REQUIRE_CERT)
+            client = _context([certificate], node_key.private_key, REQUIRE_CERT)
             return node_key, certificate, server, client
 
         return cls("identity", node_key=node_key, loader=load, tls_required=tls_required, upgrade=upgrade)
@@ -182,9 +168,9 @@ class TLSOptions:
                         f"node {node_key.node_id}"
                     )
             private = node_key.private_key if node_key is not None else None
-            client_flags = _REQUIRE_CERT if require_client_cert else SSL.VERIFY_PEER
+            client_flags = REQUIRE_CERT if require_client_cert else SSL.VERIFY_PEER
             server = _context(chain, private, client_flags, authorities) if chain else None
-            client = _context(chain, private, _REQUIRE_CERT, authorities)
+            client = _context(chain, private, REQUIRE_CERT, authorities)
             return node_key, chain[0] if chain else None, server, client
 
         return cls(
@@ -224,33 +210,20 @@ class TLSOptions:
 
     # -- the Switch's side -----------------------------------------------------------
 
-    def server_factory(self, wrapped_factory, *, clock, on_plaintext):
-        """The listening factory: TLS around ``wrapped_factory``.
+    @property
+    def server_context(self) -> SSL.Context | None:
+        """The current context of a listener (None for ``custom``, or without a certificate)."""
+        return self._server_context
 
-        :param on_plaintext: ``on_plaintext(protocol, rejection)`` when a connection is
-            refused before TLS: plaintext mconn bytes, a pre-hello where ``tls_required``,
-            or a malformed pre-hello (``rejection.reason`` says which).
-        :raises ValueError: if this node has no certificate to present.
-        """
-        from mconn.tls_transport import _ServerCreator, _TLSFactory  # it imports this module
+    @property
+    def client_context(self) -> SSL.Context | None:
+        """The current context of a dialer (None for ``custom``)."""
+        return self._client_context
 
-        if self._factory is not None:
-            creator = self._factory
-        elif self._server_context is None:
-            raise ValueError("a TLS listener needs a certificate: pass cert_file and key_file to TLSOptions.from_files")
-        else:
-            creator = _ServerCreator(self)
-        factory = _TLSFactory(creator, False, wrapped_factory, clock=clock)
-        factory.on_plaintext = on_plaintext
-        factory.tls_required = self.tls_required
-        return factory
-
-    def client_endpoint(self, endpoint, host: str, *, clock):
-        """``endpoint`` with TLS on top; a CA-mode dial checks that the certificate names ``host``."""
-        from mconn.tls_transport import _ClientCreator, _TLSClientEndpoint  # it imports this module
-
-        creator = self._factory if self._factory is not None else _ClientCreator(self, host)
-        return _TLSClientEndpoint(endpoint, creator, clock, upgrade=self.upgrade)
+    @property
+    def context_factory(self):
+        """The deployment's own context factory of ``custom`` (None in the other modes)."""
+        return self._factory
 
     def peer_certificate(self, transport, node_id: str, *, inbound: bool) -> x509.Certificate | None:
         """The peer's certificate, once its key is known to be node ``node_id`` (the hello's).
@@ -357,7 +330,8 @@ def _check_validity(chain: list[x509.Certificate], path: str, now: datetime.date
 
 # -- contexts ----------------------------------------------------------------------------
 
-_REQUIRE_CERT = SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT
+#: The verify mode that asks for the peer's certificate and fails without one.
+REQUIRE_CERT = SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT
 
 
 def _context(chain, private_key, verify_flags: int, authorities=None) -> SSL.Context:
@@ -382,11 +356,11 @@ def _context(chain, private_key, verify_flags: int, authorities=None) -> SSL.Con
         store = ctx.get_cert_store()
         for authority in authorities:
             store.add_cert(crypto.X509.from_cryptography(authority))
-    ctx.set_verify(verify_flags)  # each connection sets its own callback (_PeerCheck)
+    ctx.set_verify(verify_flags)  # each connection sets its own callback (PeerCheck)
     return ctx
 
 
-class _PeerCheck:
+class PeerCheck:
     """The verify callback of one connection: identity mode accepts exactly a self-signed
     leaf (the key is what counts, checked after the handshake); CA mode accepts what
     OpenSSL's chain check accepts, and a dial also checks the host name."""
@@ -419,7 +393,7 @@ class _PeerCheck:
 
 def _host_mismatch(certificate: x509.Certificate, host: str) -> str | None:
     """Why the certificate does not name ``host`` (service_identity), or None if it does."""
-    if _is_ip(host):
+    if is_ip(host):
         check, kind = verify_certificate_ip_address, "IP address"
     else:
         check, kind = verify_certificate_hostname, "host name"
@@ -445,7 +419,7 @@ def _subject(certificate: x509.Certificate) -> str:
     return repr(names[0].value) if names else certificate.subject.rfc4514_string() or "(no subject)"
 
 
-def _is_ip(host: str) -> bool:
+def is_ip(host: str) -> bool:
     try:
         ipaddress.ip_address(host)
     except ValueError:

@@ -1,7 +1,8 @@
 """The TLS transport of a Switch: the start before TLS, Twisted's TLSMemoryBIOProtocol
 around the mconn protocol, and a TLS failure as a TLSError that says what failed
-(specs/tls.md). ``mconn.tls.TLSOptions`` builds these; it holds the contexts and the
-certificate checks.
+(specs/tls.md). A Switch builds its listening factory with ``tls_server_factory`` and
+wraps its dials with ``tls_client_endpoint``; the ``mconn.tls.TLSOptions`` they take
+hold the contexts and the certificate checks.
 
 Theory of operation
 -------------------
@@ -9,7 +10,7 @@ The listening factory is a ``TLSMemoryBIOFactory`` around the Switch's protocol 
 a dial wraps its client endpoint the same way. Each new TLS connection asks the options
 for an ``SSL.Connection`` made from the *current* context, so ``reload()`` only swaps the
 contexts: connections already up keep theirs, and no peer is dropped. Each connection
-carries its own verify callback (``mconn.tls._PeerCheck``), which records why a
+carries its own verify callback (``mconn.tls.PeerCheck``), which records why a
 certificate was refused so the error can say it rather than OpenSSL's "certificate verify
 failed".
 
@@ -37,25 +38,74 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mconn.config import Config
 from mconn.errors import MalformedPacket, PeerRejected, TLSError
 from mconn.frame_buffer import FrameBuffer
-from mconn.protocol import CLOSE_LINGER
-from mconn.tls import (
-    _REQUIRE_CERT,
-    MALFORMED_PRE_HELLO,
-    PLAINTEXT_ANSWER_LIMIT,
-    PRE_HELLO,
-    TLS_HANDSHAKE_RECORD,
-    TLS_RECORD_TYPES,
-    TLS_REQUIRED,
-    TLSOptions,
-    _is_ip,
-    _PeerCheck,
+from mconn.tls import REQUIRE_CERT, PeerCheck, TLSOptions, is_ip
+from mconn.wire import (
+    PRE_HELLO_SIZE,
+    PacketType,
+    decode_close,
+    decode_pre_hello,
+    encode_close,
+    encode_extension,
+    encode_pre_hello,
 )
-from mconn.wire import PRE_HELLO_SIZE, PacketType, decode_close, decode_pre_hello, encode_close, encode_extension
 
+#: First byte of every TLS record that opens a connection (a handshake record).
+TLS_HANDSHAKE_RECORD = 0x16
+#: The close packet a TLS listener answers a plaintext mconn start with (and a pre-hello,
+#: when it is ``tls_required``).
+TLS_REQUIRED = "tls_required"
+#: The close packet a listener answers a pre-hello that is not the 8 bytes of PreHello with.
+MALFORMED_PRE_HELLO = "malformed_pre_hello"
+#: What an upgrading dialer sends in clear before its ClientHello (specs/tls.md section 7).
+PRE_HELLO = encode_pre_hello()
+#: TLS record content types (change_cipher_spec, alert, handshake, application_data,
+#: heartbeat): the first byte of anything a TLS peer sends.
+TLS_RECORD_TYPES = frozenset(range(0x14, 0x19))
+#: The largest plaintext refusal an upgrading dialer reads before TLS.
+PLAINTEXT_ANSWER_LIMIT = 4096
 #: OpenSSL reasons that mean the other side does not speak TLS at all.
 _NOT_TLS = ("wrong version number", "packet length too long", "record layer failure", "http request")
+
+
+# -- what a Switch builds ----------------------------------------------------------------
+
+
+def tls_server_factory(
+    options: TLSOptions, wrapped_factory, *, clock, on_plaintext, close_linger: float = Config().close_linger
+):
+    """The listening factory: TLS around ``wrapped_factory``.
+
+    :param on_plaintext: ``on_plaintext(protocol, rejection)`` when a connection is
+        refused before TLS: plaintext mconn bytes, a pre-hello where ``tls_required``,
+        or a malformed pre-hello (``rejection.reason`` says which).
+    :param close_linger: how long a close may take to flush before the connection is
+        aborted (``Config.close_linger``).
+    :raises ValueError: if this node has no certificate to present.
+    """
+    if options.context_factory is not None:
+        creator = options.context_factory
+    elif options.server_context is None:
+        raise ValueError("a TLS listener needs a certificate: pass cert_file and key_file to TLSOptions.from_files")
+    else:
+        creator = _ServerCreator(options)
+    factory = _TLSFactory(creator, False, wrapped_factory, clock=clock, close_linger=close_linger)
+    factory.on_plaintext = on_plaintext
+    factory.tls_required = options.tls_required
+    return factory
+
+
+def tls_client_endpoint(
+    options: TLSOptions, endpoint, host: str, *, clock, close_linger: float = Config().close_linger
+):
+    """``endpoint`` with TLS on top; a CA-mode dial checks that the certificate names ``host``.
+
+    :param close_linger: as for ``tls_server_factory``.
+    """
+    creator = options.context_factory if options.context_factory is not None else _ClientCreator(options, host)
+    return _TLSClientEndpoint(endpoint, creator, clock, upgrade=options.upgrade, close_linger=close_linger)
 
 
 # -- connection creators (the options' current contexts) --------------------------------
@@ -67,9 +117,10 @@ class _ServerCreator:
         self.options = options
 
     def serverConnectionForTLS(self, tls_protocol) -> SSL.Connection:
-        connection = SSL.Connection(self.options._server_context, None)
-        tls_protocol.peer_check = check = _PeerCheck(by_ca=self.options.mode == "ca")
-        connection.set_verify(self.options._server_context.get_verify_mode(), check)
+        context = self.options.server_context
+        connection = SSL.Connection(context, None)
+        tls_protocol.peer_check = check = PeerCheck(by_ca=self.options.mode == "ca")
+        connection.set_verify(context.get_verify_mode(), check)
         return connection
 
 
@@ -80,11 +131,11 @@ class _ClientCreator:
         self.host = host
 
     def clientConnectionForTLS(self, tls_protocol) -> SSL.Connection:
-        connection = SSL.Connection(self.options._client_context, None)
+        connection = SSL.Connection(self.options.client_context, None)
         by_ca = self.options.mode == "ca"
-        tls_protocol.peer_check = check = _PeerCheck(by_ca=by_ca, host=self.host if by_ca else None)
-        connection.set_verify(_REQUIRE_CERT, check)
-        if by_ca and not _is_ip(self.host):
+        tls_protocol.peer_check = check = PeerCheck(by_ca=by_ca, host=self.host if by_ca else None)
+        connection.set_verify(REQUIRE_CERT, check)
+        if by_ca and not is_ip(self.host):
             connection.set_tlsext_host_name(self.host.encode("idna"))
         return connection
 
@@ -97,9 +148,9 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
     mconn and reads the pre-hello; an upgrading dialer sends it and reads a refusal); a
     TLS failure reaches the mconn protocol as a TLSError that says what failed; and a close
     that the peer does not complete (no handshake, no close_notify) ends in an abort after
-    CLOSE_LINGER, as MConnectionProtocol's own closes do."""
+    the factory's ``close_linger``, as MConnectionProtocol's own closes do."""
 
-    peer_check: _PeerCheck | None = None
+    peer_check: PeerCheck | None = None
     #: Bytes received before TLS started (a pre-hello in parts, a refusal in parts).
     _before = b""
     _tls_started = False
@@ -197,7 +248,7 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
     def loseConnection(self) -> None:
         super().loseConnection()
         if self._linger is None and self.connected:
-            self._linger = self.factory.clock.callLater(CLOSE_LINGER, self.abortConnection)
+            self._linger = self.factory.clock.callLater(self.factory.close_linger, self.abortConnection)
 
     def connectionLost(self, reason) -> None:
         if self._linger is not None and self._linger.active():
@@ -241,10 +292,13 @@ class _TLSFactory(TLSMemoryBIOFactory):
     tls_required = True
     upgrade = False
 
-    def __init__(self, creator, is_client: bool, wrapped_factory, *, clock, upgrade: bool = False) -> None:
+    def __init__(
+        self, creator, is_client: bool, wrapped_factory, *, clock, close_linger: float, upgrade: bool = False
+    ) -> None:
         super().__init__(creator, is_client, wrapped_factory, clock=clock)
         self.is_client = is_client
         self.clock = clock
+        self.close_linger = close_linger
         self.upgrade = upgrade
 
 
@@ -252,18 +306,21 @@ class _TLSFactory(TLSMemoryBIOFactory):
 class _TLSClientEndpoint:
     """A client endpoint with TLS on top; ``connect`` fires with the wrapped protocol."""
 
-    def __init__(self, endpoint, creator, clock, *, upgrade: bool = False) -> None:
+    def __init__(self, endpoint, creator, clock, *, close_linger: float, upgrade: bool = False) -> None:
         self._endpoint = endpoint
         self._creator = creator
         self._clock = clock
+        self._close_linger = close_linger
         self._upgrade = upgrade
 
     def connect(self, factory):
-        tls_factory = _TLSFactory(self._creator, True, factory, clock=self._clock, upgrade=self._upgrade)
+        tls_factory = _TLSFactory(
+            self._creator, True, factory, clock=self._clock, close_linger=self._close_linger, upgrade=self._upgrade
+        )
         return self._endpoint.connect(tls_factory).addCallback(lambda tls_protocol: tls_protocol.wrappedProtocol)
 
 
-def _tls_error(reason, check: _PeerCheck | None) -> TLSError | None:
+def _tls_error(reason, check: PeerCheck | None) -> TLSError | None:
     """The TLSError for a connection that ended on an OpenSSL error, else None."""
     if reason is None or not isinstance(reason.value, SSL.Error):
         return None

@@ -16,9 +16,7 @@ from pyspark.sql import functions as F
 
 from mconn.pipeline import audit, channels, errors, ingest, latency, links, reconnects, sessions, summary
 from mconn.pipeline.spark import Progress
-
-TABLES = ("links", "reconnects", "delivery_audit", "channels", "latency", "errors", "summary")
-STAGES = ("read telemetry", *TABLES, "report")
+from mconn.pipeline.tables import STAGES, local_path, table_path
 
 
 @dataclasses.dataclass
@@ -33,18 +31,6 @@ class Result:
 
     def table(self, name: str) -> str:
         return table_path(self.out, name)
-
-
-def table_path(out: str, name: str) -> str:
-    return out.rstrip("/") + "/" + name
-
-
-def local_path(out: str) -> str | None:
-    """The local directory behind ``out``, or None for a remote URI (hdfs://, s3a://...)."""
-    if out.startswith("file:"):
-        rest = out[len("file:"):]
-        return "/" + rest.lstrip("/")  # file:/x, file:///x
-    return None if "://" in out else out
 
 
 def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | None = None, progress=None) -> Result:

@@ -16,7 +16,7 @@ import os
 
 from pyspark.sql import functions as F
 
-from mconn.pipeline import console, plots
+from mconn.pipeline import headline, plots
 from mconn.pipeline.ingest import MALFORMED, UNKNOWN
 
 SAMPLE = 50_000
@@ -159,7 +159,7 @@ def _table(headers: list[str], rows) -> str:
 
 def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_counts: dict, everything) -> None:
     """Collect what the report shows from the tables (``rows``: their sizes), draw it, write it."""
-    healthy, verdict = console.verdict(summary)
+    healthy, verdict = headline.verdict(summary)
     span = f"{summary['first_time']} to {summary['last_time']} UTC"
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>mconn fleet telemetry</title>",
@@ -167,7 +167,7 @@ def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_coun
         "<h1>mconn fleet telemetry</h1>",
         f"<p class='note'>{html.escape(span)}</p>",
         f"<div class='verdict {'ok' if healthy else 'bad'}'>{html.escape(verdict)}</div>",
-        _table(["figure", "value"], console.rows(summary)),
+        _table(["figure", "value"], headline.rows(summary)),
         "<h2>Delivery audit findings</h2>",
         _findings(tables["delivery_audit"]),
         "<h2>Links</h2>",

@@ -34,8 +34,11 @@ Where each part is explained:
     ``MemoryLink`` and ``MemoryTransport``: how bytes travel (on the shared clock, in
     order, with flow control) and how they are lost.
 ``mconn/testing/node.py``
-    The process at each host: its ports, its resolver, and a Twisted reactor that dies
-    with it.
+    The process at each host: its ports, its resolver, how it listens and dials, and a
+    Twisted reactor that dies with it.
+``mconn/testing/fabric.py``
+    What the nodes and links share: the clock, the hosts, the paths between them and
+    their faults, the links.
 """
 
 from mconn.testing.fakes import FakePeer

@@ -72,26 +72,41 @@ comes from a seeded ``random.Random`` (tests/adapter/test_simulation.py does bot
 ``network.run(seconds)`` lets time pass with every timer firing on time.
 
 How bytes travel on a connection (delivery on the shared clock, delays, the ``window``)
-is described in mconn/testing/transport.py; the nodes in mconn/testing/node.py.
+is described in mconn/testing/transport.py; the nodes, and how they listen and dial, in
+mconn/testing/node.py; what they all share (clock, hosts, paths, links) in
+mconn/testing/fabric.py.
 """
 
 from __future__ import annotations
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.error import CannotListenError, ConnectionRefusedError, TimeoutError
-from twisted.internet.interfaces import IReactorTCP
+from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
 from mconn.protocol import MConnectionFactory
 from mconn.switch import Switch
-from mconn.testing.node import LOOPBACK, _MemoryConnector, _MemoryPort, _Node
-from mconn.testing.transport import MemoryLink, MemoryTransport, _check_delay, _Path
+from mconn.testing.fabric import Fabric, Path, check_delay
+from mconn.testing.node import _Node
+from mconn.testing.transport import MemoryLink, open_link
 
 __all__ = ["MemoryNetwork", "connected_switches"]
 
 #: The port ``Switch.listen("tcp:26656")`` uses in the examples, and dial_address's default.
 DEFAULT_PORT = 26656
+
+
+class _OfFabric:
+    """An attribute of the network kept on its fabric, where the nodes and links read it."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, network, owner=None):
+        return self if network is None else getattr(network.fabric, self.name)
+
+    def __set__(self, network, value) -> None:
+        setattr(network.fabric, self.name, value)
 
 
 class MemoryNetwork:
@@ -104,23 +119,24 @@ class MemoryNetwork:
     :param max_calls_per_instant: a node that schedules more zero-delay calls than this
         without the clock moving is spinning: its ``callLater`` raises RuntimeError
         (on a simulated clock the spin would never end).
+    :ivar links: every MemoryLink made, in order; one removed from here is detached.
     """
 
+    clock = _OfFabric()
+    window = _OfFabric()
+    max_calls_per_instant = _OfFabric()
+    links = _OfFabric()
+
     def __init__(self, clock=None, *, window: int | None = None, max_calls_per_instant: int = 50_000) -> None:
-        self.clock = clock if clock is not None else Clock()
-        self.window = window
-        self.max_calls_per_instant = max_calls_per_instant
-        self.links: list[MemoryLink] = []
-        self._recording = IReactorTCP.providedBy(self.clock)
-        self._nodes: dict[str, _Node] = {}  # host -> the node living there now
+        clock = clock if clock is not None else Clock()
+        self.fabric = Fabric(clock, window=window, max_calls_per_instant=max_calls_per_instant)
         self._node_of_switch: dict[Switch, _Node] = {}
-        self._paths: dict[frozenset, _Path] = {}
 
     # -- switches and nodes --------------------------------------------------------------
 
     def switch(self, reactors, **kwargs) -> Switch:
         """A new Switch on a new host; ``kwargs`` go to ``Switch`` (config, node_key)."""
-        return self._start(_Node(self, self._new_host()), reactors, kwargs)
+        return self._start(_Node(self.fabric, self.fabric.new_host()), reactors, kwargs)
 
     def host_of(self, switch: Switch) -> str:
         """The host address of ``switch``'s node (10.0.0.n)."""
@@ -156,7 +172,7 @@ class MemoryNetwork:
         self.kill(switch)
         kwargs.setdefault("node_key", switch.node_key)
         kwargs.setdefault("config", switch.config)
-        new = self._start(_Node(self, old.host), reactors, kwargs)
+        new = self._start(_Node(self.fabric, old.host), reactors, kwargs)
         for port, interface in listening:
             new.listen(f"tcp:{port}" + (f":interface={interface}" if interface else ""))
         if switch.running:
@@ -170,7 +186,7 @@ class MemoryNetwork:
     def _start(self, node: _Node, reactors, kwargs) -> Switch:
         switch = Switch(reactors, clock=node.reactor, **kwargs)
         node.switch = switch
-        self._nodes[node.host] = node
+        self.fabric.nodes[node.host] = node
         self._node_of_switch[switch] = node
         return switch
 
@@ -178,15 +194,11 @@ class MemoryNetwork:
         """The node of ``switch``; a Switch made elsewhere gets one (it keeps its own clock)."""
         node = self._node_of_switch.get(switch)
         if node is None:
-            node = _Node(self, self._new_host())
+            node = _Node(self.fabric, self.fabric.new_host())
             node.switch = switch
-            self._nodes[node.host] = node
+            self.fabric.nodes[node.host] = node
             self._node_of_switch[switch] = node
         return node
-
-    def _new_host(self) -> str:
-        n = len(self._nodes) + 1
-        return f"10.0.{n // 250}.{n % 250}"
 
     # -- connecting ------------------------------------------------------------------------
 
@@ -199,7 +211,8 @@ class MemoryNetwork:
         out_node, in_node = self._node(dialer), self._node(listener)
         outbound = MConnectionFactory(dialer, is_outbound=True, expected_node_id=expected_node_id).buildProtocol(None)
         inbound = MConnectionFactory(listener, is_outbound=False).buildProtocol(None)
-        link = self._link(outbound, self._ephemeral(out_node.host), out_node, inbound, self._listening(in_node), in_node)
+        out_address = self.fabric.ephemeral(out_node.host)
+        link = open_link(self.fabric, outbound, out_address, out_node, inbound, self._listening(in_node), in_node)
         link.flush()
         return link
 
@@ -210,7 +223,8 @@ class MemoryNetwork:
         """
         node = self._node(listener)
         inbound = MConnectionFactory(listener, is_outbound=False).buildProtocol(None)
-        link = self._link(protocol, self._ephemeral("192.0.2.1"), None, inbound, self._listening(node), node)
+        out_address = self.fabric.ephemeral("192.0.2.1")
+        link = open_link(self.fabric, protocol, out_address, None, inbound, self._listening(node), node)
         link.flush()
         return link
 
@@ -222,7 +236,7 @@ class MemoryNetwork:
         listens on fails with ConnectionRefusedError.
         """
         links = []
-        if not self._recording:
+        if not self.fabric.recording:
             return links  # on a plain Clock, dials connect by themselves
         while self.clock.tcpClients:
             host, port, client_factory, _, _ = self.clock.tcpClients.pop(0)
@@ -238,8 +252,9 @@ class MemoryNetwork:
             listener = getattr(server_factory, "switch", None)
             in_node = self._node(listener) if listener is not None else None
             inbound = server_factory.buildProtocol(None)
-            out_address = self._ephemeral(out_node.host if out_node is not None else "192.0.2.1")
-            link = self._link(outbound, out_address, out_node, inbound, IPv4Address("TCP", host, port), in_node)
+            out_address = self.fabric.ephemeral(out_node.host if out_node is not None else "192.0.2.1")
+            in_address = IPv4Address("TCP", host, port)
+            link = open_link(self.fabric, outbound, out_address, out_node, inbound, in_address, in_node)
             link.flush()
             links.append(link)
         return links
@@ -247,121 +262,46 @@ class MemoryNetwork:
     def _listening(self, node: _Node) -> IPv4Address:
         return IPv4Address("TCP", node.host, DEFAULT_PORT)
 
-    def _ephemeral(self, host: str) -> IPv4Address:
-        return IPv4Address("TCP", host, 40000 + len(self.links))
-
-    def _link(self, outbound, out_address, out_node, inbound, in_address, in_node) -> MemoryLink:
-        link = MemoryLink(self, outbound, inbound, self._path(out_address.host, in_address.host))
-        client = MemoryTransport(link, 0, outbound, out_address, in_address, out_node)
-        server = MemoryTransport(link, 1, inbound, in_address, out_address, in_node)
-        link.transports = (client, server)
-        self.links.append(link)
-        inbound.makeConnection(server)
-        outbound.makeConnection(client)
-        return link
-
-    def _listen(self, node: _Node, port: int, factory, interface: str) -> _MemoryPort:
-        if port == 0:
-            port = next(p for p in range(30000, 40000) if p not in node.ports)
-        if port in node.ports:
-            raise CannotListenError(interface, port, OSError(f"{node.host}:{port} is in use"))
-        node.ports[port] = (factory, interface)
-        factory.doStart()
-        return _MemoryPort(node, port, factory, interface)
-
-    def _connect(self, node: _Node, host: str, port: int, factory, timeout: float) -> _MemoryConnector:
-        connector = _MemoryConnector(node, host, port, factory, timeout)
-        started = getattr(factory, "startedConnecting", None)
-        if started is not None:
-            started(connector)
-        target = node.host if host in (LOOPBACK, node.host) else host
-        connector.call = node.reactor.callLater(self._path(node.host, target).delay, self._establish, connector)
-        return connector
-
-    def _establish(self, connector: _MemoryConnector) -> None:
-        """The SYN arrives: connect to the listener, or be refused, or time out."""
-        connector.call = None
-        if connector.state != "connecting":
-            return
-        source = connector.node
-        target = source if connector.host in (LOOPBACK, source.host) else self._nodes.get(connector.host)
-        path = self._path(source.host, target.host if target is not None else connector.host)
-        if target is None or not target.host_up or path.blackholed:
-            wait = max(0.0, connector.timeout - path.delay)
-            connector.call = source.reactor.callLater(wait, connector.fail, TimeoutError())
-            return
-        listening = target.ports.get(connector.port) if target.alive else None
-        if listening is None:
-            connector.fail(ConnectionRefusedError(f"{target.host}:{connector.port}"))
-            return
-        out_address = self._ephemeral(source.host)
-        in_address = IPv4Address("TCP", target.host, connector.port)
-        outbound = connector.factory.buildProtocol(in_address)
-        inbound = listening[0].buildProtocol(out_address)
-        connector.state = "connected"
-        link = self._link(outbound, out_address, source, inbound, in_address, target)
-        connector.transport = link.transports[0]
-
     # -- faults ------------------------------------------------------------------------------
 
     def blackhole(self, a, b) -> None:
         """Stop all traffic between ``a`` and ``b`` (Switches or hosts) without telling them."""
-        self._set_blackhole(self._path(self._host(a), self._host(b)), True)
+        self.fabric.set_blackhole(self._path(a, b), True)
 
     def heal(self, a=None, b=None) -> None:
         """End the black hole between ``a`` and ``b``; with no arguments, every one."""
         if a is None and b is None:
-            paths = list(self._paths.values())
+            paths = self.fabric.paths()
         else:
-            paths = [self._path(self._host(a), self._host(b))]
+            paths = [self._path(a, b)]
         for path in paths:
-            self._set_blackhole(path, False)
+            self.fabric.set_blackhole(path, False)
 
     def delay(self, a, b, seconds: float) -> None:
         """Make traffic between ``a`` and ``b`` take ``seconds`` each way (0: none)."""
-        self._path(self._host(a), self._host(b)).delay = _check_delay(seconds)
+        self._path(a, b).delay = check_delay(seconds)
 
     def reset(self, a, b) -> int:
         """Reset every connection between ``a`` and ``b``; returns how many there were."""
-        path = self._path(self._host(a), self._host(b))
-        links = [link for link in self.links if link._path is path and link.alive]
+        links = self.links_between(a, b)
         for link in links:
             link.reset()
         return len(links)
 
     def links_between(self, a, b) -> list[MemoryLink]:
         """The connections between ``a`` and ``b`` that at least one end still has."""
-        path = self._path(self._host(a), self._host(b))
-        return [link for link in self.links if link._path is path and link.alive]
+        return self.fabric.links_on(self._path(a, b))
 
     def in_flight(self) -> int:
         """Bytes written and not yet delivered, on every connection."""
         return sum(link.in_flight for link in self.links if link.alive)
 
-    def _host_up(self, transport: MemoryTransport) -> bool:
-        """Whether a kernel runs at the host of ``transport``'s end (to send resets)."""
-        if transport.node is None:
-            return True
-        node = self._nodes.get(transport.node.host)
-        return node is not None and (node.alive or node.host_up)
+    def _path(self, a, b) -> Path:
+        """The path between ``a`` and ``b`` (Switches or hosts)."""
+        return self.fabric.path(self._host(a), self._host(b))
 
     def _host(self, end) -> str:
         return end if isinstance(end, str) else self._node(end).host
-
-    def _path(self, host_a: str, host_b: str) -> _Path:
-        key = frozenset((host_a, host_b))
-        path = self._paths.get(key)
-        if path is None:
-            path = self._paths[key] = _Path()
-        return path
-
-    def _set_blackhole(self, path: _Path, on: bool) -> None:
-        path.blackholed = on
-        if not on:
-            for link in self.links:
-                if link._path is path and link.alive:
-                    link._schedule(0)
-                    link._schedule(1)
 
     # -- time ------------------------------------------------------------------------------
 

@@ -4,8 +4,10 @@ Each Switch made by ``network.switch`` lives on a ``_Node``. Its ``_NodeReactor`
 time with the network's shared clock and does TCP in memory (``listenTCP`` makes a
 ``_MemoryPort``, ``connectTCP`` a ``_MemoryConnector``; ``_MemoryResolver`` resolves
 IPv4 literals and ``localhost``), so the Switch's own code paths (``listen``, ``dial``,
-re-dials) work unchanged. Once the node is dead, nothing scheduled through its reactor
-runs: that is how ``network.kill`` silences a process.
+re-dials) work unchanged. A dial arrives after the path's delay: it makes a link to
+whatever listens at that host and port, is refused if nothing does, and times out if the
+host is unknown or down or the path is a black hole. Once the node is dead, nothing
+scheduled through its reactor runs: that is how ``network.kill`` silences a process.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from twisted.internet.abstract import isIPAddress
 from twisted.internet.address import IPv4Address
-from twisted.internet.error import UserError
+from twisted.internet.error import CannotListenError, ConnectionRefusedError, TimeoutError, UserError
 from twisted.internet.interfaces import (
     IConnector,
     IHostnameResolver,
@@ -27,8 +29,10 @@ from twisted.internet.interfaces import (
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mconn.testing.transport import open_link
+
 if TYPE_CHECKING:
-    from mconn.testing.network import MemoryNetwork
+    from mconn.testing.fabric import Fabric
 
 LOOPBACK = "127.0.0.1"
 
@@ -36,7 +40,7 @@ LOOPBACK = "127.0.0.1"
 class _Node:
     """One process at one host. Once it is dead, nothing scheduled through it runs."""
 
-    def __init__(self, network: MemoryNetwork, host: str) -> None:
+    def __init__(self, fabric: Fabric, host: str) -> None:
         self.host = host
         self.alive = True
         #: False once the host went down with the process (``kill(..., silently=True)``).
@@ -44,7 +48,7 @@ class _Node:
         self.switch = None
         #: port -> (factory, interface) of what listens here.
         self.ports: dict[int, tuple] = {}
-        self.reactor = _NodeReactor(network, self)
+        self.reactor = _NodeReactor(fabric, self)
 
     def run(self, function, args, kwargs) -> None:
         if self.alive:
@@ -78,12 +82,11 @@ class _MemoryResolver:
 class _NodeReactor:
     """A node's Twisted reactor: the shared clock, and TCP over the memory network."""
 
-    def __init__(self, network: MemoryNetwork, node: _Node) -> None:
-        self._network = network
+    def __init__(self, fabric: Fabric, node: _Node) -> None:
+        self._fabric = fabric
         self._node = node
-        self._clock = network.clock
-        recording = network._recording
-        self.nameResolver = self._clock.nameResolver if recording else _MemoryResolver()
+        self._clock = fabric.clock
+        self.nameResolver = self._clock.nameResolver if fabric.recording else _MemoryResolver()
         self._instant, self._calls_now = None, 0
 
     def __repr__(self) -> str:
@@ -103,7 +106,7 @@ class _NodeReactor:
         if now != self._instant:
             self._instant, self._calls_now = now, 0
         self._calls_now += 1
-        if self._calls_now > self._network.max_calls_per_instant:
+        if self._calls_now > self._fabric.max_calls_per_instant:
             raise RuntimeError(
                 f"livelock on {self._node.host}: {self._calls_now} calls scheduled at t={now!r} without time "
                 f"moving, the last to {getattr(function, '__qualname__', function)}"
@@ -117,14 +120,52 @@ class _NodeReactor:
         return old
 
     def listenTCP(self, port, factory, backlog=50, interface=""):
-        if self._network._recording:
+        if self._fabric.recording:
             return self._clock.listenTCP(port, factory, backlog, interface)
-        return self._network._listen(self._node, port, factory, interface)
+        node = self._node
+        if port == 0:
+            port = next(p for p in range(30000, 40000) if p not in node.ports)
+        if port in node.ports:
+            raise CannotListenError(interface, port, OSError(f"{node.host}:{port} is in use"))
+        node.ports[port] = (factory, interface)
+        factory.doStart()
+        return _MemoryPort(node, port, factory, interface)
 
     def connectTCP(self, host, port, factory, timeout=30, bindAddress=None):
-        if self._network._recording:
+        if self._fabric.recording:
             return self._clock.connectTCP(host, port, factory, timeout, bindAddress)
-        return self._network._connect(self._node, host, port, factory, timeout)
+        node = self._node
+        connector = _MemoryConnector(node, host, port, factory, timeout)
+        started = getattr(factory, "startedConnecting", None)
+        if started is not None:
+            started(connector)
+        target = node.host if host in (LOOPBACK, node.host) else host
+        connector.call = self.callLater(self._fabric.path(node.host, target).delay, self._establish, connector)
+        return connector
+
+    def _establish(self, connector: _MemoryConnector) -> None:
+        """The SYN arrives: connect to the listener, or be refused, or time out."""
+        connector.call = None
+        if connector.state != "connecting":
+            return
+        fabric, source = self._fabric, self._node
+        target = source if connector.host in (LOOPBACK, source.host) else fabric.nodes.get(connector.host)
+        path = fabric.path(source.host, target.host if target is not None else connector.host)
+        if target is None or not target.host_up or path.blackholed:
+            wait = max(0.0, connector.timeout - path.delay)
+            connector.call = self.callLater(wait, connector.fail, TimeoutError())
+            return
+        listening = target.ports.get(connector.port) if target.alive else None
+        if listening is None:
+            connector.fail(ConnectionRefusedError(f"{target.host}:{connector.port}"))
+            return
+        out_address = fabric.ephemeral(source.host)
+        in_address = IPv4Address("TCP", target.host, connector.port)
+        outbound = connector.factory.buildProtocol(in_address)
+        inbound = listening[0].buildProtocol(out_address)
+        connector.state = "connected"
+        link = open_link(fabric, outbound, out_address, source, inbound, in_address, target)
+        connector.transport = link.transports[0]
 
 
 @implementer(IListeningPort)

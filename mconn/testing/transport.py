@@ -8,9 +8,10 @@ on their way pauses its producer until half of them have arrived, as TCP flow co
 would.
 
 Each direction of a link is a ``_Pipe`` of what one end wrote and the other has not yet
-received. A link lies on the ``_Path`` between its two hosts, whose faults (a black hole,
-a delay) it obeys; ``reset``, ``abortConnection`` and a dying process (``_vanish``) lose
-what is in the pipes. The faults themselves are described in mconn/testing/network.py.
+received. A link lies on the ``Path`` between its two hosts (mconn/testing/fabric.py),
+whose faults (a black hole, a delay) it obeys; ``reset``, ``abortConnection`` and a dying
+process (``_vanish``) lose what is in the pipes. The faults themselves are described in
+mconn/testing/network.py. ``open_link`` makes a link and connects both protocols to it.
 
 This is mconn's own transport (not iosim's, which never loses a written byte), so this
 package is the one place to change if Twisted's testing helpers move.
@@ -19,7 +20,6 @@ package is the one place to change if Twisted's testing helpers move.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from twisted.internet.address import IPv4Address
@@ -28,9 +28,11 @@ from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mconn.testing.fabric import Path, check_delay
+
 if TYPE_CHECKING:
     from mconn.switch import Switch
-    from mconn.testing.network import MemoryNetwork
+    from mconn.testing.fabric import Fabric
 
 __all__ = ["MemoryLink", "MemoryTransport"]
 
@@ -58,14 +60,6 @@ class _Pipe:
             self.call.cancel()
         self.call = None
         return lost
-
-
-@dataclass
-class _Path:
-    """The faults between two hosts (both ways)."""
-
-    blackholed: bool = False
-    delay: float = 0.0
 
 
 @implementer(ITCPTransport, IConsumer, IPushProducer)
@@ -183,14 +177,14 @@ class MemoryLink:
     :ivar lost_bytes: bytes written but never delivered (resets, aborts, dead ends).
     """
 
-    def __init__(self, network: MemoryNetwork, outbound, inbound, path: _Path) -> None:
+    def __init__(self, fabric: Fabric, outbound, inbound, path: Path) -> None:
         self.outbound = getattr(outbound, "_wrappedProtocol", outbound)  # endpoints wrap it
         self.inbound = inbound
         self.transports: tuple[MemoryTransport, MemoryTransport] = ()
         self.delivered_bytes = 0
         self.lost_bytes = 0
-        self._network = network
-        self._clock = network.clock
+        self._fabric = fabric
+        self._clock = fabric.clock
         self._path = path
         self._pipes = (_Pipe(), _Pipe())  # _pipes[side]: written by side, for the other
         self._moved = 0
@@ -259,15 +253,15 @@ class MemoryLink:
 
     def blackhole(self) -> None:
         """Black-hole the path under this link (see ``MemoryNetwork.blackhole``)."""
-        self._network._set_blackhole(self._path, True)
+        self._fabric.set_blackhole(self._path, True)
 
     def heal(self) -> None:
         """Heal the path under this link (see ``MemoryNetwork.heal``)."""
-        self._network._set_blackhole(self._path, False)
+        self._fabric.set_blackhole(self._path, False)
 
     def delay(self, seconds: float) -> None:
         """Delay the path under this link (see ``MemoryNetwork.delay``)."""
-        self._path.delay = _check_delay(seconds)
+        self._path.delay = check_delay(seconds)
 
     # -- moving bytes ----------------------------------------------------------------
 
@@ -275,11 +269,11 @@ class MemoryLink:
         far = self.transports[1 - side]
         if not far.connected or far._aborted:
             self.lost_bytes += len(data)
-            if kind is not _RST and not far.connected and self._network._host_up(far):
+            if kind is not _RST and not far.connected and self._fabric.host_up(far.node):
                 self._enqueue(1 - side, _RST, b"")  # its kernel answers with a reset
             return
         self._enqueue(side, kind, data)
-        writer, window = self.transports[side], self._network.window
+        writer, window = self.transports[side], self._fabric.window
         pipe = self._pipes[side]
         if window is not None and pipe.bytes > window and writer.producer is not None and not writer._producer_paused:
             writer._producer_paused = True
@@ -311,7 +305,7 @@ class MemoryLink:
     def _deliver(self, side: int) -> None:
         """The clock's call: deliver what is due, unless a test detached the link."""
         self._pipes[side].call = None
-        if self in self._network.links:
+        if self in self._fabric.links:
             self._move(side)
 
     def _move(self, side: int) -> None:
@@ -339,7 +333,7 @@ class MemoryLink:
                 pipe.items.popleft()
                 self._close(1 - side, ConnectionLost("connection reset by peer"))
         self._schedule(side)
-        writer, window = self.transports[side], self._network.window
+        writer, window = self.transports[side], self._fabric.window
         if writer._producer_paused and writer.connected and (window is None or pipe.bytes <= window // 2):
             writer._producer_paused = False
             if writer.producer is not None:
@@ -379,7 +373,13 @@ class MemoryLink:
             transport.protocol.connectionLost(Failure(reason))
 
 
-def _check_delay(seconds: float) -> float:
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
-        raise ValueError(f"a delay is a finite number of seconds >= 0, got {seconds!r}")
-    return float(seconds)
+def open_link(fabric: Fabric, outbound, out_address, out_node, inbound, in_address, in_node) -> MemoryLink:
+    """Join two protocols by a new link on the path between their hosts; both get their transport."""
+    link = MemoryLink(fabric, outbound, inbound, fabric.path(out_address.host, in_address.host))
+    client = MemoryTransport(link, 0, outbound, out_address, in_address, out_node)
+    server = MemoryTransport(link, 1, inbound, in_address, out_address, in_node)
+    link.transports = (client, server)
+    fabric.links.append(link)
+    inbound.makeConnection(server)
+    outbound.makeConnection(client)
+    return link

@@ -20,7 +20,6 @@ from hypothesis import HealthCheck, event, given, settings
 
 from helpers import RawPeer, RecordingReactor
 from mconn import PeerClosed, PeerRejected
-from mconn.protocol import CLOSE_LINGER
 from mconn.session import AckError
 from mconn.testing import MemoryNetwork
 
@@ -33,7 +32,7 @@ SWITCH_SPECIFIC = SPECIFIC | {AckError}
 #: Long enough for every timer a silent hostile peer can start to run out.
 SETTLE = (
     SWITCH_CONFIG.handshake_timeout + SWITCH_CONFIG.ping_interval + SWITCH_CONFIG.pong_timeout
-    + SWITCH_CONFIG.resume_grace + CLOSE_LINGER + 1
+    + SWITCH_CONFIG.resume_grace + SWITCH_CONFIG.close_linger + 1
 )
 
 

@@ -28,13 +28,13 @@ from helpers import RawPeer, RecordingReactor, close_packets_in, parse_packets
 from mconn import ChannelDescriptor, Config, wire
 from mconn.errors import MalformedPacket
 from mconn.handshake import make_hello
-from mconn.protocol import CLOSE_LINGER
 from mconn.testing import MemoryNetwork
 from mconn.wire import PacketType
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "resume.md"
 VECTORS = pathlib.Path(__file__).resolve().parents[2] / "specs" / "vectors" / "resume.json"
 SPEC_TEXT = SPEC.read_text()
+CLOSE_LINGER = Config().close_linger
 
 CHANNELS = [
     ChannelDescriptor(0x20, priority=5, send_queue_capacity=16),

@@ -5,10 +5,10 @@ from twisted.internet.task import Clock
 
 from helpers import RecordingReactor
 from mconn import ChannelDescriptor, Config, Reactor
-from mconn.protocol import CLOSE_LINGER
 from mconn.testing import FakePeer, MemoryNetwork, connected_switches
 
 CHANNELS = [ChannelDescriptor(0x40, recv_message_capacity=10), ChannelDescriptor(0x41)]
+CLOSE_LINGER = Config().close_linger
 
 
 class Echo(Reactor):

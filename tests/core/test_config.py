@@ -27,7 +27,7 @@ def test_fields_are_keyword_only_and_frozen():
         Config().ping_interval = 1.0
 
 
-POSITIVE_FLOATS = ["ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout"]
+POSITIVE_FLOATS = ["ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout", "close_linger"]
 RATES = ["send_rate", "recv_rate"]
 
 BAD = (

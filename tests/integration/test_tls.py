@@ -41,8 +41,9 @@ import mconn.tls
 from mconn import wire
 from mconn.dialer import is_not_retried
 from mconn.errors import MalformedPacket
-from mconn.protocol import CLOSE_LINGER, MConnectionFactory
-from mconn.tls import PRE_HELLO, TLS_RECORD_TYPES, TLSOptions, node_id_of_certificate, self_signed_certificate
+from mconn.protocol import MConnectionFactory
+from mconn.tls import TLSOptions, node_id_of_certificate, self_signed_certificate
+from mconn.tls_transport import PRE_HELLO, TLS_RECORD_TYPES
 from tests.helpers_core import expand, load_vectors
 
 from .test_loopback import Collector, bounded, stop
@@ -54,6 +55,7 @@ CHANNELS = [
     ChannelDescriptor(0x30, priority=10, send_queue_capacity=64),
 ]
 CONFIG = Config(stats_interval=0, max_reconnect_delay=0.05)
+CLOSE_LINGER = Config().close_linger
 NOW = datetime.datetime.now(datetime.timezone.utc)
 DAY = datetime.timedelta(days=1)
 

@@ -1,6 +1,6 @@
 """The console's one-sentence verdict says why the audit is incomplete, not just that it is."""
 
-from mconn.pipeline.console import verdict
+from mconn.pipeline.headline import verdict
 
 BASE = {"messages_audited": 3647, "lost": 0, "duplicated": 0, "unsettled": 0, "one_sided_rows": 0}
 
