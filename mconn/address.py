@@ -1,6 +1,6 @@
 """PeerAddress: where a peer listens, and which node id it must prove it has.
 
-The text form is CometBFT's (../shared/research/mconn-anchors.md section 3.5):
+The text form is CometBFT's (its ``p2p/netaddress.go``, ``IDAddressString``):
 ``<id>@<host>:<port>``, optionally prefixed with ``tcp://``; the id is 40 hex characters
 (see :func:`mconn.node_key.node_id_from_public_key`). Here the id may be left out
 (``host:port``) for a peer whose identity is not known in advance. An IPv6 host is written

@@ -1,7 +1,7 @@
 """Config: every tunable of a Switch and its connections, validated once.
 
-Defaults follow CometBFT where its users did not complain about them
-(../shared/research/mconn-anchors.md section 2.1) and say so where they differ.
+Defaults follow CometBFT (its ``config/config.go`` and ``p2p/conn/connection.go``) where
+its users did not complain about them, and say so where they differ.
 """
 
 from __future__ import annotations

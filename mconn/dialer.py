@@ -3,7 +3,7 @@
 A standalone piece of the Twisted layer: time comes from an injected ``clock``
 (``IReactorTime``) and connections from an injected ``connect(address) -> Deferred``, so
 the owner (the Switch) decides what a connection is. The model is the NATS client's
-connector (../shared/seeds, nats.rs ``connector.rs``; reliability-anchors.md section 1):
+connector (``connector.rs`` of async-nats, the Rust client):
 a server pool with per-address state, an exponential delay with jitter, an optional
 limit on attempts, addresses learnt by discovery, and an application callback that may
 pick the next address.

@@ -1,4 +1,4 @@
-"""Events: the facts the sans-I/O core reports (STYLE.md 6).
+"""Events: the facts the sans-I/O core reports, as h2's ``h2/events.py`` does.
 
 Each is a frozen, keyword-only dataclass named in the past tense (MessageReceived, the
 hot path, is not frozen). The Twisted adapter

@@ -3,10 +3,11 @@
 Theory of operation. MConnection packets carry no outer length (specs/wire.md section 2),
 so the buffer walks each packet's header as bytes arrive: the type byte; for a msg
 packet the channel, eof and go-wire length; for an extension packet its length. Every
-length is checked against its limit *before* a byte of the body is kept (STYLE.md 5), and
-every header byte is validated as soon as it arrives, so a one-byte-at-a-time stream
-fails at the same byte as a whole one. Only an incomplete packet's bytes stay buffered
-between calls, so the buffer never holds more than one packet's header plus its limit.
+length is checked against its limit *before* a byte of the body is kept (as h2's
+``h2/frame_buffer.py`` does), and every header byte is validated as soon as it arrives,
+so a one-byte-at-a-time stream fails at the same byte as a whole one. Only an incomplete
+packet's bytes stay buffered between calls, so the buffer never holds more than one
+packet's header plus its limit.
 
 Decoded packets are plain tuples for speed; tests/core/test_codec_equivalence.py proves
 this decoder agrees with the construct declarations of wire.py:

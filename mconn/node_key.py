@@ -1,7 +1,7 @@
 """NodeKey: the Ed25519 key pair that names a node, and the node id derived from it.
 
-The node id is the CometBFT one (../shared/research/mconn-anchors.md section 3.5): the
-first 20 bytes of SHA-256 over the raw 32-byte public key, as 40 lowercase hex characters.
+The node id is CometBFT's (``PubKeyToID`` in its ``p2p/key.go``): the first 20 bytes of
+SHA-256 over the raw 32-byte public key, as 40 lowercase hex characters.
 
 On disk a key is one PEM file (PKCS8, unencrypted) that only its owner may read. ``save``
 creates it with mode 0600 under a temporary name in the same directory and renames it into

@@ -10,7 +10,7 @@ Theory of operation
 Channel 0x00 (Tendermint's PEX channel) carries two messages, declared with construct
 in reactors/pex_wire.py: a *request* naming how many addresses the asker accepts, and a
 *reply* (``addrs``) with at most that many. The bounds are those CometBFT learnt
-(../shared/research/mconn-anchors.md section 3.4):
+(its ``p2p/pex/pex_reactor.go`` and address book):
 
 * *Asking.* Every ``request_interval`` (the first round after a random part of it) a
   round dials book entries until the node has ``target_outbound`` outbound peers, then

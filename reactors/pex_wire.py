@@ -33,7 +33,7 @@ from mconn import MalformedPacket, RemoteProtocolError
 from mconn.address import PeerAddress
 from mconn.wire import NODE_ID_BYTES, uvarint
 
-#: Tendermint's PEX channel id (mconn-anchors.md section 3.4).
+#: Tendermint's PEX channel id (``PexChannel`` in its ``p2p/pex/pex_reactor.go``).
 PEX_CHANNEL = 0x00
 #: The wire bound on the addresses of one reply (CometBFT's largest selection).
 MAX_WIRE_ADDRESSES = 250
