@@ -2,7 +2,7 @@
 
 The Twisted adapter (protocol.py) feeds ``receive_data``, writes ``data_to_send``, and
 calls ``handle_timeout`` at ``next_deadline()``. Nothing here reads a clock or touches a
-socket (STYLE.md 1).
+socket, as in h2 and h11: any event loop, or a test, can drive it.
 
 States and transitions are the table ``TRANSITIONS`` (specs/connection.md section 1 is
 derived from it); a (state, input) pair missing from it is a protocol error.
