@@ -39,6 +39,7 @@ from mconn.errors import (
 )
 from mconn.node_key import NodeKey
 from mconn.reactor import Reactor
+from mconn.session_table import PeerState
 
 # The Twisted layer is imported on first use, so that importing the pure core
 # (mconn.wire, mconn.connection, ...) never imports Twisted: the core is sans-I/O.
@@ -60,6 +61,7 @@ __all__ = [
     "Config",
     "NodeKey",
     "Peer",
+    "PeerState",
     "Reactor",
     "Switch",
     "TLSOptions",

@@ -85,6 +85,7 @@ class Input(enum.Enum):
     CLOSE_SENT = "close sent"
     ACK = "ack"
     SESSION = "session"
+    TRANSPORT_LOST = "transport lost"
 
 
 S, I = State, Input
@@ -108,6 +109,11 @@ TRANSITIONS: dict[tuple[State, Input], State] = {
     (S.CLOSING, I.ACK): S.CLOSING,
     (S.CLOSING, I.SESSION): S.CLOSING,
     (S.CLOSING, I.CLOSE_RECEIVED): S.CLOSED,
+    # The transport beneath is gone, whatever was happening (the adapter says so).
+    (S.HANDSHAKING, I.TRANSPORT_LOST): S.CLOSED,
+    (S.OPEN, I.TRANSPORT_LOST): S.CLOSED,
+    (S.CLOSING, I.TRANSPORT_LOST): S.CLOSED,
+    (S.CLOSED, I.TRANSPORT_LOST): S.CLOSED,
 }
 del S, I
 
@@ -358,6 +364,10 @@ class Connection:
         """Queue the listener's session answer (before any data, specs/resume.md)."""
         if self.state is State.OPEN:
             self._control.append(encode_extension(PacketType.SESSION, encode_session_answer(answer)))
+
+    def transport_lost(self) -> None:
+        """The transport beneath is gone: the connection is closed, whatever its state."""
+        self.state = TRANSITIONS[(self.state, Input.TRANSPORT_LOST)]
 
     def close(self, code: str, text: str = "") -> None:
         """Queue a close packet; nothing but it goes out afterwards."""

@@ -1,8 +1,10 @@
 """Peer: one session with another node, as reactors see it; sending happens here.
 
-A Peer outlives its transports (specs/resume.md): its state is ``connected``,
-``suspended`` (the transport broke; the session waits ``resume_grace`` to be resumed),
-``connecting`` (a new transport is up and the resume is being negotiated) or ``closed``.
+A Peer outlives its transports (specs/resume.md): its state is a ``PeerState``
+(``mconn.session_table``; it compares equal to the strings ``"connected"``,
+``"suspended"``: the transport broke and the session waits ``resume_grace`` to be resumed,
+``"connecting"``: a new transport is up and the resume is being negotiated, and
+``"closed"``). Only ``mconn.sessions.SessionManager`` changes it, by its transition table.
 Reactors keep the same Peer object across a resume.
 
 ``send`` and ``try_send`` accept whole messages (specs/reactor-api.md section 3). An
@@ -23,12 +25,13 @@ from twisted.internet import defer
 
 from mconn.connection import State
 from mconn.errors import ConnectionClosed, DeliveryNotConfirmed
+from mconn.session_table import PeerState
 from mconn.wire import ChannelInfo, Hello
 
-CONNECTING = "connecting"
-CONNECTED = "connected"
-SUSPENDED = "suspended"
-CLOSED = "closed"
+CONNECTING = PeerState.CONNECTING
+CONNECTED = PeerState.CONNECTED
+SUSPENDED = PeerState.SUSPENDED
+CLOSED = PeerState.CLOSED
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -79,9 +82,13 @@ class PeerStats:
 
 
 class Peer:
-    """A session with a node. Created by the Switch when a session starts; never by users."""
+    """A session with a node. Created by the Switch when a session starts; never by users.
 
-    def __init__(self, *, switch, protocol, hello: Hello, session, is_outbound: bool, address=None) -> None:
+    :param sessions: the ``SessionManager`` that owns it (clock, config, channels,
+        routing, closing, node counters).
+    """
+
+    def __init__(self, *, sessions, protocol, hello: Hello, session, is_outbound: bool, address=None) -> None:
         self.node_id = hello.node_id
         #: True if this node dialed when the session started (it re-dials after breaks).
         self.is_outbound = is_outbound
@@ -91,29 +98,29 @@ class Peer:
         self.address = address
         #: Channels the peer announced when the session started, by id.
         self.channels: dict[int, ChannelInfo] = {c.id: c for c in hello.channels}
-        self.state = CONNECTED
+        self.state: PeerState = CONNECTED
         #: Last measured ping round trip, in seconds (None before the first pong).
         self.round_trip: float | None = None
         self.session = session
         self.connects = 1
         self.disconnects = 0
         self.resumes = 0
-        self._switch = switch
+        self._sessions = sessions
         self._protocol = protocol
-        self._clock = switch.clock
-        self._config = switch.config
-        self._capacity = {d.id: d.send_queue_capacity for d in switch.channels}
-        self._recv_capacity = {d.id: d.recv_message_capacity for d in switch.channels}
+        self._clock = sessions.clock
+        self._config = sessions.config
+        self._capacity = {d.id: d.send_queue_capacity for d in sessions.channels}
+        self._recv_capacity = {d.id: d.recv_message_capacity for d in sessions.channels}
         #: Per channel both sides have: the largest message it accepts (the smaller
         #: recv_message_capacity). Channels outside it are refused.
         self._limits = {
             d.id: min(d.recv_message_capacity, self.channels[d.id].recv_message_capacity)
-            for d in switch.channels
+            for d in sessions.channels
             if d.id in self.channels
         }
         #: The connection's channels (its queues) while connected, else None.
         self._queues = protocol.core.channels
-        self._route = switch._route
+        self._route = sessions.route
         self._connected_at = self._clock.seconds()
         self._waiting: dict[int, collections.deque] = {}
         self._held: dict[int, int] = {}  # accepted while suspended, per channel
@@ -285,26 +292,26 @@ class Peer:
         while confirms and confirms[0][0] < acked:
             confirms.popleft()[1].callback(True)
 
-    # -- lifecycle (called by the Switch) --------------------------------------------
+    # -- lifecycle (called by the SessionManager, which sets ``state``) ----------------
 
-    def _suspend(self) -> None:
+    def _detach(self) -> None:
+        """The transport is gone: sends are held for the next one."""
         self._protocol = None
         self._queues = None
-        self.state = SUSPENDED
         self.disconnects += 1
         self._held = {}
         self._cancel_ack_timer()
 
-    def _attach(self, protocol, peer_delivered: dict[int, int]) -> None:
-        """A new transport carries the session on: re-send what the peer lacks."""
+    def _attach(self, protocol, resend: dict[int, list[bytes]]) -> None:
+        """A new transport carries the session on: re-send what the peer lacks
+        (``resend``: ``Session.to_resend`` of the peer's delivered counts)."""
         self._protocol = protocol
         self._queues = protocol.core.channels
         self.remote_address = protocol.remote_address
-        self.state = CONNECTED
         self.connects += 1
         self._held = {}
         core = protocol.core
-        for channel_id, messages in self.session.to_resend(peer_delivered).items():
+        for channel_id, messages in resend.items():
             core.requeue(channel_id, messages)
         for channel_id in list(self._confirms):  # to_resend applied the peer's counts
             self._confirm_up_to(channel_id, self.session.acked(channel_id))
@@ -313,7 +320,6 @@ class Peer:
 
     def _end(self, reason: Exception) -> None:
         """The session is over: fail what waits on it."""
-        self.state = CLOSED
         self._protocol = None
         self._queues = None
         self._cancel_ack_timer()
@@ -332,9 +338,7 @@ class Peer:
 
         The other side ends the session at once, without a grace window.
         """
-        if self.state == CLOSED:
-            return
-        self._switch._close_peer(self, ConnectionClosed("closed", "" if reason is None else str(reason)))
+        self._sessions.close(self, ConnectionClosed("closed", "" if reason is None else str(reason)))
 
     def force_reconnect(self) -> None:
         """Drop the transport and resume the session on a new one (outbound sessions)."""
@@ -347,7 +351,7 @@ class Peer:
         core = protocol.core if protocol is not None else None
         session = self.session
         channels = []
-        for desc in self._switch.channels:
+        for desc in self._sessions.channels:
             c = core.channels[desc.id] if core is not None else None
             channels.append(
                 ChannelStatsSnapshot(
@@ -367,7 +371,7 @@ class Peer:
         return PeerStats(
             node_id=self.node_id,
             is_outbound=self.is_outbound,
-            state=self.state,
+            state=self.state.value,
             uptime=self._clock.seconds() - self._connected_at,
             bytes_sent=core.bytes_sent if core is not None else 0,
             bytes_received=core.bytes_received if core is not None else 0,
@@ -379,7 +383,7 @@ class Peer:
             messages_resent=session.resent,
             unacked_bytes=session.unacked_bytes,
             undelivered=session.undelivered(),
-            **self._switch.node_counters.get(self.node_id, {}),
+            **self._sessions.node_counters.get(self.node_id, {}),
         )
 
 

@@ -1,4 +1,10 @@
-"""The Twisted adapter: a thin Protocol around the sans-I/O Connection (STYLE.md 2).
+"""The Twisted adapter: a thin Protocol around the sans-I/O Connection.
+
+As Twisted's HTTP/2 protocol wraps h2, this module only moves bytes, events and time
+between the transport and ``mconn.connection.Connection``; every decision about the
+connection's peer is its owner's (``IConnectionOwner``, provided for a Switch by
+``mconn.connections.ConnectionSet``), and its per-connection facts come in one frozen
+``ConnectionContext``.
 
 ``dataReceived`` hands bytes to the core and dispatches the events it returns;
 ``pump`` writes what the core has to send until the transport pauses us (we are the
@@ -12,14 +18,16 @@ from __future__ import annotations
 import socket
 import sys
 
+import dataclasses
+
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from zope.interface import implementer
+from zope.interface import Attribute, Interface, implementer
 
-from mconn.connection import Connection, State
+from mconn.connection import Connection, State, close_packet
 from mconn.errors import ConnectionLost, PeerClosed, PeerRejected, RemoteProtocolError, UnexpectedPacket
 from mconn.events import (
     AckReceived,
@@ -33,51 +41,122 @@ from mconn.events import (
 
 log = Logger(namespace="mconn")
 
-#: After a close packet, how long the transport may take to flush before it is aborted.
-CLOSE_LINGER = 2.0
 #: A timer that fires this much later than due means the event loop stalled: the
 #: keepalive verdict waits one loop turn so that bytes already received are read first.
 LOOP_STALL = 0.05
+
+
+class IConnectionOwner(Interface):
+    """What a connection asks of its owner: every decision about the peer on it.
+
+    A Switch provides it through ``mconn.connections.ConnectionSet`` (``IConnectionOwner(
+    switch)`` adapts a Switch to it). The protocol calls these methods and nothing else
+    of its owner; the owner changes the protocol only through the protocol's public
+    methods (``carry``, ``abort``, ``close``, ``ended_beneath``, ``watch_bytes``, ``decide``,
+    ``pump``).
+    """
+
+    clock = Attribute("The IReactorTime every timer of the connection runs on.")
+    config = Attribute("The mconn Config: socket options, send_rate, close_linger.")
+
+    def admit(protocol, host):
+        """May this connection (from ``host``, None if the transport has no host) start
+        its handshake? Asked in connectionMade before a Connection is built; an inbound
+        connection admitted counts against ``host`` until ``connection_lost``.
+
+        :returns: None to go on, or the PeerRejected the connection is refused with
+            (the protocol sends it as a close packet and reads nothing more).
+        """
+
+    def new_core(protocol, now):
+        """The sans-I/O Connection for this connection, and the session request our
+        hello carries (None for inbound connections).
+
+        :returns: ``(Connection, SessionRequest | None)``.
+        """
+
+    def connection_made(protocol):
+        """The connection is up and its core built; our hello is on its way."""
+
+    def hello_received(protocol, event):
+        """The peer's hello (a HelloReceived): who it is, whether it may join, and (on
+        the listening side) its session.
+
+        :returns: None once decided, or a Deferred while an asynchronous decision is
+            pending (the protocol holds the events that follow until it fires).
+        :raises PeerRejected: the peer is refused (close packet with its reason).
+        :raises RemoteProtocolError: the peer broke the protocol (connection failed).
+        """
+
+    def session_answered(protocol, answer):
+        """The listener's session answer (a SessionAnswer) on our outbound connection.
+
+        :raises PeerRejected: or RemoteProtocolError, as ``hello_received``.
+        """
+
+    def peer_rejected(protocol, hello, rejection):
+        """A decision refused the peer (``rejection`` is a PeerRejected); count and log it."""
+
+    def protocol_error(protocol, error):
+        """The peer broke the protocol with ``error`` (a RemoteProtocolError); log it."""
+
+    def loop_stalled(protocol, late):
+        """A timer of this connection fired ``late`` seconds after it was due."""
+
+    def connection_lost(protocol, reason):
+        """The transport is gone, for ``reason`` (an mconn error). The last call."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConnectionContext:
+    """What is known of a connection before it exists, built by its factory.
+
+    :param is_outbound: we dialed it.
+    :param expected_node_id: the node id dialed, if known (a hello with another is
+        PeerIdMismatch).
+    :param resuming: the suspended Peer this outbound connection tries to resume, if any.
+    :param address: the PeerAddress dialed, kept by the session for re-dialing.
+    """
+
+    is_outbound: bool
+    expected_node_id: str | None = None
+    resuming: object = None
+    address: object = None
 
 
 @implementer(IPushProducer)
 class MConnectionProtocol(Protocol):
     """One connection of a Switch. ``peer`` is set once the handshake is accepted."""
 
-    def __init__(
-        self, switch, *, is_outbound: bool, expected_node_id: str | None = None, resuming=None, address=None
-    ) -> None:
-        self.switch = switch
-        self.is_outbound = is_outbound
-        self.expected_node_id = expected_node_id
-        #: The suspended Peer this outbound connection tries to resume, if any.
-        self.resuming = resuming
-        #: The address dialed (outbound), kept by the session for re-dialing.
-        self.address = address
+    def __init__(self, owner, context: ConnectionContext) -> None:
+        self.owner = owner
+        self.context = context
         self.core: Connection | None = None
+        #: The Peer whose session this connection carries, once decided (``carry``).
         self.peer = None
         self.hello = None
         #: Our session request (outbound connections), sent in our hello.
         self.session_request = None
         self.remote_address = ""
-        #: The remote IP this inbound connection counts against max_connections_per_ip.
+        #: The remote host this inbound connection counts against (set once admitted).
         self.ip_key: str | None = None
         #: Why the connection ended, once known (an mconn error instance).
         self.end_reason: Exception | None = None
-        self._clock = switch.clock
+        self._clock = owner.clock
+        self._config = owner.config
         self.started = self._clock.seconds()
         #: Fires with the Peer once the handshake is accepted, or fails with why not.
         self.handshake = Deferred()
-        if not is_outbound:
+        if not context.is_outbound:
             self.handshake.addErrback(lambda failure: None)  # nobody waits on inbound ones
         self._paused = False
-        self._rate_limited = switch.config.send_rate is not None
+        self._rate_limited = owner.config.send_rate is not None
         self._timer = None
         self._timer_due = 0.0
         self._after_stall = False
         self._linger = None
-        #: Called with this protocol when bytes arrive while a duplicate probe waits.
-        self.probe_answered = None
+        #: Called with this protocol when bytes arrive (a duplicate probe waits), or None.
+        self._on_bytes = None
         #: Events received while a decision is pending (an asynchronous authorize), or None.
         self._held = None
         self._handlers = {
@@ -90,23 +169,68 @@ class MConnectionProtocol(Protocol):
             SessionAnswered: self._on_session,
         }
 
+    @property
+    def is_outbound(self) -> bool:
+        return self.context.is_outbound
+
+    @property
+    def expected_node_id(self) -> str | None:
+        return self.context.expected_node_id
+
+    @property
+    def resuming(self):
+        return self.context.resuming
+
+    @property
+    def address(self):
+        return self.context.address
+
+    # -- what the owner may do ----------------------------------------------------
+
+    def carry(self, peer) -> None:
+        """Carry ``peer``'s session from now on (None: none any more)."""
+        self.peer = peer
+
+    def abort(self, reason: Exception) -> None:
+        """Drop the transport at once, without a close packet, for ``reason``."""
+        self.end_reason = reason
+        self.transport.abortConnection()
+
+    def ended_beneath(self, reason: Exception) -> None:
+        """A layer beneath (TLS) refused the connection for ``reason`` before mconn began."""
+        self.end_reason = reason
+
+    def watch_bytes(self, callback) -> None:
+        """Call ``callback(self)`` whenever bytes arrive (None: stop)."""
+        self._on_bytes = callback
+
+    def watching(self, callback) -> bool:
+        return self._on_bytes == callback
+
     # -- Protocol ----------------------------------------------------------------
 
     def connectionMade(self) -> None:
         peer = self.transport.getPeer()
         self.remote_address = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
-        if not self.switch._admit(self):
-            return  # refused before a Connection was built (specs/connection.md section 6)
-        self.core = self.switch._new_connection_core(self._clock.seconds(), self)
-        _set_socket_options(self.transport, self.switch.config)
+        host = getattr(peer, "host", None)
+        refusal = self.owner.admit(self, host)
+        if refusal is not None:  # refused before a Connection was built (specs/connection.md section 6)
+            self.end_reason = refusal
+            self.transport.write(close_packet(refusal.reason, str(refusal)))
+            self.transport.loseConnection()
+            return
+        if not self.context.is_outbound:
+            self.ip_key = host  # released by this key, whatever the transport says later
+        self.core, self.session_request = self.owner.new_core(self, self._clock.seconds())
+        _set_socket_options(self.transport, self._config)
         self.transport.registerProducer(self, True)
-        self.switch._connection_made(self)
+        self.owner.connection_made(self)
         self.pump()
         self._rearm()
 
     def dataReceived(self, data: bytes) -> None:
-        if self.probe_answered is not None:
-            self.probe_answered(self)
+        if self._on_bytes is not None:
+            self._on_bytes(self)
         core = self.core
         if core is None:
             return  # refused in connectionMade: nothing is read until the transport closes
@@ -118,7 +242,7 @@ class MConnectionProtocol(Protocol):
             if type(event) is MessageReceived and self.peer is not None:  # the hot path
                 self.peer._deliver(event.channel_id, event.message)
             elif self._held is not None and type(event) is not ConnectionFailed:
-                self._held.append(event)  # after the pending decision (_decide)
+                self._held.append(event)  # after the pending decision (decide)
             else:
                 handlers[type(event)](event)
         self.pump()
@@ -141,9 +265,8 @@ class MConnectionProtocol(Protocol):
             self.end_reason = error if isinstance(error, ConnectionLost) else ConnectionLost(
                 f"connection lost: {reason.getErrorMessage()}"
             )
-        if self.core is not None:
-            self.core.state = State.CLOSED
-        self.switch._connection_lost(self, self.end_reason)
+        self.core.transport_lost()
+        self.owner.connection_lost(self, self.end_reason)
 
     # -- IPushProducer -------------------------------------------------------------
 
@@ -203,7 +326,7 @@ class MConnectionProtocol(Protocol):
             # Done producing: a TLS transport closes only once its producer is gone.
             self.transport.unregisterProducer()
             self.transport.loseConnection()
-            self._linger = self._clock.callLater(CLOSE_LINGER, self.transport.abortConnection)
+            self._linger = self._clock.callLater(self._config.close_linger, self.transport.abortConnection)
 
     # -- timers --------------------------------------------------------------------
 
@@ -231,7 +354,7 @@ class MConnectionProtocol(Protocol):
             # be sitting unread in the socket. One turn of the loop reads it before any
             # keepalive verdict, so our stall does not make a healthy peer look dead.
             self._after_stall = True
-            self.switch._loop_stalled(self, late)
+            self.owner.loop_stalled(self, late)
             self._timer = self._clock.callLater(0, self._on_timer)
             return
         self._after_stall = False
@@ -244,15 +367,15 @@ class MConnectionProtocol(Protocol):
 
     def _on_hello(self, event: HelloReceived) -> None:
         self.hello = event.hello
-        self._decide(self.switch._hello_received, event)
+        self.decide(self.owner.hello_received, event)
 
     def _on_session(self, event: SessionAnswered) -> None:
         if self.core.state is not State.OPEN:
             return  # a close or an error came in the same read: nothing can be resumed on it
-        self._decide(self.switch._session_answered, event.answer)
+        self.decide(self.owner.session_answered, event.answer)
 
-    def _decide(self, decision, argument) -> None:
-        """Run a Switch decision about this connection; a refusal closes it.
+    def decide(self, decision, argument) -> None:
+        """Run ``decision(self, argument)``, a decision of the owner; a refusal closes it.
 
         A decision that returns a Deferred (an asynchronous ``authorize``) is pending: the
         events that follow are held, and reading stops, until it fires.
@@ -269,7 +392,7 @@ class MConnectionProtocol(Protocol):
 
     def _refuse(self, error) -> None:
         if isinstance(error, PeerRejected):
-            self.switch._peer_rejected(self, self.hello, error)
+            self.owner.peer_rejected(self, self.hello, error)
             self.close(error)
         else:
             self.fail(error)
@@ -316,7 +439,7 @@ class MConnectionProtocol(Protocol):
     def fail(self, error: RemoteProtocolError) -> None:
         """The peer broke the protocol above the core (sessions, acks): drop it."""
         if self.end_reason is None:
-            self.switch._protocol_error(self, error)
+            self.owner.protocol_error(self, error)
         self.close(error)
 
     def _on_pong(self, event: PongReceived) -> None:
@@ -329,7 +452,7 @@ class MConnectionProtocol(Protocol):
 
     def _on_failed(self, event: ConnectionFailed) -> None:
         self.end_reason = event.error
-        self.switch._protocol_error(self, event.error)
+        self.owner.protocol_error(self, event.error)
 
 
 _LINUX = sys.platform.startswith("linux")
@@ -376,23 +499,16 @@ def _set_socket_options(transport, config) -> None:
 
 
 class MConnectionFactory(Factory):
-    """Builds protocols for one Switch, inbound or outbound."""
+    """Builds the protocols of one owner (a Switch, or an ``IConnectionOwner``), all
+    with the same context."""
 
     def __init__(
-        self, switch, *, is_outbound: bool, expected_node_id: str | None = None, resuming=None, address=None
+        self, owner, *, is_outbound: bool, expected_node_id: str | None = None, resuming=None, address=None
     ) -> None:
-        self.switch = switch
-        self.is_outbound = is_outbound
-        self.expected_node_id = expected_node_id
-        self.resuming = resuming
-        self.address = address
-
-    def buildProtocol(self, addr):
-        return MConnectionProtocol(
-            self.switch,
-            is_outbound=self.is_outbound,
-            expected_node_id=self.expected_node_id,
-            resuming=self.resuming,
-            address=self.address,
+        self.owner = IConnectionOwner(owner)
+        self.context = ConnectionContext(
+            is_outbound=is_outbound, expected_node_id=expected_node_id, resuming=resuming, address=address
         )
 
+    def buildProtocol(self, addr):
+        return MConnectionProtocol(self.owner, self.context)

@@ -61,3 +61,49 @@ def node_started(node_id: str) -> str:
 def emit_failure(event: str, **fields) -> None:
     """Log one telemetry event together with the exception being handled."""
     log.failure(FORMATS[event], event=event, **fields)
+
+
+def channel_stats(node_id: str, peer) -> None:
+    """Log ``channel_stats`` for every channel of one peer's session."""
+    session_id = peer.session.id.hex()
+    for c in peer.stats.channels:
+        emit(
+            "channel_stats",
+            node_id=node_id,
+            peer_id=peer.node_id,
+            channel_id=c.channel_id,
+            priority=c.priority,
+            queue_depth=c.queue_depth,
+            bytes_sent=c.bytes_sent,
+            messages_sent=c.messages_sent,
+            bytes_received=c.bytes_received,
+            messages_received=c.messages_received,
+            accepted=c.accepted,
+            acked=c.acked,
+            delivered=c.delivered,
+            session_id=session_id,
+            connection=peer.connects,
+            round_trip=peer.round_trip,
+        )
+
+
+def channel_counters(core) -> list[dict]:
+    """A connection's per-channel counters (``connection_lost``'s ``channels``)."""
+    return [
+        {
+            "channel_id": c.id,
+            "bytes_sent": c.stats.bytes_sent,
+            "messages_sent": c.stats.messages_sent,
+            "bytes_received": c.stats.bytes_received,
+            "messages_received": c.stats.messages_received,
+        }
+        for c in core.channels.values()
+    ]
+
+
+def session_counters(session) -> list[dict]:
+    """A session's per-channel counts (``session_ended``'s ``channels``)."""
+    return [
+        {"channel_id": c, "accepted": session.accepted(c), "acked": session.acked(c), "delivered": session.delivered(c)}
+        for c in sorted(session.channel_ids)
+    ]

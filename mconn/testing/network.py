@@ -84,7 +84,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from mconn.protocol import MConnectionFactory
+from mconn.protocol import IConnectionOwner, MConnectionFactory
 from mconn.switch import Switch
 from mconn.testing.fabric import Fabric, Path, check_delay
 from mconn.testing.node import _Node
@@ -190,6 +190,13 @@ class MemoryNetwork:
         self._node_of_switch[switch] = node
         return switch
 
+    def _node_of_owner(self, owner) -> _Node | None:
+        """The node whose Switch owns a protocol or factory (``IConnectionOwner``), if any."""
+        if owner is None:
+            return None
+        switch = next((s for s in self._node_of_switch if IConnectionOwner(s) is owner), None)
+        return self._node(switch) if switch is not None else None
+
     def _node(self, switch: Switch) -> _Node:
         """The node of ``switch``; a Switch made elsewhere gets one (it keeps its own clock)."""
         node = self._node_of_switch.get(switch)
@@ -246,11 +253,9 @@ class MemoryNetwork:
                 client_factory.clientConnectionFailed(connector, Failure(ConnectionRefusedError(f"{host}:{port}")))
                 continue
             outbound = client_factory.buildProtocol(None)
-            # Endpoints wrap the protocol; the switch sits on the wrapped one.
-            switch = getattr(getattr(outbound, "_wrappedProtocol", outbound), "switch", None)
-            out_node = self._node(switch) if switch is not None else None
-            listener = getattr(server_factory, "switch", None)
-            in_node = self._node(listener) if listener is not None else None
+            # Endpoints wrap the protocol; its owner sits on the wrapped one.
+            out_node = self._node_of_owner(getattr(getattr(outbound, "_wrappedProtocol", outbound), "owner", None))
+            in_node = self._node_of_owner(getattr(server_factory, "owner", None))
             inbound = server_factory.buildProtocol(None)
             out_address = self.fabric.ephemeral(out_node.host if out_node is not None else "192.0.2.1")
             in_address = IPv4Address("TCP", host, port)

@@ -28,6 +28,7 @@ from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mconn.protocol import IConnectionOwner
 from mconn.testing.fabric import Path, check_delay
 
 if TYPE_CHECKING:
@@ -225,7 +226,7 @@ class MemoryLink:
     def peer_of(self, switch: Switch):
         """The Peer that ``switch`` holds for the other end (None before the handshake)."""
         for proto in (self.outbound, self.inbound):
-            if getattr(proto, "switch", None) is switch:
+            if getattr(proto, "owner", None) is IConnectionOwner(switch):
                 return proto.peer
         raise ValueError(f"{switch!r} is not on either end of this link")
 

@@ -168,10 +168,10 @@ def test_a_lost_connection_releases_its_ip_slot(network):
     """A lost connection releases its per-IP slot, so another from that IP is admitted."""
     switch, _ = listener(network, max_connections_per_ip=1)
     first, link = connect(network, switch, hello_of())
-    assert switch._connections_per_ip == {"192.0.2.1": 1}
+    assert switch._admission.per_ip == {"192.0.2.1": 1}
     link.reset()
     network.flush()
-    assert switch._connections_per_ip == {}
+    assert switch._admission.per_ip == {}
     second, _ = connect(network, switch)
     assert second.lost is None
     switch._check_invariants()
@@ -186,7 +186,7 @@ def test_the_ip_slot_is_released_by_the_key_it_was_taken_with(network):
     transport.getPeer = lambda: IPv4Address("TCP", "203.0.113.9", 1)  # says something else now
     link.reset()
     network.flush()
-    assert switch._connections_per_ip == {}
+    assert switch._admission.per_ip == {}
     switch._check_invariants()
 
 
@@ -196,7 +196,7 @@ def test_a_refused_connection_releases_nothing(network):
     connect(network, switch)
     raw, link = connect(network, switch)
     assert raw.lost is not None and link.inbound.ip_key is None
-    assert switch._connections_per_ip == {"192.0.2.1": 1}
+    assert switch._admission.per_ip == {"192.0.2.1": 1}
     switch._check_invariants()
 
 
@@ -206,7 +206,7 @@ def test_outbound_connections_do_not_count_per_ip(network):
     targets = [listener(network)[0] for _ in range(3)]
     for target in targets:
         network.connect(dialer, target)
-    assert len(dialer.peers) == 3 and dialer._connections_per_ip == {}
+    assert len(dialer.peers) == 3 and dialer._admission.per_ip == {}
 
 
 # -- max_inbound_peers / max_outbound_peers (tests/adapter/test_switch.py): counted -------

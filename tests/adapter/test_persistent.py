@@ -336,14 +336,14 @@ def test_a_custom_reconnect_delay_is_used(network, telemetry):
 def test_node_counters_stay_bounded_when_strangers_come_and_go(network, monkeypatch):
     """Counters of nodes with no session and no dialer are dropped, oldest first, once
     the table is full; those of known nodes are kept."""
-    import mconn.switch
+    import mconn.sessions
 
-    monkeypatch.setattr(mconn.switch, "NODE_COUNTERS_KEPT", 8)
+    monkeypatch.setattr(mconn.sessions, "NODE_COUNTERS_KEPT", 8)
     a, b = Node(network, None), Node(network, 26656)
     network.connect(a.switch, b.switch)
-    b.switch._count(a.switch.node_id, "duplicates_refused")  # a known node, counted first
+    b.switch._sessions.count(a.switch.node_id, "duplicates_refused")  # a known node, counted first
     for i in range(50):
-        b.switch._count(f"{i:040x}", "grace_expiries")
+        b.switch._sessions.count(f"{i:040x}", "grace_expiries")
     assert len(b.switch.node_counters) <= 8
     assert b.switch.node_counters[a.switch.node_id]["duplicates_refused"] == 1
     assert f"{49:040x}" in b.switch.node_counters and f"{0:040x}" not in b.switch.node_counters

@@ -507,7 +507,8 @@ class Simulation:
             self.check()
         self.trace.append((round(self.clock.seconds(), 6), "settle", f"{waited:.1f}s", self._summary()))
         for (sender, channel), accepted in self.accepted.items():
-            if sender.state == "connected" and self.network.is_alive(sender._switch):
+            holder = next((s for s in self.switches if s.peers.get(sender.node_id) is sender), None)
+            if sender.state == "connected" and holder is not None and self.network.is_alive(holder):
                 receiver = self.receiver.get(sender)
                 delivered = self.delivered.get((receiver, channel), []) if receiver is not None else []
                 assert delivered == accepted, self._report() + "\n" + (

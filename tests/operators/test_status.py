@@ -130,7 +130,7 @@ async def test_node_counters_and_refusals_appear(network):
     """The Switch's refusals and per-node counters appear in status.json, node-wide and on each peer."""
     (a, b, c), services = await network()
     a.refusals["ip_limit"] = 3  # as the Switch counts them (a refusal needs a flood to provoke)
-    a._count(b.node_id, "duplicates_refused")
+    a._sessions.count(b.node_id, "duplicates_refused")
     service = await serve_status(a)
     services.append(service)
     document = await get_json(service)
@@ -214,7 +214,7 @@ def document_fields(value, prefix: str = "") -> dict[str, list]:
 async def test_a_live_document_has_exactly_the_fields_and_types_of_the_spec(network):
     """A live status.json has exactly the fields of specs/status.md, each of its stated type."""
     (a, b, c), services = await network()
-    a._count(b.node_id, "simultaneous_dials")  # so node_counters has an item to check
+    a._sessions.count(b.node_id, "simultaneous_dials")  # so node_counters has an item to check
     a.refusals["pending_limit"] = 1
     service = await serve_status(a, interval=0.05)
     services.append(service)

@@ -1,0 +1,227 @@
+"""The live connections of a Switch, and the owner every connection talks to.
+
+``ConnectionSet`` provides ``mconn.protocol.IConnectionOwner``: it admits inbound
+connections (``mconn.admission``), builds each connection's core and hello, checks who
+the peer is (its hello's node id, with TLS its certificate) and whether it may join
+(``mconn.authorize``), then hands the session decisions to ``mconn.sessions``. It logs
+what happens to the transports (connection_made, handshake_done, connection_lost,
+connection_refused, peer_rejected, protocol_error, loop_stalled; specs/telemetry.md).
+"""
+
+from __future__ import annotations
+
+from twisted.internet import defer
+from zope.interface import implementer
+
+from mconn import telemetry
+from mconn.connection import Connection
+from mconn.errors import PeerIdMismatch, PeerRejected
+from mconn.handshake import make_hello
+from mconn.protocol import IConnectionOwner
+from mconn.wire import HelloTag, encode_session_request
+
+
+@implementer(IConnectionOwner)
+class ConnectionSet:
+    """Every live connection of one Switch, handshaking or not.
+
+    :param listen_address: returns the address our hellos announce.
+    :param sessions: the ``SessionManager`` (set once it exists).
+    """
+
+    def __init__(self, *, node_id, clock, config, channels, tls, admission, authorizer, listen_address) -> None:
+        self.node_id = node_id
+        self.clock = clock
+        self.config = config
+        self.channels = channels
+        self.tls = tls
+        self.admission = admission
+        self.authorizer = authorizer
+        self.listen_address = listen_address
+        self.sessions = None
+        #: Every live connection (the protocols), handshaking or not.
+        self.live: set = set()
+        self._closed_all: list = []
+
+    # -- IConnectionOwner ------------------------------------------------------------
+
+    def admit(self, protocol, host):
+        """Inbound connections are admitted by ``Admission`` (specs/connection.md section 6);
+        a refusal is counted and logged, and costs nothing more."""
+        if protocol.context.is_outbound:
+            return None
+        refusal = self.admission.admit(host)
+        if refusal is None:
+            protocol.handshake.addBoth(self._handshake_over)  # a session, or the connection lost
+            return None
+        self.admission.refused(refusal)
+        telemetry.emit(
+            "connection_refused",
+            node_id=self.node_id,
+            remote_address=protocol.remote_address,
+            reason=refusal.reason,
+            message=str(refusal),
+        )
+        return refusal
+
+    def _handshake_over(self, result):
+        self.admission.handshake_over()
+        return result
+
+    def new_core(self, protocol, now: float):
+        request = None
+        fields = ()
+        if protocol.context.is_outbound:
+            request = self.sessions.session_request(protocol.context.resuming)
+            fields = ((HelloTag.SESSION, encode_session_request(request)),)
+        hello = make_hello(
+            node_id=self.node_id,
+            channels=self.channels,
+            max_packet_payload=self.config.max_packet_payload,
+            listen_address=self.listen_address(),
+            fields=fields,
+        )
+        return Connection(config=self.config, hello=hello, channels=self.channels, now=now), request
+
+    def connection_made(self, protocol) -> None:
+        self.live.add(protocol)
+        self.sessions.connection_made(protocol)
+        telemetry.emit(
+            "connection_made",
+            node_id=self.node_id,
+            direction=_direction(protocol),
+            remote_address=protocol.remote_address,
+        )
+
+    def hello_received(self, protocol, event):
+        """Who the peer is (with TLS, proven by its certificate) and whether it may join;
+        then the listener decides the session and the dialer waits for the answer."""
+        hello = event.hello
+        if hello.node_id == self.node_id:
+            raise PeerRejected("self", f"connected to ourselves (node id {self.node_id})")
+        context = protocol.context
+        certificate = None
+        if self.tls is not None:  # the hello's node id must be the certificate key's
+            certificate = self.tls.peer_certificate(protocol.transport, hello.node_id, inbound=not context.is_outbound)
+        if context.expected_node_id is not None and context.expected_node_id != hello.node_id:
+            raise PeerIdMismatch(context.expected_node_id, hello.node_id)
+        telemetry.emit(
+            "handshake_done",
+            node_id=self.node_id,
+            peer_id=hello.node_id,
+            remote_address=protocol.remote_address,
+            direction=_direction(protocol),
+            max_packet_payload=event.max_packet_payload,
+            channels=[c.id for c in hello.channels],
+            listen_address=hello.listen_address,
+        )
+        verdict = self.authorizer.check(hello.node_id, protocol.remote_address, certificate)
+        if verdict is not None:
+            return verdict.addCallback(self._authorized_later, protocol, hello)
+        self.sessions.hello_authorized(protocol, hello)
+        return None
+
+    def _authorized_later(self, _, protocol, hello) -> None:
+        if protocol.end_reason is None:  # it may have gone away while authorize was deciding
+            self.sessions.hello_authorized(protocol, hello)
+
+    def session_answered(self, protocol, answer) -> None:
+        self.sessions.session_answered(protocol, answer)
+
+    def peer_rejected(self, protocol, hello, rejection: PeerRejected) -> None:
+        self.admission.refused(rejection)
+        telemetry.emit(
+            "peer_rejected",
+            node_id=self.node_id,
+            peer_id=hello.node_id if hello is not None else None,
+            remote_address=protocol.remote_address,
+            reason=rejection.reason,
+            message=str(rejection),
+        )
+
+    def protocol_error(self, protocol, error) -> None:
+        telemetry.emit(
+            "protocol_error",
+            node_id=self.node_id,
+            peer_id=protocol.peer.node_id if protocol.peer is not None else None,
+            remote_address=protocol.remote_address,
+            error_type=type(error).__name__,
+            error=str(error),
+        )
+
+    def loop_stalled(self, protocol, late: float) -> None:
+        telemetry.emit(
+            "loop_stalled",
+            node_id=self.node_id,
+            peer_id=protocol.hello.node_id if protocol.hello is not None else None,
+            late=late,
+        )
+
+    def connection_lost(self, protocol, reason: Exception) -> None:
+        self.live.discard(protocol)
+        self.admission.release(protocol.ip_key)
+        telemetry.emit(
+            "connection_lost",
+            node_id=self.node_id,
+            peer_id=protocol.hello.node_id if protocol.hello is not None else None,
+            remote_address=protocol.remote_address,
+            direction=_direction(protocol),
+            reason_type=type(reason).__name__,
+            reason=str(reason),
+            duration=self.clock.seconds() - protocol.started,
+            bytes_sent=protocol.core.bytes_sent,
+            bytes_received=protocol.core.bytes_received,
+            channels=telemetry.channel_counters(protocol.core),
+            session_id=_session_of(protocol),
+        )
+        self.sessions.connection_lost(protocol, reason)
+        if not protocol.handshake.called:
+            protocol.handshake.errback(reason)
+        self.sessions.forget_probes(protocol)
+        for entry in [e for e in self._closed_all if e[0] is protocol]:
+            self._closed_all.remove(entry)
+            entry[1].callback(None)
+
+    # -- for the Switch --------------------------------------------------------------
+
+    def plaintext_refused(self, protocol, rejection: PeerRejected) -> None:
+        """A TLS listener refused a start before TLS (plaintext mconn bytes, a pre-hello
+        where TLS first is required, a malformed pre-hello); mconn.tls_transport answers
+        with a plaintext close packet naming ``rejection.reason`` (specs/tls.md section 7)."""
+        self.peer_rejected(protocol, None, rejection)
+        protocol.ended_beneath(rejection)
+
+    def dialing_to(self, node_id: str) -> bool:
+        """Whether an outbound connection of ours to ``node_id`` is still handshaking."""
+        return any(
+            p.context.is_outbound and p.peer is None and p.end_reason is None
+            and node_id in (p.context.expected_node_id, p.hello.node_id if p.hello is not None else None)
+            for p in self.live
+        )
+
+    def close_all(self, reason_for) -> list:
+        """Close every connection with ``reason_for()``; Deferreds that fire once each is gone."""
+        waits = []
+        for protocol in list(self.live):
+            d = defer.Deferred()
+            self._closed_all.append((protocol, d))
+            waits.append(d)
+            protocol.close(reason_for())
+        return waits
+
+    def check_invariants(self) -> None:
+        """The admission counts agree with the live connections."""
+        live = self.live
+        hosts = [p.ip_key for p in live if p.ip_key is not None]
+        pending = sum(1 for p in live if not p.context.is_outbound and not p.handshake.called)
+        self.admission.check_invariants(hosts, pending)
+
+
+def _direction(protocol) -> str:
+    return "outbound" if protocol.context.is_outbound else "inbound"
+
+
+def _session_of(protocol) -> str | None:
+    """The session a connection carries, or was resuming; None (specs/telemetry.md connection_lost)."""
+    peer = protocol.peer if protocol.peer is not None else protocol.context.resuming
+    return peer.session.id.hex() if peer is not None else None

@@ -1,0 +1,592 @@
+"""Sessions: the peer table and every session's lifecycle (specs/resume.md).
+
+Theory of operation. A session is the link between two node ids; its ``Peer`` outlives
+the connections beneath it. The ``SessionManager`` holds one Peer per node id and is the
+only code that changes a Peer's state: every change is an input to the table of
+``mconn.session_table``, and ``_apply`` looks the (state, input) pair up, sets the next
+state and runs the row's effects in order (detach, notify, grace timer, re-dial, resume,
+end). A row that starts a fresh session is given the start as ``then``.
+
+Where the inputs come from:
+
+* a hello on a listening connection (``hello_authorized``): ``decide_hello`` says resume
+  (a takeover first if the session's connection is still live), probe the live
+  connection (a possible duplicate, ``_Probe``), refuse a simultaneous dial, or start
+  fresh (ending a held session first);
+* the listener's answer on a dialing connection (``session_answered``): resume, or a
+  fresh session (ending the session asked for, and settling a simultaneous dial);
+* a connection lost (``connection_lost``): a break suspends, anything else ends;
+* timers and the re-dialer: grace expired, redial connected or failed, gave up;
+* ``Peer.close`` and the Switch stopping.
+
+The re-dialing itself is ``mconn.persistent.PersistentDialing``'s; this module tells it
+when a session needs re-dialing, when its waiting is over, and when a session started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from mconn import telemetry
+from mconn.connection import State
+from mconn.errors import (
+    AckError,
+    ConnectionClosed,
+    ConnectionLost,
+    LocalProtocolError,
+    PeerClosed,
+    PeerRejected,
+    PongTimeout,
+    SessionExpired,
+    SessionRejected,
+    UnexpectedPacket,
+)
+from mconn.peer import Peer
+from mconn.session import Session
+from mconn.session_table import (
+    Decision,
+    Effect,
+    PeerState,
+    SessionInput,
+    check_answer,
+    decide_answer,
+    decide_hello,
+    simultaneous_why,
+    step,
+)
+from mconn.wire import SESSION_ID_BYTES, HelloTag, SessionAnswer, SessionRequest, decode_session_request
+
+S, I = PeerState, SessionInput
+
+#: The close code and PeerRejected reason of the connection that loses a simultaneous dial.
+SIMULTANEOUS_DIAL = "simultaneous_dial"
+#: Close codes that end a session a resume attempt was made for (the other node is
+#: stopping or closed the session on purpose); any other close just fails the attempt.
+ENDS_SESSION = frozenset({"shutdown", "closed"})
+#: How many nodes' counters are kept; past it the oldest of nodes now unknown are dropped.
+NODE_COUNTERS_KEPT = 1024
+#: Per-node counters kept across sessions (``Switch.node_counters``, ``PeerStats``).
+NODE_COUNTERS = ("resume_rejections", "grace_expiries", "duplicates_refused", "duplicates_replaced", "simultaneous_dials")
+
+
+@dataclasses.dataclass
+class _Step:
+    """What one input brings to its row's effects."""
+
+    reason: Exception | None = None
+    why: str = ""  # why a live transport is dropped
+    stop_dialer: bool = True
+    protocol: object = None  # the new transport of a resume
+    resend: dict | None = None
+    answer: bool = False  # a resume the listener answers
+    dropped: Exception | None = None  # set by DROP_TRANSPORT
+
+
+class SessionManager:
+    """The sessions of one Switch.
+
+    :param channels: the node's ChannelDescriptors (every session covers them).
+    :param admission: the Switch's ``Admission`` (peer limits per direction).
+    :param dialing: the Switch's ``PersistentDialing``.
+    :param notify: ``notify(method, peer, *args)`` calls ``method`` on every reactor.
+    :param route: ``route(channel_id, peer, message)`` hands a message to its reactor.
+    :param dialing_to: ``dialing_to(node_id)``: an outbound connection of ours to that
+        node is still handshaking (a simultaneous dial).
+    """
+
+    def __init__(self, *, node_id, clock, config, channels, admission, dialing, notify, route, dialing_to) -> None:
+        self.node_id = node_id
+        self.clock = clock
+        self.config = config
+        self.channels = channels
+        self.route = route
+        self._admission = admission
+        self._dialing = dialing
+        self._notify = notify
+        self._dialing_to = dialing_to
+        #: Sessions by node id (none closed).
+        self.peers: dict[str, Peer] = {}
+        #: node id -> counters that outlive sessions (PeerStats, status page).
+        self.node_counters: dict[str, dict[str, int]] = {}
+        self.stopping = False
+        self._grace_timers: dict = {}
+        #: newcomer protocol -> _Probe of the live connection it would replace.
+        self._probes: dict = {}
+        self._effects = {
+            Effect.DROP_TRANSPORT: self._drop_transport,
+            Effect.DETACH: lambda peer, _: peer._detach(),
+            Effect.NOTIFY_SUSPENDED: self._notify_suspended,
+            Effect.START_GRACE: self._start_grace,
+            Effect.REDIAL: lambda peer, _: self._dialing.redial(peer) if peer.address is not None else None,
+            Effect.RESUME: self._resume_effect,
+            Effect.END: self._end_effect,
+        }
+
+    # -- the table -------------------------------------------------------------------
+
+    def _apply(self, peer: Peer, input_: SessionInput, reason=None, *, then=None, **facts) -> None:
+        """Move ``peer`` by the table's row for ``input_`` and run the row's effects;
+        a row that starts a fresh session runs ``then`` last."""
+        transition = step(peer.state, input_)
+        if transition.fresh != (then is not None):
+            raise LocalProtocolError(f"session input {input_.value!r} in {peer.state.value}: fresh start mismatch")
+        peer.state = transition.next
+        context = _Step(reason=reason, **facts)
+        for effect in transition.effects:
+            self._effects[effect](peer, context)
+        if then is not None:
+            then()
+
+    def _drop_transport(self, peer: Peer, step_: _Step) -> None:
+        old = peer._protocol
+        if old is not None:
+            old.carry(None)
+            step_.dropped = ConnectionClosed("replaced", step_.why)
+            old.abort(step_.dropped)
+
+    def _notify_suspended(self, peer: Peer, step_: _Step) -> None:
+        reason = step_.reason if step_.reason is not None else step_.dropped
+        telemetry.emit(
+            "session_suspended",
+            node_id=self.node_id,
+            peer_id=peer.node_id,
+            session_id=peer.session.id.hex(),
+            reason_type=type(reason).__name__,
+            reason=str(reason),
+            grace=self.config.resume_grace,
+        )
+        self._notify("peer_suspended", peer, peer)
+
+    def _start_grace(self, peer: Peer, _) -> None:
+        self._grace_timers[peer.node_id] = self.clock.callLater(self.config.resume_grace, self._grace_expired, peer)
+
+    def _resume_effect(self, peer: Peer, step_: _Step) -> None:
+        proto = step_.protocol
+        self._stop_waiting(peer, dialer=False)  # a dialer that got here stops by itself
+        proto.carry(peer)
+        if step_.answer:
+            proto.core.send_session_answer(
+                SessionAnswer(session_id=peer.session.id, resumed=True, delivered=peer.session.delivered_counts())
+            )
+        peer._attach(proto, step_.resend)
+        peer.resumes += 1
+        telemetry.emit(
+            "session_resumed",
+            node_id=self.node_id,
+            peer_id=peer.node_id,
+            session_id=peer.session.id.hex(),
+            remote_address=proto.remote_address,
+            resent=sum(len(messages) for messages in step_.resend.values()),
+            resumes=peer.resumes,
+        )
+        self._notify("peer_resumed", peer, peer)
+        proto.pump()
+        if not proto.handshake.called:
+            proto.handshake.callback(peer)
+        self._dialing.session_up(peer)
+
+    def _end_effect(self, peer: Peer, step_: _Step) -> None:
+        reason = step_.reason
+        self._stop_waiting(peer, dialer=step_.stop_dialer)
+        if not reason.undelivered:
+            reason.undelivered = peer.session.undelivered()
+        if isinstance(reason, SessionRejected):
+            self.count(peer.node_id, "resume_rejections")
+        proto = peer._protocol
+        if proto is not None:
+            proto.carry(None)
+        peer._end(reason)
+        if self.peers.get(peer.node_id) is peer:
+            del self.peers[peer.node_id]
+        telemetry.emit(
+            "session_ended",
+            node_id=self.node_id,
+            peer_id=peer.node_id,
+            session_id=peer.session.id.hex(),
+            reason_type=type(reason).__name__,
+            reason=str(reason),
+            undelivered=[{"channel_id": c, "count": n} for c, n in sorted(reason.undelivered.items())],
+            resumes=peer.resumes,
+            channels=telemetry.session_counters(peer.session),
+        )
+        self._notify("remove_peer", peer, peer, reason)
+        if not self.stopping:
+            self._dialing.session_ended(peer.node_id)  # a persistent peer gets a fresh session
+
+    def _rejected(self, peer: Peer, why: str) -> SessionRejected:
+        return SessionRejected(why, peer.session.undelivered())
+
+    # -- starting and resuming -------------------------------------------------------
+
+    def session_request(self, resuming) -> SessionRequest:
+        """The session request of an outbound hello: resume ``resuming`` if it is held."""
+        if resuming is not None and resuming.state is not S.CLOSED:
+            session = resuming.session
+            return SessionRequest(session_id=session.id, resume=True, delivered=session.delivered_counts())
+        return SessionRequest(session_id=os.urandom(SESSION_ID_BYTES), resume=False)
+
+    def connection_made(self, proto) -> None:
+        resuming = proto.context.resuming
+        if resuming is not None and resuming.state is S.SUSPENDED:
+            self._apply(resuming, I.REDIAL_CONNECTED)
+
+    def _accept(self, proto, hello, request, refusal: str) -> None:
+        """The listener starts a fresh session on ``proto`` and answers it."""
+        self._check_limits(proto)
+        if request is None or request.resume:  # a refused resume starts under a new id
+            session_id = os.urandom(SESSION_ID_BYTES)
+        else:
+            session_id = request.session_id
+        proto.core.send_session_answer(SessionAnswer(session_id=session_id, resumed=False, reason=refusal))
+        self._start(proto, hello, session_id, refusal)
+
+    def _check_limits(self, proto) -> None:
+        outbound = proto.context.is_outbound
+        self._admission.check_peer_limit(outbound, sum(1 for p in self.peers.values() if p.is_outbound == outbound))
+
+    def _start(self, proto, hello, session_id: bytes, refusal: str) -> Peer:
+        config = self.config
+        session = Session(
+            session_id,
+            [d.id for d in self.channels],
+            recovery_buffer_bytes=config.recovery_buffer_bytes,
+            ack_every_messages=config.ack_every_messages,
+            ack_every_bytes=config.ack_every_bytes,
+        )
+        context = proto.context
+        peer = Peer(
+            sessions=self, protocol=proto, hello=hello, session=session, is_outbound=context.is_outbound,
+            address=context.address,
+        )
+        self.peers[peer.node_id] = peer
+        proto.carry(peer)
+        telemetry.emit(
+            "session_started",
+            node_id=self.node_id,
+            peer_id=peer.node_id,
+            session_id=session_id.hex(),
+            remote_address=proto.remote_address,
+            direction="outbound" if peer.is_outbound else "inbound",
+            resume_refused=refusal,
+        )
+        self._notify("add_peer", peer, peer)
+        if not proto.handshake.called:
+            proto.handshake.callback(peer)
+        self._dialing.session_up(peer)
+        return peer
+
+    def _resume(self, proto, peer: Peer, peer_delivered: dict, *, answer: bool) -> None:
+        """Resume ``peer`` on ``proto``; a newcomer that proves the session takes over
+        the live transport at once. Impossible counts end the session (AckError)."""
+        if peer.state is S.CONNECTED:
+            self._apply(peer, I.TAKEOVER, why="the session moved to a new connection")
+        try:
+            resend = peer.session.to_resend(peer_delivered)
+        except AckError as error:
+            self._apply(peer, I.IMPOSSIBLE_COUNTS, error)
+            raise
+        self._apply(peer, I.RESUME_ACCEPTED, protocol=proto, resend=resend, answer=answer)
+
+    # -- a hello on a listening connection -----------------------------------------------
+
+    def hello_authorized(self, proto, hello) -> None:
+        """The peer may join: the listener decides the session now; the dialer waits for
+        the answer (specs/resume.md sections 4 and 7).
+
+        :raises PeerRejected: a simultaneous dial this connection loses, or a limit.
+        """
+        if proto.context.is_outbound:
+            return
+        request = session_request_of(hello)
+        existing = self.peers.get(hello.node_id)
+        asks_resume = request is not None and request.resume
+        proves = existing is not None and asks_resume and existing.session.proves(request.session_id)
+        simultaneous = (
+            existing is None and not asks_resume and self._dialing_to(hello.node_id) and self.node_id < hello.node_id
+        )
+        verdict = decide_hello(
+            existing.state if existing is not None else None,
+            asks_resume=asks_resume,
+            proves=proves,
+            channel_change=channel_change(existing, hello) if proves else "",
+            simultaneous=simultaneous,
+        )
+        if verdict.decision is Decision.RESUME:
+            self._resume(proto, existing, request.delivered, answer=True)
+        elif verdict.decision is Decision.PROBE:
+            self._probes[proto] = _Probe(self, proto, existing)  # decided in _probe_done
+        elif verdict.decision is Decision.SIMULTANEOUS:
+            self.count(hello.node_id, "simultaneous_dials")
+            raise PeerRejected(SIMULTANEOUS_DIAL, simultaneous_why(hello.node_id, self.node_id))
+        elif verdict.ends is not None:
+            self._apply(
+                existing, verdict.ends, self._rejected(existing, verdict.reason), why="the session's channels changed",
+                then=lambda: self._accept(proto, hello, request, verdict.reason),
+            )
+        else:
+            self._accept(proto, hello, request, verdict.reason)
+
+    def _probe_done(self, probe: _Probe, alive: bool) -> None:
+        """The duplicate rule (specs/resume.md section 7.2): the old connection answered
+        the probe, and the newcomer is refused; or it did not, and the newcomer replaces it."""
+        self._probes.pop(probe.newcomer, None)
+        newcomer, peer, old = probe.newcomer, probe.peer, probe.old
+        if newcomer.end_reason is not None or newcomer.core.state is not State.OPEN:
+            return
+        node_id = peer.node_id
+        if alive and peer.state is S.CONNECTED and peer._protocol is old:
+            self._apply(peer, I.DUPLICATE_REFUSED)
+            self.count(node_id, "duplicates_refused")
+            self._duplicate_event(newcomer, old, "refused")
+            rejection = PeerRejected(
+                "duplicate",
+                f"node {node_id} is already connected ({old.remote_address}, "
+                f"{'outbound' if old.context.is_outbound else 'inbound'}) and that connection answered a probe",
+            )
+            newcomer.owner.peer_rejected(newcomer, newcomer.hello, rejection)
+            newcomer.close(rejection)
+            return
+        self.count(node_id, "duplicates_replaced")
+        self._duplicate_event(newcomer, old, "replaced")
+        reason = (
+            f"replaced: a new connection came from the node and the old one ({old.remote_address}) "
+            f"did not answer a probe within {self.config.duplicate_probe_timeout}s"
+        )
+
+        def accept() -> None:
+            newcomer.decide(lambda proto, hello: self._accept(proto, hello, session_request_of(hello), reason), newcomer.hello)
+            newcomer.pump()
+
+        if peer.state is S.CLOSED:
+            accept()
+            return
+        self._apply(
+            peer, I.DUPLICATE_REPLACED, self._rejected(peer, reason),
+            why="it did not answer a probe; a new connection replaced it", then=accept,
+        )
+
+    def _duplicate_event(self, newcomer, old, outcome: str) -> None:
+        telemetry.emit(
+            "duplicate_connection",
+            node_id=self.node_id,
+            peer_id=newcomer.hello.node_id,
+            remote_address=newcomer.remote_address,
+            existing_address=old.remote_address,
+            outcome=outcome,
+        )
+
+    # -- the answer on a dialing connection --------------------------------------------
+
+    def session_answered(self, proto, answer: SessionAnswer) -> None:
+        """The listener's answer to our session request (specs/resume.md section 2.2)."""
+        request, resuming = proto.session_request, proto.context.resuming
+        if not proto.context.is_outbound or proto.peer is not None or request is None or proto.hello is None:
+            raise UnexpectedPacket("session packet where none was asked for")
+        held = resuming is not None and resuming.state is not S.CLOSED
+        check_answer(
+            asked=request.session_id, asked_resume=request.resume, answered=answer.session_id,
+            resumed=answer.resumed, resumable=held,
+        )
+        if answer.resumed:
+            self._resume(proto, resuming, answer.delivered, answer=False)
+        elif held:
+            # The dialer goes on: this attempt connected, to a fresh session.
+            why = answer.reason or "the peer started a new session"
+            self._apply(
+                resuming, I.RESUME_REFUSED, self._rejected(resuming, why), stop_dialer=False,
+                then=lambda: self._answered_fresh(proto, answer),
+            )
+        else:
+            self._answered_fresh(proto, answer)
+
+    def _answered_fresh(self, proto, answer: SessionAnswer) -> None:
+        node_id = proto.hello.node_id
+        existing = self.peers.get(node_id)
+        held = existing.state if existing is not None else None
+        verdict = decide_answer(
+            held, held_outbound=existing is not None and existing.is_outbound, their_id=node_id, our_id=self.node_id
+        )
+
+        def start() -> None:
+            self._check_limits(proto)
+            self._start(proto, proto.hello, answer.session_id, answer.reason)
+
+        if verdict.decision is Decision.SIMULTANEOUS or verdict.ends is I.SIMULTANEOUS_DIAL:
+            # Both dialed and each side's listener accepted: keep the connection dialed by
+            # the smaller node id, as the other side does.
+            self.count(node_id, "simultaneous_dials")
+            why = simultaneous_why(node_id, self.node_id)
+            if verdict.decision is Decision.SIMULTANEOUS:
+                raise PeerRejected(SIMULTANEOUS_DIAL, why)
+            old = existing._protocol
+
+            def replace() -> None:
+                old.close(PeerRejected(SIMULTANEOUS_DIAL, why))
+                start()
+
+            self._apply(existing, I.SIMULTANEOUS_DIAL, self._rejected(existing, "simultaneous dial: " + why), then=replace)
+        elif verdict.ends is not None:
+            self._apply(existing, verdict.ends, self._rejected(existing, verdict.reason), then=start)
+        else:
+            start()
+
+    # -- breaks, ends, timers ----------------------------------------------------------
+
+    def connection_lost(self, proto, reason: Exception) -> None:
+        """A transport ended: its session suspends or ends; a resume attempt fails or ends."""
+        peer = proto.peer
+        resuming = proto.context.resuming
+        if peer is not None and peer._protocol is proto:
+            self._apply(peer, self._input_for(reason), reason)
+        elif resuming is not None and resuming.state is S.CONNECTING:
+            if isinstance(reason, PeerClosed) and reason.code in ENDS_SESSION:
+                self._apply(resuming, I.CLOSE_RECEIVED, reason)  # the node is going away: no resume
+            else:
+                self._apply(resuming, I.BREAK)  # this attempt failed; the dialer tries again
+
+    def forget_probes(self, proto) -> None:
+        """A connection is gone: a probe it waited for is dropped; a probe of it is over
+        (the newcomer may have the session)."""
+        for probe in list(self._probes.values()):
+            if probe.newcomer is proto:
+                probe.cancel()
+                del self._probes[proto]
+            elif probe.old is proto:
+                probe.finish(alive=False)  # the old connection is gone: the newcomer may have it
+
+    def _input_for(self, reason: Exception) -> SessionInput:
+        """A break that is not a close suspends the session (specs/resume.md section 1.4)."""
+        if isinstance(reason, (ConnectionLost, PongTimeout)):
+            if self.stopping:
+                return I.SWITCH_STOP
+            if self.config.resume_grace <= 0:
+                return I.BREAK_NO_GRACE
+            return I.PONG_TIMEOUT if isinstance(reason, PongTimeout) else I.BREAK
+        if isinstance(reason, PeerClosed):
+            return I.CLOSE_RECEIVED
+        if isinstance(reason, ConnectionClosed):
+            return I.SWITCH_STOP if reason.code == "shutdown" else I.PEER_CLOSE
+        return I.PROTOCOL_ERROR
+
+    def _grace_expired(self, peer: Peer) -> None:
+        self._grace_timers.pop(peer.node_id, None)
+        self.count(peer.node_id, "grace_expiries")
+        self._apply(peer, I.GRACE_EXPIRED, SessionExpired(self.config.resume_grace, peer.session.undelivered()))
+
+    def _stop_waiting(self, peer: Peer, *, dialer: bool) -> None:
+        timer = self._grace_timers.pop(peer.node_id, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+        self._dialing.session_settled(peer.node_id, stop_dialer=dialer)
+
+    def close(self, peer: Peer, reason: Exception) -> None:
+        """``Peer.close``: a close packet if connected (the session ends when the
+        transport goes), else the session ends now."""
+        if peer._protocol is not None:
+            peer._protocol.close(reason)
+        else:
+            self._apply(peer, I.PEER_CLOSE, reason)
+
+    def redial_failed(self, node_id: str | None) -> None:
+        """A re-dial attempt failed before a transport was up."""
+        peer = self.peers.get(node_id) if node_id is not None else None
+        if peer is not None and peer.state is S.SUSPENDED:
+            self._apply(peer, I.REDIAL_FAILED)
+
+    def gave_up(self, node_id: str | None, why: str) -> None:
+        """The re-dialer of ``node_id`` gave up: a session waiting for it ends."""
+        peer = self.peers.get(node_id) if node_id is not None else None
+        if peer is not None and peer.state in (S.SUSPENDED, S.CONNECTING):
+            self._apply(peer, I.DIAL_GAVE_UP, self._rejected(peer, f"gave up re-dialing: {why}"))
+
+    def stop(self) -> None:
+        """The Switch stops: sessions without a transport end now (the others end as
+        their connections close), and pending probes are dropped."""
+        self.stopping = True
+        for peer in list(self.peers.values()):
+            if peer._protocol is None:
+                self._apply(peer, I.SWITCH_STOP, ConnectionClosed("shutdown", "the node is stopping"))
+        for probe in list(self._probes.values()):
+            probe.cancel()
+
+    # -- counters and invariants ---------------------------------------------------------
+
+    def count(self, node_id: str, counter: str) -> None:
+        counters = self.node_counters.get(node_id)
+        if counters is None:
+            if len(self.node_counters) >= NODE_COUNTERS_KEPT:
+                self._forget_counters()
+            counters = self.node_counters[node_id] = dict.fromkeys(NODE_COUNTERS, 0)
+        counters[counter] += 1
+
+    def _forget_counters(self) -> None:
+        """Bound the table: strangers come and go (a flood of hellos from made-up node
+        ids); drop the oldest entries of nodes with no session and no dialer."""
+        for node_id in list(self.node_counters):
+            if len(self.node_counters) < NODE_COUNTERS_KEPT // 2:
+                break
+            if node_id not in self.peers and not self._dialing.knows(node_id):
+                del self.node_counters[node_id]
+
+    def check_invariants(self, connections) -> None:
+        """The peer table agrees with the live connections."""
+        for node_id, peer in self.peers.items():
+            assert peer.node_id == node_id and peer.state is not S.CLOSED, f"peer table corrupt at {node_id}"
+            if peer.state is S.CONNECTED:
+                proto = peer._protocol
+                assert proto in connections and proto.peer is peer, f"{node_id}: connected without a connection"
+            else:
+                assert peer._protocol is None, f"{node_id}: {peer.state} but holds a connection"
+                assert self.config.resume_grace > 0, f"{node_id}: {peer.state} although resume is off"
+        for proto in connections:
+            if proto.peer is not None:
+                assert self.peers.get(proto.peer.node_id) is proto.peer, "a connection carries a forgotten Peer"
+
+
+class _Probe:
+    """Is the live connection of a session still there, now that a newcomer claims the
+    node? A ping goes out on it; any bytes back within ``duplicate_probe_timeout`` say yes."""
+
+    def __init__(self, sessions: SessionManager, newcomer, peer: Peer) -> None:
+        self.sessions = sessions
+        self.newcomer = newcomer
+        self.peer = peer
+        self.old = peer._protocol
+        self.old.core.probe(sessions.clock.seconds())
+        self.old.watch_bytes(self._answered)
+        self.old.pump()
+        self._timer = sessions.clock.callLater(sessions.config.duplicate_probe_timeout, self.finish, False)
+
+    def _answered(self, old) -> None:
+        self.finish(alive=True)
+
+    def cancel(self) -> None:
+        if self._timer.active():
+            self._timer.cancel()
+        if self.old.watching(self._answered):
+            self.old.watch_bytes(None)
+
+    def finish(self, alive: bool) -> None:
+        self.cancel()
+        if self.sessions._probes.get(self.newcomer) is self:
+            self.sessions._probe_done(self, alive)
+
+
+def session_request_of(hello) -> SessionRequest | None:
+    """The dialer's session request from its hello (None if it sent none)."""
+    for tag, value in hello.fields:
+        if tag == HelloTag.SESSION:
+            return decode_session_request(value)
+    return None
+
+
+def channel_change(peer: Peer, hello) -> str:
+    """Why the channel set no longer matches the session's ('' if it does)."""
+    before = {(c.id, c.priority) for c in peer.channels.values()}
+    now = {(c.id, c.priority) for c in hello.channels}
+    if before == now:
+        return ""
+    return "channels changed: " + ", ".join(
+        f"{c:#04x} prio {p}" + (" added" if (c, p) in now else " removed") for c, p in sorted(before ^ now)
+    )
