@@ -418,7 +418,7 @@ class Connection:
         adapter pumps again when the transport resumes, so that time would be a busy loop.
         """
         if self.state is State.CLOSED or self.state is State.CLOSING:
-            return None  # the adapter bounds the close itself (protocol.CLOSE_LINGER)
+            return None  # the adapter bounds the close itself (Config.close_linger)
         if self.state is State.HANDSHAKING:
             return self._started + self.config.handshake_timeout
         if self._awaiting_pong():

@@ -23,6 +23,7 @@ import dataclasses
 import enum
 
 from mconn.errors import LocalProtocolError, PeerRejected, UnexpectedPacket
+from mconn.wire import HelloTag, SessionRequest, decode_session_request
 
 
 class PeerState(enum.StrEnum):
@@ -289,4 +290,27 @@ def simultaneous_why(their_id: str, our_id: str) -> str:
     return (
         f"node {their_id} and this node dialed each other; both keep the connection "
         f"dialed by the smaller node id ({min(their_id, our_id)})"
+    )
+
+
+def session_request_of(hello) -> SessionRequest | None:
+    """The dialer's session request from its hello (None if it sent none).
+
+    :raises MalformedPacket: if the field does not parse.
+    """
+    for tag, value in hello.fields:
+        if tag == HelloTag.SESSION:
+            return decode_session_request(value)
+    return None
+
+
+def channel_change(peer, hello) -> str:
+    """Why ``hello``'s channels differ from those ``peer``'s session started with ('' if
+    they do not): each (channel, priority) pair removed or added, in ascending order."""
+    before = {(c.id, c.priority) for c in peer.channels.values()}
+    now = {(c.id, c.priority) for c in hello.channels}
+    if before == now:
+        return ""
+    return "channels changed: " + ", ".join(
+        f"{c:#04x} prio {p}" + (" added" if (c, p) in now else " removed") for c, p in sorted(before ^ now)
     )

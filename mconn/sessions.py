@@ -11,7 +11,7 @@ Where the inputs come from:
 
 * a hello on a listening connection (``hello_authorized``): ``decide_hello`` says resume
   (a takeover first if the session's connection is still live), probe the live
-  connection (a possible duplicate, ``_Probe``), refuse a simultaneous dial, or start
+  connection (a possible duplicate, ``mconn.duplicates``), refuse a simultaneous dial, or start
   fresh (ending a held session first);
 * the listener's answer on a dialing connection (``session_answered``): resume, or a
   fresh session (ending the session asked for, and settling a simultaneous dial);
@@ -29,7 +29,6 @@ import dataclasses
 import os
 
 from mconn import telemetry
-from mconn.connection import State
 from mconn.errors import (
     AckError,
     ConnectionClosed,
@@ -44,18 +43,21 @@ from mconn.errors import (
 )
 from mconn.peer import Peer
 from mconn.session import Session
+from mconn.duplicates import DuplicateProbes
 from mconn.session_table import (
     Decision,
     Effect,
     PeerState,
     SessionInput,
+    channel_change,
     check_answer,
     decide_answer,
     decide_hello,
+    session_request_of,
     simultaneous_why,
     step,
 )
-from mconn.wire import SESSION_ID_BYTES, HelloTag, SessionAnswer, SessionRequest, decode_session_request
+from mconn.wire import SESSION_ID_BYTES, SessionAnswer, SessionRequest
 
 S, I = PeerState, SessionInput
 
@@ -111,8 +113,7 @@ class SessionManager:
         self.node_counters: dict[str, dict[str, int]] = {}
         self.stopping = False
         self._grace_timers: dict = {}
-        #: newcomer protocol -> _Probe of the live connection it would replace.
-        self._probes: dict = {}
+        self._probes = DuplicateProbes(self)
         self._effects = {
             Effect.DROP_TRANSPORT: self._drop_transport,
             Effect.DETACH: lambda peer, _: peer._detach(),
@@ -125,7 +126,7 @@ class SessionManager:
 
     # -- the table -------------------------------------------------------------------
 
-    def _apply(self, peer: Peer, input_: SessionInput, reason=None, *, then=None, **facts) -> None:
+    def apply(self, peer: Peer, input_: SessionInput, reason=None, *, then=None, **facts) -> None:
         """Move ``peer`` by the table's row for ``input_`` and run the row's effects;
         a row that starts a fresh session runs ``then`` last."""
         transition = step(peer.state, input_)
@@ -214,7 +215,8 @@ class SessionManager:
         if not self.stopping:
             self._dialing.session_ended(peer.node_id)  # a persistent peer gets a fresh session
 
-    def _rejected(self, peer: Peer, why: str) -> SessionRejected:
+    def rejected(self, peer: Peer, why: str) -> SessionRejected:
+        """The reason a session ends with when a newer one takes its place."""
         return SessionRejected(why, peer.session.undelivered())
 
     # -- starting and resuming -------------------------------------------------------
@@ -229,9 +231,9 @@ class SessionManager:
     def connection_made(self, proto) -> None:
         resuming = proto.context.resuming
         if resuming is not None and resuming.state is S.SUSPENDED:
-            self._apply(resuming, I.REDIAL_CONNECTED)
+            self.apply(resuming, I.REDIAL_CONNECTED)
 
-    def _accept(self, proto, hello, request, refusal: str) -> None:
+    def accept(self, proto, hello, request, refusal: str) -> None:
         """The listener starts a fresh session on ``proto`` and answers it."""
         self._check_limits(proto)
         if request is None or request.resume:  # a refused resume starts under a new id
@@ -280,13 +282,13 @@ class SessionManager:
         """Resume ``peer`` on ``proto``; a newcomer that proves the session takes over
         the live transport at once. Impossible counts end the session (AckError)."""
         if peer.state is S.CONNECTED:
-            self._apply(peer, I.TAKEOVER, why="the session moved to a new connection")
+            self.apply(peer, I.TAKEOVER, why="the session moved to a new connection")
         try:
             resend = peer.session.to_resend(peer_delivered)
         except AckError as error:
-            self._apply(peer, I.IMPOSSIBLE_COUNTS, error)
+            self.apply(peer, I.IMPOSSIBLE_COUNTS, error)
             raise
-        self._apply(peer, I.RESUME_ACCEPTED, protocol=proto, resend=resend, answer=answer)
+        self.apply(peer, I.RESUME_ACCEPTED, protocol=proto, resend=resend, answer=answer)
 
     # -- a hello on a listening connection -----------------------------------------------
 
@@ -315,66 +317,17 @@ class SessionManager:
         if verdict.decision is Decision.RESUME:
             self._resume(proto, existing, request.delivered, answer=True)
         elif verdict.decision is Decision.PROBE:
-            self._probes[proto] = _Probe(self, proto, existing)  # decided in _probe_done
+            self._probes.start(proto, existing)
         elif verdict.decision is Decision.SIMULTANEOUS:
             self.count(hello.node_id, "simultaneous_dials")
             raise PeerRejected(SIMULTANEOUS_DIAL, simultaneous_why(hello.node_id, self.node_id))
         elif verdict.ends is not None:
-            self._apply(
-                existing, verdict.ends, self._rejected(existing, verdict.reason), why="the session's channels changed",
-                then=lambda: self._accept(proto, hello, request, verdict.reason),
+            self.apply(
+                existing, verdict.ends, self.rejected(existing, verdict.reason), why="the session's channels changed",
+                then=lambda: self.accept(proto, hello, request, verdict.reason),
             )
         else:
-            self._accept(proto, hello, request, verdict.reason)
-
-    def _probe_done(self, probe: _Probe, alive: bool) -> None:
-        """The duplicate rule (specs/resume.md section 7.2): the old connection answered
-        the probe, and the newcomer is refused; or it did not, and the newcomer replaces it."""
-        self._probes.pop(probe.newcomer, None)
-        newcomer, peer, old = probe.newcomer, probe.peer, probe.old
-        if newcomer.end_reason is not None or newcomer.core.state is not State.OPEN:
-            return
-        node_id = peer.node_id
-        if alive and peer.state is S.CONNECTED and peer._protocol is old:
-            self._apply(peer, I.DUPLICATE_REFUSED)
-            self.count(node_id, "duplicates_refused")
-            self._duplicate_event(newcomer, old, "refused")
-            rejection = PeerRejected(
-                "duplicate",
-                f"node {node_id} is already connected ({old.remote_address}, "
-                f"{'outbound' if old.context.is_outbound else 'inbound'}) and that connection answered a probe",
-            )
-            newcomer.owner.peer_rejected(newcomer, newcomer.hello, rejection)
-            newcomer.close(rejection)
-            return
-        self.count(node_id, "duplicates_replaced")
-        self._duplicate_event(newcomer, old, "replaced")
-        reason = (
-            f"replaced: a new connection came from the node and the old one ({old.remote_address}) "
-            f"did not answer a probe within {self.config.duplicate_probe_timeout}s"
-        )
-
-        def accept() -> None:
-            newcomer.decide(lambda proto, hello: self._accept(proto, hello, session_request_of(hello), reason), newcomer.hello)
-            newcomer.pump()
-
-        if peer.state is S.CLOSED:
-            accept()
-            return
-        self._apply(
-            peer, I.DUPLICATE_REPLACED, self._rejected(peer, reason),
-            why="it did not answer a probe; a new connection replaced it", then=accept,
-        )
-
-    def _duplicate_event(self, newcomer, old, outcome: str) -> None:
-        telemetry.emit(
-            "duplicate_connection",
-            node_id=self.node_id,
-            peer_id=newcomer.hello.node_id,
-            remote_address=newcomer.remote_address,
-            existing_address=old.remote_address,
-            outcome=outcome,
-        )
+            self.accept(proto, hello, request, verdict.reason)
 
     # -- the answer on a dialing connection --------------------------------------------
 
@@ -393,8 +346,8 @@ class SessionManager:
         elif held:
             # The dialer goes on: this attempt connected, to a fresh session.
             why = answer.reason or "the peer started a new session"
-            self._apply(
-                resuming, I.RESUME_REFUSED, self._rejected(resuming, why), stop_dialer=False,
+            self.apply(
+                resuming, I.RESUME_REFUSED, self.rejected(resuming, why), stop_dialer=False,
                 then=lambda: self._answered_fresh(proto, answer),
             )
         else:
@@ -425,9 +378,9 @@ class SessionManager:
                 old.close(PeerRejected(SIMULTANEOUS_DIAL, why))
                 start()
 
-            self._apply(existing, I.SIMULTANEOUS_DIAL, self._rejected(existing, "simultaneous dial: " + why), then=replace)
+            self.apply(existing, I.SIMULTANEOUS_DIAL, self.rejected(existing, "simultaneous dial: " + why), then=replace)
         elif verdict.ends is not None:
-            self._apply(existing, verdict.ends, self._rejected(existing, verdict.reason), then=start)
+            self.apply(existing, verdict.ends, self.rejected(existing, verdict.reason), then=start)
         else:
             start()
 
@@ -438,22 +391,16 @@ class SessionManager:
         peer = proto.peer
         resuming = proto.context.resuming
         if peer is not None and peer._protocol is proto:
-            self._apply(peer, self._input_for(reason), reason)
+            self.apply(peer, self._input_for(reason), reason)
         elif resuming is not None and resuming.state is S.CONNECTING:
             if isinstance(reason, PeerClosed) and reason.code in ENDS_SESSION:
-                self._apply(resuming, I.CLOSE_RECEIVED, reason)  # the node is going away: no resume
+                self.apply(resuming, I.CLOSE_RECEIVED, reason)  # the node is going away: no resume
             else:
-                self._apply(resuming, I.BREAK)  # this attempt failed; the dialer tries again
+                self.apply(resuming, I.BREAK)  # this attempt failed; the dialer tries again
 
     def forget_probes(self, proto) -> None:
-        """A connection is gone: a probe it waited for is dropped; a probe of it is over
-        (the newcomer may have the session)."""
-        for probe in list(self._probes.values()):
-            if probe.newcomer is proto:
-                probe.cancel()
-                del self._probes[proto]
-            elif probe.old is proto:
-                probe.finish(alive=False)  # the old connection is gone: the newcomer may have it
+        """A connection is gone: the probes it waited for, or that probed it, are over."""
+        self._probes.connection_lost(proto)
 
     def _input_for(self, reason: Exception) -> SessionInput:
         """A break that is not a close suspends the session (specs/resume.md section 1.4)."""
@@ -472,7 +419,7 @@ class SessionManager:
     def _grace_expired(self, peer: Peer) -> None:
         self._grace_timers.pop(peer.node_id, None)
         self.count(peer.node_id, "grace_expiries")
-        self._apply(peer, I.GRACE_EXPIRED, SessionExpired(self.config.resume_grace, peer.session.undelivered()))
+        self.apply(peer, I.GRACE_EXPIRED, SessionExpired(self.config.resume_grace, peer.session.undelivered()))
 
     def _stop_waiting(self, peer: Peer, *, dialer: bool) -> None:
         timer = self._grace_timers.pop(peer.node_id, None)
@@ -486,19 +433,19 @@ class SessionManager:
         if peer._protocol is not None:
             peer._protocol.close(reason)
         else:
-            self._apply(peer, I.PEER_CLOSE, reason)
+            self.apply(peer, I.PEER_CLOSE, reason)
 
     def redial_failed(self, node_id: str | None) -> None:
         """A re-dial attempt failed before a transport was up."""
         peer = self.peers.get(node_id) if node_id is not None else None
         if peer is not None and peer.state is S.SUSPENDED:
-            self._apply(peer, I.REDIAL_FAILED)
+            self.apply(peer, I.REDIAL_FAILED)
 
     def gave_up(self, node_id: str | None, why: str) -> None:
         """The re-dialer of ``node_id`` gave up: a session waiting for it ends."""
         peer = self.peers.get(node_id) if node_id is not None else None
         if peer is not None and peer.state in (S.SUSPENDED, S.CONNECTING):
-            self._apply(peer, I.DIAL_GAVE_UP, self._rejected(peer, f"gave up re-dialing: {why}"))
+            self.apply(peer, I.DIAL_GAVE_UP, self.rejected(peer, f"gave up re-dialing: {why}"))
 
     def stop(self) -> None:
         """The Switch stops: sessions without a transport end now (the others end as
@@ -506,9 +453,8 @@ class SessionManager:
         self.stopping = True
         for peer in list(self.peers.values()):
             if peer._protocol is None:
-                self._apply(peer, I.SWITCH_STOP, ConnectionClosed("shutdown", "the node is stopping"))
-        for probe in list(self._probes.values()):
-            probe.cancel()
+                self.apply(peer, I.SWITCH_STOP, ConnectionClosed("shutdown", "the node is stopping"))
+        self._probes.cancel_all()
 
     # -- counters and invariants ---------------------------------------------------------
 
@@ -542,51 +488,3 @@ class SessionManager:
         for proto in connections:
             if proto.peer is not None:
                 assert self.peers.get(proto.peer.node_id) is proto.peer, "a connection carries a forgotten Peer"
-
-
-class _Probe:
-    """Is the live connection of a session still there, now that a newcomer claims the
-    node? A ping goes out on it; any bytes back within ``duplicate_probe_timeout`` say yes."""
-
-    def __init__(self, sessions: SessionManager, newcomer, peer: Peer) -> None:
-        self.sessions = sessions
-        self.newcomer = newcomer
-        self.peer = peer
-        self.old = peer._protocol
-        self.old.core.probe(sessions.clock.seconds())
-        self.old.watch_bytes(self._answered)
-        self.old.pump()
-        self._timer = sessions.clock.callLater(sessions.config.duplicate_probe_timeout, self.finish, False)
-
-    def _answered(self, old) -> None:
-        self.finish(alive=True)
-
-    def cancel(self) -> None:
-        if self._timer.active():
-            self._timer.cancel()
-        if self.old.watching(self._answered):
-            self.old.watch_bytes(None)
-
-    def finish(self, alive: bool) -> None:
-        self.cancel()
-        if self.sessions._probes.get(self.newcomer) is self:
-            self.sessions._probe_done(self, alive)
-
-
-def session_request_of(hello) -> SessionRequest | None:
-    """The dialer's session request from its hello (None if it sent none)."""
-    for tag, value in hello.fields:
-        if tag == HelloTag.SESSION:
-            return decode_session_request(value)
-    return None
-
-
-def channel_change(peer: Peer, hello) -> str:
-    """Why the channel set no longer matches the session's ('' if it does)."""
-    before = {(c.id, c.priority) for c in peer.channels.values()}
-    now = {(c.id, c.priority) for c in hello.channels}
-    if before == now:
-        return ""
-    return "channels changed: " + ", ".join(
-        f"{c:#04x} prio {p}" + (" added" if (c, p) in now else " removed") for c, p in sorted(before ^ now)
-    )

@@ -1,4 +1,4 @@
-"""The pure core imports neither Twisted nor anything that does I/O (STYLE.md 1)."""
+"""The pure core imports neither Twisted nor anything that does I/O (a sans-I/O core, as h11 and h2)."""
 
 import pathlib
 import subprocess
@@ -14,6 +14,9 @@ CORE_MODULES = [
     "mconn.errors",
     "mconn.config",
     "mconn.rate",
+    "mconn.session",
+    "mconn.session_table",
+    "mconn.admission",
 ]
 
 PROGRAM = """

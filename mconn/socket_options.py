@@ -1,0 +1,58 @@
+"""Socket options of a connection (specs/connection.md section 3, specs/resume.md 7.4).
+
+TCP_NODELAY, TCP_NOTSENT_LOWAT (a small kernel send queue, so that priorities decide
+what goes out), TCP_USER_TIMEOUT and keepalive (half-open links are found even where
+the mconn keepalive is slower), set where the transport is a TCP socket and the
+platform has them.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+from twisted.logger import Logger
+
+log = Logger(namespace="mconn")
+
+_LINUX = sys.platform.startswith("linux")
+
+
+def _socket_options(config) -> list[tuple[str, int, int, int]]:
+    """(name, level, option, value) of every option ``config`` asks for on this platform."""
+    tcp = socket.IPPROTO_TCP
+    options = []
+    lowat = getattr(socket, "TCP_NOTSENT_LOWAT", 25 if _LINUX else None)
+    if config.tcp_notsent_lowat and lowat is not None:
+        options.append(("TCP_NOTSENT_LOWAT", tcp, lowat, config.tcp_notsent_lowat))
+    user_timeout = getattr(socket, "TCP_USER_TIMEOUT", 18 if _LINUX else None)
+    if config.tcp_user_timeout is not None and user_timeout is not None:
+        options.append(("TCP_USER_TIMEOUT", tcp, user_timeout, max(1, round(config.tcp_user_timeout * 1000))))
+    if config.tcp_keepalive:
+        options.append(("SO_KEEPALIVE", socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+        for name, value in (
+            ("TCP_KEEPIDLE", config.ping_interval),
+            ("TCP_KEEPINTVL", config.pong_timeout / 3),
+            ("TCP_KEEPCNT", 3),
+        ):
+            option = getattr(socket, name, None)
+            if option is not None:
+                options.append((name, tcp, option, max(1, min(32767, round(value)))))
+    return options
+
+
+def set_socket_options(transport, config) -> None:
+    """TCP_NODELAY, TCP_NOTSENT_LOWAT, TCP_USER_TIMEOUT and keepalive, where the
+    transport is a TCP socket and the platform has them (specs/connection.md section 3)."""
+    if config.tcp_nodelay and hasattr(transport, "setTcpNoDelay"):
+        transport.setTcpNoDelay(True)
+    handle = getattr(transport, "getHandle", lambda: None)()
+    if not isinstance(handle, socket.socket):  # a TLS transport: the socket is one level down
+        handle = getattr(getattr(transport, "transport", None), "getHandle", lambda: None)()
+    if not isinstance(handle, socket.socket):
+        return
+    for name, level, option, value in _socket_options(config):
+        try:
+            handle.setsockopt(level, option, value)
+        except OSError as e:
+            log.debug("{option} not set: {error}", option=name, error=e)
