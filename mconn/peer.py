@@ -135,7 +135,7 @@ class Peer:
 
     def _closing(self) -> bool:
         """Over, or its connection is closing: nothing more can be accepted."""
-        return self.state == CLOSED or (self.state == CONNECTED and self._protocol.core.state is not State.OPEN)
+        return self.state is CLOSED or (self.state is CONNECTED and self._protocol.core.state is not State.OPEN)
 
     def _accepts(self, channel_id: int, message) -> bool:
         """False for channels either side lacks; ValueError for oversized messages."""
@@ -158,7 +158,7 @@ class Peer:
         The per-message path: one call into the connection's channel queue, one into the
         session (``Session.admit``); a message the session refuses leaves the queue again.
         """
-        if self.state == CONNECTED:
+        if self.state is CONNECTED:
             channel = self._queues[channel_id]
             if not channel.enqueue(message):
                 return None
@@ -182,7 +182,7 @@ class Peer:
             return False
         if self._accept(channel_id, message) is None:
             return False
-        if self.state == CONNECTED:
+        if self.state is CONNECTED:
             self._protocol.pump()
         return True
 
@@ -209,7 +209,7 @@ class Peer:
         if not self._waiting.get(channel_id):
             sequence = self._accept(channel_id, message)
             if sequence is not None:
-                if self.state == CONNECTED:
+                if self.state is CONNECTED:
                     self._protocol.pump()
                 return self._confirmation(channel_id, sequence) if confirm else defer.succeed(True)
         d = defer.Deferred()
@@ -275,7 +275,7 @@ class Peer:
 
     def _send_ack(self) -> None:
         self._cancel_ack_timer()
-        if self.state == CONNECTED and self.session.ack_pending:
+        if self.state is CONNECTED and self.session.ack_pending:
             self._protocol.core.send_ack(self.session.take_ack())
             self._protocol.pump()
 
@@ -283,7 +283,7 @@ class Peer:
         """The peer confirmed deliveries: drop them from the recovery buffer, confirm."""
         for channel_id, _, acked in self.session.on_ack(delivered):
             self._confirm_up_to(channel_id, acked)
-        if self._waiting and self.state == CONNECTED:
+        if self._waiting and self.state is CONNECTED:
             self._protocol.pump()  # room in the recovery buffer: waiting sends may go
 
     def _confirm_up_to(self, channel_id: int, acked: int) -> None:
@@ -342,7 +342,7 @@ class Peer:
 
     def force_reconnect(self) -> None:
         """Drop the transport and resume the session on a new one (outbound sessions)."""
-        if self.state == CONNECTED:
+        if self.state is CONNECTED:
             self._protocol.transport.abortConnection()
 
     @property

@@ -17,6 +17,7 @@ from twisted.internet import defer
 
 from mconn.channel import ChannelDescriptor
 from mconn.errors import ConnectionClosed
+from mconn.session_table import PeerState
 from mconn.wire import ChannelInfo
 
 __all__ = ["FakePeer"]
@@ -61,7 +62,7 @@ class FakePeer:
                 for c in channels
             }
         #: "connected" or "closed".
-        self.state = "connected"
+        self.state = PeerState.CONNECTED
         self.round_trip: float | None = None
         #: Every accepted message, in order, as ``(channel_id, message)``.
         self.sent: list[tuple[int, bytes]] = []
@@ -82,7 +83,7 @@ class FakePeer:
         if not isinstance(message, (bytes, bytearray, memoryview)):
             raise TypeError(f"messages are bytes, got {type(message).__name__}")
         message = bytes(message)
-        if self.state != "connected" or channel_id in self.full_channels:
+        if self.state is not PeerState.CONNECTED or channel_id in self.full_channels:
             return False
         if self.channels is not None:
             info = self.channels.get(channel_id)
@@ -102,6 +103,6 @@ class FakePeer:
 
     def close(self, reason=None) -> None:
         """Mark the peer closed; later sends return False."""
-        if self.state == "connected":
-            self.state = "closed"
+        if self.state is PeerState.CONNECTED:
+            self.state = PeerState.CLOSED
             self.close_reason = ConnectionClosed("closed", "" if reason is None else str(reason))

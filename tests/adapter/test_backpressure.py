@@ -1,4 +1,4 @@
-"""Backpressure and rate limits over a StringTransport and a Clock (STYLE.md 11).
+"""Backpressure and rate limits over a StringTransport and a Clock (every buffer bounded, backpressure explicit).
 
 The protocol is the transport's streaming IPushProducer: while paused it pulls nothing
 from the channel queues, so full queues make try_send return False instead of growing a

@@ -232,7 +232,7 @@ def test_reassembled_message_over_recv_message_capacity():
 
 
 def test_malformed_hello_message_names_what_is_wrong():
-    """STYLE.md 7: the message says what was wrong and with which values."""
+    """An error message says what was wrong and with which values."""
     conn = make_connection()
     error = _failure(conn.receive_data(_malformed_hello(), 0.0))
     assert "priority" in str(error) and "0" in str(error), str(error)
