@@ -11,6 +11,7 @@ import dataclasses
 import io
 import json
 import pathlib
+import re
 
 from mconn import wire
 from mconn.channel import ChannelDescriptor
@@ -255,3 +256,67 @@ def check_invalid_frames(limits: dict, vector: dict, error_class: type) -> None:
     else:
         assert feed_whole(vector_frame_buffer(limits), data)[1] is None
         assert feed_bytewise(vector_frame_buffer(limits), data)[1] is None
+
+
+# -- the session state tables of specs/resume.md ------------------------------------------
+
+SESSION_TABLE_HEADER = ["State", "Side", "Input", "Next state", "Reactors get", "Telemetry", "Also"]
+
+
+@dataclasses.dataclass(frozen=True)
+class SessionRow:
+    """One row of a spec table, in the spec's words, with where it came from."""
+
+    where: str  # "session-states row 3", for failure messages
+    state: str
+    side: str
+    input: str
+    next_state: str
+    reactor_calls: tuple[str, ...]
+    telemetry: tuple[str, ...]
+
+
+def _items(cell: str) -> tuple[str, ...]:
+    """`a`, `b(c)` -> ("a", "b(c)"); an em dash -> ()."""
+    cell = cell.strip()
+    if cell == "—":
+        return ()
+    items = re.findall(r"`([^`]+)`", cell)
+    assert items and re.sub(r"`[^`]+`|[,\s]", "", cell) == "", f"cannot read cell {cell!r}"
+    return tuple(items)
+
+
+def _one(cell: str, line: str) -> str:
+    items = _items(cell)
+    assert len(items) == 1, f"expected one item in {cell!r} of {line!r}"
+    return items[0]
+
+
+def parse_session_table(text: str, marker: str) -> list[SessionRow]:
+    """The rows of a session state table of specs/resume.md (sections 3 and 3.1), between
+    ``<!-- marker:begin -->`` and ``<!-- marker:end -->``."""
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    assert text.count(begin) == 1 and text.count(end) == 1, f"specs/resume.md needs one {begin} and one {end}"
+    block = text.split(begin)[1].split(end)[0]
+    lines = [line for line in block.strip().splitlines() if line.strip()]
+    header = [c.strip() for c in lines[0].strip().strip("|").split("|")]
+    assert header == SESSION_TABLE_HEADER, f"{marker}: header {header}"
+    assert set(lines[1].replace("|", "").strip()) <= {"-", " "}, f"{marker}: no separator line under the header"
+    rows = []
+    for number, line in enumerate(lines[2:], start=1):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        assert len(cells) == len(SESSION_TABLE_HEADER), f"{marker} row {number} has {len(cells)} cells: {line!r}"
+        assert cells[1] in ("dialer", "listener", "both"), f"{marker} row {number}: side {cells[1]!r}"
+        rows.append(
+            SessionRow(
+                where=f"{marker} row {number}",
+                state=_one(cells[0], line),
+                side=cells[1],
+                input=_one(cells[2], line),
+                next_state=_one(cells[3], line),
+                reactor_calls=_items(cells[4]),
+                telemetry=_items(cells[5]),
+            )
+        )
+    assert rows, f"{marker}: no rows"
+    return rows

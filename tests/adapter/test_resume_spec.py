@@ -19,12 +19,12 @@ import collections
 import dataclasses
 import json
 import pathlib
-import re
 import secrets
 
 import pytest
 
 from helpers import RawPeer, RecordingReactor, close_packets_in, parse_packets
+from helpers_core import parse_session_table
 from mconn import ChannelDescriptor, Config, wire
 from mconn.errors import MalformedPacket
 from mconn.handshake import make_hello
@@ -51,42 +51,7 @@ SESSION_EVENTS = {"session_started", "session_suspended", "session_resumed", "se
 # -- the table --------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Row:
-    state: str
-    side: str
-    input: str
-    next_state: str
-    reactor_calls: tuple[str, ...]
-    telemetry: tuple[str, ...]
-
-
-def _items(cell: str) -> tuple[str, ...]:
-    """`a`, `b(c)` -> ("a", "b(c)"); an em dash -> ()."""
-    cell = cell.strip()
-    if cell == "—":
-        return ()
-    items = re.findall(r"`([^`]+)`", cell)
-    assert items and re.sub(r"`[^`]+`|[,\s]", "", cell) == "", f"cannot read cell {cell!r}"
-    return tuple(items)
-
-
-def parse_table(text: str) -> list[Row]:
-    block = text.split("<!-- session-states:begin -->")[1].split("<!-- session-states:end -->")[0]
-    lines = [line for line in block.strip().splitlines() if line.strip()]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header == ["State", "Side", "Input", "Next state", "Reactors get", "Telemetry", "Also"], header
-    rows = []
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        assert len(cells) == 7, line
-        [state], [next_state], [input_] = _items(cells[0]), _items(cells[3]), _items(cells[2])
-        assert cells[1] in ("dialer", "listener", "both"), line
-        rows.append(Row(state, cells[1], input_, next_state, _items(cells[4]), _items(cells[5])))
-    return rows
-
-
-ROWS = parse_table(SPEC_TEXT)
+ROWS = parse_session_table(SPEC_TEXT, "session-states")
 CASES = [(row, side) for row in ROWS for side in (("dialer", "listener") if row.side == "both" else (row.side,))]
 
 

@@ -10,10 +10,8 @@ hello (``decide_hello``) and on a session answer (``check_answer``, ``decide_ans
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import pathlib
-import re
 
 import pytest
 from hypothesis import given, settings
@@ -38,9 +36,9 @@ from mconn.session_table import (
     simultaneous_why,
     step,
 )
+from tests.helpers_core import SessionRow, parse_session_table
 
 SPEC_TEXT = (pathlib.Path(__file__).resolve().parents[2] / "specs" / "resume.md").read_text()
-HEADER = ["State", "Side", "Input", "Next state", "Reactors get", "Telemetry", "Also"]
 #: The two tables: section 3 and section 3.1.
 MARKERS = ("session-states", "session-states-more")
 
@@ -50,74 +48,17 @@ S, I = PeerState, SessionInput
 # -- the spec's tables ---------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One row of a spec table, in the spec's words, with where it came from."""
-
-    where: str  # "session-states row 3", for failure messages
-    state: str
-    side: str
-    input: str
-    next_state: str
-    reactor_calls: tuple[str, ...]
-    telemetry: tuple[str, ...]
+ROWS = [row for marker in MARKERS for row in parse_session_table(SPEC_TEXT, marker)]
 
 
-def _items(cell: str) -> tuple[str, ...]:
-    """`a`, `b(c)` -> ("a", "b(c)"); an em dash -> ()."""
-    cell = cell.strip()
-    if cell == "—":
-        return ()
-    items = re.findall(r"`([^`]+)`", cell)
-    assert items and re.sub(r"`[^`]+`|[,\s]", "", cell) == "", f"cannot read cell {cell!r}"
-    return tuple(items)
-
-
-def _one(cell: str, line: str) -> str:
-    items = _items(cell)
-    assert len(items) == 1, f"expected one item in {cell!r} of {line!r}"
-    return items[0]
-
-
-def parse_table(text: str, marker: str) -> list[Row]:
-    """The rows between ``<!-- marker:begin -->`` and ``<!-- marker:end -->``."""
-    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    assert text.count(begin) == 1 and text.count(end) == 1, f"specs/resume.md needs one {begin} and one {end}"
-    block = text.split(begin)[1].split(end)[0]
-    lines = [line for line in block.strip().splitlines() if line.strip()]
-    header = [c.strip() for c in lines[0].strip().strip("|").split("|")]
-    assert header == HEADER, f"{marker}: header {header}"
-    assert set(lines[1].replace("|", "").strip()) <= {"-", " "}, f"{marker}: no separator line under the header"
-    rows = []
-    for number, line in enumerate(lines[2:], start=1):
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        assert len(cells) == len(HEADER), f"{marker} row {number} has {len(cells)} cells: {line!r}"
-        rows.append(
-            Row(
-                where=f"{marker} row {number}",
-                state=_one(cells[0], line),
-                side=cells[1],
-                input=_one(cells[2], line),
-                next_state=_one(cells[3], line),
-                reactor_calls=_items(cells[4]),
-                telemetry=_items(cells[5]),
-            )
-        )
-    assert rows, f"{marker}: no rows"
-    return rows
-
-
-ROWS = [row for marker in MARKERS for row in parse_table(SPEC_TEXT, marker)]
-
-
-def _key(row: Row) -> tuple[PeerState, SessionInput]:
+def _key(row: SessionRow) -> tuple[PeerState, SessionInput]:
     try:
         return PeerState(row.state), SessionInput(row.input)
     except ValueError as error:
         pytest.fail(f"{row.where}: {error}")
 
 
-#: (state, input) -> Row; a pair named twice fails test_spec_tables_have_the_keys_of_transitions.
+#: (state, input) -> SessionRow; a pair named twice fails test_spec_tables_have_the_keys_of_transitions.
 SPEC_TABLE = {_key(row): row for row in ROWS}
 
 
@@ -154,8 +95,8 @@ def test_section_3_1_holds_the_rows_of_section_7():
     are all in section 3.1 (the rows of section 7), none in section 3."""
     section_7 = {I.TAKEOVER, I.DUPLICATE_REFUSED, I.DUPLICATE_REPLACED, I.SIMULTANEOUS_DIAL}
     section_7 |= {I.NEW_SESSION_ANSWERED, I.DIAL_GAVE_UP}
-    first = {SessionInput(row.input) for row in parse_table(SPEC_TEXT, "session-states")}
-    more = {SessionInput(row.input) for row in parse_table(SPEC_TEXT, "session-states-more")}
+    first = {SessionInput(row.input) for row in parse_session_table(SPEC_TEXT, "session-states")}
+    more = {SessionInput(row.input) for row in parse_session_table(SPEC_TEXT, "session-states-more")}
     assert first.isdisjoint(section_7), sorted(i.value for i in first & section_7)
     assert section_7 <= more, sorted(i.value for i in section_7 - more)
     assert first | more == set(SessionInput), sorted(i.value for i in set(SessionInput) - first - more)
