@@ -133,9 +133,23 @@ class Peer:
 
     # -- sending -------------------------------------------------------------------
 
+    def _live(self) -> bool:
+        """Connected, and the connection still carries messages."""
+        return self.state is CONNECTED and self._protocol.core.state is State.OPEN
+
     def _closing(self) -> bool:
-        """Over, or its connection is closing: nothing more can be accepted."""
-        return self.state is CLOSED or (self.state is CONNECTED and self._protocol.core.state is not State.OPEN)
+        """Over, or ending: nothing more can be accepted.
+
+        A connection that is going away for a break (a keepalive failure, a reset)
+        before the session is suspended does not count: from the moment the transport
+        fails, sends are held for the resume exactly as while suspended (specs/resume.md
+        section 1.3). A close, ours or the peer's, or a protocol error does.
+        """
+        if self.state is CLOSED:
+            return True
+        if self.state is CONNECTED and self._protocol.core.state is not State.OPEN:
+            return not self._sessions.would_suspend(self._protocol.end_reason)
+        return False
 
     def _accepts(self, channel_id: int, message) -> bool:
         """False for channels either side lacks; ValueError for oversized messages."""
@@ -158,7 +172,7 @@ class Peer:
         The per-message path: one call into the connection's channel queue, one into the
         session (``Session.admit``); a message the session refuses leaves the queue again.
         """
-        if self.state is CONNECTED:
+        if self._live():
             channel = self._queues[channel_id]
             if not channel.enqueue(message):
                 return None
@@ -182,7 +196,7 @@ class Peer:
             return False
         if self._accept(channel_id, message) is None:
             return False
-        if self.state is CONNECTED:
+        if self._live():
             self._protocol.pump()
         return True
 
@@ -209,7 +223,7 @@ class Peer:
         if not self._waiting.get(channel_id):
             sequence = self._accept(channel_id, message)
             if sequence is not None:
-                if self.state is CONNECTED:
+                if self._live():
                     self._protocol.pump()
                 return self._confirmation(channel_id, sequence) if confirm else defer.succeed(True)
         d = defer.Deferred()
@@ -236,7 +250,7 @@ class Peer:
         Returns True if any were accepted. Their Deferreds fire after the move, so a
         callback that sends again sees consistent queues.
         """
-        if not self._waiting or self._closing():
+        if not self._waiting or not self._live():
             return False
         fired = []
         moved = 0

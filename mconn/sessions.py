@@ -416,6 +416,10 @@ class SessionManager:
             return I.SWITCH_STOP if reason.code == "shutdown" else I.PEER_CLOSE
         return I.PROTOCOL_ERROR
 
+    def would_suspend(self, reason: Exception | None) -> bool:
+        """Would a connected session whose transport ends for ``reason`` be suspended?"""
+        return reason is not None and step(S.CONNECTED, self._input_for(reason)).next is S.SUSPENDED
+
     def _grace_expired(self, peer: Peer) -> None:
         self._grace_timers.pop(peer.node_id, None)
         self.count(peer.node_id, "grace_expiries")

@@ -216,3 +216,30 @@ def test_waiting_send_callback_may_send_on_another_channel():
     got = messages_in(data)
     assert [m for ch, m in got if ch == 0x20] == [b"a1", b"a2"]
     assert [m for ch, m in got if ch == 0x21] == [b"b1", b"b2", b"b3"]
+
+
+def test_sends_between_a_keepalive_failure_and_the_suspension_are_held_for_the_resume():
+    """From the moment the transport fails (here a pong timeout, before connectionLost has
+    come) until the session is suspended, send and try_send accept messages into the
+    session as while suspended; after the break they are the session's undelivered
+    messages, to be re-sent on resume, and the session is suspended, not ended."""
+    h = connection(config=Config(send_timeout=5, ping_interval=10, pong_timeout=5))
+    peer = h.peer
+    h.clock.advance(10)  # a ping goes out
+    h.clock.advance(5)  # no answer: PongTimeout; the transport is told to go, but is not gone yet
+    assert type(h.proto.end_reason).__name__ == "PongTimeout" and peer.state == "connected"
+    assert peer.try_send(0x20, b"during the failure") is True
+    d = peer.send(0x21, b"also during the failure")
+    assert d.called and d.result is True
+    assert messages_in(h.take()) == []  # nothing more goes out on the failing connection
+    h.lose()
+    assert peer.state == "suspended"
+    assert peer.stats.undelivered == {0x20: 1, 0x21: 1}
+    assert h.reactor.removed() == []
+
+
+def test_sends_after_a_close_received_are_refused():
+    """A close packet means the session ends: sends while the connection goes are refused."""
+    h = connection()
+    h.feed(close_packet("closed"))
+    assert h.peer.try_send(0x20, b"late") is False
