@@ -98,7 +98,11 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
     if settings.telemetry is not None:
         try:
             telemetry = TelemetryFileService(
-                settings.telemetry.value, key.node_id, rotate_bytes=settings.telemetry_rotate_bytes
+                settings.telemetry.value,
+                key.node_id,
+                rotate_bytes=settings.telemetry_rotate_bytes,
+                keep_files=settings.telemetry_keep_files,
+                keep_bytes=settings.telemetry_keep_bytes,
             )
         except OSError as e:
             path = e.filename or settings.telemetry.value

@@ -2,7 +2,8 @@
 
 Every setting may come from the command line or from a TOML file (``--config FILE``):
 its keys are the long options without the dashes (``listen``, ``peer``, ``reactor``,
-``key``, ``telemetry``, ``telemetry_rotate_bytes``, ``status``, ``tls``, ``tls_ca``,
+``key``, ``telemetry``, ``telemetry_rotate_bytes``, ``telemetry_keep_files``,
+``telemetry_keep_bytes``, ``status``, ``tls``, ``tls_ca``,
 ``tls_cert``, ``tls_no_client_cert``, ``tls_upgrade``, ``tls_accept_upgrade``; the flags are ``true`` or ``false`` there) and the
 :class:`mconn.Config` fields (``ping_interval = 30``), which are also options
 (``--ping-interval 30``). The command line wins: a repeatable option given there replaces
@@ -30,7 +31,7 @@ from twisted.python import usage
 from mconn.address import PeerAddress, parse_address
 from mconn.config import Config
 from mconn.status import local_endpoint
-from mconn.telemetry_file import DEFAULT_ROTATE_BYTES
+from mconn.telemetry_file import DEFAULT_KEEP_BYTES, DEFAULT_KEEP_FILES, DEFAULT_ROTATE_BYTES
 
 try:
     import tomllib
@@ -45,7 +46,13 @@ REPEATABLE = ("listen", "peer", "reactor")
 PATHS = ("key", "telemetry", "tls_ca", "tls_cert")
 #: Settings that are on when given (``--tls``), true or false in TOML.
 FLAGS = ("tls", "tls_no_client_cert", "tls_upgrade", "tls_accept_upgrade")
-NODE_SETTINGS = REPEATABLE + PATHS + ("telemetry_rotate_bytes", "status") + FLAGS
+#: Settings that are a number of bytes or files, 0 or more, and their defaults.
+COUNTS = {
+    "telemetry_rotate_bytes": DEFAULT_ROTATE_BYTES,
+    "telemetry_keep_files": DEFAULT_KEEP_FILES,
+    "telemetry_keep_bytes": DEFAULT_KEEP_BYTES,
+}
+NODE_SETTINGS = REPEATABLE + PATHS + tuple(COUNTS) + ("status",) + FLAGS
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _CONFIG_TYPES = typing.get_type_hints(Config)
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -98,6 +105,8 @@ class NodeSettings:
     config: Config
     status: Setting | None = None  # the endpoint, with interface=127.0.0.1 if it named none
     tls: TLSSettings | None = None
+    telemetry_keep_files: int = DEFAULT_KEEP_FILES
+    telemetry_keep_bytes: int = DEFAULT_KEEP_BYTES
 
 # -- options ---------------------------------------------------------------------------
 
@@ -130,6 +139,16 @@ class Options(usage.Options):
         [
             "telemetry-rotate-bytes", None, None,
             f"rotate the telemetry file when it reaches this size, 0: never [default: {DEFAULT_ROTATE_BYTES}]",
+        ],
+        [
+            "telemetry-keep-files", None, None,
+            f"keep at most this many rotated telemetry files, deleting the oldest first, 0: none "
+            f"[default: {DEFAULT_KEEP_FILES}]",
+        ],
+        [
+            "telemetry-keep-bytes", None, None,
+            f"keep at most this many bytes of rotated telemetry files, deleting the oldest first "
+            f"[default: {DEFAULT_KEEP_BYTES}]",
         ],
         ["config", None, None, "TOML file with any of these settings"],
         [
@@ -209,7 +228,7 @@ def _from_text(name: str, text: str, where: str):
 
 def _setting_type(name: str) -> tuple[type, bool]:
     """(base type, whether None is allowed) of a Config field or node setting."""
-    if name == "telemetry_rotate_bytes":
+    if name in COUNTS:
         return int, False
     if name in FLAGS:
         return bool, False
@@ -284,9 +303,7 @@ def resolve(given: dict) -> NodeSettings:
         config = Config(**config_values)
     except (TypeError, ValueError) as e:
         raise ConfigurationError(f"configuration: {e}") from None
-    rotate = given.get("telemetry_rotate_bytes", Setting(DEFAULT_ROTATE_BYTES, "default"))
-    if isinstance(rotate.value, bool) or not isinstance(rotate.value, int) or rotate.value < 0:
-        raise ConfigurationError(f"{rotate.where}: {rotate.value!r} must be a number of bytes >= 0")
+    counts = {name: _count(given, name, default) for name, default in COUNTS.items()}
     status = given.get("status")
     if status is not None:
         if not isinstance(status.value, str) or not status.value.strip():
@@ -299,7 +316,7 @@ def resolve(given: dict) -> NodeSettings:
         reactors=tuple(Setting(_reactor_spec(s.value, s.where), s.where) for s in _each(given, "reactor")),
         key=given.get("key", Setting(os.path.abspath(DEFAULT_KEY), "--key (default)")),
         telemetry=given.get("telemetry"),
-        telemetry_rotate_bytes=rotate.value,
+        **counts,
         config=config,
         status=status,
         tls=_tls_settings(given, listening=bool(listen)),
@@ -339,6 +356,15 @@ def _tls_settings(given: dict, *, listening: bool) -> TLSSettings | None:
             "(a certificate for the --key file, signed by the CA)"
         )
     return TLSSettings("ca", ca.where, ca=ca, cert=cert, require_client_cert=anonymous is None, **starts)
+
+
+def _count(given: dict, name: str, default: int) -> int:
+    """A number of bytes or files, 0 or more."""
+    setting = given.get(name, Setting(default, "default"))
+    if isinstance(setting.value, bool) or not isinstance(setting.value, int) or setting.value < 0:
+        what = "files" if name.endswith("_files") else "bytes"
+        raise ConfigurationError(f"{setting.where}: {setting.value!r} must be a number of {what} >= 0")
+    return setting.value
 
 
 def _each(given: dict, name: str) -> tuple[Setting, ...]:

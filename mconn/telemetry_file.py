@@ -7,6 +7,12 @@ one record per line after an ASCII record separator, into a
 before each record is written, so a record is never split across two files and none is
 lost in the rotation. Read the files back, oldest first, with :func:`read_events`.
 
+Retention (specs/telemetry.md section 2.1): after each rotation, and when the file is
+opened, the rotated files are pruned to the newest ``keep_files`` whose sizes add up to at
+most ``keep_bytes``; the oldest go first, so the files kept are always ``PATH.1`` to
+``PATH.K`` with no gap. With rotation on, a log never holds more than ``rotate_bytes`` plus
+one record in ``PATH`` and ``keep_bytes`` in the rotated files, however many peers connect.
+
 A record is written when its ``log_namespace`` is ``mconn`` (or ``mconn.*``), it has an
 ``event`` name (specs/telemetry.md section 1), and its ``node_id`` is this node's: several
 nodes in one process each get their own file.
@@ -28,14 +34,68 @@ from twisted.python.logfile import LogFile
 
 #: Default size at which a telemetry file rotates (10 MiB).
 DEFAULT_ROTATE_BYTES = 10 * 1024 * 1024
+#: Default retention of the rotated files: at most 10 files and 100 MiB.
+DEFAULT_KEEP_FILES = 10
+DEFAULT_KEEP_BYTES = 100 * 1024 * 1024
 
 
-def open_log_file(path: str | os.PathLike, rotate_bytes: int = DEFAULT_ROTATE_BYTES) -> LogFile:
-    """A LogFile at ``path`` that rotates at ``rotate_bytes`` (0: never).
+class RetainingLogFile(LogFile):
+    """A LogFile that prunes its rotated files to ``keep_files`` and ``keep_bytes``."""
+
+    def __init__(self, name, directory, rotateLength, *, keep_files: int, keep_bytes: int) -> None:
+        self.keep_files = keep_files
+        self.keep_bytes = keep_bytes
+        super().__init__(name, directory, rotateLength)
+        self.prune()
+
+    def rotate(self) -> None:
+        super().rotate()
+        self.prune()
+
+    def prune(self) -> list[str]:
+        """Delete the rotated files beyond the retention bound; their paths, oldest first."""
+        return prune_rotated(self.path, self.keep_files, self.keep_bytes)
+
+
+def open_log_file(
+    path: str | os.PathLike,
+    rotate_bytes: int = DEFAULT_ROTATE_BYTES,
+    *,
+    keep_files: int = DEFAULT_KEEP_FILES,
+    keep_bytes: int = DEFAULT_KEEP_BYTES,
+) -> RetainingLogFile:
+    """A LogFile at ``path`` that rotates at ``rotate_bytes`` (0: never) and keeps at most
+    ``keep_files`` rotated files holding at most ``keep_bytes`` in all.
 
     :raises OSError: if the file cannot be opened for appending.
     """
-    return LogFile.fromFullPath(os.fspath(path), rotateLength=rotate_bytes or None)
+    path = os.path.abspath(os.fspath(path))
+    return RetainingLogFile(
+        os.path.basename(path), os.path.dirname(path), rotate_bytes or None, keep_files=keep_files, keep_bytes=keep_bytes
+    )
+
+
+def prune_rotated(path: str | os.PathLike, keep_files: int, keep_bytes: int) -> list[str]:
+    """Keep the newest rotated files of ``path`` (``PATH.1`` first) while there are at most
+    ``keep_files`` of them holding at most ``keep_bytes``; delete the rest.
+
+    :returns: the deleted paths, oldest first.
+    """
+    rotated = rotated_paths(path)
+    if rotated and rotated[-1] == os.fspath(path):
+        rotated.pop()  # the live file is bounded by rotate_bytes, not pruned
+    kept = total = 0
+    deleted = []
+    for name in reversed(rotated):  # newest first
+        size = os.path.getsize(name)
+        if deleted or kept == keep_files or total + size > keep_bytes:
+            deleted.append(name)
+        else:
+            kept += 1
+            total += size
+    for name in reversed(deleted):
+        os.remove(name)
+    return deleted[::-1]
 
 
 def rotated_paths(path: str | os.PathLike) -> list[str]:
@@ -68,17 +128,33 @@ class TelemetryFileService(Service):
     :param path: the file; rotated files are ``PATH.1``, ``PATH.2``...
     :param node_id: whose events to write.
     :param rotate_bytes: rotate once the file has this many bytes (0: never).
+    :param keep_files: rotated files kept at most (0: none); the oldest are deleted first.
+    :param keep_bytes: bytes the rotated files hold at most, in all.
     :param publisher: the log publisher to observe (``globalLogPublisher`` if None).
     :raises OSError: if the file cannot be opened.
     """
 
-    def __init__(self, path, node_id: str, *, rotate_bytes: int = DEFAULT_ROTATE_BYTES, publisher=None) -> None:
+    def __init__(
+        self,
+        path,
+        node_id: str,
+        *,
+        rotate_bytes: int = DEFAULT_ROTATE_BYTES,
+        keep_files: int = DEFAULT_KEEP_FILES,
+        keep_bytes: int = DEFAULT_KEEP_BYTES,
+        publisher=None,
+    ) -> None:
         self.path = os.fspath(path)
         self.node_id = node_id
         self.rotate_bytes = rotate_bytes
+        self.keep_files = keep_files
+        self.keep_bytes = keep_bytes
         self.publisher = publisher if publisher is not None else globalLogPublisher
-        self.log_file = open_log_file(self.path, rotate_bytes)
+        self.log_file = self._open()
         self._observer = None
+
+    def _open(self) -> RetainingLogFile:
+        return open_log_file(self.path, self.rotate_bytes, keep_files=self.keep_files, keep_bytes=self.keep_bytes)
 
     def _is_ours(self, event: dict) -> PredicateResult:
         namespace = event.get("log_namespace") or ""
@@ -108,6 +184,6 @@ class TelemetryFileService(Service):
         if self._observer is not None:
             return
         if self.log_file.closed:  # started again after a stop
-            self.log_file = open_log_file(self.path, self.rotate_bytes)
+            self.log_file = self._open()
         self._observer = FilteringLogObserver(jsonFileLogObserver(self.log_file), [self._is_ours])
         self.publisher.addObserver(self._observer)
