@@ -115,18 +115,22 @@ class ConnectionSet:
             channels=[c.id for c in hello.channels],
             listen_address=hello.listen_address,
         )
+        # With TLS a listener knows the node id for sure unless the dialer presented no
+        # certificate (CA mode with anonymous clients): then it is only claimed.
+        proven = self.tls is not None and (context.is_outbound or certificate is not None)
         verdict = self.authorizer.check(hello.node_id, protocol.remote_address, certificate)
         if verdict is not None:
-            return verdict.addCallback(self._authorized_later, protocol, hello)
-        self.sessions.hello_authorized(protocol, hello)
+            return verdict.addCallback(self._authorized_later, protocol, hello, proven)
+        self.sessions.hello_authorized(protocol, hello, proven=proven)
         return None
 
-    def _authorized_later(self, _, protocol, hello) -> None:
+    def _authorized_later(self, _, protocol, hello, proven: bool) -> None:
         if protocol.end_reason is None:  # it may have gone away while authorize was deciding
-            self.sessions.hello_authorized(protocol, hello)
+            self.sessions.hello_authorized(protocol, hello, proven=proven)
 
     def session_answered(self, protocol, answer) -> None:
-        self.sessions.session_answered(protocol, answer)
+        # A dialer always checks the listener's certificate: with TLS its id is proven.
+        self.sessions.session_answered(protocol, answer, proven=self.tls is not None)
 
     def peer_rejected(self, protocol, hello, rejection: PeerRejected) -> None:
         self.admission.refused(rejection)

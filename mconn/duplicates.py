@@ -5,7 +5,7 @@ Streaming's rule for a client id already in use decides: a ping goes out on the 
 connection, and any bytes back within ``duplicate_probe_timeout`` say it is alive (the
 newcomer is refused with ``duplicate``); silence, or the live connection breaking, says
 it is gone (it is aborted, the session ends ``replaced``, and the newcomer gets a fresh
-session). The outcomes are the table rows ``duplicate refused`` and ``duplicate
+session). One probe per session at a time: a second newcomer while it runs is refused. The outcomes are the table rows ``duplicate refused`` and ``duplicate
 replaced`` of ``mconn.session_table``, applied by the ``SessionManager``.
 """
 
@@ -25,9 +25,23 @@ class DuplicateProbes:
         #: newcomer protocol -> _Probe of the live connection it would replace.
         self.pending: dict = {}
 
-    def start(self, newcomer, peer) -> None:
-        """Probe ``peer``'s live connection on behalf of ``newcomer``."""
-        self.pending[newcomer] = _Probe(self, newcomer, peer)
+    def start(self, newcomer, peer, *, proven: bool = False) -> None:
+        """Probe ``peer``'s live connection on behalf of ``newcomer``.
+
+        At most one probe per session is outstanding: a second newcomer while one is
+        under way is refused at once, so that any number of newcomers can never replace
+        a connection that keeps answering.
+
+        :raises PeerRejected: ``duplicate``, while another newcomer's probe is pending.
+        """
+        waiting = next((p for p in self.pending.values() if p.peer is peer), None)
+        if waiting is not None:
+            raise PeerRejected(
+                "duplicate",
+                f"node {peer.node_id} is connected ({waiting.old.remote_address}) and a probe of that "
+                f"connection for another new connection ({waiting.newcomer.remote_address}) is under way",
+            )
+        self.pending[newcomer] = _Probe(self, newcomer, peer, proven)
 
     def connection_lost(self, proto) -> None:
         """A newcomer gone: its probe is dropped. A probed connection gone: the newcomer
@@ -72,7 +86,10 @@ class DuplicateProbes:
         )
 
         def accept() -> None:
-            newcomer.decide(lambda proto, hello: sessions.accept(proto, hello, session_request_of(hello), reason), newcomer.hello)
+            newcomer.decide(
+                lambda proto, hello: sessions.accept(proto, hello, session_request_of(hello), reason, proven=probe.proven),
+                newcomer.hello,
+            )
             newcomer.pump()
 
         if peer.state is PeerState.CLOSED:
@@ -97,10 +114,11 @@ class DuplicateProbes:
 class _Probe:
     """One probe: a ping on the live connection, and a timer."""
 
-    def __init__(self, probes: DuplicateProbes, newcomer, peer) -> None:
+    def __init__(self, probes: DuplicateProbes, newcomer, peer, proven: bool) -> None:
         self.probes = probes
         self.newcomer = newcomer
         self.peer = peer
+        self.proven = proven  # the newcomer's node id is proven by its certificate
         self.old = peer._protocol
         clock, config = probes.sessions.clock, probes.sessions.config
         self.old.core.probe(clock.seconds())

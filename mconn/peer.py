@@ -99,6 +99,9 @@ class Peer:
         #: Channels the peer announced when the session started, by id.
         self.channels: dict[int, ChannelInfo] = {c.id: c for c in hello.channels}
         self.state: PeerState = CONNECTED
+        #: The node id is proven by a TLS certificate (not merely claimed in the hello);
+        #: only a connection proving it too may resume, probe for or replace the session.
+        self.proven = False
         #: Last measured ping round trip, in seconds (None before the first pong).
         self.round_trip: float | None = None
         self.session = session

@@ -60,6 +60,8 @@ class SessionInput(enum.Enum):
     CHANNELS_CHANGED = "resume refused: channels changed"
     UNKNOWN_SESSION = "resume refused: unknown session"
     NEW_SESSION_REQUEST = "new session request"
+    UNPROVEN_UNKNOWN_SESSION = "resume refused: unknown session, unproven"
+    UNPROVEN_NEW_SESSION_REQUEST = "new session request, unproven"
     IMPOSSIBLE_COUNTS = "resume with impossible counts"
     GRACE_EXPIRED = "grace expired"
     # Section 7: takeovers, duplicates, simultaneous dial, giving up.
@@ -150,6 +152,8 @@ TRANSITIONS: dict[tuple[PeerState, SessionInput], Transition] = {
     (S.SUSPENDED, I.CHANNELS_CHANGED): Transition(L, S.CLOSED, (E.END,), "SessionRejected", fresh=True),
     (S.SUSPENDED, I.UNKNOWN_SESSION): Transition(L, S.CLOSED, (E.END,), "SessionRejected", fresh=True),
     (S.SUSPENDED, I.NEW_SESSION_REQUEST): Transition(L, S.CLOSED, (E.END,), "SessionRejected", fresh=True),
+    (S.SUSPENDED, I.UNPROVEN_UNKNOWN_SESSION): Transition(L, S.SUSPENDED),
+    (S.SUSPENDED, I.UNPROVEN_NEW_SESSION_REQUEST): Transition(L, S.SUSPENDED),
     (S.SUSPENDED, I.IMPOSSIBLE_COUNTS): Transition(L, S.CLOSED, (E.END,), "AckError"),
     (S.SUSPENDED, I.GRACE_EXPIRED): Transition(B, S.CLOSED, (E.END,), "SessionExpired"),
     (S.SUSPENDED, I.PEER_CLOSE): Transition(B, S.CLOSED, (E.END,), "ConnectionClosed"),
@@ -168,6 +172,8 @@ TRANSITIONS: dict[tuple[PeerState, SessionInput], Transition] = {
     # Section 7 (and the dialer's side of impossible resume counts).
     (S.CONNECTING, I.IMPOSSIBLE_COUNTS): Transition(D, S.CLOSED, (E.END,), "AckError"),
     (S.CONNECTING, I.NEW_SESSION_REQUEST): Transition(D, S.CLOSED, (E.END,), "SessionRejected", fresh=True),
+    (S.CONNECTING, I.UNPROVEN_NEW_SESSION_REQUEST): Transition(D, S.CONNECTING),
+    (S.CONNECTING, I.UNPROVEN_UNKNOWN_SESSION): Transition(D, S.CONNECTING),
     (S.CONNECTING, I.UNKNOWN_SESSION): Transition(D, S.CLOSED, (E.END,), "SessionRejected", fresh=True),
     (S.CONNECTING, I.CHANNELS_CHANGED): Transition(D, S.CLOSED, (E.END,), "SessionRejected", fresh=True),
     (S.CONNECTED, I.TAKEOVER): Transition(L, S.SUSPENDED, (E.DROP_TRANSPORT, E.DETACH, E.NOTIFY_SUSPENDED)),
@@ -206,6 +212,7 @@ class Decision(enum.Enum):
     PROBE = "probe"  # ask the held session's live connection whether it is still there
     FRESH = "fresh"  # a new session starts on it
     SIMULTANEOUS = "simultaneous"  # refuse it: the other connection of a simultaneous dial wins
+    REFUSE = "refuse"  # refuse it: it may not end the session held (``ends`` is the held session's input)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,10 +230,18 @@ class Verdict:
 
 
 UNKNOWN_AFTER_RESTART = "unknown session (expired, or this node restarted)"
+#: The close code of a hello refused because it may not end the session held.
+SESSION_HELD = "session_held"
 
 
 def decide_hello(
-    held: PeerState | None, *, asks_resume: bool, proves: bool, channel_change: str, simultaneous: bool
+    held: PeerState | None,
+    *,
+    asks_resume: bool,
+    proves: bool,
+    channel_change: str,
+    simultaneous: bool,
+    proven: bool = True,
 ) -> Verdict:
     """A listener's decision on a hello (specs/resume.md sections 4, 5.2, 7.2 and 7.3).
 
@@ -236,6 +251,9 @@ def decide_hello(
     :param channel_change: why the hello's channels differ from the held session's ('').
     :param simultaneous: no session is held and our own dial to that node, still
         handshaking, wins the simultaneous dial (our node id is the smaller).
+    :param proven: the hello's node id is proven by a certificate. Within its grace, a
+        suspended session can be ended only by a connection that proves its session id
+        or the node's key: an unproven one is REFUSED and the session is left alone.
     """
     if held is not None:
         if asks_resume and proves:
@@ -244,6 +262,9 @@ def decide_hello(
             return Verdict(Decision.RESUME)
         if held is PeerState.CONNECTED:
             return Verdict(Decision.PROBE)
+        if not proven:
+            refused = SessionInput.UNPROVEN_UNKNOWN_SESSION if asks_resume else SessionInput.UNPROVEN_NEW_SESSION_REQUEST
+            return Verdict(Decision.REFUSE, refused, SESSION_HELD)
         if asks_resume:
             return Verdict(Decision.FRESH, SessionInput.UNKNOWN_SESSION, "unknown session")
         return Verdict(Decision.FRESH, SessionInput.NEW_SESSION_REQUEST, "new session")

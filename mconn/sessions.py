@@ -233,7 +233,7 @@ class SessionManager:
         if resuming is not None and resuming.state is S.SUSPENDED:
             self.apply(resuming, I.REDIAL_CONNECTED)
 
-    def accept(self, proto, hello, request, refusal: str) -> None:
+    def accept(self, proto, hello, request, refusal: str, *, proven: bool = False) -> None:
         """The listener starts a fresh session on ``proto`` and answers it."""
         self._check_limits(proto)
         if request is None or request.resume:  # a refused resume starts under a new id
@@ -241,13 +241,13 @@ class SessionManager:
         else:
             session_id = request.session_id
         proto.core.send_session_answer(SessionAnswer(session_id=session_id, resumed=False, reason=refusal))
-        self._start(proto, hello, session_id, refusal)
+        self._start(proto, hello, session_id, refusal, proven=proven)
 
     def _check_limits(self, proto) -> None:
         outbound = proto.context.is_outbound
         self._admission.check_peer_limit(outbound, sum(1 for p in self.peers.values() if p.is_outbound == outbound))
 
-    def _start(self, proto, hello, session_id: bytes, refusal: str) -> Peer:
+    def _start(self, proto, hello, session_id: bytes, refusal: str, *, proven: bool) -> Peer:
         config = self.config
         session = Session(
             session_id,
@@ -261,6 +261,7 @@ class SessionManager:
             sessions=self, protocol=proto, hello=hello, session=session, is_outbound=context.is_outbound,
             address=context.address,
         )
+        peer.proven = proven
         self.peers[peer.node_id] = peer
         proto.carry(peer)
         telemetry.emit(
@@ -292,16 +293,24 @@ class SessionManager:
 
     # -- a hello on a listening connection -----------------------------------------------
 
-    def hello_authorized(self, proto, hello) -> None:
+    def hello_authorized(self, proto, hello, *, proven: bool = False) -> None:
         """The peer may join: the listener decides the session now; the dialer waits for
         the answer (specs/resume.md sections 4 and 7).
 
-        :raises PeerRejected: a simultaneous dial this connection loses, or a limit.
+        :param proven: the hello's node id is proven by a certificate.
+        :raises PeerRejected: a simultaneous dial this connection loses, a connection
+            whose id is not proven claiming a session that was (``unproven``), or a limit.
         """
         if proto.context.is_outbound:
             return
-        request = session_request_of(hello)
         existing = self.peers.get(hello.node_id)
+        if existing is not None and existing.proven and not proven:
+            raise PeerRejected(
+                "unproven",
+                f"node {hello.node_id} has a session here whose id its certificate proved; this connection "
+                f"presented no certificate, so it may not resume, probe for or replace that session",
+            )
+        request = session_request_of(hello)
         asks_resume = request is not None and request.resume
         proves = existing is not None and asks_resume and existing.session.proves(request.session_id)
         simultaneous = (
@@ -313,25 +322,34 @@ class SessionManager:
             proves=proves,
             channel_change=channel_change(existing, hello) if proves else "",
             simultaneous=simultaneous,
+            proven=proven,
         )
+        if verdict.decision is Decision.REFUSE:
+            self.apply(existing, verdict.ends)
+            raise PeerRejected(
+                verdict.reason,
+                f"node {hello.node_id} has a {existing.state} session here, held for resume_grace "
+                f"{self.config.resume_grace}s; a connection that proves neither that session nor the node's "
+                f"key cannot end it (resume it with its session id, or start a new one once it has ended)",
+            )
         if verdict.decision is Decision.RESUME:
             self._resume(proto, existing, request.delivered, answer=True)
         elif verdict.decision is Decision.PROBE:
-            self._probes.start(proto, existing)
+            self._probes.start(proto, existing, proven=proven)
         elif verdict.decision is Decision.SIMULTANEOUS:
             self.count(hello.node_id, "simultaneous_dials")
             raise PeerRejected(SIMULTANEOUS_DIAL, simultaneous_why(hello.node_id, self.node_id))
         elif verdict.ends is not None:
             self.apply(
                 existing, verdict.ends, self.rejected(existing, verdict.reason), why="the session's channels changed",
-                then=lambda: self.accept(proto, hello, request, verdict.reason),
+                then=lambda: self.accept(proto, hello, request, verdict.reason, proven=proven),
             )
         else:
-            self.accept(proto, hello, request, verdict.reason)
+            self.accept(proto, hello, request, verdict.reason, proven=proven)
 
     # -- the answer on a dialing connection --------------------------------------------
 
-    def session_answered(self, proto, answer: SessionAnswer) -> None:
+    def session_answered(self, proto, answer: SessionAnswer, *, proven: bool = False) -> None:
         """The listener's answer to our session request (specs/resume.md section 2.2)."""
         request, resuming = proto.session_request, proto.context.resuming
         if not proto.context.is_outbound or proto.peer is not None or request is None or proto.hello is None:
@@ -348,12 +366,12 @@ class SessionManager:
             why = answer.reason or "the peer started a new session"
             self.apply(
                 resuming, I.RESUME_REFUSED, self.rejected(resuming, why), stop_dialer=False,
-                then=lambda: self._answered_fresh(proto, answer),
+                then=lambda: self._answered_fresh(proto, answer, proven),
             )
         else:
-            self._answered_fresh(proto, answer)
+            self._answered_fresh(proto, answer, proven)
 
-    def _answered_fresh(self, proto, answer: SessionAnswer) -> None:
+    def _answered_fresh(self, proto, answer: SessionAnswer, proven: bool) -> None:
         node_id = proto.hello.node_id
         existing = self.peers.get(node_id)
         held = existing.state if existing is not None else None
@@ -363,7 +381,7 @@ class SessionManager:
 
         def start() -> None:
             self._check_limits(proto)
-            self._start(proto, proto.hello, answer.session_id, answer.reason)
+            self._start(proto, proto.hello, answer.session_id, answer.reason, proven=proven)
 
         if verdict.decision is Decision.SIMULTANEOUS or verdict.ends is I.SIMULTANEOUS_DIAL:
             # Both dialed and each side's listener accepted: keep the connection dialed by

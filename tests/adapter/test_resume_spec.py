@@ -255,7 +255,7 @@ def _(world, side):
     return lambda: (world.network.connect_raw(world.raw, world.listener.switch), world.network.flush())
 
 
-@scenario("suspended", "resume refused: unknown session")
+@scenario("suspended", "resume refused: unknown session, unproven")
 def _(world, side):
     needs(side, "listener")
     _listener_alone(world)
@@ -263,7 +263,7 @@ def _(world, side):
     return lambda: (world.network.connect_raw(world.raw, world.listener.switch), world.network.flush())
 
 
-@scenario("suspended", "new session request")
+@scenario("suspended", "new session request, unproven")
 def _(world, side):
     needs(side, "listener")
     world.link().reset()
@@ -524,8 +524,6 @@ REFUSALS = [
         "listener",
         "channels changed: 0x21 prio 1 removed, 0x21 prio 2 added",
     ),
-    ("suspended", "resume refused: unknown session", "listener", "unknown session"),
-    ("suspended", "new session request", "listener", "new session"),
 ]
 
 
@@ -548,6 +546,47 @@ def test_refusal_reason_is_the_one_the_spec_names(state, input_, side, expected,
     if raw is not None:
         [answer] = _answers(raw.data)
         assert not answer.resumed and answer.reason == expected
+
+
+@pytest.mark.parametrize("input_", ["resume refused: unknown session, unproven", "new session request, unproven"])
+def test_an_unproven_hello_cannot_end_a_suspended_session(input_, telemetry):
+    """Within its grace a suspended session is ended only by a connection that proves it
+    (specs/resume.md section 6.4): a plaintext hello naming another session, or asking for
+    a new one, is refused with close code session_held and the held session is untouched;
+    once the grace has expired the node gets a fresh session."""
+    make_world, drive = SCENARIOS[("suspended", input_)]
+    world = make_world()
+    held = world.peers["listener"]
+    drive(world, "listener")()
+    listener = world.listener
+    assert listener.switch.peers[held.node_id] is held and held.state == "suspended"
+    assert listener.reactor.removed() == []
+    assert listener.switch.refusals.get("session_held") == 1
+    raw = getattr(world, "raw", None)
+    if raw is not None:
+        assert [code for code, _ in close_packets_in(bytes(raw.data))] == ["session_held"]
+        assert _answers(raw.data) == []
+    world.network.run(GRACE + 1)
+    [(old, reason)] = listener.reactor.removed()
+    assert old is held and type(reason).__name__ == "SessionExpired"
+    listener.switch._check_invariants()
+
+
+def test_the_right_session_id_resumes_after_an_impostor_was_refused(telemetry):
+    """An impostor's hello for a suspended session is refused; the dialer that presents
+    the right session id then resumes it, the same Peer, with nothing removed."""
+    make_world, drive = SCENARIOS[("suspended", "resume refused: unknown session, unproven")]
+    world = make_world()
+    held = world.peers["listener"]
+    drive(world, "listener")()
+    assert held.state == "suspended"
+    genuine = raw_dialer(world, session_id=held.session.id, resume=True)
+    world.network.connect_raw(genuine, world.listener.switch)
+    world.network.flush()
+    [answer] = _answers(genuine.data)
+    assert answer.resumed and answer.session_id == held.session.id
+    assert held.state == "connected" and world.listener.switch.peers[held.node_id] is held
+    assert world.listener.reactor.removed() == []
 
 
 def _answers(data: bytes) -> list[wire.SessionAnswer]:
