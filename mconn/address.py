@@ -5,6 +5,10 @@ The text form is CometBFT's (its ``p2p/netaddress.go``, ``IDAddressString``):
 (see :func:`mconn.node_key.node_id_from_public_key`). Here the id may be left out
 (``host:port``) for a peer whose identity is not known in advance. An IPv6 host is written
 in brackets: ``<id>@[::1]:26656``. Host names are not resolved here.
+
+:func:`discovered_problem` says whether an address learnt from a peer (a PEX reply, a
+hello's listen address) may be dialed (specs/pex.md section 3.5): the scope of its host
+(:func:`host_scope`), where the peer that told us connects from, and our own listeners.
 """
 
 from __future__ import annotations
@@ -19,6 +23,14 @@ _NODE_ID_LENGTH = 40
 _SCHEME = "tcp://"
 #: Characters that can never be part of a host; finding one means the text is mangled.
 _BAD_HOST_CHARS = frozenset(string.whitespace + "@/[]")
+
+#: The scopes of :func:`host_scope`.
+PUBLIC, PRIVATE, LOOPBACK, NAME, FORBIDDEN = "public", "private", "loopback", "name", "forbidden"
+#: Cloud metadata services outside the link-local ranges (169.254.169.254, used by AWS,
+#: GCP, Azure and others, is link-local already): Alibaba Cloud's, Azure's wire server,
+#: and AWS's IPv6 endpoint.
+METADATA_HOSTS = frozenset(ipaddress.ip_address(a) for a in ("100.100.100.200", "168.63.129.16", "fd00:ec2::254"))
+_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 
 
 def is_valid_node_id(text: object) -> bool:
@@ -115,3 +127,84 @@ def _field_problem(node_id: object, host: object, port: object) -> str | None:
 
 def _fail(text: str, problem: str) -> NoReturn:
     raise ValueError(f"peer address {text!r}: {problem}")
+
+
+# -- which learnt addresses may be dialed (specs/pex.md section 3.5) -------------------------
+
+
+def host_scope(host: str) -> str:
+    """Where ``host`` leads: ``public`` (a globally routable IP), ``private`` (RFC 1918,
+    100.64.0.0/10, IPv6 unique local, and every other range that is not global),
+    ``loopback``, ``name`` (a DNS name: where it leads is known only once resolved) or
+    ``forbidden`` (unspecified, "this network" 0.0.0.0/8, link-local, which holds the
+    metadata service 169.254.169.254, a host of METADATA_HOSTS, multicast, reserved,
+    broadcast). An IPv4-mapped IPv6 address is judged as its IPv4 address.
+    """
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return NAME
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip in METADATA_HOSTS or ip.is_unspecified or ip.is_link_local or ip.is_multicast:
+        return FORBIDDEN
+    if ip.is_loopback:
+        return LOOPBACK
+    if ip.is_reserved or (ip.version == 4 and ip in _THIS_NETWORK):
+        return FORBIDDEN
+    return PUBLIC if ip.is_global else PRIVATE
+
+
+def _ip(host: str):
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return ip.ipv4_mapped if ip.version == 6 and ip.ipv4_mapped is not None else ip
+
+
+def is_own_address(address: PeerAddress, listen_addresses) -> bool:
+    """Whether ``address`` leads to one of our listeners (``host:port`` texts or
+    PeerAddress objects): the same IP and port, or, for a wildcard listener (``0.0.0.0``,
+    ``::``), a loopback or unspecified IP with its port."""
+    ip = _ip(address.host)
+    for listen in listen_addresses:
+        try:
+            listen = listen if isinstance(listen, PeerAddress) else parse_address(listen)
+        except ValueError:
+            continue
+        if listen.port != address.port:
+            continue
+        own = _ip(listen.host)
+        if ip is None:
+            if address.host.lower() == listen.host.lower():
+                return True
+        elif ip == own or (own is not None and own.is_unspecified and (ip.is_loopback or ip.is_unspecified)):
+            return True
+    return False
+
+
+def discovered_problem(
+    address: PeerAddress, *, source_host: str | None, allow_private: bool, listen_addresses=()
+) -> str | None:
+    """Why ``address``, learnt from a peer whose connection comes from ``source_host``,
+    must not be dialed, as one word, or None if it may be (specs/pex.md section 3.5):
+
+    * ``forbidden``: its host's scope is forbidden (see :func:`host_scope`);
+    * ``name``: a DNS name, which could lead anywhere, the forbidden ranges included;
+    * ``own``: it leads to one of ``listen_addresses``;
+    * ``loopback``: a loopback address told by a peer that does not connect over
+      loopback (only a process of this host may point us at this host);
+    * ``private``: a private address, unless ``allow_private``
+      (``Config.allow_discovered_private``).
+    """
+    scope = host_scope(address.host)
+    if scope in (FORBIDDEN, NAME):
+        return scope
+    if is_own_address(address, listen_addresses):
+        return "own"
+    if scope == LOOPBACK and (source_host is None or host_scope(source_host) != LOOPBACK):
+        return LOOPBACK
+    if scope == PRIVATE and not allow_private:
+        return PRIVATE
+    return None

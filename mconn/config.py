@@ -83,6 +83,10 @@ class Config:
     retry_initial_dial: bool = False
     #: Do not add the listen addresses that peers announce to their address pools.
     ignore_discovered_addresses: bool = False
+    #: Dial private-range addresses (RFC 1918, 100.64.0.0/10, IPv6 unique local...) that
+    #: peers tell (PEX replies, hellos). Off: only public ones, and loopback ones told by
+    #: a peer connected over loopback; never link-local, metadata or our own (specs/pex.md 3.5).
+    allow_discovered_private: bool = False
     #: Dial a persistent peer's addresses in the given order instead of shuffling them.
     retain_address_order: bool = False
     #: Host (IP) that outgoing connections bind to (None: the kernel chooses).
@@ -123,7 +127,7 @@ class Config:
         ):
             raise ValueError(f"Config.resume_grace must be a finite number >= 0, got {self.resume_grace!r}")
         for name in ("tcp_nodelay", "tcp_keepalive", "retry_initial_dial", "ignore_discovered_addresses",
-                     "retain_address_order"):
+                     "retain_address_order", "allow_discovered_private"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         if self.tcp_user_timeout is not None:

@@ -26,26 +26,33 @@ in reactors/pex_wire.py: a *request* naming how many addresses the asker accepts
   cannot be dialed (unspecified, multicast, broadcast) is dropped whole; its sender is
   penalised: closed with a ``PexMisbehaved`` naming the reason, counted, banned from PEX
   for ``ban_time`` (never dialed, its PEX messages ignored, its address not shared).
-* *The book.* One entry per node id: the address, who told us (``source``: the node
-  itself for the address it announced in its hello or the one we dialed it at), dial
-  failures. A source may own at most ``per_source_cap`` entries and the book at most
-  ``book_size``; when full, the entry that failed most is evicted, and if none failed
-  the new address is dropped. A failed dial backs off exponentially; after
-  ``max_dial_failures`` the entry is forgotten.
+* *The book* (reactors/addrbook.py): a new and a tried table of buckets, placed by
+  the network group of the connection that brought each address, so made-up identities
+  behind one group share a bounded part of the book; addresses of nodes we completed an
+  outbound session with move to the tried table, where new ones cannot evict them. A
+  source may own at most ``per_source_cap`` entries. A failed dial backs off
+  exponentially; after ``max_dial_failures`` the entry is forgotten.
+* *What may be dialed* (``mconn.address.discovered_problem``): never our own listen
+  address, a forbidden host (link-local, metadata, unspecified, multicast...) or a DNS
+  name; a loopback address only from a peer that connects over loopback; a private one
+  only with ``Config.allow_discovered_private``. Dials are rate-bounded by a token
+  bucket (``dial_rate``, ``dial_burst``) and bans are bounded (``max_bans``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import ipaddress
 import random
+import secrets
 import types
 
 from twisted.logger import Logger
 
-from mconn import ChannelDescriptor, PeerIdMismatch, PeerRejected, Reactor
-from mconn.address import PeerAddress, parse_address
+from mconn import ChannelDescriptor, PeerClosed, PeerIdMismatch, PeerRejected, Reactor
+from mconn.address import PUBLIC, PeerAddress, discovered_problem, host_scope, is_own_address, parse_address
+from mconn.rate import TokenBucket
+from reactors.addrbook import AddressBook, BanTable, BookEntry, network_group
 from reactors.pex_wire import (
     MAX_WIRE_ADDRESSES,
     PEX_CHANNEL,
@@ -58,41 +65,24 @@ from reactors.pex_wire import (
     max_message_bytes,
 )
 
+__all__ = ["BookEntry", "PexReactor"]
+
 log = Logger(namespace="reactors.pex")
 
 #: The sender's own rule: never ask one peer twice within this part of request_interval.
 SEND_GAP = 0.5
 #: Errors of a dial that mean the node is connected anyway (specs/resume.md section 7).
 _CONNECTED_ANYWAY = frozenset({"duplicate", "simultaneous_dial"})
+#: Addresses that led to ourselves, remembered at most (CometBFT's "our addresses").
+MAX_OWN_ADDRESSES = 16
 
 
-def _is_public(host: str) -> bool:
+def _host_of(text: str) -> str | None:
+    """The host of a ``host:port`` text (a connection's remote address), or None."""
     try:
-        ip = ipaddress.ip_address(host)
+        return parse_address(text).host if text else None
     except ValueError:
-        return True  # a DNS name: where it points is decided when it is dialed
-    return ip.is_global
-
-
-# -- the address book ------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class BookEntry:
-    """One known node: where it listens, who told us, what dialing it taught us."""
-
-    address: PeerAddress
-    #: The node id that told us; the node itself for its own announced or dialed address.
-    source: str
-    #: ``clock.seconds()`` when it was added.
-    added: float
-    #: Failed dials since the last success (PEX's own dials).
-    failures: int = 0
-    last_error: str | None = None
-    #: Not dialed before this ``clock.seconds()`` (the backoff after a failure).
-    next_dial: float = 0.0
-    #: Whether a session with it ever started.
-    did_connect: bool = False
+        return None
 
 
 @dataclasses.dataclass
@@ -117,16 +107,23 @@ class PexReactor(Reactor):
         (``request_interval / 3`` if None, as CometBFT).
     :param max_addresses: addresses asked for per request and sent per reply at most.
     :param per_source_cap: book entries one source may own.
-    :param book_size: book entries in all.
+    :param new_buckets: buckets of the book's new table.
+    :param tried_buckets: buckets of the book's tried table.
+    :param bucket_size: entries per bucket.
+    :param new_buckets_per_group: new buckets the addresses told over one network group
+        (IPv4 /16, IPv6 /32, loopback) can reach.
     :param target_outbound: outbound peers the rounds dial up to (the Switch's
         ``max_outbound_peers`` if None).
+    :param dial_rate: dials per second at most, on average (a token bucket)...
+    :param dial_burst: ...with this many at once.
     :param ban_time: seconds a penalised node is ignored.
+    :param max_bans: banned node ids kept at most; past it the ban that ends first goes.
     :param dial_backoff: seconds before re-dialing an address that failed once; doubles
         with each failure up to ``max_dial_backoff``.
     :param max_dial_failures: failures in a row after which an entry is forgotten.
-    :param routable_only: keep only publicly routable IPs (CometBFT's ``addr_book_strict``);
-        off by default so that fleets on loopback and private networks work.
-    :param rng: a ``random.Random`` (seeded in tests).
+    :param routable_only: keep only publicly routable IPs (CometBFT's ``addr_book_strict``),
+        whatever ``Config.allow_discovered_private`` says.
+    :param rng: a ``random.Random`` (seeded in tests); it also makes the book's key then.
     """
 
     def __init__(
@@ -136,9 +133,15 @@ class PexReactor(Reactor):
         min_request_interval: float | None = None,
         max_addresses: int = 100,
         per_source_cap: int = 100,
-        book_size: int = 1000,
+        new_buckets: int = 64,
+        tried_buckets: int = 16,
+        bucket_size: int = 16,
+        new_buckets_per_group: int = 8,
         target_outbound: int | None = None,
+        dial_rate: float = 0.5,
+        dial_burst: int = 4,
         ban_time: float = 24 * 3600.0,
+        max_bans: int = 128,
         dial_backoff: float = 1.0,
         max_dial_backoff: float = 300.0,
         max_dial_failures: int = 8,
@@ -149,17 +152,16 @@ class PexReactor(Reactor):
             raise ValueError(f"request_interval {request_interval!r} must be > 0")
         if not 1 <= max_addresses <= MAX_WIRE_ADDRESSES:
             raise ValueError(f"max_addresses {max_addresses!r} must be from 1 to {MAX_WIRE_ADDRESSES}")
-        if per_source_cap < 1 or book_size < 1 or max_dial_failures < 1:
+        if max_dial_failures < 1 or max_bans < 1 or dial_burst < 1 or not dial_rate > 0:
             raise ValueError(
-                f"per_source_cap {per_source_cap!r}, book_size {book_size!r} and "
-                f"max_dial_failures {max_dial_failures!r} must be >= 1"
+                f"max_dial_failures {max_dial_failures!r}, max_bans {max_bans!r}, dial_burst {dial_burst!r} "
+                f"and dial_rate {dial_rate!r} must be >= 1 (dial_rate > 0)"
             )
         self.request_interval = request_interval
         self.min_request_interval = request_interval / 3 if min_request_interval is None else min_request_interval
         self.max_addresses = max_addresses
-        self.per_source_cap = per_source_cap
-        self.book_size = book_size
         self.target_outbound = target_outbound
+        self.dial_rate, self.dial_burst = dial_rate, dial_burst
         self.ban_time = ban_time
         self.dial_backoff = dial_backoff
         self.max_dial_backoff = max_dial_backoff
@@ -167,44 +169,63 @@ class PexReactor(Reactor):
         self.routable_only = routable_only
         self.max_message_bytes = max_message_bytes(max_addresses)
         self._rng = rng if rng is not None else random.Random()
-        self._book: dict[str, BookEntry] = {}
-        self._per_source: collections.Counter = collections.Counter()
+        key = self._rng.randbytes(32) if rng is not None else secrets.token_bytes(32)
+        self._book = AddressBook(
+            key=key, new_buckets=new_buckets, tried_buckets=tried_buckets, bucket_size=bucket_size,
+            new_buckets_per_group=new_buckets_per_group, per_source_cap=per_source_cap,
+        )
         self._peers: dict[str, _PeerState] = {}
         self._dialing: set[str] = set()
-        #: node id -> clock time its ban ends.
-        self._banned: dict[str, float] = {}
+        self._bans = BanTable(max_bans)
+        #: Addresses that led to ourselves (dict as an ordered set).
+        self._own: dict[PeerAddress, None] = {}
+        self._dial_tokens: TokenBucket | None = None
         self._timer = None
         #: Rounds run so far.
         self.rounds = 0
         #: requests_sent/received, replies_sent/received/dropped/unsent, penalties,
-        #: addresses_added/capped/dropped/skipped/forgotten, dials, dial_failures, ignored.
+        #: addresses_added/replaced/capped/dropped/skipped/forgotten, dials, dials_deferred,
+        #: dial_failures, ignored.
         self.counters: collections.Counter = collections.Counter()
         #: Penalties by reason (PexMisbehaved.reason).
         self.penalties: collections.Counter = collections.Counter()
+        #: Addresses skipped by rule (forbidden, name, own, loopback, private, not_public).
+        self.skipped: collections.Counter = collections.Counter()
 
     # -- the read-only view ---------------------------------------------------------
 
     @property
     def book(self) -> types.MappingProxyType:
         """Known addresses by node id (BookEntry); read-only."""
-        return types.MappingProxyType(self._book)
+        return self._book.entries
+
+    @property
+    def address_book(self) -> AddressBook:
+        """The AddressBook itself (its tables, ``counts()``, ``check_invariants()``)."""
+        return self._book
 
     @property
     def banned(self) -> types.MappingProxyType:
         """Banned node ids, with the clock time each ban ends; read-only."""
-        return types.MappingProxyType(self._banned)
+        return self._bans.view
 
     def status(self) -> dict:
         """A JSON-ready summary for a status page."""
         return {
             "book": [
-                {"address": str(e.address), "source": e.source, "failures": e.failures, "did_connect": e.did_connect}
-                for e in self._book.values()
+                {
+                    "address": str(e.address), "source": e.source, "failures": e.failures,
+                    "did_connect": e.did_connect, "table": "tried" if e.tried else "new",
+                }
+                for e in self._book.entries.values()
             ],
-            "banned": sorted(self._banned),
+            "tables": self._book.counts(),
+            "banned": sorted(self._bans.view),
+            "bans_evicted": self._bans.evicted,
             "rounds": self.rounds,
             "counters": dict(self.counters),
             "penalties": dict(self.penalties),
+            "skipped": dict(self.skipped),
         }
 
     # -- the Reactor contract -------------------------------------------------------
@@ -221,10 +242,12 @@ class PexReactor(Reactor):
         self._peers[peer.node_id] = _PeerState(peer)
         address = self._address_of(peer)
         if address is not None:
-            self.add_address(address, source=peer.node_id)
+            self.add_address(address, source=peer.node_id, source_host=_host_of(peer.remote_address))
         entry = self._book.get(peer.node_id)
-        if entry is not None:
-            entry.did_connect, entry.failures, entry.next_dial = True, 0, 0.0
+        if peer.is_outbound and entry is not None and entry.address == address:
+            self._book.mark_good(peer.node_id, self.switch.clock.seconds(), connected=self.switch.peers)
+        else:
+            self._book.mark_connected(peer.node_id)
         if getattr(self.switch, "running", False):
             self.start()
         if peer.is_outbound and self._needs_addresses():
@@ -272,8 +295,7 @@ class PexReactor(Reactor):
             return
         self.rounds += 1
         now = self.switch.clock.seconds()
-        for node_id in [n for n, until in self._banned.items() if until <= now]:
-            del self._banned[node_id]
+        self._bans.lift_ended(now)
         self._dial_more(now)
         if self._needs_addresses():
             ready = [s for s in self._peers.values() if self._may_ask(s, now)]
@@ -288,7 +310,7 @@ class PexReactor(Reactor):
         return state.last_sent is None or now - state.last_sent >= SEND_GAP * self.request_interval
 
     def _needs_addresses(self) -> bool:
-        return len(self._book) < self.book_size
+        return len(self._book) < self._book.capacity
 
     def _request(self, state: _PeerState) -> None:
         if state.peer.try_send(PEX_CHANNEL, encode_request(self.max_addresses)):
@@ -299,25 +321,36 @@ class PexReactor(Reactor):
     # -- dialing --------------------------------------------------------------------
 
     def _dial_more(self, now: float) -> None:
-        """Dial book entries until ``target_outbound`` outbound peers are up or being dialed."""
+        """Dial book entries until ``target_outbound`` outbound peers are up or being
+        dialed, as far as the dial budget (``dial_rate``, ``dial_burst``) allows."""
         switch = self.switch
         if not getattr(switch, "running", False):
             return
         target = self.target_outbound if self.target_outbound is not None else switch.config.max_outbound_peers
         outbound = sum(1 for p in switch.peers.values() if p.is_outbound) + len(self._dialing)
-        if outbound >= target:
-            return
-        candidates = [
-            e
-            for node_id, e in self._book.items()
-            if node_id not in switch.peers
-            and node_id not in self._dialing
-            and e.next_dial <= now
-            and switch.address_pool(node_id) is None  # the Switch dials it already
-        ]
-        self._rng.shuffle(candidates)
-        candidates.sort(key=lambda e: e.failures)
-        for entry in candidates[: target - outbound]:
+        if self._dial_tokens is None:
+            self._dial_tokens = TokenBucket(self.dial_rate, now, burst=self.dial_burst)
+        listening = self._listen_addresses()
+
+        def eligible(entry: BookEntry) -> bool:
+            node_id = entry.address.node_id
+            return (
+                node_id not in switch.peers
+                and node_id not in self._dialing
+                and entry.next_dial <= now
+                and switch.address_pool(node_id) is None  # the Switch dials it already
+                and not is_own_address(entry.address, listening)
+            )
+
+        for _ in range(max(0, target - outbound)):
+            if self._dial_tokens.available(now) < 1:
+                if self._book.pick(self._rng, eligible) is not None:
+                    self.counters["dials_deferred"] += 1
+                return
+            entry = self._book.pick(self._rng, eligible)
+            if entry is None:
+                return
+            self._dial_tokens.spend(1, now)
             self._dial(entry)
 
     def _dial(self, entry: BookEntry) -> None:
@@ -325,24 +358,30 @@ class PexReactor(Reactor):
         self._dialing.add(node_id)
         self.counters["dials"] += 1
         d = self.switch.dial(str(entry.address), retry_initial_dial=False)
-        d.addCallbacks(self._dialed, self._dial_failed, callbackArgs=(node_id,), errbackArgs=(node_id,))
+        d.addCallbacks(self._dialed, self._dial_failed, callbackArgs=(node_id,), errbackArgs=(node_id, entry.address))
 
     def _dialed(self, peer, node_id: str) -> None:
         self._dialing.discard(node_id)
 
-    def _dial_failed(self, failure, node_id: str) -> None:
+    def _dial_failed(self, failure, node_id: str, address: PeerAddress) -> None:
         self._dialing.discard(node_id)
         error = failure.value
         entry = self._book.get(node_id)
         if not getattr(self.switch, "running", False) or entry is None:
             return
-        if isinstance(error, PeerRejected) and error.reason in _CONNECTED_ANYWAY:
+        word = getattr(error, "reason", None) if isinstance(error, PeerRejected) else None
+        word = error.code if isinstance(error, PeerClosed) else word
+        if word in _CONNECTED_ANYWAY:
             return
         self.counters["dial_failures"] += 1
         entry.failures += 1
         entry.last_error = f"{type(error).__name__}: {error}"
-        if isinstance(error, PeerIdMismatch) or entry.failures >= self.max_dial_failures:
-            self._forget(node_id)
+        if word == "self":  # the address leads to ourselves: never again
+            self._own[address] = None
+            while len(self._own) > MAX_OWN_ADDRESSES:
+                del self._own[next(iter(self._own))]
+        if word == "self" or isinstance(error, PeerIdMismatch) or entry.failures >= self.max_dial_failures:
+            self._book.remove(node_id)
             self.counters["addresses_forgotten"] += 1
             log.info("pex forgets {address}: {error}", address=str(entry.address), error=entry.last_error)
             return
@@ -351,9 +390,12 @@ class PexReactor(Reactor):
 
     # -- the book -------------------------------------------------------------------
 
-    def add_address(self, address, *, source: str) -> bool:
+    def add_address(self, address, *, source: str, source_host: str | None = None) -> bool:
         """Learn ``address`` (``ID@HOST:PORT`` or a PeerAddress) from ``source``.
 
+        :param source_host: the host ``source``'s connection comes from (its network
+            group places the address in the book; a loopback address needs a loopback
+            source); if None, that of the connected peer ``source``, if any.
         :returns: True if the book changed.
         :raises ValueError: for an address that does not parse or has no node id.
         """
@@ -363,45 +405,38 @@ class PexReactor(Reactor):
             raise ValueError(f"a book address needs its node id (ID@host:port), got {address}")
         if node_id == self.switch.node_id or self._is_banned(node_id) or self._is_banned(source):
             return False
-        if self.routable_only and not _is_public(address.host):
+        if source_host is None and source in self._peers:
+            source_host = _host_of(self._peers[source].peer.remote_address)
+        problem = self._problem(address, source_host)
+        if problem is not None:
             self.counters["addresses_skipped"] += 1
+            self.skipped[problem] += 1
             return False
         pool = self.switch.address_pool(node_id)
         if pool is not None:
             pool.add_discovered(address)  # AddressPool heeds ignore_discovered_addresses
-        entry = self._book.get(node_id)
-        if entry is not None:
-            if source == node_id and entry.address != address:  # the node's own word wins
-                self._per_source[entry.source] -= 1
-                self._per_source[source] += 1
-                entry.address, entry.source, entry.failures, entry.next_dial = address, source, 0, 0.0
-                return True
-            return False
-        if source != node_id and self._per_source[source] >= self.per_source_cap:
-            self.counters["addresses_capped"] += 1
-            return False
-        if len(self._book) >= self.book_size and not self._evict():
-            self.counters["addresses_dropped"] += 1
-            return False
-        self._book[node_id] = BookEntry(address=address, source=source, added=self.switch.clock.seconds())
-        self._per_source[source] += 1
-        self.counters["addresses_added"] += 1
-        return True
+        group = network_group(source_host) if source_host is not None else f"source:{source}"
+        now = self.switch.clock.seconds()
+        result = self._book.add(address, source=source, source_group=group, now=now, connected=self.switch.peers)
+        if result != "known":
+            self.counters[_RESULT_COUNTERS[result]] += 1
+        return result in ("added", "replaced")
 
-    def _evict(self) -> bool:
-        """Make room: forget the unconnected entry with the most failures (none: False)."""
-        failed = [e for n, e in self._book.items() if e.failures and n not in self.switch.peers]
-        if not failed:
-            return False
-        self._forget(max(failed, key=lambda e: e.failures).address.node_id)
-        return True
+    def _problem(self, address: PeerAddress, source_host: str | None) -> str | None:
+        """The rule of specs/pex.md section 3.5 that ``address`` breaks, or None."""
+        problem = discovered_problem(
+            address,
+            source_host=source_host,
+            allow_private=getattr(self.switch.config, "allow_discovered_private", False),
+            listen_addresses=self._listen_addresses(),
+        )
+        if problem is None and self.routable_only and host_scope(address.host) != PUBLIC:
+            problem = "not_public"
+        return problem
 
-    def _forget(self, node_id: str) -> None:
-        entry = self._book.pop(node_id, None)
-        if entry is not None:
-            self._per_source[entry.source] -= 1
-            if not self._per_source[entry.source]:
-                del self._per_source[entry.source]
+    def _listen_addresses(self) -> list:
+        listening = getattr(self.switch, "listen_address", "")
+        return ([listening] if listening else []) + list(self._own)
 
     def _address_of(self, peer) -> PeerAddress | None:
         """Where ``peer`` can be dialed: the address we dialed, or the one it announced
@@ -422,8 +457,7 @@ class PexReactor(Reactor):
         return address if host_problem(address.host) is None else None
 
     def _is_banned(self, node_id: str) -> bool:
-        until = self._banned.get(node_id)
-        return until is not None and until > self.switch.clock.seconds()
+        return self._bans.is_banned(node_id, self.switch.clock.seconds())
 
     # -- answering and judging ------------------------------------------------------
 
@@ -439,7 +473,7 @@ class PexReactor(Reactor):
             self._penalise(state, error)
             return
         requester = state.peer.node_id
-        shared = [e.address for n, e in self._book.items() if n != requester and not e.failures]
+        shared = [e.address for n, e in self._book.entries.items() if n != requester and not e.failures]
         chosen = self._rng.sample(shared, min(len(shared), wanted, self.max_addresses))
         if state.peer.try_send(PEX_CHANNEL, encode_addrs(chosen)):
             self.counters["replies_sent"] += 1
@@ -457,9 +491,9 @@ class PexReactor(Reactor):
         state.asked = False
         state.last_sent = self.switch.clock.seconds()  # the gap runs from the reply too (specs/pex.md 3.2)
         self.counters["replies_received"] += 1
-        source = state.peer.node_id
+        source, source_host = state.peer.node_id, _host_of(state.peer.remote_address)
         for address in addresses:
-            self.add_address(address, source=source)
+            self.add_address(address, source=source, source_host=source_host)
         self._dial_more(self.switch.clock.seconds())
 
     def _penalise(self, state: _PeerState, error: PexMisbehaved) -> None:
@@ -468,7 +502,14 @@ class PexReactor(Reactor):
         self.penalties[error.reason] += 1
         self.counters["penalties"] += 1
         self.counters["requests_dropped" if error.reason == "request_flood" else "replies_dropped"] += 1
-        self._banned[node_id] = self.switch.clock.seconds() + self.ban_time
-        self._forget(node_id)
+        now = self.switch.clock.seconds()
+        self._bans.ban(node_id, now + self.ban_time, now)
+        self._book.remove(node_id)
         log.warn("pex penalises {peer_id}: {error}", peer_id=node_id, reason=error.reason, error=str(error))
         state.peer.close(error)
+
+
+#: The counter of each outcome of AddressBook.add ("known" counts nothing).
+_RESULT_COUNTERS = {
+    "added": "addresses_added", "replaced": "addresses_replaced", "capped": "addresses_capped", "full": "addresses_dropped",
+}

@@ -28,6 +28,7 @@ from mconn import Config, PeerClosed, Switch
 from mconn.address import PeerAddress, parse_address
 from mconn.testing import FakePeer, MemoryNetwork
 from operators.twistd_nodes import LOOPBACK, Node
+from reactors.addrbook import network_group
 from reactors.pex import PexReactor
 from reactors.pex_wire import (
     MAX_WIRE_ADDRESSES,
@@ -42,7 +43,7 @@ from reactors.pex_wire import (
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VECTORS = json.loads((ROOT / "specs" / "vectors" / "pex.json").read_text())
-CONFIG = Config(stats_interval=0, max_connections_per_ip=64)
+CONFIG = Config(stats_interval=0, max_connections_per_ip=64, allow_discovered_private=True)
 INTERVAL = 10.0
 
 
@@ -268,10 +269,10 @@ def test_the_sender_asks_a_peer_only_once_it_answered_and_never_within_half_an_i
     assert chatty.state == "connected" and solo.pex.penalties == {}
 
 
-def test_one_source_cannot_take_more_than_per_source_cap_and_the_book_stays_bounded():
-    """One source holds at most per_source_cap book entries however much it sends, and the book never grows
-    past book_size."""
-    solo = Solo(target_outbound=0, per_source_cap=5, book_size=12, max_addresses=20)
+def test_one_source_cannot_take_more_than_per_source_cap():
+    """One source holds at most per_source_cap book entries however much it sends; another source still
+    gets its own share."""
+    solo = Solo(target_outbound=0, per_source_cap=5, max_addresses=20)
     hostile = solo.peer(outbound=True)
     fresh = iter(range(10_000))
     answered = 0
@@ -283,23 +284,40 @@ def test_one_source_cannot_take_more_than_per_source_cap_and_the_book_stays_boun
     assert answered >= 10 and solo.pex.counters["replies_received"] == answered
     assert len(solo.sources(hostile.node_id)) == 5
     assert solo.pex.counters["addresses_capped"] == 20 * answered - 5 and hostile.state == "connected"
-    honest = solo.peer(outbound=True)
+    honest = solo.peer(outbound=True, remote_address="10.7.0.1:26656")
     solo.feed(honest, encode_addrs([fake_address(20_000 + i) for i in range(20)]))
     assert len(solo.sources(honest.node_id)) == 5
-    more = [solo.pex.add_address(fake_address(30_000 + i), source=f"{i + 1:040x}") for i in range(5)]
-    assert more == [True, True, False, False, False]  # 12 in all: the book is full
-    assert len(solo.pex.book) == 12 and solo.pex.counters["addresses_dropped"] == 3
+    solo.pex.address_book.check_invariants()
 
 
-def test_a_full_book_evicts_the_entry_that_failed_most():
-    """A full book makes room by evicting the entry with the most dial failures."""
-    solo = Solo(target_outbound=0, book_size=3)
+def test_sources_behind_one_network_group_share_its_buckets_however_many_they_are():
+    """Made-up sources that all connect from one network group place addresses in at most
+    new_buckets_per_group buckets of the new table; a source from another group still finds room."""
+    solo = Solo(target_outbound=0, new_buckets=16, bucket_size=2, new_buckets_per_group=2)
+    for i in range(200):
+        address = fake_address(i, host=f"10.{i % 100}.{i // 100}.1")
+        solo.pex.add_address(address, source=f"{i + 1:040x}", source_host=f"10.1.{i % 250}.9")
+    used = {e.bucket for e in solo.pex.book.values()}
+    assert len(used) <= 2 and len(solo.pex.book) <= 2 * 2 and solo.pex.counters["addresses_dropped"] >= 196
+    book, group = solo.pex.address_book, network_group("10.2.0.1")
+    others = [fake_address(500 + i, host=f"10.{i}.9.1") for i in range(100)]
+    other = next(a for a in others if book.new_bucket(a, group) not in used)
+    assert solo.pex.add_address(other, source="ab" * 20, source_host="10.2.0.1")
+    solo.pex.address_book.check_invariants()
+
+
+def test_a_full_bucket_evicts_the_entry_that_failed_most_or_keeps_its_entries():
+    """A full bucket makes room by evicting the entry with the most dial failures; when none failed, the
+    newcomer is dropped (the first address keeps its room)."""
+    solo = Solo(target_outbound=0, new_buckets=1, tried_buckets=1, bucket_size=3)
     for i in range(3):
         solo.pex.add_address(fake_address(i), source="ab" * 20)
+    assert not solo.pex.add_address(fake_address(9), source="ab" * 20)
     solo.pex.book[fake_address(1).node_id].failures = 2
     solo.pex.book[fake_address(2).node_id].failures = 1
     assert solo.pex.add_address(fake_address(3), source="ab" * 20)
     assert set(solo.pex.book) == {fake_address(i).node_id for i in (0, 2, 3)}
+    assert solo.pex.counters["addresses_dropped"] == 1
 
 
 def test_a_peer_announcing_an_unspecified_host_is_booked_at_the_host_it_came_from():
@@ -381,7 +399,7 @@ def test_ignore_discovered_addresses_keeps_pools_as_configured():
     """With ignore_discovered_addresses, a heard address does not join a peer's dial pool."""
     network = MemoryNetwork()
     pex = PexReactor(request_interval=1.0)
-    a = network.switch([pex], config=Config(stats_interval=0, ignore_discovered_addresses=True))
+    a = network.switch([pex], config=CONFIG.replace(ignore_discovered_addresses=True))
     a.startService()
     seed, _, _ = pex_node(network)
     a.dial(address_of(network, seed), persistent=True)
@@ -485,9 +503,10 @@ def test_a_hostile_peer_is_dropped_with_a_specific_reason_on_both_sides(hostile_
 
 
 def test_ten_nodes_knowing_only_the_seed_form_a_full_mesh_within_three_rounds():
-    """Ten nodes that know only the seed form a full mesh within three PEX rounds, with no penalty."""
+    """Ten nodes that know only the seed form a full mesh within three PEX rounds, with no penalty (with a
+    dial burst of 10, enough for every node to dial all the others at once)."""
     network = MemoryNetwork()
-    nodes = [pex_node(network, request_interval=1.0, rng=random.Random(i)) for i in range(10)]
+    nodes = [pex_node(network, request_interval=1.0, rng=random.Random(i), dial_burst=10) for i in range(10)]
     seed = nodes[0][0]
     for switch, _, _ in nodes[1:]:
         switch.dial(address_of(network, seed), persistent=True)
