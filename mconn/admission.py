@@ -1,22 +1,76 @@
 """Admission: may an inbound connection start its handshake, may a session start? Pure.
 
 The connection filter of specs/connection.md section 6 (CometBFT's transport does the
-same job with its ``ConnFilterFunc``): per-address connection counts, the number of
-inbound handshakes under way, and the peer limits per direction. Every refusal is a
+same job with its ``ConnFilterFunc``): per-address connection counts, the inbound
+handshakes under way, and the peer limits per direction. Every refusal is a
 ``PeerRejected`` whose reason is the close code and whose message names the limit and
 the values; ``refusals`` counts them by reason (``Switch.refusals``, the status page).
+
+Theory of operation (pending handshakes). A stranger can open sockets and say nothing
+until ``handshake_timeout``; without more, a few addresses fill
+``max_pending_handshakes`` and renew their sockets as they time out, and nobody else
+gets in. So pending handshakes are counted per *address group* (``address_group``: an
+IPv4 /24, an IPv6 /64, the usual unit of one owner's addresses), and
+
+* one group holds at most ``max_pending_per_group`` of them (``pending_group_limit``);
+* when all ``max_pending_handshakes`` are taken, a newcomer whose group holds fewer than
+  the largest group is still admitted: the oldest pending handshake of the largest group
+  (of those tied, the one admitted first) gives way (``pending_evicted``). A newcomer of
+  a largest group is refused (``pending_limit``): evicting its own kind gains nothing.
+
+An attacker that renews its sockets therefore evicts its own oldest ones, never a
+handshake of a smaller group, and a newcomer from a new group (it holds none) always
+gets in. Oldest means admitted first: a handshake that has taken longest is the likeliest
+to be stalled, and has had the most time to finish.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import ipaddress
 
 from mconn.config import Config
 from mconn.errors import PeerRejected
 
 
+def address_group(host: str | None, prefix_v4: int = 24, prefix_v6: int = 64) -> str | None:
+    """The address group of ``host``, as a network (``"198.51.100.0/24"``).
+
+    An IPv4 address is grouped by its first ``prefix_v4`` bits, an IPv6 one by its first
+    ``prefix_v6`` (an IPv4-mapped IPv6 address, ``::ffff:a.b.c.d``, as its IPv4 address;
+    a scope id is dropped). A loopback address is a group of its own (a /32, ``::1/128``):
+    only processes of this machine can connect from one, and they can harm the node in
+    cheaper ways than address farming; the addresses of 127.0.0.0/8 then keep standing
+    for distinct hosts, as local tests and demos use them. A host that is not an IP
+    address is its own group; None (a transport without a host) is the group None.
+    """
+    if host is None:
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if address.version == 6 and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    prefix = prefix_v4 if address.version == 4 else prefix_v6
+    if address.is_loopback:
+        prefix = address.max_prefixlen
+    return str(ipaddress.ip_network((int(address), prefix), strict=False))
+
+
+@dataclasses.dataclass(frozen=True)
+class Evicted:
+    """A pending handshake that gave way to a newcomer, and why (``pending_evicted``)."""
+
+    handshake: object
+    rejection: PeerRejected
+
+
 class Admission:
     """The admission counters of one Switch.
 
-    :param config: the limits (``max_pending_handshakes``, ``max_connections_per_ip``,
+    :param config: the limits (``max_pending_handshakes``, ``max_pending_per_group``,
+        ``pending_group_prefix_v4`` / ``_v6``, ``max_connections_per_ip``,
         ``max_inbound_peers``, ``max_outbound_peers``).
     """
 
@@ -24,37 +78,96 @@ class Admission:
         self.config = config
         #: remote host -> inbound connections admitted from it and not yet gone.
         self.per_ip: dict[str, int] = {}
-        #: Inbound connections admitted whose handshake has not ended yet.
-        self.pending = 0
+        #: address group -> its pending handshakes (a dict used as an ordered set),
+        #: oldest first. A group with none is absent.
+        self.pending_groups: dict[str | None, dict[object, None]] = {}
+        #: Every pending handshake -> its group, oldest first.
+        self._pending: dict[object, str | None] = {}
         #: Connections refused, by reason.
         self.refusals: dict[str, int] = {}
 
-    def admit(self, host: str | None) -> PeerRejected | None:
+    @property
+    def pending(self) -> int:
+        """Inbound connections admitted whose handshake has not ended yet."""
+        return len(self._pending)
+
+    def group_of(self, host: str | None) -> str | None:
+        """``host``'s address group under the current Config."""
+        return address_group(host, self.config.pending_group_prefix_v4, self.config.pending_group_prefix_v6)
+
+    def admit(self, host: str | None, handshake: object) -> tuple[PeerRejected | None, Evicted | None]:
         """Admit an inbound connection from ``host``, or say why not.
 
-        An admitted connection counts against ``host`` until ``release(host)`` and as
-        pending until ``handshake_over()``.
+        ``handshake`` stands for the connection (any hashable object, the same one for
+        ``handshake_over``). An admitted connection counts against ``host`` until
+        ``release(host)`` and as pending until ``handshake_over(handshake)``.
+
+        :returns: ``(refusal, evicted)``: a refusal, or None and the pending handshake
+            that gave way to this one (already no longer counted), or None.
         """
         config = self.config
-        from_host = self.per_ip.get(host, 0) if host is not None else 0
-        if self.pending >= config.max_pending_handshakes:
+        group = self.group_of(host)
+        in_group = len(self.pending_groups.get(group, ()))
+        full = self.pending >= config.max_pending_handshakes
+        largest = self._largest_group() if full else None
+        if full and in_group >= len(self.pending_groups[largest]):
             return PeerRejected(
                 "pending_limit",
                 f"{self.pending} inbound connections are handshaking "
                 f"(max_pending_handshakes {config.max_pending_handshakes})",
-            )
+            ), None
+        from_host = self.per_ip.get(host, 0) if host is not None else 0
         if host is not None and from_host >= config.max_connections_per_ip:
             return PeerRejected(
                 "ip_limit", f"{from_host} connections from {host} (max_connections_per_ip {config.max_connections_per_ip})"
-            )
+            ), None
+        if in_group >= config.max_pending_per_group:
+            return PeerRejected(
+                "pending_group_limit",
+                f"{in_group} inbound connections from {group} are handshaking "
+                f"(max_pending_per_group {config.max_pending_per_group})",
+            ), None
+        evicted = self._evict(largest, group) if full else None
         if host is not None:
             self.per_ip[host] = from_host + 1
-        self.pending += 1
-        return None
+        self._pending[handshake] = group
+        self.pending_groups.setdefault(group, {})[handshake] = None
+        return None, evicted
 
-    def handshake_over(self) -> None:
-        """An admitted connection's handshake ended (a session, or the connection lost)."""
-        self.pending -= 1
+    def _largest_group(self) -> str | None:
+        """The group holding the most pending handshakes; of those tied, the one whose
+        oldest handshake was admitted first."""
+        largest = max(len(members) for members in self.pending_groups.values())
+        for group in self._pending.values():  # oldest first
+            if len(self.pending_groups[group]) == largest:
+                return group
+        raise AssertionError("no pending handshake")  # pragma: no cover (admit checks `full`)
+
+    def _evict(self, group: str | None, newcomer_group: str | None) -> Evicted:
+        """The oldest pending handshake of ``group`` gives way to one from ``newcomer_group``."""
+        count, total = len(self.pending_groups[group]), self.pending
+        handshake = next(iter(self.pending_groups[group]))
+        self.handshake_over(handshake)
+        return Evicted(
+            handshake,
+            PeerRejected(
+                "pending_evicted",
+                f"{total} inbound connections are handshaking (max_pending_handshakes "
+                f"{self.config.max_pending_handshakes}); the oldest of the {count} from {group} "
+                f"gave way to one from {newcomer_group}",
+            ),
+        )
+
+    def handshake_over(self, handshake: object) -> None:
+        """An admitted connection's handshake ended (a session, the connection lost, or
+        evicted); again for the same handshake does nothing."""
+        group = self._pending.pop(handshake, _NOT_PENDING)
+        if group is _NOT_PENDING:
+            return
+        members = self.pending_groups[group]
+        del members[handshake]
+        if not members:
+            del self.pending_groups[group]
 
     def release(self, host: str | None) -> None:
         """An admitted connection from ``host`` is gone."""
@@ -82,9 +195,16 @@ class Admission:
 
     def check_invariants(self, live_hosts, live_pending: int) -> None:
         """The counts agree with the live connections: ``live_hosts`` has the host of
-        every admitted connection still open, ``live_pending`` how many still handshake."""
+        every admitted connection still open, ``live_pending`` how many still handshake;
+        the groups hold exactly the pending handshakes, and no group is empty."""
         per_ip: dict[str, int] = {}
         for host in live_hosts:
             per_ip[host] = per_ip.get(host, 0) + 1
         assert per_ip == self.per_ip, f"per-IP counts {self.per_ip} != live {per_ip}"
         assert live_pending == self.pending, f"{self.pending} pending handshakes counted, {live_pending} live"
+        grouped = {h: g for g, members in self.pending_groups.items() for h in members}
+        assert grouped == self._pending, f"pending by group {self.pending_groups} != pending {self._pending}"
+        assert all(self.pending_groups.values()), f"an empty group in {self.pending_groups}"
+
+
+_NOT_PENDING = object()

@@ -36,9 +36,21 @@ class Config:
     close_linger: float = 2.0
     max_inbound_peers: int = 40
     max_outbound_peers: int = 10
-    #: Inbound connections accepted but not yet through the handshake; past it a new
-    #: inbound connection is refused at once ("pending_limit", specs/connection.md 6).
+    #: Inbound connections accepted but not yet through the handshake. Past it a new
+    #: inbound connection whose address group holds fewer of them than the largest group
+    #: is admitted, and the oldest of the largest group gives way ("pending_evicted");
+    #: one of a largest group is refused at once ("pending_limit", specs/connection.md 6).
     max_pending_handshakes: int = 64
+    #: Inbound handshakes under way from one address group (below) at a time; past it a
+    #: new inbound connection from that group is refused ("pending_group_limit"). A
+    #: quarter of max_pending_handshakes: four groups are needed to fill it, and a
+    #: subnet's nodes that all dial a seed at once (9 in tests/operators/test_pex.py)
+    #: are not refused; the eviction above, not this cap, lets newcomers in.
+    max_pending_per_group: int = 16
+    #: The address group of an inbound IPv4 / IPv6 address: its first this many bits
+    #: (a loopback address is a group of its own; mconn.admission.address_group).
+    pending_group_prefix_v4: int = 24
+    pending_group_prefix_v6: int = 64
     #: Inbound connections from one remote IP address at a time ("ip_limit").
     max_connections_per_ip: int = 8
     #: Pings a peer may send within one of our ping_interval windows (ControlFlood past
@@ -112,8 +124,13 @@ class Config:
         )
         _check_int("max_inbound_peers", self.max_inbound_peers, 0)
         _check_int("max_outbound_peers", self.max_outbound_peers, 0)
-        for name in ("max_pending_handshakes", "max_connections_per_ip", "max_pings_per_interval", "max_control_backlog"):
+        for name in (
+            "max_pending_handshakes", "max_pending_per_group", "max_connections_per_ip", "max_pings_per_interval",
+            "max_control_backlog",
+        ):
             _check_int(name, getattr(self, name), 1)
+        _check_int("pending_group_prefix_v4", self.pending_group_prefix_v4, 0, 32)
+        _check_int("pending_group_prefix_v6", self.pending_group_prefix_v6, 0, 128)
         _check_int("max_hello_size", self.max_hello_size, 64)
         _check_int("max_control_size", self.max_control_size, 64)
         _check_int("write_batch_bytes", self.write_batch_bytes, 1)

@@ -47,12 +47,21 @@ class ConnectionSet:
 
     def admit(self, protocol, host):
         """Inbound connections are admitted by ``Admission`` (specs/connection.md section 6);
-        a refusal is counted and logged, and costs nothing more."""
+        a refusal is counted and logged, and costs nothing more. A pending handshake that
+        gives way to this one (``pending_evicted``) is rejected like a peer (peer_rejected,
+        a close packet) and its handshake fails at once: it is pending no more."""
         if protocol.context.is_outbound:
             return None
-        refusal = self.admission.admit(host)
+        refusal, evicted = self.admission.admit(host, protocol)
         if refusal is None:
-            protocol.handshake.addBoth(self._handshake_over)  # a session, or the connection lost
+            protocol.handshake.addBoth(self._handshake_over, protocol)  # a session, or the connection lost
+            if evicted is not None:
+                victim, rejection = evicted.handshake, evicted.rejection
+                if victim.end_reason is None:
+                    self.peer_rejected(victim, victim.hello, rejection)
+                    victim.close(rejection)
+                if not victim.handshake.called:
+                    victim.handshake.errback(rejection)
             return None
         self.admission.refused(refusal)
         telemetry.emit(
@@ -64,8 +73,8 @@ class ConnectionSet:
         )
         return refusal
 
-    def _handshake_over(self, result):
-        self.admission.handshake_over()
+    def _handshake_over(self, result, protocol):
+        self.admission.handshake_over(protocol)
         return result
 
     def new_core(self, protocol, now: float):

@@ -12,7 +12,7 @@ import gc
 import tracemalloc
 
 import pytest
-from twisted.internet.address import IPv4Address
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -209,6 +209,157 @@ def test_outbound_connections_do_not_count_per_ip(network):
     assert len(dialer.peers) == 3 and dialer._admission.per_ip == {}
 
 
+# -- pending handshakes per address group, and who gives way when all are taken ----------
+
+
+def clocked_switch(**config):
+    """A Switch on a task.Clock whose inbound connections come over StringTransports."""
+    switch = Switch([RecordingReactor(CHANNELS)], clock=Clock(), config=Config(**config))
+    return switch, MConnectionFactory(switch, is_outbound=False)
+
+
+def accept(factory, host, port=5000):
+    """An inbound connection from ``host`` (IPv4 or IPv6), accepted; its protocol and transport."""
+    address = (IPv6Address if ":" in host else IPv4Address)("TCP", host, port)
+    transport = StringTransport(peerAddress=address)
+    proto = factory.buildProtocol(address)
+    proto.makeConnection(transport)
+    return proto, transport
+
+
+def test_group_limit_defaults():
+    """Defaults: 16 pending handshakes per address group, groups of an IPv4 /24 and an IPv6 /64."""
+    c = Config()
+    assert (c.max_pending_per_group, c.pending_group_prefix_v4, c.pending_group_prefix_v6) == (16, 24, 64)
+
+
+@pytest.mark.parametrize(
+    "field, value, bounds",
+    [
+        ("max_pending_per_group", 0, ">= 1"),
+        ("max_pending_per_group", 2.0, ">= 1"),
+        ("pending_group_prefix_v4", 33, "in 0..32"),
+        ("pending_group_prefix_v4", -1, "in 0..32"),
+        ("pending_group_prefix_v6", 129, "in 0..128"),
+        ("pending_group_prefix_v6", True, "in 0..128"),
+    ],
+)
+def test_invalid_group_limits_are_refused_naming_field_and_value(field, value, bounds):
+    """The group cap is an integer >= 1, the prefixes integers within their address length."""
+    with pytest.raises(ValueError, match=f"Config.{field} must be an integer {bounds}, got {value!r}"):
+        Config(**{field: value})
+
+
+@pytest.mark.parametrize(
+    "same, other, group",
+    [
+        (["198.51.100.1", "198.51.100.200", "198.51.100.77"], "198.51.101.1", "198.51.100.0/24"),
+        (["2001:db8:0:1::1", "2001:db8:0:1:ffff::2", "2001:db8:0:1::3"], "2001:db8:0:2::1", "2001:db8:0:1::/64"),
+    ],
+    ids=["IPv4 /24", "IPv6 /64"],
+)
+def test_past_max_pending_per_group_a_new_connection_from_that_group_is_refused(same, other, group, telemetry):
+    """Past max_pending_per_group handshakes from one /24 (or /64), a new connection from it is refused at
+    once with pending_group_limit, though max_pending_handshakes has room; another group still gets in."""
+    switch, factory = clocked_switch(max_pending_per_group=2)
+    first, second = (accept(factory, host) for host in same[:2])
+    proto, transport = accept(factory, same[2])
+    text = f"2 inbound connections from {group} are handshaking (max_pending_per_group 2)"
+    assert close_packets_in(transport.value()) == [("pending_group_limit", text)]
+    assert proto.core is None and transport.disconnecting
+    assert switch.refusals == {"pending_group_limit": 1}
+    assert [(e["reason"], e["message"]) for e in telemetry.named("connection_refused")] == [("pending_group_limit", text)]
+    outsider, _ = accept(factory, other)
+    assert outsider.core is not None and outsider.end_reason is None
+    assert first[0].end_reason is None and second[0].end_reason is None
+    switch._check_invariants()
+
+
+def test_the_group_prefixes_come_from_the_config():
+    """pending_group_prefix_v4=32 makes every IPv4 address a group of its own."""
+    switch, factory = clocked_switch(max_pending_per_group=1, pending_group_prefix_v4=32)
+    assert [accept(factory, f"198.51.100.{i}")[0].end_reason for i in (1, 2, 3)] == [None, None, None]
+    refused, _ = accept(factory, "198.51.100.1")
+    assert refused.end_reason.reason == "pending_group_limit"
+
+
+def test_a_full_budget_evicts_the_oldest_handshake_of_the_largest_group(telemetry):
+    """All max_pending_handshakes taken: a newcomer from a smaller group is admitted, and the oldest
+    pending handshake of the largest group is closed with pending_evicted (peer_rejected, counted in
+    refusals), stops counting as pending at once, and releases its address when it is gone. A newcomer
+    of the largest group evicts nobody: it is refused with pending_limit, as before."""
+    switch, factory = clocked_switch(max_pending_handshakes=4)
+    (oldest, oldest_transport), *_ = [accept(factory, f"198.51.100.{i}") for i in (1, 2, 3)]
+    accept(factory, "203.0.113.1")
+
+    newcomer, _ = accept(factory, "192.0.2.7")
+
+    assert newcomer.core is not None and newcomer.end_reason is None
+    text = (
+        "4 inbound connections are handshaking (max_pending_handshakes 4); the oldest of the 3 from "
+        "198.51.100.0/24 gave way to one from 192.0.2.0/24"
+    )
+    assert close_packets_in(oldest_transport.value())[-1] == ("pending_evicted", text)
+    assert oldest_transport.disconnecting
+    assert oldest.end_reason.reason == "pending_evicted"
+    assert oldest.handshake.called and oldest not in switch._admission._pending  # its handshake failed
+    assert switch.refusals == {"pending_evicted": 1}
+    [event] = telemetry.named("peer_rejected")
+    assert (event["reason"], event["message"], event["peer_id"]) == ("pending_evicted", text, None)
+    assert event["remote_address"] == "198.51.100.1:5000"
+    assert switch._admission.pending == 4
+    switch._check_invariants()  # the evicted one is still closing: it counts per IP, not as pending
+    oldest.connectionLost(Failure(ConnectionDone()))
+    assert "198.51.100.1" not in switch._admission.per_ip
+    switch._check_invariants()
+    newcomer.dataReceived(hello_of())
+    assert len(switch.peers) == 1
+    accept(factory, "198.51.100.9")  # full again, 198.51.100.0/24 the largest group (3)
+    refused, transport = accept(factory, "198.51.100.10")
+    assert close_packets_in(transport.value())[0][0] == "pending_limit" and refused.core is None
+    assert switch.refusals == {"pending_evicted": 1, "pending_limit": 1}
+    switch._check_invariants()
+
+
+def test_stalled_sockets_from_eight_addresses_of_one_24_cannot_take_the_budget():
+    """The issue's attack, 64 silent sockets from 8 addresses, when the 8 share a /24: they get
+    max_pending_per_group (16) handshakes, the rest are refused, and the budget stays open."""
+    switch, factory = clocked_switch()
+    ends = [accept(factory, f"198.51.100.{2 + n % 8}", 6000 + n)[0].end_reason for n in range(64)]
+    assert ends.count(None) == 16
+    assert switch.refusals == {"pending_group_limit": 48}
+    newcomer, _ = accept(factory, "203.0.113.9")
+    newcomer.dataReceived(hello_of())
+    assert len(switch.peers) == 1
+    switch._check_invariants()
+
+
+def test_attackers_renewing_their_stalled_sockets_never_push_out_a_newcomer():
+    """The issue's attack from 8 /24s: 64 silent sockets fill max_pending_handshakes and every evicted
+    one reconnects from its group, again and again. A newcomer from a new address is admitted, is never
+    the one that gives way, and completes its handshake whenever it sends its hello."""
+    switch, factory = clocked_switch()
+    by_proto = {}
+    for n in range(64):
+        host = f"198.51.{n % 8}.{2 + n // 8}"
+        by_proto[accept(factory, host, 6000 + n)[0]] = host
+    assert switch._admission.pending == 64
+    newcomer, _ = accept(factory, "203.0.113.9")
+    assert newcomer.end_reason is None
+    for round_ in range(40):  # each evicted socket reconnects at once, from its address
+        [(gone, host)] = [(p, h) for p, h in by_proto.items() if p.end_reason is not None]
+        del by_proto[gone]
+        gone.connectionLost(Failure(ConnectionDone()))
+        again, _ = accept(factory, host, 7000 + round_)
+        assert again.end_reason is None
+        by_proto[again] = host
+        assert newcomer.end_reason is None
+    assert switch.refusals == {"pending_evicted": 41}
+    newcomer.dataReceived(hello_of())
+    assert len(switch.peers) == 1
+    switch._check_invariants()
+
+
 # -- max_inbound_peers / max_outbound_peers (tests/adapter/test_switch.py): counted -------
 
 
@@ -400,7 +551,7 @@ def test_a_refused_connection_costs_under_3_5_kib():
         accept()
     refused = retained_bytes(accept, 500)
     assert switch.refusals["ip_limit"] >= 800
-    switch.config = Config(max_connections_per_ip=10_000, max_pending_handshakes=10_000)
+    switch.config = Config(max_connections_per_ip=10_000, max_pending_handshakes=10_000, max_pending_per_group=10_000)
     admitted = retained_bytes(accept, 200)
     print(f"retained per connection: refused {refused:.0f} B, admitted {admitted:.0f} B")
     assert refused < 3584
