@@ -19,7 +19,7 @@ from twisted.internet import defer, endpoints
 
 from faultproxy import FaultProxy
 from helpers import RawPeer, bounded, close_packets_in, sleep, the_reactor, until
-from mconn import ChannelDescriptor, Config, PeerClosed, Reactor, Switch, TLSOptions, wire
+from mconn import ChannelDescriptor, Config, NodeKey, PeerClosed, Reactor, Switch, TLSOptions, wire
 from mconn.handshake import make_hello
 
 from .test_loopback import stop
@@ -243,3 +243,39 @@ async def test_send_is_never_refused_on_a_live_session_while_the_link_keeps_rese
 
 def _gather(coroutines):
     return defer.gatherResults([defer.ensureDeferred(c) for c in coroutines], consumeErrors=True)
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_tls_a_restarted_node_proves_its_key_and_gets_a_fresh_session_at_once():
+    """Identity-mode TLS: a node that restarted (same key, no session) while the other
+    side holds its suspended session proves its key, so its new-session hello ends the
+    held session ("new session") and a fresh one starts at once, without waiting out the
+    grace (specs/resume.md section 3.1, the proven rows)."""
+    config = Config(stats_interval=0, resume_grace=20.0, max_reconnect_delay=0.1)
+    key = NodeKey.generate()
+    a, a_log = node(config, tls=TLSOptions.identity(NodeKey.generate()))
+    b, _ = node(config, tls=TLSOptions.identity(key))
+    restarted = None
+    proxy = None
+    try:
+        port = await listen(a)
+        proxy = FaultProxy("127.0.0.1", port)
+        proxy_port = await proxy.start()
+        await bounded(b.dial(f"{a.node_id}@127.0.0.1:{proxy_port}"))
+        await until(lambda: b.node_id in a.peers, "a's side of the session")
+        held = a.peers[b.node_id]
+        proxy.refuse(True)
+        proxy.reset_all()
+        await until(lambda: held.state == "suspended", "the suspension")
+        await stop(b)  # the process is gone; its session with it
+        restarted, _ = node(config, tls=TLSOptions.identity(key))
+        fresh = await bounded(restarted.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert fresh.state == "connected"
+        [(_, old, reason)] = a_log.removed()
+        assert old is held and type(reason).__name__ == "SessionRejected" and reason.reason == "new session"
+        assert a.peers[key.node_id] is not held and a.peers[key.node_id].proven
+        a._check_invariants()
+    finally:
+        if proxy is not None:
+            await proxy.stop()
+        await stop(a, *([restarted] if restarted is not None else []))
