@@ -59,7 +59,7 @@ CHANNELS = [BULK_CHANNEL, SMALL_CHANNEL, RTT_CHANNEL]
 CONFIG = Config(stats_interval=0, resume_grace=0)
 #: The handshake scenario closes connections as fast as it opens them: the closes still
 #: in progress must not trip the listener's per-IP and pending limits.
-RECEIVER_CONFIG = CONFIG.replace(max_connections_per_ip=1000, max_pending_handshakes=1000)
+RECEIVER_CONFIG = CONFIG.replace(max_connections_per_ip=1000, max_pending_handshakes=1000, max_pending_per_group=1000)
 SCENARIOS = ("bulk", "small", "rtt", "handshake")
 IMPLS = ("raw", "raw_tls", "mconn", "mconn_tls")
 CLIENTS = 32
