@@ -184,6 +184,31 @@ def is_own_address(address: PeerAddress, listen_addresses) -> bool:
     return False
 
 
+def host_of(text: str) -> str | None:
+    """The host of a ``host:port`` text (a connection's remote address), or None."""
+    try:
+        return parse_address(text).host if text else None
+    except ValueError:
+        return None
+
+
+def announced_address(node_id: str, listen_address: str, remote_address: str) -> PeerAddress | None:
+    """Where a peer says it listens (the listen address of its hello), as an address of
+    ``node_id``; an unspecified host (``0.0.0.0:26656``, from ``--listen tcp:26656``) is
+    replaced by the host its connection comes from. None if nothing usable was announced."""
+    if not listen_address:
+        return None
+    try:
+        announced = parse_address(listen_address)
+        host = announced.host
+        ip = _ip(host)
+        if ip is not None and ip.is_unspecified:
+            host = parse_address(remote_address).host
+        return PeerAddress(node_id, host, announced.port)
+    except ValueError:
+        return None
+
+
 def discovered_problem(
     address: PeerAddress, *, source_host: str | None, allow_private: bool, listen_addresses=()
 ) -> str | None:

@@ -14,11 +14,16 @@ The Dialer makes one attempt at a time. Each attempt is chosen, then waited for,
 made:
 
 1. *Choose.* ``choose_address(pool, last_info)`` may name the address and its own delay;
-   an answer that is not a candidate of the pool (or None) falls back to the default:
-   among the candidates (not banned) with the fewest failed attempts, the first one
-   after the address tried last, in pool order. When every address keeps failing this
-   is plain round-robin; after a success the next break starts on the next address, as
-   nats.go does, so a fleet that lost one node spreads over the others.
+   an answer that is not a candidate of the pool (or None) falls back to the default
+   (specs/resume.md section 7.1): first the address that connected last, while it has
+   not failed since; then, among the candidates (not banned) with the fewest failed
+   attempts, configured addresses before discovered ones, the first one after the
+   address tried last, in pool order. So a break is re-dialed where the session last
+   ran (the address the user gave, through a proxy, a NAT or a load balancer), an
+   address a peer announced is tried only once the configured ones have failed, and
+   when every address keeps failing this is plain round-robin. (nats.go starts on the
+   next address after a success, to spread a fleet over the servers of a cluster; the
+   addresses of a pool here all lead to one node.)
 2. *Wait.* ``clock.callLater(delay, ...)``, with ``delay = reconnect_delay(attempt)``
    where ``attempt`` counts from 1 since the last success (or ``reset()``). The delay is
    per attempt, not per sweep of the pool (nats.java#1586: per-sweep jitter kept
@@ -98,8 +103,9 @@ def default_reconnect_delay(
 #: Failures that ban an address (the NATS clients stop on repeated auth errors).
 #: Read at call time, so an owner may extend it.
 NOT_RETRIED: tuple[type[BaseException], ...] = (PeerIdMismatch, AuthenticationError)
-#: ``PeerRejected.reason`` / ``PeerClosed.code`` values that ban an address.
-NOT_RETRIED_REASONS = frozenset({"unauthorized", "id_mismatch"})
+#: ``PeerRejected.reason`` / ``PeerClosed.code`` values that ban an address (``self``:
+#: it leads back to this node).
+NOT_RETRIED_REASONS = frozenset({"unauthorized", "id_mismatch", "self"})
 
 
 def is_not_retried(error: BaseException) -> bool:
@@ -288,6 +294,8 @@ class Dialer:
         self.last_info: dict | None = None
         self._pending = None
         self._last_tried: AddressState | None = None
+        #: The address of the last success: the first one tried after a break.
+        self._last_connected: AddressState | None = None
         #: Bumped by stop(): outcomes of attempts from an older generation are ignored.
         self._generation = 0
 
@@ -359,9 +367,14 @@ class Dialer:
         return state if state is not None and not state.banned else None
 
     def _next_in_order(self) -> AddressState:
-        """Round-robin among the candidates with the fewest failures."""
+        """The address that connected last while it has not failed since; else
+        round-robin among the candidates with the fewest failures, configured first."""
         candidates = self.pool.candidates()
-        fewest = [s for s in candidates if s.failed_attempts == candidates[0].failed_attempts]
+        last = self._last_connected
+        if last is not None and last.failed_attempts == 0 and any(s is last for s in candidates):
+            return last
+        best = min((s.failed_attempts, s.discovered) for s in candidates)
+        fewest = [s for s in candidates if (s.failed_attempts, s.discovered) == best]
         position = {id(s): i for i, s in enumerate(self.pool.states)}
         last = position.get(id(self._last_tried))
         if last is not None:
@@ -396,6 +409,7 @@ class Dialer:
             return None
         state.did_connect = True
         state.failed_attempts = 0
+        self._last_connected = state
         self.attempts = 0
         self.running = False
         self._report(info, "connected", None)

@@ -23,7 +23,7 @@ import dataclasses
 from twisted.internet import defer
 
 from mconn import telemetry
-from mconn.address import PeerAddress, parse_address
+from mconn.address import PeerAddress, announced_address, discovered_problem, host_of, parse_address
 from mconn.dialer import AddressPool, Dialer
 from mconn.errors import ConnectionLost, DialGaveUp, PeerRejected
 from mconn.session_table import PeerState
@@ -141,15 +141,17 @@ class PersistentDialing:
 
     def session_up(self, peer) -> None:
         """A session started or resumed: fire the dials that wait for it; learn the
-        node's listen address for its pool."""
+        node's listen address for its pool, if the rules of learnt addresses allow it
+        (specs/pex.md section 3.5; the dialer tries it after the configured ones)."""
         for d in self._waiters.pop(peer.node_id, []):
             d.callback(peer)
         redial = self.redials.get(peer.node_id)
-        if redial is not None and peer.listen_address and not self.config.ignore_discovered_addresses:
-            try:
-                redial.dialer.pool.add_discovered(with_node_id(peer.listen_address, peer.node_id))
-            except ValueError:
-                pass  # an address we cannot dial is not worth keeping
+        if redial is None or self.config.ignore_discovered_addresses:
+            return
+        address = announced_address(peer.node_id, peer.listen_address, peer.remote_address)
+        source_host, allow_private = host_of(peer.remote_address), self.config.allow_discovered_private
+        if address is not None and discovered_problem(address, source_host=source_host, allow_private=allow_private) is None:
+            redial.dialer.pool.add_discovered(address)
 
     def redial(self, peer) -> None:
         """The side that dialed re-dials a suspended session (specs/resume.md section 4)."""

@@ -50,7 +50,16 @@ import types
 from twisted.logger import Logger
 
 from mconn import ChannelDescriptor, PeerClosed, PeerIdMismatch, PeerRejected, Reactor
-from mconn.address import PUBLIC, PeerAddress, discovered_problem, host_scope, is_own_address, parse_address
+from mconn.address import (
+    PUBLIC,
+    PeerAddress,
+    announced_address,
+    discovered_problem,
+    host_of,
+    host_scope,
+    is_own_address,
+    parse_address,
+)
 from mconn.rate import TokenBucket
 from reactors.addrbook import AddressBook, BanTable, BookEntry, network_group
 from reactors.pex_wire import (
@@ -61,7 +70,6 @@ from reactors.pex_wire import (
     decode_message,
     encode_addrs,
     encode_request,
-    host_problem,
     max_message_bytes,
 )
 
@@ -75,14 +83,6 @@ SEND_GAP = 0.5
 _CONNECTED_ANYWAY = frozenset({"duplicate", "simultaneous_dial"})
 #: Addresses that led to ourselves, remembered at most (CometBFT's "our addresses").
 MAX_OWN_ADDRESSES = 16
-
-
-def _host_of(text: str) -> str | None:
-    """The host of a ``host:port`` text (a connection's remote address), or None."""
-    try:
-        return parse_address(text).host if text else None
-    except ValueError:
-        return None
 
 
 @dataclasses.dataclass
@@ -242,7 +242,7 @@ class PexReactor(Reactor):
         self._peers[peer.node_id] = _PeerState(peer)
         address = self._address_of(peer)
         if address is not None:
-            self.add_address(address, source=peer.node_id, source_host=_host_of(peer.remote_address))
+            self.add_address(address, source=peer.node_id, source_host=host_of(peer.remote_address))
         entry = self._book.get(peer.node_id)
         if peer.is_outbound and entry is not None and entry.address == address:
             self._book.mark_good(peer.node_id, self.switch.clock.seconds(), connected=self.switch.peers)
@@ -406,7 +406,7 @@ class PexReactor(Reactor):
         if node_id == self.switch.node_id or self._is_banned(node_id) or self._is_banned(source):
             return False
         if source_host is None and source in self._peers:
-            source_host = _host_of(self._peers[source].peer.remote_address)
+            source_host = host_of(self._peers[source].peer.remote_address)
         problem = self._problem(address, source_host)
         if problem is not None:
             self.counters["addresses_skipped"] += 1
@@ -444,17 +444,7 @@ class PexReactor(Reactor):
         dialed = getattr(peer, "address", None)
         if peer.is_outbound and dialed is not None and dialed.node_id == peer.node_id:
             return dialed
-        if not peer.listen_address:
-            return None
-        try:
-            announced = parse_address(peer.listen_address)
-            host = announced.host
-            if host_problem(host) is not None:
-                host = parse_address(peer.remote_address).host
-            address = PeerAddress(peer.node_id, host, announced.port)
-        except ValueError:
-            return None
-        return address if host_problem(address.host) is None else None
+        return announced_address(peer.node_id, peer.listen_address, peer.remote_address)
 
     def _is_banned(self, node_id: str) -> bool:
         return self._bans.is_banned(node_id, self.switch.clock.seconds())
@@ -491,7 +481,7 @@ class PexReactor(Reactor):
         state.asked = False
         state.last_sent = self.switch.clock.seconds()  # the gap runs from the reply too (specs/pex.md 3.2)
         self.counters["replies_received"] += 1
-        source, source_host = state.peer.node_id, _host_of(state.peer.remote_address)
+        source, source_host = state.peer.node_id, host_of(state.peer.remote_address)
         for address in addresses:
             self.add_address(address, source=source, source_host=source_host)
         self._dial_more(self.switch.clock.seconds())

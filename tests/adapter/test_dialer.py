@@ -213,6 +213,8 @@ def test_replace_keeps_the_state_of_addresses_in_both_pools():
         (PeerRejected("unauthorized", "no"), True),
         (PeerClosed("unauthorized", ""), True),
         (PeerClosed("id_mismatch", "wrong id"), True),
+        (PeerRejected("self", "connected to ourselves"), True),
+        (PeerClosed("self", "connected to ourselves"), True),
         (PeerRejected("duplicate", "already connected"), False),
         (PeerClosed("shutdown", ""), False),
         (ConnectionLost("gone"), False),
@@ -220,7 +222,8 @@ def test_replace_keeps_the_state_of_addresses_in_both_pools():
     ],
 )
 def test_which_failures_are_not_retried(error, banned):
-    """Id mismatches, authentication failures and unauthorized refusals are not retried; other failures are."""
+    """Id mismatches, authentication failures, unauthorized refusals and an address that led back to this
+    node are not retried; other failures are."""
     assert is_not_retried(error) is banned
 
 
@@ -281,15 +284,61 @@ def test_a_success_marks_the_address_resets_the_counter_and_stops():
     h.assert_idle()
 
 
-def test_after_a_break_the_restarted_dialer_begins_again_on_the_next_address():
-    """A dialer restarted after a success dials the next address in the pool first."""
+def test_after_a_break_the_restarted_dialer_begins_again_on_the_address_that_last_worked():
+    """A dialer restarted after a success dials the address that connected last first, not the next one
+    in the pool (the address the user gave, say through a proxy, stays the one used)."""
     h = Harness()
+    h.dialer.start()
+    h.fail_next()  # A fails
+    h.clock.advance(0)
+    h.connect.succeed()  # B connects
+    for _ in range(3):  # three breaks, each re-dialed at once on B
+        h.dialer.start()
+        h.clock.advance(0)
+        h.connect.succeed()
+    assert h.connect.addresses == [A, B, B, B, B] and h.dialer.attempts == 0
+
+
+def test_the_address_that_last_worked_loses_its_turn_once_it_fails():
+    """After a break the address that last worked is tried first; once it fails, the usual order
+    (fewest failures, configured first, round-robin) goes on from it."""
+    h = Harness()
+    h.dialer.start()
+    h.fail_next()  # A
+    h.clock.advance(0)
+    h.connect.succeed()  # B
+    h.dialer.start()
+    for _ in range(3):
+        h.fail_next()
+    assert h.connect.addresses == [A, B, B, C, A]
+
+
+def test_a_discovered_address_is_tried_only_after_the_configured_ones_failed():
+    """An address learnt from the peer (discovered) comes after every configured address with as few
+    failures, wherever it sits in the pool; once it failed as often, the configured ones go first again."""
+    pool = AddressPool([A], retain_order=True)
+    pool.add_discovered(C)
+    pool.add_configured(B)  # the pool order is A, C (discovered), B
+    h = Harness(pool=pool)
+    h.dialer.start()
+    for _ in range(6):
+        h.fail_next()
+    assert h.connect.addresses == [A, B, C, B, A, C]
+
+
+def test_a_proxy_address_keeps_its_place_after_a_break_though_the_peer_announced_another():
+    """The configured proxy address connected; the peer's announced (discovered) address joined the pool.
+    After a break the proxy is dialed again; the announced address only once the proxy fails."""
+    pool = AddressPool([A], retain_order=True)
+    h = Harness(pool=pool)
     h.dialer.start()
     h.clock.advance(0)
     h.connect.succeed()
+    pool.add_discovered(f"{ID_A}@10.0.0.9:26656")
     h.dialer.start()
-    h.clock.advance(0)
-    assert h.connect.addresses == [A, B] and h.dialer.attempts == 1
+    h.fail_next()  # the proxy is down
+    h.fail_next()
+    assert h.connect.addresses == [A, A, f"{ID_A}@10.0.0.9:26656"]
 
 
 def test_a_callback_that_raises_is_logged_and_does_not_stop_the_dialer():
