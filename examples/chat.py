@@ -10,6 +10,14 @@ and exits 0. Lines from others print above the prompt, which stays usable. Peers
 with ``--peer`` are persistent: broken connections are resumed, or dialed again, and a
 status line says so.
 
+Received files are limited (specs/chat.md section 3.1): ``--max-file-size``,
+``--peer-quota-bytes`` per ``--peer-quota-window`` seconds, ``--downloads-quota-bytes`` and
+``--min-free-bytes``. A refused file is reported on both sides with the reason.
+
+Everything a peer chose (names, lines, file names, reasons) goes through
+``reactors.chat_display.printable`` before it is shown: a control character reaches the
+terminal as its escape (``\x1b``), never as a command.
+
 Twisted runs on asyncio (asyncioreactor) so that prompt_toolkit's ``prompt_async`` and
 ``patch_stdout`` share its event loop; the progress bar is rich's, shown in the prompt's
 bottom toolbar and printed whole when the transfer ends.
@@ -24,7 +32,34 @@ import sys
 
 from twisted.python import usage
 
+if __name__ == "__main__":  # run from a checkout: mconn and reactors are beside examples/
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from reactors.chat_display import printable  # noqa: E402 (after the path is set)
+from reactors.chat_quota import FileLimits  # noqa: E402
+
 HELP = "commands: /peers, /send FILE, /quit; anything else is said to everyone"
+#: The options that set the ChatReactor's file limits, and their types.
+LIMITS = {
+    "max_file_size": int,
+    "peer_quota_bytes": int,
+    "peer_quota_window": float,
+    "downloads_quota_bytes": int,
+    "min_free_bytes": int,
+}
+
+
+def _limit_parameters() -> list:
+    docs = {
+        "max_file_size": "refuse files larger than this many bytes",
+        "peer_quota_bytes": "accept at most this many bytes from one peer per --peer-quota-window",
+        "peer_quota_window": "the window of --peer-quota-bytes, in seconds",
+        "downloads_quota_bytes": "refuse files once the downloads directory would hold more bytes than this",
+        "min_free_bytes": "refuse files that would leave less than this many bytes free on its disk",
+    }
+    return [
+        [name.replace("_", "-"), None, getattr(FileLimits, name), docs[name], kind] for name, kind in LIMITS.items()
+    ]
 
 
 class Options(usage.Options):
@@ -35,7 +70,7 @@ class Options(usage.Options):
         ["key", None, None, "node key file (PEM), created if missing; without it a new identity each run"],
         ["downloads", None, "downloads", "directory received files are stored in"],
         ["log", None, None, "write the Twisted log (mconn telemetry) to this file"],
-    ]
+    ] + _limit_parameters()
 
     def __init__(self):
         super().__init__()
@@ -52,6 +87,17 @@ class Options(usage.Options):
             raise usage.UsageError(f"--peer needs ID@HOST:PORT (each peer prints its own at start), got {address!r}")
         self["peer"].append(address)
 
+    def postOptions(self):
+        try:
+            FileLimits(**limits_of(self))
+        except ValueError as e:
+            raise usage.UsageError(str(e)) from None
+
+
+def limits_of(options) -> dict:
+    """The ChatReactor keyword arguments of the file-limit options."""
+    return {name: options[name.replace("_", "-")] for name in LIMITS}
+
 
 def bar(sent: int, total: int, width: int = 30) -> str:
     """A rich progress bar with percentage and MiB, as ANSI text."""
@@ -66,7 +112,11 @@ def bar(sent: int, total: int, width: int = 30) -> str:
 
 
 class ChatTerminal:
-    """The prompt, the printing and the commands, around one Switch with a ChatReactor."""
+    """The prompt, the printing and the commands, around one Switch with a ChatReactor.
+
+    Every text shown goes through ``printable`` (``out``, the toolbar, the prompt); only
+    the progress bar, which is ours, is written as ANSI.
+    """
 
     def __init__(self, switch, chat, clock) -> None:
         from prompt_toolkit import PromptSession
@@ -80,16 +130,26 @@ class ChatTerminal:
         self.session = PromptSession(bottom_toolbar=self.toolbar, refresh_interval=0.5)
         chat.on_line = self.show_line
         chat.on_file = self.show_file
+        chat.on_refused = self.show_refused
         chat.on_status = self.show_status
         chat.on_peers_changed = self.peers_changed
 
     # -- output ----------------------------------------------------------------------
 
-    def out(self, text: str, ansi: bool = False) -> None:
+    def out(self, text: str, progress: tuple[int, int] | None = None) -> None:
+        """Print ``text`` as printable text, then the progress bar of ``progress`` if given."""
         from prompt_toolkit import print_formatted_text
-        from prompt_toolkit.formatted_text import ANSI
+        from prompt_toolkit.formatted_text import FormattedText
 
-        print_formatted_text(ANSI(text) if ansi else text)
+        print_formatted_text(FormattedText(self.fragments(text, progress)))
+
+    @staticmethod
+    def fragments(text: str, progress: tuple[int, int] | None = None) -> list:
+        """prompt_toolkit fragments: ``text`` made printable, then our own ANSI progress bar."""
+        from prompt_toolkit.formatted_text import ANSI, to_formatted_text
+
+        shown = [("", printable(text))]
+        return shown if progress is None else shown + to_formatted_text(ANSI(bar(*progress)))
 
     def say_status(self, text: str) -> None:
         self.status = text
@@ -97,16 +157,16 @@ class ChatTerminal:
         self.session.app.invalidate()
 
     def toolbar(self):
-        from prompt_toolkit.formatted_text import ANSI
+        from prompt_toolkit.formatted_text import FormattedText
 
         connected = [self.chat.peer_name(p.node_id) for p in self.switch.peers.values() if p.state == "connected"]
         text = f" {self.chat.name} | peers: {', '.join(connected) or '(none)'}"
         if self.sending is not None:
             name, sent, total = self.sending
-            text += f" | sending {name} {bar(sent, total)}"
-        elif self.status:
+            return FormattedText(self.fragments(f"{text} | sending {name} ", (sent, total)))
+        if self.status:
             text += f" | {self.status}"
-        return ANSI(text)
+        return FormattedText(self.fragments(text))
 
     def show_line(self, line) -> None:
         self.out(f"[{line.name}] {line.text}")
@@ -115,6 +175,14 @@ class ChatTerminal:
         who = self.chat.peer_name(received.sender)
         size, digest = received.size, received.sha256[:16]
         self.out(f"*** {who} sent {received.name} ({size} bytes, sha256 {digest}…): {received.path}")
+
+    def show_refused(self, refused) -> None:
+        who = self.chat.peer_name(refused.peer)
+        later = f"; try again in {refused.retry_after} s" if refused.retry_after else ""
+        if refused.by_us:
+            self.out(f"*** not storing {refused.name} ({refused.size} bytes) from {who}: {refused.reason}")
+        else:
+            self.out(f"*** {who} refused {refused.name} ({refused.code}): {refused.reason}{later}")
 
     def show_status(self, node_id: str, status: str, detail: str) -> None:
         if status in ("joined", "reconnected") and node_id not in self.chat.names:
@@ -146,7 +214,7 @@ class ChatTerminal:
         with patch_stdout(raw=True):
             while True:
                 try:
-                    prompt = asyncio.ensure_future(self.session.prompt_async(f"{self.chat.name}> "))
+                    prompt = asyncio.ensure_future(self.session.prompt_async(printable(f"{self.chat.name}> ")))
                     text = await Deferred.fromFuture(prompt)
                 except (EOFError, KeyboardInterrupt):
                     return
@@ -204,7 +272,7 @@ class ChatTerminal:
 
     def sent(self, receipts: dict, name: str) -> None:
         _, sent, total = self.sending
-        self.out(f"{name} {bar(sent, total)}", ansi=True)
+        self.out(f"{name} ", (sent, total))
         results = [
             f"{self.chat.peer_name(node_id)} {'ok' if receipt.ok else 'FAILED: ' + receipt.reason}"
             for node_id, receipt in receipts.items()
@@ -226,7 +294,7 @@ async def main(clock, options, key) -> None:
     from mconn import Config, Switch
     from reactors.chat import ChatReactor
 
-    chat = ChatReactor(options["name"], options["downloads"])
+    chat = ChatReactor(options["name"], options["downloads"], **limits_of(options))
     switch = Switch([chat], node_key=key, config=Config(stats_interval=0), clock=clock)
     switch.startService()
     stopping = []
@@ -283,5 +351,4 @@ def run(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     run()

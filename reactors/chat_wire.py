@@ -4,7 +4,8 @@ The construct declarations below are the source of truth for specs/chat.md. ``en
 builds a message (a kind byte, then the fields); ``decode`` checks a message's length
 against its channel's largest before it parses a byte, and raises a ChatProtocolError
 subclass for anything specs/chat.md forbids. ``check_length`` and ``safe_file_name``
-are the field checks the reactor (reactors/chat.py) applies after parsing.
+are the field checks the reactor (reactors/chat.py, reactors/chat_files.py) applies after
+parsing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from construct import (
     GreedyBytes,
     Int8ub,
     Int16ub,
+    Int32ub,
     Int64ub,
+    OneOf,
     PascalString,
     Struct,
     Terminated,
@@ -42,6 +45,16 @@ MAX_HOPS = 16
 MAX_CHAT_MESSAGE = 1 + ID_SIZE + NODE_ID_SIZE + 1 + 1 + MAX_NAME + 2 + MAX_TEXT
 #: A FILE message is never longer than a CHUNK.
 MAX_FILE_MESSAGE = 1 + ID_SIZE + CHUNK_SIZE
+
+#: Why a receiver refuses an offer or the rest of a transfer (REFUSE, specs/chat.md section 3.1).
+TOO_LARGE, PEER_QUOTA, DOWNLOADS_QUOTA, DISK_FLOOR, CANNOT_STORE = 1, 2, 3, 4, 5
+REFUSALS = {
+    TOO_LARGE: "too_large",
+    PEER_QUOTA: "peer_quota",
+    DOWNLOADS_QUOTA: "downloads_quota",
+    DISK_FLOOR: "disk_floor",
+    CANNOT_STORE: "cannot_store",
+}
 
 # -- the messages (specs/chat.md) ---------------------------------------------------
 
@@ -72,12 +85,23 @@ CancelMessage = Struct("transfer" / Bytes(ID_SIZE), "reason" / PascalString(Int8
 ReceiptMessage = Struct(
     "transfer" / Bytes(ID_SIZE), "ok" / Flag, "reason" / PascalString(Int8ub, "utf8"), Terminated
 )
+# kind 0x05 | transfer id[16] | code: u8 (a key of REFUSALS) | retry_after: u32 seconds (0: waiting
+# will not help) | reason: u8 length + UTF-8
+RefuseMessage = Struct(
+    "transfer" / Bytes(ID_SIZE),
+    "code" / OneOf(Int8ub, set(REFUSALS)),
+    "retry_after" / Int32ub,
+    "reason" / PascalString(Int8ub, "utf8"),
+    Terminated,
+)
 
 NAME, LINE = 0x01, 0x02
-OFFER, CHUNK, CANCEL, RECEIPT = 0x01, 0x02, 0x03, 0x04
+OFFER, CHUNK, CANCEL, RECEIPT, REFUSE = 0x01, 0x02, 0x03, 0x04, 0x05
 DECLARATIONS = {
     CHAT: {NAME: NameMessage, LINE: LineMessage},
-    FILE: {OFFER: OfferMessage, CHUNK: ChunkMessage, CANCEL: CancelMessage, RECEIPT: ReceiptMessage},
+    FILE: {
+        OFFER: OfferMessage, CHUNK: ChunkMessage, CANCEL: CancelMessage, RECEIPT: ReceiptMessage, REFUSE: RefuseMessage
+    },
 }
 LIMITS = {CHAT: MAX_CHAT_MESSAGE, FILE: MAX_FILE_MESSAGE}
 

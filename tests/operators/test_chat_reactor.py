@@ -36,6 +36,7 @@ class Net:
             reactor.on_line = lambda line, r=reactor: r.events.append(("line", line))
             reactor.on_file = lambda f, r=reactor: r.events.append(("file", f))
             reactor.on_status = lambda node_id, status, detail, r=reactor: r.events.append(("status", status, detail))
+            reactor.on_refused = lambda refused, r=reactor: r.events.append(("refused", refused))
         switch = Switch([reactor], config=CONFIG, clock=the_reactor())
         switch.startService()
         port = await switch.listen("tcp:0:interface=127.0.0.1")

@@ -61,9 +61,13 @@ class Terminal:
         assert result.returncode == 0, f"tmux {' '.join(args)}: {result.stderr}"
         return result.stdout
 
-    def start(self, window, *args):
-        """Run examples/chat.py in ``window``; the shell reports its exit status after it."""
+    def start(self, window, *args, shell=""):
+        """Run examples/chat.py in ``window``; the shell reports its exit status after it.
+
+        ``shell`` is appended to the command line unquoted (``--name "$(printf ...)"``).
+        """
         chat = " ".join(shlex.quote(a) for a in (sys.executable, str(ROOT / "examples" / "chat.py"), *args))
+        chat = f"{chat} {shell}" if shell else chat
         self.commands[window] = f'{chat}; echo "{EXITED} $?]"'
         if window not in self.windows():
             self.tmux("new-window", "-d", "-t", "chat:", "-n", window, "sleep 100000")
@@ -100,6 +104,14 @@ class Terminal:
         self.tmux("send-keys", "-t", f"chat:{window}", "-l", text)
         if enter:
             self.tmux("send-keys", "-t", f"chat:{window}", "Enter")
+
+    def visible(self, window) -> str:
+        """The pane as it is on the screen now, without the scrollback."""
+        return self.tmux("capture-pane", "-p", "-J", "-t", f"chat:{window}")
+
+    def title(self, window) -> str:
+        """The pane's title, which a program sets with ESC ] 0 or 2 ; title BEL."""
+        return self.tmux("display-message", "-p", "-t", f"chat:{window}", "#{pane_title}").rstrip("\n")
 
     def screen(self, window) -> str:
         """The pane with its scrollback, wrapped lines joined."""
@@ -234,5 +246,41 @@ def test_three_chat_peers_in_a_terminal_chat_send_a_file_and_ride_out_a_restart(
         terminal.wait_for("alice", f"{ids[other]}  connected", after="/peers")
 
     for name in names:
+        terminal.type(name, "/quit")
+        terminal.wait_for(name, f"{EXITED} 0]")
+
+
+def test_a_peer_whose_name_is_a_terminal_command_shows_as_text_and_changes_nothing(terminal, tmp_path):
+    """A peer named with a window-title sequence and a clear-screen sequence (wrapped in \\x01...\\x02, which
+    prompt_toolkit's ANSI() writes raw) joins and talks: the other peer's pane title stays, its screen is not
+    cleared, and the name shows as escaped text in its status line, chat line and toolbar."""
+    ports = {name: free_port() for name in ("alice", "mallory")}
+    key = NodeKey.generate()
+    key.save(tmp_path / "alice.key")
+    alice = f"{key.node_id}@127.0.0.1:{ports['alice']}"
+
+    def args(name):
+        return ["--listen", f"tcp:{ports[name]}:interface=127.0.0.1", "--downloads", str(tmp_path / f"{name}-dl"),
+                "--log", str(tmp_path / f"{name}.log")]  # fmt: skip
+
+    terminal.start("alice", "--name", "alice", "--key", str(tmp_path / "alice.key"), *args("alice"))
+    terminal.wait_for("alice", f"others can use --peer {alice}")
+    title = terminal.title("alice")
+    assert "pwned" not in title
+    name = r"\001\033]0;pwned\007\033[2J\002mallory"  # printf makes the octal escapes bytes
+    terminal.start("mallory", *args("mallory"), "--peer", alice, shell=f'--name "$(printf {shlex.quote(name)})"')
+    shown = r"\x01\x1b]0;pwned\x07\x1b[2J\x02mallory"
+    terminal.wait_for("alice", "mallory joined (")
+    terminal.wait_for("mallory", "*** alice joined (")
+    terminal.type("mallory", "hello from mallory")
+    terminal.wait_for("alice", "mallory] hello from mallory")
+    time.sleep(1.5)  # three refreshes of the bottom toolbar, which names the peers
+    screen = terminal.visible("alice")
+    assert terminal.title("alice") == title, "a peer's name retitled the window"
+    assert f"others can use --peer {alice}" in screen, f"a peer's name cleared the screen:\n{screen}"
+    assert f"*** {shown} joined (" in screen and f"[{shown}] hello from mallory" in screen, screen
+    [toolbar] = [line for line in screen.splitlines() if line.startswith(" alice | peers: ")]
+    assert shown in toolbar, toolbar
+    for name in ("alice", "mallory"):
         terminal.type(name, "/quit")
         terminal.wait_for(name, f"{EXITED} 0]")
