@@ -69,10 +69,8 @@ def open_log_file(
 
     :raises OSError: if the file cannot be opened for appending.
     """
-    path = os.path.abspath(os.fspath(path))
-    return RetainingLogFile(
-        os.path.basename(path), os.path.dirname(path), rotate_bytes or None, keep_files=keep_files, keep_bytes=keep_bytes
-    )
+    directory, name = os.path.split(os.path.abspath(os.fspath(path)))
+    return RetainingLogFile(name, directory, rotate_bytes or None, keep_files=keep_files, keep_bytes=keep_bytes)
 
 
 def prune_rotated(path: str | os.PathLike, keep_files: int, keep_bytes: int) -> list[str]:

@@ -95,7 +95,8 @@ class Quotas:
         per-peer limits, or None."""
         limits = self.limits
         if size > limits.max_file_size:
-            return Refusal(TOO_LARGE, f"refused: a file of {size} bytes is larger than max_file_size {limits.max_file_size}")
+            reason = f"refused: a file of {size} bytes is larger than max_file_size {limits.max_file_size}"
+            return Refusal(TOO_LARGE, reason)
         cost = footprint(size)
         used = self.used(node_id, now)
         if used + cost <= limits.peer_quota_bytes:
@@ -137,9 +138,8 @@ class Quotas:
         """The refusal of writing a chunk of ``size`` bytes with ``free`` bytes free, or None."""
         if free - size >= self.limits.min_free_bytes:
             return None
-        return Refusal(
-            DISK_FLOOR, f"refused: {free} bytes free; a chunk of {size} would pass min_free_bytes {self.limits.min_free_bytes}"
-        )
+        floor = self.limits.min_free_bytes
+        return Refusal(DISK_FLOOR, f"refused: {free} bytes free; a chunk of {size} would pass min_free_bytes {floor}")
 
     def charge(self, node_id: str, size: int, now: float) -> Charge:
         """Charge an accepted offer of ``size`` bytes to ``node_id``; settle it if it ends early."""

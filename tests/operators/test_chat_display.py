@@ -95,8 +95,9 @@ def test_lines_files_and_refusals_from_a_hostile_peer_print_as_text():
         terminal.show_line(ChatLine(id="1", origin=m, name=HOSTILE, text="hi\x07\rthere", hops=0, via=m))
         terminal.show_file(ReceivedFile(path="/d/x", name="x\x1b[2J", size=1, sha256="00" * 32, sender=m))
         refused = FileRefused(
-            transfer="01", name="f", size=1, peer=m, by_us=False, code="peer_quota", reason="no\x1b]0;x\x07", retry_after=5
-        )
+            transfer="01", name="f", size=1, peer=m, by_us=False, code="peer_quota", reason="no\x1b]0;x\x07",
+            retry_after=5,
+        )  # fmt: skip
         terminal.show_refused(refused)
     written = terminal.screen.getvalue()
     assert f"[{SHOWN}] hi\\x07\\rthere" in written and "x\\x1b[2J" in written and "no\\x1b]0;x\\x07" in written

@@ -18,7 +18,13 @@ from twisted.logger import Logger, LogPublisher
 from helpers import Telemetry, the_reactor, until as poll
 from mconn.node import Options, build_service
 from mconn.node_settings import COUNTS, ConfigurationError, Setting, resolve
-from mconn.telemetry_file import DEFAULT_KEEP_BYTES, DEFAULT_KEEP_FILES, TelemetryFileService, read_events, rotated_paths
+from mconn.telemetry_file import (
+    DEFAULT_KEEP_BYTES,
+    DEFAULT_KEEP_FILES,
+    TelemetryFileService,
+    read_events,
+    rotated_paths,
+)
 
 NODE_ID = "ab" * 20
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "telemetry.md"
