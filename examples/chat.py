@@ -65,6 +65,9 @@ def _limit_parameters() -> list:
 class Options(usage.Options):
     synopsis = "chat.py [--name NAME] [--listen ENDPOINT]... [--peer ID@HOST:PORT]... [--key PATH]"
     longdesc = "A terminal chat peer over mconn (reactors/chat.py). " + HELP + "."
+    optFlags = [
+        ["plaintext", None, "no TLS (every peer must say it): node ids are then only claimed, not proven"],
+    ]
     optParameters = [
         ["name", None, None, "the name others see (default: from the node id)"],
         ["key", None, None, "node key file (PEM), created if missing; without it a new identity each run"],
@@ -291,11 +294,14 @@ def announce(switch, port) -> str:
 async def main(clock, options, key) -> None:
     from twisted.internet.defer import Deferred
 
-    from mconn import Config, Switch
+    from mconn import Config, Switch, TLSOptions
     from reactors.chat import ChatReactor
 
     chat = ChatReactor(options["name"], options["downloads"], **limits_of(options))
-    switch = Switch([chat], node_key=key, config=Config(stats_interval=0), clock=clock)
+    # Identity-mode TLS: each peer's node id is proven by its key, so a peer that restarts
+    # gets a fresh session at once (in plaintext it waits out its old session's grace).
+    tls = None if options["plaintext"] else TLSOptions.identity(key)
+    switch = Switch([chat], node_key=key, tls=tls, config=Config(stats_interval=0), clock=clock)
     switch.startService()
     stopping = []
 
