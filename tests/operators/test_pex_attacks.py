@@ -1,0 +1,221 @@
+"""Attacks on the addresses a node learns, on real sockets (specs/pex.md section 3.5).
+
+Each test is an attack that worked before the address book of reactors/addrbook.py and
+the rules of learnt addresses: made-up identities filling the book with targets of the
+attacker's choosing (the node's own listener, the cloud metadata service, a private SSH
+port, a scan of loopback ports) that the node then dialed; made-up identities growing
+the ban table without bound; and a persistent peer's announced address steering its
+re-dials past the proxy the user configured. Real Switches on 127.0.0.1 (pytest-twisted)
+and raw sockets that speak mconn bytes where the attacker is not a Switch. The victim's
+dials are recorded where the Switch makes its client endpoint, and refused there without
+touching the network, so no test ever sends a packet beyond 127.0.0.1. Every wait is
+bounded; everything started is stopped.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer, endpoints
+from twisted.internet.error import ConnectionRefusedError
+
+from helpers import RawPeer, RecordingReactor, hello_packet, msg_packet, sleep, the_reactor, until
+from mconn import Config, Switch
+from mconn.faultproxy import FaultProxy
+from reactors.pex import PexReactor
+from reactors.pex_wire import PEX_CHANNEL, encode_addrs
+
+pytestmark = pytest.mark.integration
+
+#: Made-up identities of one attacker (the report's figure).
+IDENTITIES = 300
+#: Raw connections open at once (below the per-IP and pending-handshake limits).
+CONCURRENCY = 4
+#: The PEX nodes end a broken session at once (no resume), so that the identities' sessions end as they
+#: hang up instead of holding inbound slots while suspended.
+PEX_CONFIG = Config(stats_interval=0, resume_grace=0)
+#: The nodes of the persistent-peer tests resume broken sessions.
+CONFIG = Config(stats_interval=0, resume_grace=30.0)
+
+
+class _Refused:
+    """A client endpoint that refuses at once: the recorded dial never leaves the process."""
+
+    def connect(self, factory):
+        return defer.fail(ConnectionRefusedError("refused by the test: dials are only recorded"))
+
+
+def record_dials(switch, *, passthrough: bool):
+    """Record every ``(host, port)`` ``switch`` dials; refuse them unless ``passthrough``."""
+    dialed, real = [], switch._endpoint
+
+    def endpoint(target):
+        dialed.append((target.host, target.port))
+        return real(target) if passthrough and target.host == "127.0.0.1" else _Refused()
+
+    switch._endpoint = endpoint
+    return dialed
+
+
+async def pex_switch(**pex_kwargs):
+    pex_kwargs.setdefault("request_interval", 0.25)
+    pex = PexReactor(rng=random.Random(1), **pex_kwargs)
+    switch = Switch([pex], config=PEX_CONFIG, clock=the_reactor())
+    switch.startService()
+    port = (await switch.listen("tcp:0:interface=127.0.0.1")).getHost().port
+    return switch, pex, port
+
+
+async def sybil(port: int, greeting: bytes, done) -> RawPeer:
+    """One made-up identity: connect, send ``greeting``, wait until ``done()``, hang up."""
+    endpoint = endpoints.TCP4ClientEndpoint(the_reactor(), "127.0.0.1", port)
+    raw = await endpoints.connectProtocol(endpoint, RawPeer(greeting))
+    try:
+        await until(lambda: done(raw), "the victim to take the identity in", seconds=5.0, step=0.005)
+    finally:
+        raw.transport.abortConnection()
+    return raw
+
+
+async def swarm(port: int, greetings, done) -> None:
+    """Run the identities of ``greetings`` (node id, bytes), CONCURRENCY at a time."""
+    pending = list(greetings)
+
+    async def worker():
+        while pending:
+            node_id, greeting = pending.pop()
+            await sybil(port, greeting, lambda raw, n=node_id: done(n, raw))
+
+    await defer.gatherResults([defer.ensureDeferred(worker()) for _ in range(CONCURRENCY)])
+
+
+async def stop(*switches) -> None:
+    await defer.gatherResults([defer.maybeDeferred(s.stopService) for s in switches]).addTimeout(10, the_reactor())
+
+
+# -- rule 7: Sybil poisoning of the book ---------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_made_up_identities_cannot_make_the_node_dial_their_targets_nor_crowd_out_its_peers():
+    """300 made-up identities connect from 127.0.0.1, each announcing in its hello one target: the
+    victim's own listener, 169.254.169.254:80 (metadata), 10.0.0.1:22 (a private SSH port) or a
+    loopback port of a scan. The victim never dials its own listener, the metadata service or the
+    private port; its dials stay within its dial budget (dial_burst + dial_rate per second); the
+    identities fill at most their group's buckets; the honest peer it dialed keeps its tried entry."""
+    victim, pex, port = await pex_switch()
+    honest, _, honest_port = await pex_switch()
+    try:
+        await victim.dial(f"{honest.node_id}@127.0.0.1:{honest_port}")
+        await until(lambda: honest.node_id in pex.book, "the honest peer's entry")
+        dialed = record_dials(victim, passthrough=False)
+        started = the_reactor().seconds()
+        targets = [f"127.0.0.1:{port}", "169.254.169.254:80", "10.0.0.1:22"]
+        identities = []
+        for i in range(IDENTITIES):
+            node_id = random.Random(i).randbytes(20).hex()
+            target = targets[i % 4] if i % 4 < 3 else f"127.0.0.1:{20000 + i}"
+            identities.append((node_id, hello_packet(node_id, pex.get_channels(), listen_address=target)))
+        await swarm(port, identities, lambda node_id, raw: node_id in victim.peers or raw.lost is not None)
+        await sleep(2.0)  # eight rounds of PEX after the flood
+        elapsed = the_reactor().seconds() - started
+        assert {host for host, _ in dialed} <= {"127.0.0.1"} and ("127.0.0.1", port) not in dialed, dialed
+        assert len(dialed) <= pex.dial_burst + pex.dial_rate * elapsed + 1, (len(dialed), elapsed)
+        flooded = [e for e in pex.book.values() if e.source_group == "loopback" and not e.tried]
+        assert len(flooded) <= pex.address_book.new_buckets_per_group * pex.address_book.bucket_size
+        assert pex.skipped["forbidden"] >= IDENTITIES // 4 and pex.skipped["private"] >= IDENTITIES // 4
+        assert pex.skipped["own"] >= IDENTITIES // 4
+        assert pex.book[honest.node_id].tried and honest.node_id in victim.peers
+        pex.address_book.check_invariants()
+        victim._check_invariants()
+    finally:
+        await stop(victim, honest)
+
+
+@pytest_twisted.ensureDeferred
+async def test_made_up_identities_cannot_grow_the_ban_table_without_bound():
+    """300 made-up identities each send the victim an unsolicited PEX reply: each is penalised and closed,
+    but the ban table holds at most max_bans node ids (default 128; the bans ending first give way)."""
+    victim, pex, port = await pex_switch()
+    try:
+        greetings = []
+        for i in range(IDENTITIES):
+            node_id = random.Random(10_000 + i).randbytes(20).hex()
+            reply = msg_packet(PEX_CHANNEL, encode_addrs([]))
+            greetings.append((node_id, hello_packet(node_id, pex.get_channels()) + reply))
+        await swarm(port, greetings, lambda node_id, raw: raw.lost is not None)
+        await until(lambda: pex.penalties["unsolicited_reply"] == IDENTITIES, "every penalty", seconds=10.0)
+        assert len(pex.banned) == 128
+        assert pex.status()["bans_evicted"] == IDENTITIES - 128
+        victim._check_invariants()
+    finally:
+        await stop(victim)
+
+
+# -- rule 8: an announced address does not steer persistent re-dials -------------------------
+
+
+async def plain_switch(config=CONFIG):
+    recorder = RecordingReactor()
+    switch = Switch([recorder], config=config, clock=the_reactor())
+    switch.startService()
+    port = (await switch.listen("tcp:0:interface=127.0.0.1")).getHost().port
+    return switch, port
+
+
+def connected(switch, node_id) -> bool:
+    peer = switch.peers.get(node_id)
+    return peer is not None and peer.state == "connected"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_persistent_peer_is_re_dialed_through_the_configured_proxy_not_at_its_announced_address():
+    """A is given B through a proxy (persistent); B announces its direct listen address, which joins A's
+    pool as discovered. After a break A re-dials the proxy (the address that last worked), not the
+    announced address; only when the proxy refuses does A try the announced one."""
+    a, _ = await plain_switch()
+    b, b_port = await plain_switch()
+    proxy = FaultProxy("127.0.0.1", b_port, clock=the_reactor())
+    proxy_port = await proxy.start()
+    dialed = record_dials(a, passthrough=True)
+    try:
+        await a.dial(f"{b.node_id}@127.0.0.1:{proxy_port}", persistent=True)
+        pool = a.address_pool(b.node_id)
+        await until(lambda: len(pool) == 2, "B's announced address in A's pool")
+        assert [(s.address.port, s.discovered) for s in pool] == [(proxy_port, False), (b_port, True)]
+        for n in range(3):  # three breaks: each re-dial goes through the proxy
+            proxy.reset_all()
+            await until(lambda: len(dialed) == n + 2 and connected(a, b.node_id), "the re-dial", seconds=10.0)
+            assert dialed[-1] == ("127.0.0.1", proxy_port), f"re-dialed {dialed[-1]}, past the proxy"
+        assert [p for _, p in dialed] == [proxy_port] * 4 and proxy.connections_accepted == 4
+        proxy.refuse(True)  # the proxy goes down: the announced address is the way left
+        proxy.reset_all()
+        await until(lambda: any(p == b_port for _, p in dialed), "a dial of the announced address", seconds=10.0)
+        assert dialed[4][1] == proxy_port  # tried after the configured address failed
+        await until(lambda: connected(a, b.node_id), "the session over the direct address", seconds=10.0)
+    finally:
+        await proxy.stop()
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_persistent_peer_cannot_announce_a_forbidden_or_private_address_into_its_pool():
+    """A persistent peer announcing the metadata service or a private SSH port in its hello: neither joins
+    the dialer's pool; a loopback address it announces over loopback does."""
+    a, _ = await plain_switch()
+    try:
+        for announced, joins in [("169.254.169.254:80", False), ("10.0.0.1:22", False), ("127.0.0.1:9", True)]:
+            b, b_port = await plain_switch()
+            b.listen_address = announced  # what b announces in its hellos
+            try:
+                await a.dial(f"{b.node_id}@127.0.0.1:{b_port}", persistent=True)
+                await sleep(0.05)  # the dial fires before the pool learns the hello's address
+                learnt = [str(s.address) for s in a.address_pool(b.node_id) if s.discovered]
+                assert learnt == ([f"{b.node_id}@{announced}"] if joins else []), announced
+            finally:
+                a.stop_dialing(b.node_id)
+                await stop(b)
+    finally:
+        await stop(a)
