@@ -6,7 +6,8 @@ attacker's choosing (the node's own listener, the cloud metadata service, a priv
 port, a scan of loopback ports) that the node then dialed; made-up identities growing
 the ban table without bound; and a persistent peer's announced address steering its
 re-dials past the proxy the user configured. Real Switches on 127.0.0.1 (pytest-twisted)
-and raw sockets that speak mconn bytes where the attacker is not a Switch. The victim's
+and raw sockets that speak mconn bytes where the attacker is not a Switch; the rules one
+at a time on the in-memory network with ``task.Clock`` time first. The victim's
 dials are recorded where the Switch makes its client endpoint, and refused there without
 touching the network, so no test ever sends a packet beyond 127.0.0.1. Every wait is
 bounded; everything started is stopped.
@@ -23,11 +24,13 @@ from twisted.internet.error import ConnectionRefusedError
 
 from helpers import RawPeer, RecordingReactor, hello_packet, msg_packet, sleep, the_reactor, until
 from mconn import Config, Switch
+from mconn.address import PeerAddress
 from mconn.faultproxy import FaultProxy
+from mconn.testing import FakePeer, MemoryNetwork
+from operators.test_pex import CONFIG as MEMORY_CONFIG
+from operators.test_pex import address_of, fake_address, pex_node
 from reactors.pex import PexReactor
 from reactors.pex_wire import PEX_CHANNEL, encode_addrs
-
-pytestmark = pytest.mark.integration
 
 #: Made-up identities of one attacker (the report's figure).
 IDENTITIES = 300
@@ -95,9 +98,86 @@ async def stop(*switches) -> None:
     await defer.gatherResults([defer.maybeDeferred(s.stopService) for s in switches]).addTimeout(10, the_reactor())
 
 
+# -- the rules one at a time, on the in-memory network ------------------------------------------
+
+
+def memory_pex(config, **kwargs):
+    """A started Switch with a PexReactor on the in-memory network, listening on 10.0.0.1:26656."""
+    network = MemoryNetwork()
+    pex = PexReactor(request_interval=1.0, rng=random.Random(3), **kwargs)
+    switch = network.switch([pex], config=config)
+    switch.startService()
+    switch.listen("tcp:26656")
+    return network, switch, pex
+
+
+def test_learnt_addresses_are_skipped_by_the_rule_they_break():
+    """Addresses a peer announces or lists in a solicited reply are skipped, unpenalised, when they name a
+    forbidden host (metadata, link-local), a DNS name, a private host (allow_discovered_private off), or a
+    loopback host told over a connection that is not loopback; a public one is kept."""
+    network, switch, pex = memory_pex(Config(stats_interval=0))
+    stranger = FakePeer(channels=pex.get_channels(), is_outbound=True, remote_address="9.9.9.9:26656")
+    pex.add_peer(stranger)
+    listed = [
+        fake_address(1, host="169.254.169.254", port=80), fake_address(2, host="fe80::1"),
+        fake_address(3, host="seed.example.com"), fake_address(4, host="10.0.0.1", port=22),
+        fake_address(5, host="127.0.0.1", port=6379), fake_address(6, host="8.8.8.8"),
+    ]
+    pex.receive(PEX_CHANNEL, stranger, encode_addrs(listed))
+    assert list(pex.book) == [fake_address(6).node_id]
+    assert pex.skipped == {"forbidden": 2, "name": 1, "private": 1, "loopback": 1}
+    assert pex.penalties == {} and stranger.state == "connected"
+    local = FakePeer(channels=pex.get_channels(), remote_address="127.0.0.1:40000", listen_address="127.0.0.1:6379")
+    pex.add_peer(local)  # a loopback address told over loopback is kept
+    assert str(pex.book[local.node_id].address) == f"{local.node_id}@127.0.0.1:6379"
+
+
+def test_our_own_listen_address_is_never_booked_nor_dialed():
+    """A peer announcing our listen address as its own is not booked; an address that leads to ourselves
+    anyway (a second listener) is forgotten after one dial and never booked or dialed again."""
+    network, switch, pex = memory_pex(MEMORY_CONFIG)
+    host = network.host_of(switch)
+    liar = FakePeer(channels=pex.get_channels(), remote_address="10.0.0.9:40000", listen_address=f"{host}:26656")
+    pex.add_peer(liar)
+    assert liar.node_id not in pex.book and pex.skipped == {"own": 1}
+    switch.listen("tcp:26657")
+    ours = PeerAddress("ab" * 20, host, 26657)  # our second listener, under another id
+    assert pex.add_address(ours, source="cd" * 20)
+    pex.start()
+    network.run(5.0)
+    assert ours.node_id not in pex.book and pex.counters["dials"] == 1
+    assert not pex.add_address(ours, source="cd" * 20) and pex.skipped["own"] == 2
+
+
+def test_dials_of_learnt_addresses_are_rate_bounded():
+    """However many addresses the book holds and however many outbound peers are wanted, PEX dials at most
+    dial_burst at once and dial_rate per second after that."""
+    network, switch, pex = memory_pex(MEMORY_CONFIG, target_outbound=50, dial_rate=0.5, dial_burst=4)
+    for i in range(100):
+        pex.add_address(fake_address(i, host=f"10.{i}.0.1"), source=f"{i + 1000:040x}", source_host=f"10.{i}.9.9")
+    pex.start()
+    network.run(0.99)
+    first = pex.counters["dials"]
+    network.run(20.0)
+    assert first <= 4 and pex.counters["dials"] <= 4 + 0.5 * 21 + 1
+    assert pex.counters["dials_deferred"] > 0
+
+
+def test_an_outbound_session_moves_the_node_to_the_tried_table():
+    """A node PEX completed an outbound session with is in the tried table; an inbound one stays new."""
+    network = MemoryNetwork()
+    a, pex, _ = pex_node(network)
+    b, b_pex, _ = pex_node(network)
+    a.dial(address_of(network, b))
+    network.run(2.0)
+    assert pex.book[b.node_id].tried and pex.address_book.counts() == {"new": 0, "tried": 1}
+    assert not b_pex.book[a.node_id].tried
+
+
 # -- rule 7: Sybil poisoning of the book ---------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_made_up_identities_cannot_make_the_node_dial_their_targets_nor_crowd_out_its_peers():
     """300 made-up identities connect from 127.0.0.1, each announcing in its hello one target: the
@@ -134,6 +214,7 @@ async def test_made_up_identities_cannot_make_the_node_dial_their_targets_nor_cr
         await stop(victim, honest)
 
 
+@pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_made_up_identities_cannot_grow_the_ban_table_without_bound():
     """300 made-up identities each send the victim an unsolicited PEX reply: each is penalised and closed,
@@ -170,6 +251,7 @@ def connected(switch, node_id) -> bool:
     return peer is not None and peer.state == "connected"
 
 
+@pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_a_persistent_peer_is_re_dialed_through_the_configured_proxy_not_at_its_announced_address():
     """A is given B through a proxy (persistent); B announces its direct listen address, which joins A's
@@ -200,6 +282,7 @@ async def test_a_persistent_peer_is_re_dialed_through_the_configured_proxy_not_a
         await stop(a, b)
 
 
+@pytest.mark.integration
 @pytest_twisted.ensureDeferred
 async def test_a_persistent_peer_cannot_announce_a_forbidden_or_private_address_into_its_pool():
     """A persistent peer announcing the metadata service or a private SSH port in its hello: neither joins
