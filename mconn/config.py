@@ -80,6 +80,14 @@ class Config:
     resume_grace: float = 30.0
     #: Bound on the bytes of a session's unacknowledged messages (the recovery buffer).
     recovery_buffer_bytes: int = 32 << 20
+    #: Bound on the unacknowledged bytes of all sessions together (beyond it a channel
+    #: keeps only its reserve; specs/resume.md section 1.3).
+    max_unacked_bytes: int = 256 << 20
+    #: At most this many suspended sessions are kept; past it the oldest is ended.
+    max_suspended_sessions: int = 32
+    #: At most this many unacknowledged bytes in suspended sessions; past it the one
+    #: holding the most is ended (its messages counted as undelivered).
+    max_suspended_bytes: int = 128 << 20
     #: The receiver acknowledges after this many messages, this many bytes, or
     #: ack_interval seconds after an unacknowledged delivery, whichever comes first.
     ack_every_messages: int = 256
@@ -135,6 +143,9 @@ class Config:
         _check_int("max_control_size", self.max_control_size, 64)
         _check_int("write_batch_bytes", self.write_batch_bytes, 1)
         _check_int("recovery_buffer_bytes", self.recovery_buffer_bytes, 1)
+        _check_int("max_unacked_bytes", self.max_unacked_bytes, 1)
+        _check_int("max_suspended_sessions", self.max_suspended_sessions, 0)
+        _check_int("max_suspended_bytes", self.max_suspended_bytes, 0)
         _check_int("ack_every_messages", self.ack_every_messages, 1)
         _check_int("ack_every_bytes", self.ack_every_bytes, 1)
         if self.max_reconnects is not None:

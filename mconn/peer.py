@@ -102,6 +102,10 @@ class Peer:
         #: The node id is proven by a TLS certificate (not merely claimed in the hello);
         #: only a connection proving it too may resume, probe for or replace the session.
         self.proven = False
+        #: The remote host an inbound session counts against (None for outbound ones).
+        self.ip_key: str | None = None
+        #: When the session was last suspended (clock seconds).
+        self.suspended_at = 0.0
         #: Last measured ping round trip, in seconds (None before the first pong).
         self.round_trip: float | None = None
         self.session = session

@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import hmac
 import itertools
+import math
 
 # AckError lives with the other errors; ``from mconn.session import AckError`` still works.
 from mconn.errors import AckError
@@ -46,6 +47,17 @@ class _Stream:
         self.delivered = 0
 
 
+class Budget:
+    """Unacknowledged bytes across every session of a node (``Config.max_unacked_bytes``):
+    past ``limit`` a session takes a message only into a channel's reserve."""
+
+    __slots__ = ("limit", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+
 class Session:
     """One session's per-channel counters and recovery buffer.
 
@@ -54,11 +66,13 @@ class Session:
     :param recovery_buffer_bytes: bound on unacknowledged message bytes.
     :param ack_every_messages: send an ack after this many deliveries...
     :param ack_every_bytes: ...or this many delivered bytes, whichever comes first.
+    :param budget: the node-wide ``Budget`` it shares with the node's other sessions
+        (unbounded if None); ``release`` gives its bytes back when the session ends.
     """
 
     __slots__ = (
         "id", "_streams", "recovery_buffer_bytes", "channel_reserve_bytes", "unacked_bytes",
-        "_ack_every_messages", "_ack_every_bytes", "_ack_messages_left", "_ack_bytes_left", "resent",
+        "_ack_every_messages", "_ack_every_bytes", "_ack_messages_left", "_ack_bytes_left", "resent", "_budget",
     )
 
     def __init__(
@@ -70,8 +84,10 @@ class Session:
         ack_every_messages: int,
         ack_every_bytes: int,
         channel_reserve_bytes: int = 65536,
+        budget: Budget | None = None,
     ) -> None:
         self.id = session_id
+        self._budget = budget if budget is not None else Budget(math.inf)
         self._streams = {c: _Stream() for c in channel_ids}
         self.recovery_buffer_bytes = recovery_buffer_bytes
         self.channel_reserve_bytes = channel_reserve_bytes
@@ -99,10 +115,11 @@ class Session:
         """Whether a message of ``nbytes`` on the channel fits the recovery buffer now
         (``admit`` applies the same test)."""
         stream = self._streams[channel_id]
+        budget = self._budget
         return (
             not stream.unacked
             or stream.unacked_bytes + nbytes <= self.channel_reserve_bytes
-            or self.unacked_bytes + nbytes <= self.recovery_buffer_bytes
+            or (self.unacked_bytes + nbytes <= self.recovery_buffer_bytes and budget.used + nbytes <= budget.limit)
         )
 
     def admit(self, channel_id: int, message: bytes) -> int | None:
@@ -111,15 +128,17 @@ class Session:
         stream = self._streams[channel_id]
         size = len(message)
         unacked = stream.unacked
+        budget = self._budget
         if (
             unacked
             and stream.unacked_bytes + size > self.channel_reserve_bytes
-            and self.unacked_bytes + size > self.recovery_buffer_bytes
+            and (self.unacked_bytes + size > self.recovery_buffer_bytes or budget.used + size > budget.limit)
         ):
             return None
         unacked.append(message)
         stream.unacked_bytes += size
         self.unacked_bytes += size
+        budget.used += size
         return stream.acked + len(unacked) - 1
 
     def record_sent(self, channel_id: int, message: bytes) -> int:
@@ -128,6 +147,7 @@ class Session:
         stream.unacked.append(message)
         stream.unacked_bytes += len(message)
         self.unacked_bytes += len(message)
+        self._budget.used += len(message)
         return stream.acked + len(stream.unacked) - 1
 
     def accepted(self, channel_id: int) -> int:
@@ -173,6 +193,7 @@ class Session:
                     popleft()
             stream.unacked_bytes -= freed
             self.unacked_bytes -= freed
+            self._budget.used -= freed
             stream.acked = count
             changes.append((channel_id, old, count))
         return changes
@@ -183,6 +204,16 @@ class Session:
         resend = {c: list(s.unacked) for c, s in self._streams.items() if s.unacked}
         self.resent += sum(len(m) for m in resend.values())
         return resend
+
+    def release(self) -> None:
+        """The session ended: its unacknowledged bytes leave the node-wide budget (the
+        messages stay, counted as undelivered)."""
+        self._budget.used -= self.unacked_bytes
+        self._budget = Budget(math.inf)
+
+    def carried_traffic(self) -> bool:
+        """Whether any message was accepted or delivered in this session."""
+        return any(s.acked or s.unacked or s.delivered for s in self._streams.values())
 
     def undelivered(self) -> dict[int, int]:
         """Per channel, messages accepted but not confirmed delivered (non-zero only)."""

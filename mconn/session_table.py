@@ -22,7 +22,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from mconn.errors import LocalProtocolError, PeerRejected, UnexpectedPacket
+from mconn.errors import (
+    ConnectionClosed,
+    ConnectionLost,
+    LocalProtocolError,
+    PeerClosed,
+    PeerRejected,
+    PongTimeout,
+    UnexpectedPacket,
+)
 from mconn.wire import HelloTag, SessionRequest, decode_session_request
 
 
@@ -71,6 +79,7 @@ class SessionInput(enum.Enum):
     SIMULTANEOUS_DIAL = "simultaneous dial"
     NEW_SESSION_ANSWERED = "new session answered"
     DIAL_GAVE_UP = "dial gave up"
+    EVICTED = "evicted"
 
 
 class Effect(enum.Enum):
@@ -186,6 +195,7 @@ TRANSITIONS: dict[tuple[PeerState, SessionInput], Transition] = {
     (S.SUSPENDED, I.NEW_SESSION_ANSWERED): Transition(D, S.CLOSED, (E.END,), "SessionRejected", fresh=True),
     (S.CONNECTING, I.NEW_SESSION_ANSWERED): Transition(D, S.CLOSED, (E.END,), "SessionRejected", fresh=True),
     (S.SUSPENDED, I.DIAL_GAVE_UP): Transition(D, S.CLOSED, (E.END,), "SessionRejected"),
+    (S.SUSPENDED, I.EVICTED): Transition(B, S.CLOSED, (E.END,), "SessionRejected"),
     (S.CONNECTING, I.DIAL_GAVE_UP): Transition(D, S.CLOSED, (E.END,), "SessionRejected"),
 }
 del S, I, E, D, L, B
@@ -200,6 +210,22 @@ def step(state: PeerState, input_: SessionInput) -> Transition:
         return TRANSITIONS[(state, input_)]
     except KeyError:
         raise SessionStateError(state, input_) from None
+
+
+def input_for_loss(reason: Exception, *, stopping: bool, grace: float) -> SessionInput:
+    """The input a connected session gets when its transport ends for ``reason``: a break
+    that is not a close suspends it (specs/resume.md section 1.4)."""
+    if isinstance(reason, (ConnectionLost, PongTimeout)):
+        if stopping:
+            return SessionInput.SWITCH_STOP
+        if grace <= 0:
+            return SessionInput.BREAK_NO_GRACE
+        return SessionInput.PONG_TIMEOUT if isinstance(reason, PongTimeout) else SessionInput.BREAK
+    if isinstance(reason, PeerClosed):
+        return SessionInput.CLOSE_RECEIVED
+    if isinstance(reason, ConnectionClosed):
+        return SessionInput.SWITCH_STOP if reason.code == "shutdown" else SessionInput.PEER_CLOSE
+    return SessionInput.PROTOCOL_ERROR
 
 
 # -- decisions ------------------------------------------------------------------------

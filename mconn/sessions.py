@@ -32,18 +32,18 @@ from mconn import telemetry
 from mconn.errors import (
     AckError,
     ConnectionClosed,
-    ConnectionLost,
     LocalProtocolError,
     PeerClosed,
     PeerRejected,
-    PongTimeout,
     SessionExpired,
     SessionRejected,
     UnexpectedPacket,
 )
 from mconn.peer import Peer
-from mconn.session import Session
+from mconn.session import Budget, Session
 from mconn.duplicates import DuplicateProbes
+from mconn.node_counters import NodeCounters
+from mconn.session_limits import SessionLimits
 from mconn.session_table import (
     Decision,
     Effect,
@@ -53,6 +53,7 @@ from mconn.session_table import (
     check_answer,
     decide_answer,
     decide_hello,
+    input_for_loss,
     session_request_of,
     simultaneous_why,
     step,
@@ -66,10 +67,6 @@ SIMULTANEOUS_DIAL = "simultaneous_dial"
 #: Close codes that end a session a resume attempt was made for (the other node is
 #: stopping or closed the session on purpose); any other close just fails the attempt.
 ENDS_SESSION = frozenset({"shutdown", "closed"})
-#: How many nodes' counters are kept; past it the oldest of nodes now unknown are dropped.
-NODE_COUNTERS_KEPT = 1024
-#: Per-node counters kept across sessions (``Switch.node_counters``, ``PeerStats``).
-NODE_COUNTERS = ("resume_rejections", "grace_expiries", "duplicates_refused", "duplicates_replaced", "simultaneous_dials")
 
 
 @dataclasses.dataclass
@@ -103,17 +100,19 @@ class SessionManager:
         self.config = config
         self.channels = channels
         self.route = route
-        self._admission = admission
         self._dialing = dialing
         self._notify = notify
         self._dialing_to = dialing_to
         #: Sessions by node id (none closed).
         self.peers: dict[str, Peer] = {}
         #: node id -> counters that outlive sessions (PeerStats, status page).
-        self.node_counters: dict[str, dict[str, int]] = {}
+        self.node_counters = NodeCounters()
         self.stopping = False
+        #: Unacknowledged bytes of all sessions (``Config.max_unacked_bytes``).
+        self.budget = Budget(config.max_unacked_bytes)
         self._grace_timers: dict = {}
         self._probes = DuplicateProbes(self)
+        self._limits = SessionLimits(self, admission)
         self._effects = {
             Effect.DROP_TRANSPORT: self._drop_transport,
             Effect.DETACH: lambda peer, _: peer._detach(),
@@ -160,12 +159,20 @@ class SessionManager:
         self._notify("peer_suspended", peer, peer)
 
     def _start_grace(self, peer: Peer, _) -> None:
+        peer.suspended_at = self.clock.seconds()
         self._grace_timers[peer.node_id] = self.clock.callLater(self.config.resume_grace, self._grace_expired, peer)
+        self._limits.bound_suspended()
+
+    def evict(self, peer: Peer, why: str) -> None:
+        """End a suspended session to make room: SessionRejected("evicted: ..."), with its
+        undelivered counts."""
+        self.apply(peer, I.EVICTED, self.rejected(peer, f"evicted: {why}"))
 
     def _resume_effect(self, peer: Peer, step_: _Step) -> None:
         proto = step_.protocol
         self._stop_waiting(peer, dialer=False)  # a dialer that got here stops by itself
         proto.carry(peer)
+        peer.ip_key = proto.ip_key
         if step_.answer:
             proto.core.send_session_answer(
                 SessionAnswer(session_id=peer.session.id, resumed=True, delivered=peer.session.delivered_counts())
@@ -192,6 +199,7 @@ class SessionManager:
         self._stop_waiting(peer, dialer=step_.stop_dialer)
         if not reason.undelivered:
             reason.undelivered = peer.session.undelivered()
+        peer.session.release()
         if isinstance(reason, SessionRejected):
             self.count(peer.node_id, "resume_rejections")
         proto = peer._protocol
@@ -244,8 +252,7 @@ class SessionManager:
         self._start(proto, hello, session_id, refusal, proven=proven)
 
     def _check_limits(self, proto) -> None:
-        outbound = proto.context.is_outbound
-        self._admission.check_peer_limit(outbound, sum(1 for p in self.peers.values() if p.is_outbound == outbound))
+        self._limits.check(proto)
 
     def _start(self, proto, hello, session_id: bytes, refusal: str, *, proven: bool) -> Peer:
         config = self.config
@@ -255,6 +262,7 @@ class SessionManager:
             recovery_buffer_bytes=config.recovery_buffer_bytes,
             ack_every_messages=config.ack_every_messages,
             ack_every_bytes=config.ack_every_bytes,
+            budget=self.budget,
         )
         context = proto.context
         peer = Peer(
@@ -262,6 +270,7 @@ class SessionManager:
             address=context.address,
         )
         peer.proven = proven
+        peer.ip_key = proto.ip_key
         self.peers[peer.node_id] = peer
         proto.carry(peer)
         telemetry.emit(
@@ -421,18 +430,7 @@ class SessionManager:
         self._probes.connection_lost(proto)
 
     def _input_for(self, reason: Exception) -> SessionInput:
-        """A break that is not a close suspends the session (specs/resume.md section 1.4)."""
-        if isinstance(reason, (ConnectionLost, PongTimeout)):
-            if self.stopping:
-                return I.SWITCH_STOP
-            if self.config.resume_grace <= 0:
-                return I.BREAK_NO_GRACE
-            return I.PONG_TIMEOUT if isinstance(reason, PongTimeout) else I.BREAK
-        if isinstance(reason, PeerClosed):
-            return I.CLOSE_RECEIVED
-        if isinstance(reason, ConnectionClosed):
-            return I.SWITCH_STOP if reason.code == "shutdown" else I.PEER_CLOSE
-        return I.PROTOCOL_ERROR
+        return input_for_loss(reason, stopping=self.stopping, grace=self.config.resume_grace)
 
     def would_suspend(self, reason: Exception | None) -> bool:
         """Would a connected session whose transport ends for ``reason`` be suspended?"""
@@ -481,21 +479,7 @@ class SessionManager:
     # -- counters and invariants ---------------------------------------------------------
 
     def count(self, node_id: str, counter: str) -> None:
-        counters = self.node_counters.get(node_id)
-        if counters is None:
-            if len(self.node_counters) >= NODE_COUNTERS_KEPT:
-                self._forget_counters()
-            counters = self.node_counters[node_id] = dict.fromkeys(NODE_COUNTERS, 0)
-        counters[counter] += 1
-
-    def _forget_counters(self) -> None:
-        """Bound the table: strangers come and go (a flood of hellos from made-up node
-        ids); drop the oldest entries of nodes with no session and no dialer."""
-        for node_id in list(self.node_counters):
-            if len(self.node_counters) < NODE_COUNTERS_KEPT // 2:
-                break
-            if node_id not in self.peers and not self._dialing.knows(node_id):
-                del self.node_counters[node_id]
+        self.node_counters.count(node_id, counter, keep=lambda n: n in self.peers or self._dialing.knows(n))
 
     def check_invariants(self, connections) -> None:
         """The peer table agrees with the live connections."""

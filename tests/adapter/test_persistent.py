@@ -336,9 +336,9 @@ def test_a_custom_reconnect_delay_is_used(network, telemetry):
 def test_node_counters_stay_bounded_when_strangers_come_and_go(network, monkeypatch):
     """Counters of nodes with no session and no dialer are dropped, oldest first, once
     the table is full; those of known nodes are kept."""
-    import mconn.sessions
+    import mconn.node_counters
 
-    monkeypatch.setattr(mconn.sessions, "NODE_COUNTERS_KEPT", 8)
+    monkeypatch.setattr(mconn.node_counters, "NODE_COUNTERS_KEPT", 8)
     a, b = Node(network, None), Node(network, 26656)
     network.connect(a.switch, b.switch)
     b.switch._sessions.count(a.switch.node_id, "duplicates_refused")  # a known node, counted first
