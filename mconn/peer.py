@@ -32,6 +32,7 @@ CONNECTING = PeerState.CONNECTING
 CONNECTED = PeerState.CONNECTED
 SUSPENDED = PeerState.SUSPENDED
 CLOSED = PeerState.CLOSED
+_OPEN = State.OPEN
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -127,6 +128,8 @@ class Peer:
         }
         #: The connection's channels (its queues) while connected, else None.
         self._queues = protocol.core.channels
+        #: The connection's core while connected, else None (the per-message state check).
+        self._core = protocol.core
         self._route = sessions.route
         self._connected_at = self._clock.seconds()
         self._waiting: dict[int, collections.deque] = {}
@@ -142,7 +145,8 @@ class Peer:
 
     def _live(self) -> bool:
         """Connected, and the connection still carries messages."""
-        return self.state is CONNECTED and self._protocol.core.state is State.OPEN
+        core = self._core
+        return core is not None and core.state is _OPEN
 
     def _closing(self) -> bool:
         """Over, or ending: nothing more can be accepted.
@@ -152,11 +156,10 @@ class Peer:
         fails, sends are held for the resume exactly as while suspended (specs/resume.md
         section 1.3). A close, ours or the peer's, or a protocol error does.
         """
-        if self.state is CLOSED:
-            return True
-        if self.state is CONNECTED and self._protocol.core.state is not State.OPEN:
-            return not self._sessions.would_suspend(self._protocol.end_reason)
-        return False
+        core = self._core
+        if core is not None:
+            return core.state is not _OPEN and not self._sessions.would_suspend(self._protocol.end_reason)
+        return self.state is CLOSED
 
     def _accepts(self, channel_id: int, message) -> bool:
         """False for channels either side lacks; ValueError for oversized messages."""
@@ -179,7 +182,8 @@ class Peer:
         The per-message path: one call into the connection's channel queue, one into the
         session (``Session.admit``); a message the session refuses leaves the queue again.
         """
-        if self._live():
+        core = self._core
+        if core is not None and core.state is _OPEN:
             channel = self._queues[channel_id]
             if not channel.enqueue(message):
                 return None
@@ -203,7 +207,8 @@ class Peer:
             return False
         if self._accept(channel_id, message) is None:
             return False
-        if self._live():
+        core = self._core
+        if core is not None and core.state is _OPEN:
             self._protocol.pump()
         return True
 
@@ -319,6 +324,7 @@ class Peer:
         """The transport is gone: sends are held for the next one."""
         self._protocol = None
         self._queues = None
+        self._core = None
         self.disconnects += 1
         self._held = {}
         self._cancel_ack_timer()
@@ -328,6 +334,7 @@ class Peer:
         (``resend``: ``Session.to_resend`` of the peer's delivered counts)."""
         self._protocol = protocol
         self._queues = protocol.core.channels
+        self._core = protocol.core
         self.remote_address = protocol.remote_address
         self.connects += 1
         self._held = {}
@@ -343,6 +350,7 @@ class Peer:
         """The session is over: fail what waits on it."""
         self._protocol = None
         self._queues = None
+        self._core = None
         self._cancel_ack_timer()
         for waiting in self._waiting.values():
             while waiting:
