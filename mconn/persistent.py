@@ -150,8 +150,9 @@ class PersistentDialing:
             return
         address = announced_address(peer.node_id, peer.listen_address, peer.remote_address)
         source_host, allow_private = host_of(peer.remote_address), self.config.allow_discovered_private
-        if address is not None and discovered_problem(address, source_host=source_host, allow_private=allow_private) is None:
-            redial.dialer.pool.add_discovered(address)
+        if address is None or discovered_problem(address, source_host=source_host, allow_private=allow_private):
+            return  # specs/pex.md 3.5: never link-local, metadata, private (by default)...
+        redial.dialer.pool.add_discovered(address)
 
     def redial(self, peer) -> None:
         """The side that dialed re-dials a suspended session (specs/resume.md section 4)."""

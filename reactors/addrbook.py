@@ -185,7 +185,9 @@ class AddressBook:
 
     # -- changes -------------------------------------------------------------------
 
-    def add(self, address: PeerAddress, *, source: str, source_group: str, now: float, connected: Collection = ()) -> str:
+    def add(
+        self, address: PeerAddress, *, source: str, source_group: str, now: float, connected: Collection = ()
+    ) -> str:
         """Learn ``address`` from ``source``, whose connection is in ``source_group``.
 
         A node's own word (``source`` is the node) replaces an address others told, or
@@ -303,7 +305,10 @@ class AddressBook:
                 assert len(bucket) <= self.bucket_size, f"bucket {index} holds {len(bucket)}"
                 for node_id, entry in bucket.items():
                     assert self._entries.get(node_id) is entry and entry.tried is tried and entry.bucket == index
-                    expected = self.tried_bucket(entry.address) if tried else self.new_bucket(entry.address, entry.source_group)
+                    if tried:
+                        expected = self.tried_bucket(entry.address)
+                    else:
+                        expected = self.new_bucket(entry.address, entry.source_group)
                     assert index == expected, f"{entry.address} is in bucket {index}, not {expected}"
                     per_source[entry.source] += 1
                     seen += 1

@@ -50,28 +50,12 @@ import types
 from twisted.logger import Logger
 
 from mconn import ChannelDescriptor, PeerClosed, PeerIdMismatch, PeerRejected, Reactor
-from mconn.address import (
-    PUBLIC,
-    PeerAddress,
-    announced_address,
-    discovered_problem,
-    host_of,
-    host_scope,
-    is_own_address,
-    parse_address,
-)
+from mconn.address import PUBLIC, PeerAddress, announced_address, discovered_problem, host_of, host_scope
+from mconn.address import is_own_address, parse_address
 from mconn.rate import TokenBucket
 from reactors.addrbook import AddressBook, BanTable, BookEntry, network_group
-from reactors.pex_wire import (
-    MAX_WIRE_ADDRESSES,
-    PEX_CHANNEL,
-    PexMisbehaved,
-    PexType,
-    decode_message,
-    encode_addrs,
-    encode_request,
-    max_message_bytes,
-)
+from reactors.pex_wire import MAX_WIRE_ADDRESSES, PEX_CHANNEL, PexMisbehaved, PexType, decode_message
+from reactors.pex_wire import encode_addrs, encode_request, max_message_bytes
 
 __all__ = ["BookEntry", "PexReactor"]
 
@@ -501,5 +485,6 @@ class PexReactor(Reactor):
 
 #: The counter of each outcome of AddressBook.add ("known" counts nothing).
 _RESULT_COUNTERS = {
-    "added": "addresses_added", "replaced": "addresses_replaced", "capped": "addresses_capped", "full": "addresses_dropped",
+    "added": "addresses_added", "replaced": "addresses_replaced",
+    "capped": "addresses_capped", "full": "addresses_dropped",
 }

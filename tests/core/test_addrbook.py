@@ -116,8 +116,10 @@ def test_discovered_problem_names_the_rule_an_address_breaks(host, source_host, 
     one only with allow_private; never a forbidden host, a DNS name or our own listen address."""
     text = host if ":" in host else f"{host}:26656"
     target = parse_address(f"{node(1)}@{text}")
-    listening = ["127.0.0.1:5"]
-    assert discovered_problem(target, source_host=source_host, allow_private=allow_private, listen_addresses=listening) == problem
+    found = discovered_problem(
+        target, source_host=source_host, allow_private=allow_private, listen_addresses=["127.0.0.1:5"]
+    )
+    assert found == problem
 
 
 def test_announced_address_uses_the_connection_host_for_an_unspecified_one():
@@ -216,7 +218,9 @@ def test_tried_entries_keep_their_room_under_a_flood_of_new_addresses():
 
 def test_a_full_tried_bucket_sends_its_least_recently_good_entry_back_to_new():
     """Promoting into a full tried bucket demotes the entry of that bucket that succeeded least recently."""
-    book = small_book(tried_buckets=1, tried_buckets_per_group=1, bucket_size=2, new_buckets=64, new_buckets_per_group=64)
+    book = small_book(
+        tried_buckets=1, tried_buckets_per_group=1, bucket_size=2, new_buckets=64, new_buckets_per_group=64
+    )
     for i in range(3):
         book.add(address(i), source=node(i), source_group=f"{i}.0.0.0/16", now=0)
     book.mark_good(node(0), 5)
@@ -318,7 +322,10 @@ def test_the_ban_table_is_bounded_dropping_ended_bans_then_the_one_ending_first(
 
 def test_the_book_and_the_address_rules_import_without_twisted():
     """reactors.addrbook and mconn.address are pure: importing them loads no twisted module."""
-    program = "import sys, reactors.addrbook, mconn.address; print(sorted(m for m in sys.modules if m.startswith('twisted')))"
+    program = (
+        "import sys, reactors.addrbook, mconn.address; "
+        "print(sorted(m for m in sys.modules if m.startswith('twisted')))"
+    )
     root = pathlib.Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, cwd=root)
     assert result.stdout.strip() == "[]"
