@@ -15,7 +15,7 @@ import unicodedata
 from construct import (
     Bytes,
     ConstructError,
-    Flag,
+    ExprAdapter,
     GreedyBytes,
     Int8ub,
     Int16ub,
@@ -81,9 +81,11 @@ OfferMessage = Struct(
 ChunkMessage = Struct("transfer" / Bytes(ID_SIZE), "data" / GreedyBytes)
 # kind 0x03 | transfer id[16] | reason: u8 length + UTF-8
 CancelMessage = Struct("transfer" / Bytes(ID_SIZE), "reason" / PascalString(Int8ub, "utf8"), Terminated)
+# A byte that must be 00 or 01 (construct's Flag reads any other byte as true).
+Bool = ExprAdapter(OneOf(Int8ub, [0, 1]), lambda obj, ctx: bool(obj), lambda obj, ctx: int(obj))
 # kind 0x04 | transfer id[16] | ok: u8 (0 or 1) | reason: u8 length + UTF-8
 ReceiptMessage = Struct(
-    "transfer" / Bytes(ID_SIZE), "ok" / Flag, "reason" / PascalString(Int8ub, "utf8"), Terminated
+    "transfer" / Bytes(ID_SIZE), "ok" / Bool, "reason" / PascalString(Int8ub, "utf8"), Terminated
 )
 # kind 0x05 | transfer id[16] | code: u8 (a key of REFUSALS) | retry_after: u32 seconds (0: waiting
 # will not help) | reason: u8 length + UTF-8
