@@ -4,8 +4,8 @@
 * The rules, one at a time, on a Switch of the in-memory network (``task.Clock`` time)
   with FakePeers fed to the reactor: answering, rate limits both ways, bad replies,
   the book's caps, dial backoff, timers.
-* Real Switches on the in-memory network: hostile peers (a flood of addresses, an
-  unsolicited reply, a request flood) and a ten-node fleet whose rounds are counted.
+* Real Switches on the in-memory network: a ten-node fleet whose rounds are counted
+  (hostile peers and the book under made-up sources are in test_pex_attacks.py).
 * Ten real Switches on 127.0.0.1 (pytest-twisted): each knows only the seed; all end up
   connected to all. Three ``twistd mconn`` processes likewise.
 """
@@ -24,11 +24,10 @@ from hypothesis import strategies as st
 from twisted.internet import defer, task
 
 from helpers import RecordingReactor, the_reactor
-from mconn import Config, PeerClosed, Switch
+from mconn import Config, Switch
 from mconn.address import PeerAddress, parse_address
 from mconn.testing import FakePeer, MemoryNetwork
 from operators.twistd_nodes import LOOPBACK, Node
-from reactors.addrbook import network_group
 from reactors.pex import PexReactor
 from reactors.pex_wire import (
     MAX_WIRE_ADDRESSES,
@@ -290,36 +289,6 @@ def test_one_source_cannot_take_more_than_per_source_cap():
     solo.pex.address_book.check_invariants()
 
 
-def test_sources_behind_one_network_group_share_its_buckets_however_many_they_are():
-    """Made-up sources that all connect from one network group place addresses in at most
-    new_buckets_per_group buckets of the new table; a source from another group still finds room."""
-    solo = Solo(target_outbound=0, new_buckets=16, bucket_size=2, new_buckets_per_group=2)
-    for i in range(200):
-        address = fake_address(i, host=f"10.{i % 100}.{i // 100}.1")
-        solo.pex.add_address(address, source=f"{i + 1:040x}", source_host=f"10.1.{i % 250}.9")
-    used = {e.bucket for e in solo.pex.book.values()}
-    assert len(used) <= 2 and len(solo.pex.book) <= 2 * 2 and solo.pex.counters["addresses_dropped"] >= 196
-    book, group = solo.pex.address_book, network_group("10.2.0.1")
-    others = [fake_address(500 + i, host=f"10.{i}.9.1") for i in range(100)]
-    other = next(a for a in others if book.new_bucket(a, group) not in used)
-    assert solo.pex.add_address(other, source="ab" * 20, source_host="10.2.0.1")
-    solo.pex.address_book.check_invariants()
-
-
-def test_a_full_bucket_evicts_the_entry_that_failed_most_or_keeps_its_entries():
-    """A full bucket makes room by evicting the entry with the most dial failures; when none failed, the
-    newcomer is dropped (the first address keeps its room)."""
-    solo = Solo(target_outbound=0, new_buckets=1, tried_buckets=1, bucket_size=3)
-    for i in range(3):
-        solo.pex.add_address(fake_address(i), source="ab" * 20)
-    assert not solo.pex.add_address(fake_address(9), source="ab" * 20)
-    solo.pex.book[fake_address(1).node_id].failures = 2
-    solo.pex.book[fake_address(2).node_id].failures = 1
-    assert solo.pex.add_address(fake_address(3), source="ab" * 20)
-    assert set(solo.pex.book) == {fake_address(i).node_id for i in (0, 2, 3)}
-    assert solo.pex.counters["addresses_dropped"] == 1
-
-
 def test_a_peer_announcing_an_unspecified_host_is_booked_at_the_host_it_came_from():
     """A peer announcing 0.0.0.0 is booked at the host it connected from, with its announced port."""
     solo = Solo(target_outbound=0)
@@ -420,83 +389,6 @@ def test_stopping_the_switch_stops_the_rounds():
     a.stopService()
     network.run(10.0)
     assert pex.rounds == rounds and pex._timer is None
-
-
-# -- hostile peers with real Switches --------------------------------------------------
-
-
-class FloodingPex(PexReactor):
-    """Answers every request with as many made-up addresses as it may."""
-
-    fresh = 100_000
-
-    def _answer(self, state, wanted):
-        start, self.fresh = self.fresh, self.fresh + wanted
-        state.peer.try_send(PEX_CHANNEL, encode_addrs([fake_address(i) for i in range(start, start + wanted)]))
-
-
-class UnsolicitedPex(PexReactor):
-    """Sends addresses to every new peer without being asked."""
-
-    def add_peer(self, peer):
-        super().add_peer(peer)
-        peer.try_send(PEX_CHANNEL, encode_addrs([fake_address(1)]))
-
-
-class FloodingAsker(PexReactor):
-    """Asks every 0.1 s."""
-
-    def add_peer(self, peer):
-        super().add_peer(peer)
-        self.loop = task.LoopingCall(peer.try_send, PEX_CHANNEL, encode_request(10))
-        self.loop.clock = self.switch.clock
-        self.loop.start(0.1)
-
-    def remove_peer(self, peer, reason):
-        super().remove_peer(peer, reason)
-        self.loop.stop()
-
-
-def hostile_pair(network, hostile_class, **victim_kwargs):
-    victim, pex, recorder = pex_node(network, **victim_kwargs)
-    hostile_recorder = RecordingReactor()
-    hostile = network.switch([hostile_class(request_interval=1.0), hostile_recorder], config=CONFIG)
-    hostile.startService()
-    return victim, pex, recorder, hostile, hostile_recorder
-
-
-def test_a_hostile_peer_flooding_addresses_holds_at_most_per_source_cap_of_the_book():
-    """A peer flooding addresses it was asked for holds at most per_source_cap book entries, unpenalised;
-    honest peers still get in."""
-    network = MemoryNetwork()
-    victim, pex, _, hostile, _ = hostile_pair(network, FloodingPex, per_source_cap=8, max_addresses=50, target_outbound=0)
-    honest, _, _ = pex_node(network)
-    hostile.listen("tcp:26656")
-    victim.dial(address_of(network, hostile))
-    victim.dial(address_of(network, honest))
-    network.run(30.0)
-    from_hostile = [e for e in pex.book.values() if e.source == hostile.node_id]
-    assert pex.counters["replies_received"] >= 10 and pex.counters["addresses_capped"] >= 400
-    assert len(from_hostile) == 8 and honest.node_id in pex.book
-    assert pex.penalties == {}  # it asked for 50 and got 50: capped, not penalised
-
-
-@pytest.mark.parametrize(
-    "hostile_class, reason", [(UnsolicitedPex, "unsolicited_reply"), (FloodingAsker, "request_flood")]
-)
-def test_a_hostile_peer_is_dropped_with_a_specific_reason_on_both_sides(hostile_class, reason):
-    """A peer sending unsolicited replies or flooding requests is dropped and banned, both sides told the
-    specific reason."""
-    network = MemoryNetwork()
-    victim, pex, recorder, hostile, hostile_recorder = hostile_pair(network, hostile_class)
-    hostile.dial(address_of(network, victim))
-    network.run(2.0)
-    [(_, ours)] = recorder.removed()
-    [(_, theirs)] = hostile_recorder.removed()
-    assert f"pex {reason}: " in str(ours)
-    assert isinstance(theirs, PeerClosed) and theirs.code == "closed" and theirs.text.startswith(f"pex {reason}: ")
-    assert pex.penalties == {reason: 1} and hostile.node_id in pex.banned
-    victim._check_invariants()
 
 
 # -- ten nodes that each know only the seed ----------------------------------------------

@@ -5,7 +5,9 @@ the rules of learnt addresses: made-up identities filling the book with targets 
 attacker's choosing (the node's own listener, the cloud metadata service, a private SSH
 port, a scan of loopback ports) that the node then dialed; made-up identities growing
 the ban table without bound; and a persistent peer's announced address steering its
-re-dials past the proxy the user configured. Real Switches on 127.0.0.1 (pytest-twisted)
+re-dials past the proxy the user configured. Also: the book's buckets under made-up
+sources, and hostile PEX peers (an address flood, unsolicited replies, a request flood)
+between real Switches on the in-memory network. Real Switches on 127.0.0.1 (pytest-twisted)
 and raw sockets that speak mconn bytes where the attacker is not a Switch; the rules one
 at a time on the in-memory network with ``task.Clock`` time first. The victim's
 dials are recorded where the Switch makes its client endpoint, and refused there without
@@ -19,18 +21,19 @@ import random
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer, endpoints
+from twisted.internet import defer, endpoints, task
 from twisted.internet.error import ConnectionRefusedError
 
 from helpers import RawPeer, RecordingReactor, hello_packet, msg_packet, sleep, the_reactor, until
-from mconn import Config, Switch
+from mconn import Config, PeerClosed, Switch
 from mconn.address import PeerAddress
 from mconn.faultproxy import FaultProxy
 from mconn.testing import FakePeer, MemoryNetwork
 from operators.test_pex import CONFIG as MEMORY_CONFIG
-from operators.test_pex import address_of, fake_address, pex_node
+from operators.test_pex import Solo, address_of, fake_address, pex_node
+from reactors.addrbook import network_group
 from reactors.pex import PexReactor
-from reactors.pex_wire import PEX_CHANNEL, encode_addrs
+from reactors.pex_wire import PEX_CHANNEL, encode_addrs, encode_request
 
 #: Made-up identities of one attacker (the report's figure).
 IDENTITIES = 300
@@ -172,6 +175,113 @@ def test_an_outbound_session_moves_the_node_to_the_tried_table():
     network.run(2.0)
     assert pex.book[b.node_id].tried and pex.address_book.counts() == {"new": 0, "tried": 1}
     assert not b_pex.book[a.node_id].tried
+
+
+def test_sources_behind_one_network_group_share_its_buckets_however_many_they_are():
+    """Made-up sources that all connect from one network group place addresses in at most
+    new_buckets_per_group buckets of the new table; a source from another group still finds room."""
+    solo = Solo(target_outbound=0, new_buckets=16, bucket_size=2, new_buckets_per_group=2)
+    for i in range(200):
+        address = fake_address(i, host=f"10.{i % 100}.{i // 100}.1")
+        solo.pex.add_address(address, source=f"{i + 1:040x}", source_host=f"10.1.{i % 250}.9")
+    used = {e.bucket for e in solo.pex.book.values()}
+    assert len(used) <= 2 and len(solo.pex.book) <= 2 * 2 and solo.pex.counters["addresses_dropped"] >= 196
+    book, group = solo.pex.address_book, network_group("10.2.0.1")
+    others = [fake_address(500 + i, host=f"10.{i}.9.1") for i in range(100)]
+    other = next(a for a in others if book.new_bucket(a, group) not in used)
+    assert solo.pex.add_address(other, source="ab" * 20, source_host="10.2.0.1")
+    solo.pex.address_book.check_invariants()
+
+
+def test_a_full_bucket_evicts_the_entry_that_failed_most_or_keeps_its_entries():
+    """A full bucket makes room by evicting the entry with the most dial failures; when none failed, the
+    newcomer is dropped (the first address keeps its room)."""
+    solo = Solo(target_outbound=0, new_buckets=1, tried_buckets=1, bucket_size=3)
+    for i in range(3):
+        solo.pex.add_address(fake_address(i), source="ab" * 20)
+    assert not solo.pex.add_address(fake_address(9), source="ab" * 20)
+    solo.pex.book[fake_address(1).node_id].failures = 2
+    solo.pex.book[fake_address(2).node_id].failures = 1
+    assert solo.pex.add_address(fake_address(3), source="ab" * 20)
+    assert set(solo.pex.book) == {fake_address(i).node_id for i in (0, 2, 3)}
+    assert solo.pex.counters["addresses_dropped"] == 1
+
+
+# -- hostile peers with real Switches --------------------------------------------------
+
+
+class FloodingPex(PexReactor):
+    """Answers every request with as many made-up addresses as it may."""
+
+    fresh = 100_000
+
+    def _answer(self, state, wanted):
+        start, self.fresh = self.fresh, self.fresh + wanted
+        state.peer.try_send(PEX_CHANNEL, encode_addrs([fake_address(i) for i in range(start, start + wanted)]))
+
+
+class UnsolicitedPex(PexReactor):
+    """Sends addresses to every new peer without being asked."""
+
+    def add_peer(self, peer):
+        super().add_peer(peer)
+        peer.try_send(PEX_CHANNEL, encode_addrs([fake_address(1)]))
+
+
+class FloodingAsker(PexReactor):
+    """Asks every 0.1 s."""
+
+    def add_peer(self, peer):
+        super().add_peer(peer)
+        self.loop = task.LoopingCall(peer.try_send, PEX_CHANNEL, encode_request(10))
+        self.loop.clock = self.switch.clock
+        self.loop.start(0.1)
+
+    def remove_peer(self, peer, reason):
+        super().remove_peer(peer, reason)
+        self.loop.stop()
+
+
+def hostile_pair(network, hostile_class, **victim_kwargs):
+    victim, pex, recorder = pex_node(network, **victim_kwargs)
+    hostile_recorder = RecordingReactor()
+    hostile = network.switch([hostile_class(request_interval=1.0), hostile_recorder], config=MEMORY_CONFIG)
+    hostile.startService()
+    return victim, pex, recorder, hostile, hostile_recorder
+
+
+def test_a_hostile_peer_flooding_addresses_holds_at_most_per_source_cap_of_the_book():
+    """A peer flooding addresses it was asked for holds at most per_source_cap book entries, unpenalised;
+    honest peers still get in."""
+    network = MemoryNetwork()
+    victim, pex, _, hostile, _ = hostile_pair(network, FloodingPex, per_source_cap=8, max_addresses=50, target_outbound=0)
+    honest, _, _ = pex_node(network)
+    hostile.listen("tcp:26656")
+    victim.dial(address_of(network, hostile))
+    victim.dial(address_of(network, honest))
+    network.run(30.0)
+    from_hostile = [e for e in pex.book.values() if e.source == hostile.node_id]
+    assert pex.counters["replies_received"] >= 10 and pex.counters["addresses_capped"] >= 400
+    assert len(from_hostile) == 8 and honest.node_id in pex.book
+    assert pex.penalties == {}  # it asked for 50 and got 50: capped, not penalised
+
+
+@pytest.mark.parametrize(
+    "hostile_class, reason", [(UnsolicitedPex, "unsolicited_reply"), (FloodingAsker, "request_flood")]
+)
+def test_a_hostile_peer_is_dropped_with_a_specific_reason_on_both_sides(hostile_class, reason):
+    """A peer sending unsolicited replies or flooding requests is dropped and banned, both sides told the
+    specific reason."""
+    network = MemoryNetwork()
+    victim, pex, recorder, hostile, hostile_recorder = hostile_pair(network, hostile_class)
+    hostile.dial(address_of(network, victim))
+    network.run(2.0)
+    [(_, ours)] = recorder.removed()
+    [(_, theirs)] = hostile_recorder.removed()
+    assert f"pex {reason}: " in str(ours)
+    assert isinstance(theirs, PeerClosed) and theirs.code == "closed" and theirs.text.startswith(f"pex {reason}: ")
+    assert pex.penalties == {reason: 1} and hostile.node_id in pex.banned
+    victim._check_invariants()
 
 
 # -- rule 7: Sybil poisoning of the book ---------------------------------------------------
