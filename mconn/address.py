@@ -132,6 +132,15 @@ def _fail(text: str, problem: str) -> NoReturn:
 # -- which learnt addresses may be dialed (specs/pex.md section 3.5) -------------------------
 
 
+def _ip(host: str):
+    """``host`` as an IP address (an IPv4-mapped one as IPv4), or None for a name."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return ip.ipv4_mapped if ip.version == 6 and ip.ipv4_mapped is not None else ip
+
+
 def host_scope(host: str) -> str:
     """Where ``host`` leads: ``public`` (a globally routable IP), ``private`` (RFC 1918,
     100.64.0.0/10, IPv6 unique local, and every other range that is not global),
@@ -140,12 +149,9 @@ def host_scope(host: str) -> str:
     metadata service 169.254.169.254, a host of METADATA_HOSTS, multicast, reserved,
     broadcast). An IPv4-mapped IPv6 address is judged as its IPv4 address.
     """
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
+    ip = _ip(host)
+    if ip is None:
         return NAME
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
     if ip in METADATA_HOSTS or ip.is_unspecified or ip.is_link_local or ip.is_multicast:
         return FORBIDDEN
     if ip.is_loopback:
@@ -153,14 +159,6 @@ def host_scope(host: str) -> str:
     if ip.is_reserved or (ip.version == 4 and ip in _THIS_NETWORK):
         return FORBIDDEN
     return PUBLIC if ip.is_global else PRIVATE
-
-
-def _ip(host: str):
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    return ip.ipv4_mapped if ip.version == 6 and ip.ipv4_mapped is not None else ip
 
 
 def is_own_address(address: PeerAddress, listen_addresses) -> bool:

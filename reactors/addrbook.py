@@ -41,12 +41,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import ipaddress
 import random
 import types
 from collections.abc import Callable, Collection
 
-from mconn.address import PeerAddress
+from mconn.address import LOOPBACK, NAME, PeerAddress, host_scope
+from mconn.admission import address_group
 
 #: Odds of picking from the tried table when both tables have a candidate (addrman's).
 TRIED_BIAS = 0.5
@@ -54,18 +54,15 @@ TRIED_BIAS = 0.5
 
 def network_group(host: str) -> str:
     """The network group of ``host``: ``a.b.0.0/16`` for IPv4, the /32 for IPv6 (an
-    IPv4-mapped address is IPv4), ``loopback`` for every loopback address, and
-    ``name:<host>`` for a DNS name."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return f"name:{host.lower()}"
-    if ip.version == 6 and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    if ip.is_loopback:
+    IPv4-mapped address is IPv4; ``mconn.admission.address_group`` with those prefixes),
+    ``loopback`` for every loopback address (one host, however many of its addresses
+    made-up identities bind), and ``name:<host>`` for a DNS name."""
+    scope = host_scope(host)
+    if scope == LOOPBACK:
         return "loopback"
-    bits = 16 if ip.version == 4 else 32
-    return str(ipaddress.ip_network(f"{ip.compressed.split('%')[0]}/{bits}", strict=False))
+    if scope == NAME:
+        return f"name:{host.lower()}"
+    return address_group(host, 16, 32)
 
 
 @dataclasses.dataclass
