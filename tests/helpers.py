@@ -12,7 +12,7 @@ import dataclasses
 import re
 
 from twisted.internet import defer, task
-from twisted.internet.error import ConnectionDone
+from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import EventLoggingObserver, StringTransport
@@ -341,3 +341,25 @@ async def until(condition, what: str = "the condition", seconds: float = 10.0, s
             return
         await sleep(step)
     raise AssertionError(f"timed out after {seconds} s waiting for {what}")
+
+
+# -- recorded dials ------------------------------------------------------------------
+
+
+class _Refused:
+    """A client endpoint that refuses at once: the recorded dial never leaves the process."""
+
+    def connect(self, factory):
+        return defer.fail(ConnectionRefusedError("refused by the test: dials are only recorded"))
+
+
+def record_dials(switch, *, passthrough: bool):
+    """Record every ``(host, port)`` ``switch`` dials; refuse them unless ``passthrough``."""
+    dialed, real = [], switch._endpoint
+
+    def endpoint(target):
+        dialed.append((target.host, target.port))
+        return real(target) if passthrough and target.host == "127.0.0.1" else _Refused()
+
+    switch._endpoint = endpoint
+    return dialed

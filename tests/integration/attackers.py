@@ -2,7 +2,7 @@
 
     python attackers.py PORT SECONDS
 
-For SECONDS, against 127.0.0.1:PORT, at once (issue 12, attacks 4 to 6):
+For SECONDS, against 127.0.0.1:PORT, at once (issue 12, attacks 4 to 7):
 
 * **dormant**: from 127.0.0.2, a hello with a made-up node id, then a reset, again and
   again (sessions that would stay suspended and hold inbound slots);
@@ -10,7 +10,11 @@ For SECONDS, against 127.0.0.1:PORT, at once (issue 12, attacks 4 to 6):
   and never acknowledges it, then resets after a moment (recovery buffers pinned by
   dormant sessions);
 * **stall**: from 127.0.0.50 to .57, eight silent sockets each, renewed as soon as the
-  node closes one (the handshake budget).
+  node closes one (the handshake budget);
+* **sybil**: from 127.0.0.70 to .79, made-up identities with the PEX channel whose hellos
+  announce, as their own listen address, a target of the attacker's choosing: the cloud
+  metadata address, a private host, the node's own listener, a scan of loopback ports
+  (attack 7: the node must never dial the first three, and dial the rest at a bounded rate).
 
 Every loop is bounded by the deadline; every socket is closed. At the end one JSON
 object goes to stdout: how many of each were made.
@@ -37,10 +41,18 @@ CHANNELS = [
 RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close sends a RST
 
 
-def made_up_hello(rng: random.Random) -> bytes:
+#: The PEX channel, announced by the sybils (reactors/pex.py).
+PEX = ChannelDescriptor(0x00, priority=1, send_queue_capacity=10, recv_message_capacity=1 << 16)
+
+
+def made_up_hello(rng: random.Random, *, listen_address: str = "", pex: bool = False) -> bytes:
     request = wire.SessionRequest(session_id=rng.randbytes(16), resume=False)
     fields = ((wire.HelloTag.SESSION, wire.encode_session_request(request)),)
-    hello = make_hello(node_id=rng.randbytes(20).hex(), channels=CHANNELS, max_packet_payload=1024, fields=fields)
+    channels = CHANNELS + [PEX] if pex else CHANNELS
+    hello = make_hello(
+        node_id=rng.randbytes(20).hex(), channels=channels, max_packet_payload=1024, fields=fields,
+        listen_address=listen_address,
+    )
     return wire.encode_extension(wire.PacketType.HELLO, wire.encode_hello(hello))
 
 
@@ -125,13 +137,34 @@ def stall(port: int, source: str, deadline: float, counts: dict) -> None:
         sock.close()
 
 
+def sybil(port: int, source: str, deadline: float, counts: dict) -> None:
+    rng = random.Random(source)
+    targets = ["169.254.169.254:80", "10.0.0.1:22", f"127.0.0.1:{port}"]
+    targets += [f"127.0.0.1:{p}" for p in range(20000, 20040)]
+    while time.monotonic() < deadline:
+        sock = connect(port, source)
+        if sock is None:
+            time.sleep(0.1)
+            continue
+        try:
+            sock.sendall(made_up_hello(rng, listen_address=rng.choice(targets), pex=True))
+            sock.settimeout(0.5)
+            sock.recv(4096)
+            time.sleep(0.5)
+        except OSError:
+            pass
+        sock.close()
+        counts["sybil"] += 1
+
+
 def main(argv: list[str]) -> int:
     port, seconds = int(argv[1]), float(argv[2])
     deadline = time.monotonic() + seconds
-    counts = {"dormant": 0, "hoard": 0, "stall": 0}
+    counts = {"dormant": 0, "hoard": 0, "stall": 0, "sybil": 0}
     threads = [threading.Thread(target=dormant, args=(port, deadline, counts))]
     threads += [threading.Thread(target=hoard, args=(port, f"127.0.0.{30 + i}", deadline, counts)) for i in range(10)]
     threads += [threading.Thread(target=stall, args=(port, f"127.0.0.{50 + i}", deadline, counts)) for i in range(8)]
+    threads += [threading.Thread(target=sybil, args=(port, f"127.0.0.{70 + i}", deadline, counts)) for i in range(10)]
     for thread in threads:
         thread.start()
     for thread in threads:

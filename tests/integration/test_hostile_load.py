@@ -1,8 +1,10 @@
-"""A node under attacks 4 to 6 of issue 12 at once keeps serving its good peers.
+"""A node under attacks 4 to 7 of issue 12 at once keeps serving its good peers.
 
 For ATTACK_SECONDS (30) another process (attackers.py) opens and resets sessions with
 made-up node ids from one address, hoards the node's data with identities that never
-acknowledge, and keeps 64 silent sockets open from 8 addresses. Meanwhile two good peers
+acknowledge, keeps 64 silent sockets open from 8 addresses, and announces attacker-chosen
+dial targets through made-up PEX identities (the node runs the PEX reactor; its dials are
+recorded and refused in the process, so none leaves the machine). Meanwhile two good peers
 (real Switches from their own loopback addresses) and the node exchange numbered
 messages both ways, and a third good peer from a new address dials in two thirds of the
 way through. Afterwards:
@@ -10,6 +12,8 @@ way through. Afterwards:
 * the two good peers are still connected, on the same sessions, never removed, and every
   message either way arrived once, in order;
 * the third good peer got in;
+* the node never dialed the metadata address, a private host or its own listener, and
+  dialed learnt addresses no faster than the PEX dial budget;
 * the node's unacknowledged bytes stayed within ``max_unacked_bytes`` plus the channel
   reserves, its suspended sessions within ``max_suspended_bytes``, and the process's RSS
   (after a collection and malloc_trim) grew by less than RSS_BOUND, 96 MiB (17 MiB
@@ -25,15 +29,18 @@ import ctypes
 import gc
 import json
 import pathlib
+import random
 import subprocess
 import sys
+import time
 
 import pytest
 import pytest_twisted
 from twisted.internet import defer, task
 
-from helpers import bounded, sleep, the_reactor, until
+from helpers import bounded, record_dials, sleep, the_reactor, until
 from mconn import Config, Reactor, Switch
+from reactors.pex import PexReactor
 
 from .attackers import CHANNELS
 from .test_loopback import stop
@@ -143,7 +150,9 @@ async def test_a_node_under_attacks_four_to_six_keeps_its_good_peers_and_lets_a_
     """See the module docstring: good peers stay connected and lose nothing, a new good
     peer gets in, and memory stays bounded while attacks 4-6 run for 30 s."""
     victim_log = Numbered(push=True)
-    victim = Switch([victim_log], clock=the_reactor(), config=VICTIM_CONFIG)
+    pex = PexReactor(rng=random.Random(7))
+    victim = Switch([victim_log, pex], clock=the_reactor(), config=VICTIM_CONFIG)
+    dialed = record_dials(victim, passthrough=False)
     victim.startService()
     goods, attackers, talks = [], None, []
     try:
@@ -163,6 +172,7 @@ async def test_a_node_under_attacks_four_to_six_keeps_its_good_peers_and_lets_a_
             cwd=ROOT,
             env={"PYTHONPATH": str(ROOT)},
         )
+        started = time.monotonic()
         for talk in talks:
             talk.start()
         await sleep(ATTACK_SECONDS * 2 / 3)
@@ -175,7 +185,12 @@ async def test_a_node_under_attacks_four_to_six_keeps_its_good_peers_and_lets_a_
             talk.stop()
         counts = json.loads((await bounded(defer.maybeDeferred(_wait, attackers), ATTACK_SECONDS)) or "{}")
         print(f"\nattackers: {counts}; refusals at the node: {victim.refusals}")
+        elapsed = time.monotonic() - started
         assert counts.get("dormant", 0) > 100 and counts.get("hoard", 0) > 50 and counts.get("stall", 0) >= 64
+        assert counts.get("sybil", 0) > 50
+        forbidden = [d for d in dialed if d[0] in ("169.254.169.254", "10.0.0.1") or d == ("127.0.0.1", port)]
+        assert forbidden == [], forbidden
+        assert len(dialed) <= pex.dial_burst + pex.dial_rate * elapsed + 1, (len(dialed), elapsed)
         used, suspended = victim._sessions.budget.used, [p for p in victim.peers.values() if p.state == "suspended"]
         assert used <= VICTIM_CONFIG.max_unacked_bytes + len(victim.peers) * len(CHANNELS) * (2 << 20)
         assert sum(p.session.unacked_bytes for p in suspended) <= VICTIM_CONFIG.max_suspended_bytes

@@ -22,9 +22,8 @@ import random
 import pytest
 import pytest_twisted
 from twisted.internet import defer, endpoints, task
-from twisted.internet.error import ConnectionRefusedError
 
-from helpers import RawPeer, RecordingReactor, hello_packet, msg_packet, sleep, the_reactor, until
+from helpers import RawPeer, RecordingReactor, hello_packet, msg_packet, record_dials, sleep, the_reactor, until
 from mconn import Config, PeerClosed, Switch
 from mconn.address import PeerAddress
 from mconn.faultproxy import FaultProxy
@@ -44,25 +43,6 @@ CONCURRENCY = 4
 PEX_CONFIG = Config(stats_interval=0, resume_grace=0)
 #: The nodes of the persistent-peer tests resume broken sessions.
 CONFIG = Config(stats_interval=0, resume_grace=30.0)
-
-
-class _Refused:
-    """A client endpoint that refuses at once: the recorded dial never leaves the process."""
-
-    def connect(self, factory):
-        return defer.fail(ConnectionRefusedError("refused by the test: dials are only recorded"))
-
-
-def record_dials(switch, *, passthrough: bool):
-    """Record every ``(host, port)`` ``switch`` dials; refuse them unless ``passthrough``."""
-    dialed, real = [], switch._endpoint
-
-    def endpoint(target):
-        dialed.append((target.host, target.port))
-        return real(target) if passthrough and target.host == "127.0.0.1" else _Refused()
-
-    switch._endpoint = endpoint
-    return dialed
 
 
 async def pex_switch(**pex_kwargs):
