@@ -6,9 +6,9 @@ that a failure is a specific RemoteProtocolError answered by one close packet, a
 buffers stay within the configured limits. A failed check is an AssertionError, which
 atheris reports as a crash with the input that caused it.
 
-    python tests/fuzz/make_corpus.py                      # seeds from specs/vectors
-    python tests/fuzz/fuzz_inbound.py tests/fuzz/corpus   # fuzz (atheris / libFuzzer flags)
-    python tests/fuzz/fuzz_inbound.py crash-1234...       # replay one input
+    python tests/fuzz/make_corpus.py                               # seeds from specs/vectors
+    python tests/fuzz/fuzz_inbound.py tests/fuzz/corpus/inbound    # fuzz (atheris / libFuzzer flags)
+    python tests/fuzz/fuzz_inbound.py crash-1234...                # replay one input
 
 Without atheris installed, the arguments that are files or directories are replayed once
 each (a regression run of a corpus). See tests/fuzz/README.md.
@@ -16,42 +16,11 @@ each (a regression run of a corpus). See tests/fuzz/README.md.
 
 from __future__ import annotations
 
-import pathlib
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+import harness
 
-try:
-    import atheris
-except ImportError:  # replay only
-    atheris = None
-
-if atheris is not None:
-    with atheris.instrument_imports(include=["mconn"]):
-        from tests.fuzz.target import fuzz_one
-else:
-    from tests.fuzz.target import fuzz_one
-
-
-def replay(paths: list[str]) -> int:
-    files = []
-    for name in paths:
-        path = pathlib.Path(name)
-        files += sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
-    for path in files:
-        fuzz_one(path.read_bytes())
-    print(f"replayed {len(files)} inputs without a failure (atheris is not installed: no fuzzing)")
-    return 0
-
-
-def main(argv: list[str]) -> int:
-    if atheris is None:
-        return replay([a for a in argv[1:] if not a.startswith("-")])
-    atheris.Setup(argv, fuzz_one)
-    atheris.Fuzz()
-    return 0
-
+fuzz_one = harness.load("tests.fuzz.target", "fuzz_one", ["mconn"])
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(harness.main(sys.argv, fuzz_one))

@@ -1,9 +1,14 @@
-"""Hypothesis strategies for inbound byte streams: random, valid, and valid-then-mutated.
+"""Hypothesis strategies of the CI fuzz tests.
 
-Valid streams are built from every kind of packet (hello, msg, ping, pong, close, ack,
-session answer, unknown extensions, over-limit headers, long messages, ping bursts);
-mutations flip, insert, delete, cut and repeat bytes. ``schedules`` cuts a stream into
-chunks with waits and read flags (tests/fuzz/target.py).
+Inbound byte streams: random, valid, and valid-then-mutated. Valid streams are built
+from every kind of packet (hello, msg, ping, pong, close, ack, session answer, unknown
+extensions, over-limit headers, long messages, ping bursts); mutations flip, insert,
+delete, cut and repeat bytes. ``schedules`` cuts a stream into chunks with waits and
+read flags (tests/fuzz/target.py).
+
+Structure-aware inputs: ``Drawn`` lets the generators of tests/fuzz/declared.py draw
+with hypothesis; ``handshake_scenarios`` (tests/fuzz/switch_target.py), ``pex_messages``
+and ``chat_messages`` (tests/fuzz/message_target.py) use it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from hypothesis import strategies as st
 from mconn import wire
 from mconn.wire import PacketType, SessionAnswer
 
+from tests.fuzz.handshake_inputs import HELDS, SIZES, Scenario, draw_answer, draw_hello
+from tests.fuzz.message_target import draw_chat, draw_pex
 from tests.fuzz.target import CHANNELS, SESSION_ID, WAITS, extension, peer_hello
 
 channel_ids = st.sampled_from([c.id for c in CHANNELS] + [0x22, 0x00, 0xFF])
@@ -94,3 +101,54 @@ def schedules(draw, streams=streams):
         st.lists(st.tuples(st.sampled_from(WAITS), st.booleans()), min_size=len(chunks), max_size=len(chunks))
     )
     return [(chunk, wait, reads) for chunk, (wait, reads) in zip(chunks, steps)]
+
+
+# -- structure-aware inputs (tests/fuzz/declared.py) ------------------------------------------
+
+
+class Drawn:
+    """A chooser for tests/fuzz/declared.py's generators that draws with hypothesis (the
+    atheris harnesses use ``declared.Reader`` over plain bytes instead). Each choice
+    shrinks towards its first option, a valid value."""
+
+    def __init__(self, draw) -> None:
+        self.draw = draw
+
+    def pick(self, options):
+        return self.draw(st.sampled_from(options))
+
+    def number(self, limit: int) -> int:
+        return self.draw(st.integers(0, limit))
+
+    def blob(self, max_size: int) -> bytes:
+        return self.draw(st.binary(max_size=max_size))
+
+
+@st.composite
+def handshake_scenarios(draw, dialer: bool):
+    """A tests/fuzz/handshake_inputs.py Scenario: what our Switch holds, a structure-aware hello
+    (listener) or session answer (dialer), mostly, else a raw stream; packets after it; how
+    it is cut and timed."""
+    held = draw(st.sampled_from(HELDS))
+    low = draw(st.booleans())
+    if draw(st.integers(0, 9)):
+        first = (draw_answer if dialer else draw_hello)(Drawn(draw))
+        rest = b"".join(draw(st.lists(packets, max_size=4)))
+    else:
+        first, rest = None, draw(streams)
+    steps = draw(st.lists(st.tuples(st.sampled_from(SIZES), st.sampled_from(WAITS), st.booleans()), max_size=6))
+    return Scenario(dialer, held, low, first, rest, tuple(steps))
+
+
+@st.composite
+def pex_messages(draw) -> bytes:
+    """A PEX message: built from pex_wire's declarations (tests/fuzz/message_target.py)
+    four times in five, else any bytes."""
+    return draw_pex(Drawn(draw)) if draw(st.integers(0, 4)) else draw(st.binary(max_size=300))
+
+
+@st.composite
+def chat_messages(draw, channel_id: int) -> bytes:
+    """A message of ``channel_id``: built from chat_wire.DECLARATIONS four times in five,
+    else any bytes."""
+    return draw_chat(Drawn(draw), channel_id) if draw(st.integers(0, 4)) else draw(st.binary(max_size=300))
