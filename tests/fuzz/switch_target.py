@@ -40,7 +40,7 @@ from twisted.python.failure import Failure
 
 from helpers import RawPeer, RecordingReactor
 from mconn import (
-    LocalProtocolError, MConnError, NodeKey, PeerClosed, PeerRejected, PeerState, RemoteProtocolError, wire,
+    MConnError, NodeKey, PeerClosed, PeerRejected, PeerState, RemoteProtocolError, wire,
 )
 from mconn.connection import State
 from mconn.errors import AckError, PongTimeout
@@ -401,14 +401,7 @@ def scenario_from_bytes(data: bytes) -> Scenario:
 #: Bugs this target found that are not fixed yet: (exception class, words of its message,
 #: what goes wrong). ``known_bug`` recognises them so that a run goes on to find others;
 #: tests/adapter/test_fuzz_handshake.py reproduces each one (xfail, strict: a fix shows).
-KNOWN_BUGS = (
-    (
-        LocalProtocolError,
-        "cannot requeue on channel",
-        "a hello that resumes a session, and in the same read bytes the core refuses: the resume "
-        "runs on the failed core and LocalProtocolError escapes dataReceived",
-    ),
-)
+KNOWN_BUGS: tuple = ()
 
 
 def known_bug(error: BaseException) -> str | None:
