@@ -3,7 +3,7 @@
 Theory of operation. A session is the link between two node ids; its ``Peer`` outlives
 the connections beneath it. The ``SessionManager`` holds one Peer per node id and is the
 only code that changes a Peer's state: every change is an input to the table of
-``mconn.session_table``, and ``_apply`` looks the (state, input) pair up, sets the next
+``mconn.session_table``, and ``apply`` looks the (state, input) pair up, sets the next
 state and runs the row's effects in order (detach, notify, grace timer, re-dial, resume,
 end). A row that starts a fresh session is given the start as ``then``.
 
