@@ -42,10 +42,13 @@ class PersistentDialing:
     :param reconnect_delay: ``reconnect_delay(attempt) -> seconds``.
     :param choose_address: returns the ``choose_address(pool, last_info)`` hook in force,
         or None for the default order.
+    :param listen_addresses: returns this node's listen addresses (``host:port``): a
+        learnt address that leads back to one of them never joins a pool.
     """
 
     def __init__(
-        self, *, node_id, clock, config, connect, session_for, gave_up, failed_attempt, reconnect_delay, choose_address
+        self, *, node_id, clock, config, connect, session_for, gave_up, failed_attempt, reconnect_delay, choose_address,
+        listen_addresses=lambda: (),
     ):
         self.node_id = node_id
         self.clock = clock
@@ -62,6 +65,7 @@ class PersistentDialing:
         #: node id -> Deferreds waiting for a session with it (a dial that lost a race).
         self._waiters: dict[str, list] = {}
         self.failed_attempt = failed_attempt
+        self.listen_addresses = listen_addresses
 
     # -- what Switch.dial and friends ask --------------------------------------------
 
@@ -150,7 +154,10 @@ class PersistentDialing:
             return
         address = announced_address(peer.node_id, peer.listen_address, peer.remote_address)
         source_host, allow_private = host_of(peer.remote_address), self.config.allow_discovered_private
-        if address is None or discovered_problem(address, source_host=source_host, allow_private=allow_private):
+        problem = discovered_problem(
+            address, source_host=source_host, allow_private=allow_private, listen_addresses=self.listen_addresses()
+        ) if address is not None else "none"
+        if problem is not None:
             return  # specs/pex.md 3.5: never link-local, metadata, private (by default)...
         redial.dialer.pool.add_discovered(address)
 

@@ -120,6 +120,7 @@ class Switch(Service):
             failed_attempt=lambda peer_id: self._sessions.redial_failed(peer_id),
             reconnect_delay=lambda attempt: self.reconnect_delay(attempt),
             choose_address=lambda: self.choose_address,
+            listen_addresses=self._listening,
         )
         self._sessions = SessionManager(
             node_id=node_id, clock=clock, config=config, channels=self.channels, admission=self._admission,
@@ -249,14 +250,18 @@ class Switch(Service):
 
         def listening(port):
             self._ports.append(port)
-            host = port.getHost()
-            address = f"[{host.host}]:{host.port}" if ":" in host.host else f"{host.host}:{host.port}"
+            address = _address_of(port)
             if not self.listen_address:
                 self.listen_address = address
             telemetry.emit("listening", node_id=self.node_id, address=address)
             return port
 
         return d.addCallback(listening)
+
+    def _listening(self) -> list[str]:
+        """``host:port`` of every port this Switch listens on (and the announced one)."""
+        announced = [self.listen_address] if self.listen_address else []
+        return announced + [_address_of(port) for port in self._ports]
 
     def dial(self, address: str, *, persistent: bool = False, retry_initial_dial: bool | None = None) -> defer.Deferred:
         """Connect to ``ID@host:port`` or ``host:port``.
@@ -387,3 +392,9 @@ class Switch(Service):
         owned = {d.id for d in self.channels}
         assert owned == set(self._reactor_by_channel), "channel table corrupt"
         assert len(owned) == len(self.channels), "duplicate channel ids"
+
+
+def _address_of(port) -> str:
+    """``host:port`` of a listening port (an IPv6 host in brackets)."""
+    host = port.getHost()
+    return f"[{host.host}]:{host.port}" if ":" in host.host else f"{host.host}:{host.port}"

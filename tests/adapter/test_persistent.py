@@ -169,6 +169,18 @@ def test_listen_addresses_from_hellos_join_the_pool_unless_ignored(network):
     assert [str(s.address) for s in c.switch.address_pool(d.switch.node_id)] == [d.address]
 
 
+def test_a_peer_announcing_our_own_listen_address_does_not_put_it_in_the_pool(network):
+    """A persistent peer whose hello announces this node's own listen address as its own:
+    that address never joins its pool (a re-dial there would only reach ourselves)."""
+    a, b = Node(network, None), Node(network, 26656)
+    a.switch.listen_address = "127.0.0.1:26999"  # a's own listener
+    b.switch.listen_address = "127.0.0.1:26999"  # b claims a's address as its own
+    a.switch.dial(b.address, persistent=True)
+    settle(network)
+    pool = a.switch.address_pool(b.switch.node_id)
+    assert [(str(s.address), s.discovered) for s in pool] == [(b.address, False)]
+
+
 def test_set_address_pool_replaces_the_pool_and_keeps_known_state(network):
     """set_address_pool replaces a persistent peer's pool keeping known addresses' state; another node's
     address or an unknown peer is refused."""
