@@ -366,8 +366,6 @@ class MConnectionProtocol(Protocol):
 
     def _on_hello(self, event: HelloReceived) -> None:
         self.hello = event.hello
-        if self.core.state is not State.OPEN:
-            return  # the core failed later in the same read: nothing is decided on it
         self.decide(self.owner.hello_received, event)
 
     def _on_session(self, event: SessionAnswered) -> None:
