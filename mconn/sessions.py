@@ -406,7 +406,8 @@ class SessionManager:
                 old.close(PeerRejected(SIMULTANEOUS_DIAL, why))
                 start()
 
-            self.apply(existing, I.SIMULTANEOUS_DIAL, self.rejected(existing, "simultaneous dial: " + why), then=replace)
+            ended = self.rejected(existing, "simultaneous dial: " + why)
+            self.apply(existing, I.SIMULTANEOUS_DIAL, ended, then=replace)
         elif verdict.ends is not None:
             self.apply(existing, verdict.ends, self.rejected(existing, verdict.reason), then=start)
         else:
