@@ -67,6 +67,13 @@ class Config:
     #: Wire bytes the scheduler hands the transport per call (the transport's
     #: IPushProducer pause stops it earlier).
     write_batch_bytes: int = 65536
+    #: Seconds of sending, at the link's measured drain rate, that the protocol writes
+    #: into the transport at a time: the bytes committed below the scheduler (the
+    #: transport's buffer, then the kernel's past tcp_notsent_lowat) stay within about
+    #: two such writes, at least one packet each, at most write_batch_bytes
+    #: (specs/connection.md section 7). None: write_batch_bytes per write, and the
+    #: transport pauses us only past its own buffer size (64 KiB for Twisted's TCP).
+    write_ahead_time: float | None = 0.002
     #: Period of the per-channel statistics telemetry event (0 disables it).
     stats_interval: float = 10.0
     #: TCP_NODELAY on every connection: small high-priority packets must not wait for
@@ -164,6 +171,8 @@ class Config:
             raise ValueError(f"Config.local_address must be a host (IP address) or None, got {self.local_address!r}")
         if self.tcp_notsent_lowat is not None:
             _check_int("tcp_notsent_lowat", self.tcp_notsent_lowat, 1)
+        if self.write_ahead_time is not None:
+            _check_positive("write_ahead_time", self.write_ahead_time)
         for name in ("send_rate", "recv_rate"):
             value = getattr(self, name)
             if value is not None:

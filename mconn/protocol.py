@@ -11,6 +11,23 @@ connection's peer is its owner's (``IConnectionOwner``, provided for a Switch by
 transport's IPushProducer, so a slow peer stops the scheduler instead of growing a
 buffer); one DelayedCall follows ``core.next_deadline()``. Data reaches the transport in
 the same reactor turn it was queued in: there is no flush timer.
+
+Theory of operation: the write-ahead (specs/connection.md section 7)
+-------------------------------------------------------------------
+Bytes written into the transport are beyond the scheduler's reach: a high-priority
+message waits behind them. Twisted's TCP transport pauses its producer only past its
+``bufferSize`` (64 KiB) and resumes it only once its buffer is empty, so ``pump`` used to
+leave up to 64 KiB in user space ahead of the next message, on top of the kernel's
+unsent queue (``tcp_notsent_lowat``): 33 ms at 20 Mbit/s. With ``write_ahead_time`` set,
+the protocol pauses itself after every write the way Twisted does past ``bufferSize``
+(``producerPaused``), so Twisted resumes it once the kernel has taken that write, which
+TCP_NOTSENT_LOWAT delays until the kernel's unsent queue is below its bound; and each
+write is sized to ``write_ahead_time`` seconds at the drain rate measured over the
+previous write cycles (the bytes of one cycle over the time from its first write to the
+next resume; a cycle that ran out of data before its budget says nothing about the link
+and is not counted). On loopback the rate is hundreds of MB/s and a write stays
+``write_batch_bytes``; at 2 Mbit/s it is one packet. Ahead of a new message there are
+then at most one write in Twisted's buffer and the kernel's bound plus one write.
 """
 
 from __future__ import annotations
@@ -149,6 +166,15 @@ class MConnectionProtocol(Protocol):
         if not context.is_outbound:
             self.handshake.addErrback(lambda failure: None)  # nobody waits on inbound ones
         self._paused = False
+        #: Wire bytes per write (the write-ahead), the measured drain rate (bytes/s, None
+        #: until measured), and this write cycle: its first write, bytes, whether one
+        #: write used its whole budget.
+        self._write_size = owner.config.write_batch_bytes
+        self._drain_rate: float | None = None
+        self._cycle_start = 0.0
+        self._cycle_bytes = 0
+        self._cycle_full = False
+        self._pause_after_write = False
         self._rate_limited = owner.config.send_rate is not None
         self._timer = None
         self._timer_due = 0.0
@@ -222,6 +248,11 @@ class MConnectionProtocol(Protocol):
             self.ip_key = host  # released by this key, whatever the transport says later
         self.core, self.session_request = self.owner.new_core(self, self._clock.seconds())
         set_socket_options(self.transport, self._config)
+        # Twisted's TCP transport (a FileDescriptor) pauses its producer past bufferSize
+        # and resumes it once its buffer is empty; we pause it after every write instead.
+        self._pause_after_write = self._config.write_ahead_time is not None and hasattr(
+            self.transport, "producerPaused"
+        )
         self.transport.registerProducer(self, True)
         self.owner.connection_made(self)
         self.pump()
@@ -274,7 +305,23 @@ class MConnectionProtocol(Protocol):
 
     def resumeProducing(self) -> None:
         self._paused = False
+        if self._pause_after_write:
+            self._measure_drain()
         self.pump()
+
+    def _measure_drain(self) -> None:
+        """The transport took the last cycle's bytes: size the next writes by its rate."""
+        now = self._clock.seconds()
+        elapsed = now - self._cycle_start
+        if self._cycle_full and elapsed > 0:
+            sample = self._cycle_bytes / elapsed
+            rate = self._drain_rate
+            rate = sample if rate is None else rate + (sample - rate) / 4
+            self._drain_rate = rate
+            batch = self._config.write_batch_bytes
+            self._write_size = max(1, min(batch, int(rate * self._config.write_ahead_time)))
+        self._cycle_bytes = 0
+        self._cycle_full = False
 
     def stopProducing(self) -> None:
         self._paused = True
@@ -290,15 +337,22 @@ class MConnectionProtocol(Protocol):
         core = self.core
         write = self.transport.write
         now = self._clock.seconds()
+        budget = self._write_size
         while True:
             while not self._paused or core.state is not State.OPEN:
                 # Once closing, only the close packet is left, and it goes out even when paused.
-                data = core.data_to_send(now)
+                data = core.data_to_send(now, budget)
                 if not data:
                     break
+                if not self._cycle_bytes:
+                    self._cycle_start = now
+                self._cycle_bytes += len(data)
                 write(data)
+                if self._pause_after_write and core.state is State.OPEN:
+                    self._wait_until_written()
                 if not core.more_to_send:
                     break  # everything that could go out now went out
+                self._cycle_full = True
             # Sends waiting for room take the room just made, and go out too.
             moved = self.peer is not None and self.peer._drain_waiting()
             if not moved or self._paused:
@@ -307,6 +361,14 @@ class MConnectionProtocol(Protocol):
             self._disconnect()
         elif self._rate_limited:
             self._rearm()  # send_rate may have left data for later
+
+    def _wait_until_written(self) -> None:
+        """Pause until the transport has handed everything written to the kernel (it
+        resumes us then, as after its own pause past ``bufferSize``)."""
+        transport = self.transport
+        if not self._paused and transport.connected and not transport.disconnecting:
+            transport.producerPaused = True
+            self.pauseProducing()
 
     def close(self, reason: Exception) -> None:
         """Close on purpose: a close packet naming ``reason``, then disconnect."""
