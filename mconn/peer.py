@@ -339,8 +339,9 @@ class Peer:
         self.connects += 1
         self._held = {}
         core = protocol.core
-        for channel_id, messages in resend.items():
-            core.requeue(channel_id, messages)
+        if core.state is _OPEN:  # a core that failed later in the same read takes nothing; the
+            for channel_id, messages in resend.items():  # messages stay for the next resume
+                core.requeue(channel_id, messages)
         for channel_id in list(self._confirms):  # to_resend applied the peer's counts
             self._confirm_up_to(channel_id, self.session.acked(channel_id))
         if self.session.ack_pending:

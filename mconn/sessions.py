@@ -29,7 +29,6 @@ import dataclasses
 import os
 
 from mconn import telemetry
-from mconn.connection import State
 from mconn.errors import (
     AckError,
     ConnectionClosed,
@@ -311,8 +310,8 @@ class SessionManager:
         :raises PeerRejected: a simultaneous dial this connection loses, a connection
             whose id is not proven claiming a session that was (``unproven``), or a limit.
         """
-        if proto.context.is_outbound or proto.core.state is not State.OPEN:
-            return  # a dialer waits for the answer; a core that failed or closed in this read takes no session
+        if proto.context.is_outbound:
+            return
         existing = self.peers.get(hello.node_id)
         if existing is not None and existing.proven and not proven:
             raise PeerRejected(

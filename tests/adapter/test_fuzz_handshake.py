@@ -160,8 +160,9 @@ def test_the_default_inputs_are_the_seeds_of_an_exhausted_input():
 def test_a_resuming_hello_followed_by_refused_bytes_in_the_same_read():
     """A hello that proves a suspended session, followed in the same read by a msg packet
     on channel 0x00 (which the node does not have): the core fails the connection
-    (UnknownChannel) before the adapter handles the hello, so no session is decided on it:
-    every check of the target holds (nothing escapes dataReceived, the reactor calls follow
-    the contract, one close packet names the error). This was a bug the fuzz target found:
-    the session was resumed on the failed core and LocalProtocolError escaped."""
+    (UnknownChannel) before the adapter handles the hello. The events are handled in
+    order, so the session resumes and then ends with the error; nothing is requeued on the
+    failed core, and every check of the target holds (nothing escapes dataReceived, the
+    reactor calls follow the contract, one close packet names the error). This was a bug
+    the fuzz target found: requeueing on the failed core raised LocalProtocolError."""
     run(dataclasses.replace(hello(), rest=bytes([PacketType.MSG, 0x00, 1, 0])))
