@@ -73,7 +73,7 @@ class Config:
     #: two such writes, at least one packet each, at most write_batch_bytes
     #: (specs/connection.md section 7). None: write_batch_bytes per write, and the
     #: transport pauses us only past its own buffer size (64 KiB for Twisted's TCP).
-    write_ahead_time: float | None = 0.002
+    write_ahead_time: float | None = 0.001
     #: Period of the per-channel statistics telemetry event (0 disables it).
     stats_interval: float = 10.0
     #: TCP_NODELAY on every connection: small high-priority packets must not wait for

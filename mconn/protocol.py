@@ -22,10 +22,11 @@ unsent queue (``tcp_notsent_lowat``): 33 ms at 20 Mbit/s. With ``write_ahead_tim
 the protocol pauses itself after every write the way Twisted does past ``bufferSize``
 (``producerPaused``), so Twisted resumes it once the kernel has taken that write, which
 TCP_NOTSENT_LOWAT delays until the kernel's unsent queue is below its bound; and each
-write is sized to ``write_ahead_time`` seconds at the drain rate measured over the
-previous write cycles (the bytes of one cycle over the time from its first write to the
-next resume; a cycle that ran out of data before its budget says nothing about the link
-and is not counted). On loopback the rate is hundreds of MB/s and a write stays
+write is sized to ``write_ahead_time`` seconds at the link's drain rate, averaged over
+the write cycles that used their whole budget (a cycle that ran out of data says nothing
+about the link): the kernel's delivery rate (TCP_INFO) where it has one, else the bytes
+of the cycle over the time from its first write to the next resume (an over-estimate
+while the path's queues are still filling). On loopback the rate is hundreds of MB/s and a write stays
 ``write_batch_bytes``; at 2 Mbit/s it is one packet. Ahead of a new message there are
 then at most one write in Twisted's buffer and the kernel's bound plus one write.
 """
@@ -53,7 +54,7 @@ from mconn.events import (
     PongReceived,
     SessionAnswered,
 )
-from mconn.socket_options import set_socket_options
+from mconn.socket_options import delivery_rate, set_socket_options, socket_of
 
 log = Logger(namespace="mconn")
 
@@ -175,6 +176,8 @@ class MConnectionProtocol(Protocol):
         self._cycle_bytes = 0
         self._cycle_full = False
         self._pause_after_write = False
+        #: The TCP socket beneath the transport, asked for its delivery rate (or None).
+        self._socket = None
         self._rate_limited = owner.config.send_rate is not None
         self._timer = None
         self._timer_due = 0.0
@@ -253,6 +256,7 @@ class MConnectionProtocol(Protocol):
         self._pause_after_write = self._config.write_ahead_time is not None and hasattr(
             self.transport, "producerPaused"
         )
+        self._socket = socket_of(self.transport) if self._pause_after_write else None
         self.transport.registerProducer(self, True)
         self.owner.connection_made(self)
         self.pump()
@@ -310,11 +314,14 @@ class MConnectionProtocol(Protocol):
         self.pump()
 
     def _measure_drain(self) -> None:
-        """The transport took the last cycle's bytes: size the next writes by its rate."""
+        """The transport took the last cycle's bytes: size the next writes by the rate
+        the link drains them at (the kernel's delivery rate where it says, else ours)."""
         now = self._clock.seconds()
         elapsed = now - self._cycle_start
         if self._cycle_full and elapsed > 0:
-            sample = self._cycle_bytes / elapsed
+            sample = None if self._socket is None else delivery_rate(self._socket)
+            if sample is None:
+                sample = self._cycle_bytes / elapsed
             rate = self._drain_rate
             rate = sample if rate is None else rate + (sample - rate) / 4
             self._drain_rate = rate

@@ -1,14 +1,16 @@
-"""Socket options of a connection (specs/connection.md section 3, specs/resume.md 7.4).
+"""Socket options of a connection (specs/connection.md section 7, specs/resume.md 7.4).
 
 TCP_NODELAY, TCP_NOTSENT_LOWAT (a small kernel send queue, so that priorities decide
 what goes out), TCP_USER_TIMEOUT and keepalive (half-open links are found even where
 the mconn keepalive is slower), set where the transport is a TCP socket and the
-platform has them.
+platform has them; and the kernel's estimate of a connection's delivery rate
+(TCP_INFO), which sizes the protocol's writes (specs/connection.md section 7).
 """
 
 from __future__ import annotations
 
 import socket
+import struct
 import sys
 
 from twisted.logger import Logger
@@ -16,6 +18,10 @@ from twisted.logger import Logger
 log = Logger(namespace="mconn")
 
 _LINUX = sys.platform.startswith("linux")
+#: Linux's struct tcp_info: tcpi_delivery_rate (bytes/s, since 4.9) is the u64 at 160.
+_TCP_INFO = getattr(socket, "TCP_INFO", 11) if _LINUX else None
+_DELIVERY_RATE = struct.Struct("=Q")
+_DELIVERY_RATE_OFFSET = 160
 
 
 def _socket_options(config) -> list[tuple[str, int, int, int]]:
@@ -43,16 +49,38 @@ def _socket_options(config) -> list[tuple[str, int, int, int]]:
 
 def set_socket_options(transport, config) -> None:
     """TCP_NODELAY, TCP_NOTSENT_LOWAT, TCP_USER_TIMEOUT and keepalive, where the
-    transport is a TCP socket and the platform has them (specs/connection.md section 3)."""
+    transport is a TCP socket and the platform has them (specs/connection.md section 7)."""
     if config.tcp_nodelay and hasattr(transport, "setTcpNoDelay"):
         transport.setTcpNoDelay(True)
-    handle = getattr(transport, "getHandle", lambda: None)()
-    if not isinstance(handle, socket.socket):  # a TLS transport: the socket is one level down
-        handle = getattr(getattr(transport, "transport", None), "getHandle", lambda: None)()
-    if not isinstance(handle, socket.socket):
+    handle = socket_of(transport)
+    if handle is None:
         return
     for name, level, option, value in _socket_options(config):
         try:
             handle.setsockopt(level, option, value)
         except OSError as e:
             log.debug("{option} not set: {error}", option=name, error=e)
+
+
+
+def socket_of(transport) -> socket.socket | None:
+    """The TCP socket beneath ``transport`` (one level down under TLS), or None."""
+    handle = getattr(transport, "getHandle", lambda: None)()
+    if not isinstance(handle, socket.socket):  # a TLS transport: the socket is one level down
+        handle = getattr(getattr(transport, "transport", None), "getHandle", lambda: None)()
+    return handle if isinstance(handle, socket.socket) else None
+
+
+def delivery_rate(handle: socket.socket) -> float | None:
+    """The kernel's latest estimate of the rate the peer acknowledges data at (bytes/s:
+    TCP_INFO's tcpi_delivery_rate), or None where the platform does not say."""
+    if _TCP_INFO is None:
+        return None
+    end = _DELIVERY_RATE_OFFSET + _DELIVERY_RATE.size
+    try:
+        info = handle.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, end)
+    except OSError:
+        return None
+    if len(info) < end:
+        return None  # a kernel older than 4.9
+    return _DELIVERY_RATE.unpack_from(info, _DELIVERY_RATE_OFFSET)[0] or None
