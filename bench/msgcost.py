@@ -1,7 +1,7 @@
 """CPU per message of two Switches in one process, without sockets: a steadier view.
 
     PYTHONPATH=<tree> .venv/bin/python bench/msgcost.py [--ack-every-messages N ...]
-        [--profile bulk|small]
+        [--profile bulk|small|small_many]
 
 run.py's ``acks`` scenario runs this once per variant and round, with the variant's mconn
 on PYTHONPATH. A dialing and a listening Switch are joined by two Twisted
@@ -19,7 +19,9 @@ present before the session layer is used (commit 82a45f3 on).
 top functions by own time, with their calls per message.
 
 Prints one JSON line: ``{"bulk": {"send_us": ..., "deliver_us": ..., "total_us": ...},
-"small": {...}, "mconn_file": ...}``, microseconds per message (bulk messages are 1 MiB).
+"small": {...}, "small_many": {...}, "mconn_file": ...}``, microseconds per message (bulk
+messages are 1 MiB). ``small_many`` sends each batch with one ``Peer.try_send_many`` call
+(one pump for the batch) and is left out for trees without it.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from mconn.protocol import MConnectionFactory
 
 CHANNEL = ChannelDescriptor(0x10, priority=1, send_queue_capacity=100000)
 #: scenario -> (message size, messages per batch, batches)
-WORK = {"bulk": (1 << 20, 4, 40), "small": (100, 1000, 60)}
+WORK = {"bulk": (1 << 20, 4, 40), "small": (100, 1000, 60), "small_many": (100, 1000, 60)}
 
 
 class Counter(Reactor):
@@ -88,6 +90,13 @@ def connect(config: Config):
     return dialer, listener, ra, rb
 
 
+def _supported(scenario: str) -> bool:
+    """``small_many`` needs ``Peer.try_send_many`` (issue 13); older trees skip it."""
+    from mconn.peer import Peer
+
+    return not scenario.endswith("_many") or hasattr(Peer, "try_send_many")
+
+
 def measure(config: Config, scenario: str) -> dict:
     """The smallest cost per message of each phase over the batches (microseconds)."""
     size, batch, batches = WORK[scenario]
@@ -96,9 +105,13 @@ def measure(config: Config, scenario: str) -> dict:
     send, deliver = [], []
     for _ in range(batches):
         t0 = time.process_time()
-        for _ in range(batch):
-            if not peer.try_send(CHANNEL.id, msg):
-                raise RuntimeError(f"{scenario}: try_send refused with nothing in flight")
+        if scenario.endswith("_many"):  # Peer.try_send_many: one pump for the batch
+            if peer.try_send_many(CHANNEL.id, [msg] * batch) != batch:
+                raise RuntimeError(f"{scenario}: try_send_many refused with nothing in flight")
+        else:
+            for _ in range(batch):
+                if not peer.try_send(CHANNEL.id, msg):
+                    raise RuntimeError(f"{scenario}: try_send refused with nothing in flight")
         t1 = time.process_time()
         shuttle(dialer, listener)
         deliver.append(time.process_time() - t1)
@@ -136,7 +149,7 @@ def main(argv=None) -> int:
     if args.profile:
         profile(config, args.profile)
         return 0
-    out = {scenario: measure(config, scenario) for scenario in WORK}
+    out = {scenario: measure(config, scenario) for scenario in WORK if _supported(scenario)}
     out["mconn_file"] = sys.modules["mconn"].__file__
     print(json.dumps(out))
     return 0

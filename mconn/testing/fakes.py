@@ -78,6 +78,15 @@ class FakePeer:
         """The accepted messages of one channel, in order."""
         return [message for channel, message in self.sent if channel == channel_id]
 
+    def try_send_many(self, channel_id: int, messages) -> int:
+        """``try_send`` each message until one is refused; how many were recorded."""
+        accepted = 0
+        for message in messages:
+            if not self.try_send(channel_id, message):
+                break
+            accepted += 1
+        return accepted
+
     def try_send(self, channel_id: int, message: bytes) -> bool:
         """Record ``message`` unless the peer would refuse it (see the class docstring)."""
         if not isinstance(message, (bytes, bytearray, memoryview)):

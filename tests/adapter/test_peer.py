@@ -243,3 +243,18 @@ def test_sends_after_a_close_received_are_refused():
     h = connection()
     h.feed(close_packet("closed"))
     assert h.peer.try_send(0x20, b"late") is False
+
+
+def test_try_send_many_accepts_a_prefix_and_writes_them_in_one_pump():
+    """try_send_many takes messages in order until one does not fit, pumps once for all of
+    them (the queue refilled after a pump when it runs full), and returns how many were
+    accepted; they go out in order, exactly as try_send would send them."""
+    h = connection()
+    messages = [b"m%d" % i for i in range(10)]
+    assert h.peer.try_send_many(0x21, messages) == 10  # capacity 2: pumped when full
+    assert [m for c, m in messages_in(h.take())] == messages
+    h.proto.pauseProducing()
+    assert h.peer.try_send_many(0x21, [b"a", b"b", b"c"]) == 2  # paused: only the queue's room
+    assert h.peer.try_send_many(0x22, [b"x"]) == 0  # a channel the peer lacks
+    h.proto.resumeProducing()
+    assert [m for c, m in messages_in(h.take())] == [b"a", b"b"]

@@ -45,6 +45,14 @@ def test_fake_peer_follows_the_peer_contract():
     assert peer.sent == [(0x40, b"ok")]
 
 
+def test_fake_peer_try_send_many_records_a_prefix():
+    """FakePeer.try_send_many records messages until one is refused and says how many."""
+    peer = FakePeer(channels=CHANNELS)
+    assert peer.try_send_many(0x40, [b"a", b"b"]) == 2
+    assert peer.try_send_many(0x99, [b"x"]) == 0
+    assert peer.sent_on(0x40) == [b"a", b"b"]
+
+
 def test_fake_peer_without_channels_accepts_anything():
     """A FakePeer made without channels has a node id and accepts any message on any channel."""
     peer = FakePeer()
