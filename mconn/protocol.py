@@ -12,23 +12,11 @@ transport's IPushProducer, so a slow peer stops the scheduler instead of growing
 buffer); one DelayedCall follows ``core.next_deadline()``. Data reaches the transport in
 the same reactor turn it was queued in: there is no flush timer.
 
-Theory of operation: the write-ahead (specs/connection.md section 7)
--------------------------------------------------------------------
-Bytes written into the transport are beyond the scheduler's reach: a high-priority
-message waits behind them. Twisted's TCP transport pauses its producer only past its
-``bufferSize`` (64 KiB) and resumes it only once its buffer is empty, so ``pump`` used to
-leave up to 64 KiB in user space ahead of the next message, on top of the kernel's
-unsent queue (``tcp_notsent_lowat``): 33 ms at 20 Mbit/s. With ``write_ahead_time`` set,
-the protocol pauses itself after every write the way Twisted does past ``bufferSize``
-(``producerPaused``), so Twisted resumes it once the kernel has taken that write, which
-TCP_NOTSENT_LOWAT delays until the kernel's unsent queue is below its bound; and each
-write is sized to ``write_ahead_time`` seconds at the link's drain rate, averaged over
-the write cycles that used their whole budget (a cycle that ran out of data says nothing
-about the link): the kernel's delivery rate (TCP_INFO) where it has one, else the bytes
-of the cycle over the time from its first write to the next resume (an over-estimate
-while the path's queues are still filling). On loopback the rate is hundreds of MB/s and a write stays
-``write_batch_bytes``; at 2 Mbit/s it is one packet. Ahead of a new message there are
-then at most one write in Twisted's buffer and the kernel's bound plus one write.
+The write-ahead (``mconn.write_ahead``, specs/connection.md section 7): on a transport
+that pauses its producer as Twisted's TCP transport does, ``pump`` pauses itself after
+every write, so that Twisted resumes it only once the kernel has taken the write, and
+sizes each write to ``Config.write_ahead_time`` at the link's measured drain rate: what
+waits below the scheduler stays within the kernel's ``tcp_notsent_lowat`` and two writes.
 """
 
 from __future__ import annotations
@@ -54,7 +42,8 @@ from mconn.events import (
     PongReceived,
     SessionAnswered,
 )
-from mconn.socket_options import delivery_rate, set_socket_options, socket_of
+from mconn.socket_options import bytes_acked, set_socket_options, socket_of
+from mconn.write_ahead import WriteAhead
 
 log = Logger(namespace="mconn")
 
@@ -167,16 +156,10 @@ class MConnectionProtocol(Protocol):
         if not context.is_outbound:
             self.handshake.addErrback(lambda failure: None)  # nobody waits on inbound ones
         self._paused = False
-        #: Wire bytes per write (the write-ahead), the measured drain rate (bytes/s, None
-        #: until measured), and this write cycle: its first write, bytes, whether one
-        #: write used its whole budget.
-        self._write_size = owner.config.write_batch_bytes
-        self._drain_rate: float | None = None
-        self._cycle_start = 0.0
-        self._cycle_bytes = 0
-        self._cycle_full = False
+        #: Sizes the writes while ``_pause_after_write`` (set in connectionMade).
+        self._ahead = WriteAhead(owner.config.write_ahead_time or 1.0, owner.config.write_batch_bytes)
         self._pause_after_write = False
-        #: The TCP socket beneath the transport, asked for its delivery rate (or None).
+        #: The TCP socket beneath the transport, asked for its acknowledged bytes (or None).
         self._socket = None
         self._rate_limited = owner.config.send_rate is not None
         self._timer = None
@@ -310,25 +293,10 @@ class MConnectionProtocol(Protocol):
     def resumeProducing(self) -> None:
         self._paused = False
         if self._pause_after_write:
-            self._measure_drain()
+            # The kernel took everything written: a measure of the link (write_ahead.py).
+            acked = None if self._socket is None else bytes_acked(self._socket)
+            self._ahead.resumed(self._clock.seconds(), acked)
         self.pump()
-
-    def _measure_drain(self) -> None:
-        """The transport took the last cycle's bytes: size the next writes by the rate
-        the link drains them at (the kernel's delivery rate where it says, else ours)."""
-        now = self._clock.seconds()
-        elapsed = now - self._cycle_start
-        if self._cycle_full and elapsed > 0:
-            sample = None if self._socket is None else delivery_rate(self._socket)
-            if sample is None:
-                sample = self._cycle_bytes / elapsed
-            rate = self._drain_rate
-            rate = sample if rate is None else rate + (sample - rate) / 4
-            self._drain_rate = rate
-            batch = self._config.write_batch_bytes
-            self._write_size = max(1, min(batch, int(rate * self._config.write_ahead_time)))
-        self._cycle_bytes = 0
-        self._cycle_full = False
 
     def stopProducing(self) -> None:
         self._paused = True
@@ -344,22 +312,20 @@ class MConnectionProtocol(Protocol):
         core = self.core
         write = self.transport.write
         now = self._clock.seconds()
-        budget = self._write_size
+        ahead = self._ahead if self._pause_after_write else None
+        budget = None if ahead is None else ahead.size
         while True:
             while not self._paused or core.state is not State.OPEN:
                 # Once closing, only the close packet is left, and it goes out even when paused.
                 data = core.data_to_send(now, budget)
                 if not data:
                     break
-                if not self._cycle_bytes:
-                    self._cycle_start = now
-                self._cycle_bytes += len(data)
                 write(data)
-                if self._pause_after_write and core.state is State.OPEN:
+                if ahead is not None and core.state is State.OPEN:
+                    ahead.wrote(len(data), core.more_to_send)
                     self._wait_until_written()
                 if not core.more_to_send:
                     break  # everything that could go out now went out
-                self._cycle_full = True
             # Sends waiting for room take the room just made, and go out too.
             moved = self.peer is not None and self.peer._drain_waiting()
             if not moved or self._paused:

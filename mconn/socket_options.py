@@ -3,8 +3,8 @@
 TCP_NODELAY, TCP_NOTSENT_LOWAT (a small kernel send queue, so that priorities decide
 what goes out), TCP_USER_TIMEOUT and keepalive (half-open links are found even where
 the mconn keepalive is slower), set where the transport is a TCP socket and the
-platform has them; and the kernel's estimate of a connection's delivery rate
-(TCP_INFO), which sizes the protocol's writes (specs/connection.md section 7).
+platform has them; and the kernel's count of acknowledged bytes (TCP_INFO), from which
+the protocol measures the link's rate to size its writes (specs/connection.md section 7).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from twisted.logger import Logger
 log = Logger(namespace="mconn")
 
 _LINUX = sys.platform.startswith("linux")
-#: Linux's struct tcp_info: tcpi_delivery_rate (bytes/s, since 4.9) is the u64 at 160.
+#: Linux's struct tcp_info: tcpi_bytes_acked (since 4.1) is the u64 at offset 120.
 _TCP_INFO = getattr(socket, "TCP_INFO", 11) if _LINUX else None
-_DELIVERY_RATE = struct.Struct("=Q")
-_DELIVERY_RATE_OFFSET = 160
+_BYTES_ACKED = struct.Struct("=Q")
+_BYTES_ACKED_OFFSET = 120
 
 
 def _socket_options(config) -> list[tuple[str, int, int, int]]:
@@ -71,16 +71,16 @@ def socket_of(transport) -> socket.socket | None:
     return handle if isinstance(handle, socket.socket) else None
 
 
-def delivery_rate(handle: socket.socket) -> float | None:
-    """The kernel's latest estimate of the rate the peer acknowledges data at (bytes/s:
-    TCP_INFO's tcpi_delivery_rate), or None where the platform does not say."""
+def bytes_acked(handle: socket.socket) -> int | None:
+    """The bytes the peer has acknowledged on this TCP connection (TCP_INFO's
+    tcpi_bytes_acked), or None where the platform does not say."""
     if _TCP_INFO is None:
         return None
-    end = _DELIVERY_RATE_OFFSET + _DELIVERY_RATE.size
+    end = _BYTES_ACKED_OFFSET + _BYTES_ACKED.size
     try:
         info = handle.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, end)
     except OSError:
         return None
     if len(info) < end:
-        return None  # a kernel older than 4.9
-    return _DELIVERY_RATE.unpack_from(info, _DELIVERY_RATE_OFFSET)[0] or None
+        return None  # a kernel older than 4.1
+    return _BYTES_ACKED.unpack_from(info, _BYTES_ACKED_OFFSET)[0]
