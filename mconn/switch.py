@@ -39,6 +39,10 @@ from mconn.session_table import PeerState
 from mconn.sessions import SessionManager
 from mconn.tls_transport import tls_client_endpoint, tls_server_factory
 
+#: Peers a stats tick handles per reactor turn: over many peers the tick is spread over
+#: turns and never holds the event loop for long (specs/telemetry.md, ``channel_stats``).
+STATS_SLICE = 256
+
 
 class Switch(Service):
     """Routes every inbound message to the Reactor that owns its channel.
@@ -101,6 +105,11 @@ class Switch(Service):
         self.listen_address = ""
         self._ports = []
         self._stats_loop = None
+        #: The stats tick's state: node id -> (sample_key, channel_samples) as last taken
+        #: (this tick's, and the previous tick's), and the next slice of a tick under way.
+        self._stats_samples: dict = {}
+        self._stats_previous: dict = {}
+        self._stats_call = None
         #: This run's random id, logged in node_started at startService or the first listen.
         self.run_id: str | None = None
         self.reconnect_delay = reconnect_delay or self._default_reconnect_delay
@@ -220,6 +229,8 @@ class Switch(Service):
         super().stopService()
         if self._stats_loop is not None and self._stats_loop.running:
             self._stats_loop.stop()
+        if self._stats_call is not None and self._stats_call.active():
+            self._stats_call.cancel()
         waits = [defer.maybeDeferred(port.stopListening) for port in self._ports]
         self._ports = []
         self._sessions.stop()
@@ -372,18 +383,45 @@ class Switch(Service):
                 )
 
     def _emit_stats(self) -> None:
-        """Log channel_stats for every peer, then ping each connected one, so that a busy
-        link (which the keepalive never pings) has a round trip too (specs/connection.md
-        section 3): the next tick logs it."""
-        peers = list(self.peers.values())
-        for peer in peers:
-            telemetry.channel_stats(self.node_id, peer)
+        """One stats tick. Each peer whose sample changed since its last ``channel_stats``
+        logs it (specs/telemetry.md); then each connected peer whose link carried
+        messages since the last tick, or whose round trip was never measured, gets a
+        ping, so that a busy link (which the keepalive never pings) has a round trip too
+        and the next tick logs it (specs/connection.md section 3). An idle link costs
+        nothing here: the keepalive pings it. STATS_SLICE peers per reactor turn."""
+        previous = self._stats_samples
+        if self._stats_call is not None and self._stats_call.active():
+            self._stats_call.cancel()  # a tick not done by now: its peers not reached keep their samples
+            previous = {**self._stats_previous, **previous}
+        self._stats_previous, self._stats_samples = previous, {}
+        self._stats_slice(list(self.peers.values()), 0)
+
+    def _stats_slice(self, peers: list, start: int) -> None:
+        self._stats_call = None
         now = self.clock.seconds()
-        for peer in peers:
+        previous, samples, current_peers = self._stats_previous, self._stats_samples, self.peers
+        for peer in peers[start : start + STATS_SLICE]:
+            node_id = peer.node_id
+            if current_peers.get(node_id) is not peer:
+                continue  # its session ended since the tick began
+            key = telemetry.sample_key(peer)
+            before = previous.get(node_id)
+            if before is not None and before[0] == key:
+                samples[node_id] = before
+                continue  # nothing moved: nothing to log, nothing to measure
+            sample = telemetry.channel_samples(peer)
+            samples[node_id] = (key, sample)
+            if before is not None and before[1] == sample:
+                continue  # only our own pings and pongs moved
+            telemetry.channel_stats(self.node_id, peer, sample)
             proto = peer._protocol
-            if proto is not None and peer.state is PeerState.CONNECTED:
+            if proto is not None and peer.state is PeerState.CONNECTED and (
+                peer.round_trip is None or _carried_traffic(sample, before and before[1])
+            ):
                 proto.core.probe(now)
                 proto.pump()
+        if start + STATS_SLICE < len(peers):
+            self._stats_call = self.clock.callLater(0, self._stats_slice, peers, start + STATS_SLICE)
 
     def _check_invariants(self) -> None:
         """Assert that the Switch's parts agree (tests call this)."""
@@ -398,3 +436,10 @@ def _address_of(port) -> str:
     """``host:port`` of a listening port (an IPv6 host in brackets)."""
     host = port.getHost()
     return f"[{host.host}]:{host.port}" if ":" in host.host else f"{host.host}:{host.port}"
+
+
+def _carried_traffic(sample: tuple, before: tuple | None) -> bool:
+    """Whether anything but the round trip differs between two channel_samples."""
+    if before is None or len(before) != len(sample):
+        return True
+    return any(now[:-1] != then[:-1] for now, then in zip(sample, before))

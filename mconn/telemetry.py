@@ -63,28 +63,50 @@ def emit_failure(event: str, **fields) -> None:
     log.failure(FORMATS[event], event=event, **fields)
 
 
-def channel_stats(node_id: str, peer) -> None:
-    """Log ``channel_stats`` for every channel of one peer's session."""
-    session_id = peer.session.id.hex()
-    for c in peer.stats.channels:
-        emit(
-            "channel_stats",
-            node_id=node_id,
-            peer_id=peer.node_id,
-            channel_id=c.channel_id,
-            priority=c.priority,
-            queue_depth=c.queue_depth,
-            bytes_sent=c.bytes_sent,
-            messages_sent=c.messages_sent,
-            bytes_received=c.bytes_received,
-            messages_received=c.messages_received,
-            accepted=c.accepted,
-            acked=c.acked,
-            delivered=c.delivered,
-            session_id=session_id,
-            connection=peer.connects,
-            round_trip=peer.round_trip,
+#: The fields of one ``channel_stats`` after ``node_id`` and ``peer_id``, in the order of
+#: the tuples ``channel_samples`` returns.
+SAMPLE_FIELDS = (
+    "channel_id", "priority", "queue_depth", "bytes_sent", "messages_sent", "bytes_received", "messages_received",
+    "accepted", "acked", "delivered", "session_id", "connection", "round_trip",
+)
+
+
+def channel_samples(peer) -> tuple:
+    """One peer's ``channel_stats`` fields now: a tuple per channel, in SAMPLE_FIELDS order
+    (``round_trip`` last; ``session_id`` as bytes), cheap to keep and compare."""
+    session_id = peer.session.id
+    connects, round_trip = peer.connects, peer.round_trip
+    return tuple(
+        (
+            c.channel_id, c.priority, c.queue_depth, c.bytes_sent, c.messages_sent, c.bytes_received,
+            c.messages_received, c.accepted, c.acked, c.delivered, session_id, connects, round_trip,
         )
+        for c in peer.stats.channels
+    )
+
+
+def sample_key(peer) -> tuple:
+    """What a peer's ``channel_samples`` depend on, far cheaper to take: two equal keys
+    mean equal samples. Queue depths and counters move only with bytes through the
+    connection or messages accepted; a resume changes ``connects``, a new session or
+    connection the objects themselves."""
+    protocol = peer._protocol
+    core = protocol.core if protocol is not None else None
+    session = peer.session
+    accepted = sum(session.accepted(c) for c in session.channel_ids)
+    if core is None:
+        return (session, peer.connects, peer.state, accepted, peer.round_trip)
+    return (session, peer.connects, core, core.bytes_sent, core.bytes_received, accepted, peer.round_trip)
+
+
+def channel_stats(node_id: str, peer, samples: tuple | None = None) -> None:
+    """Log ``channel_stats`` for every channel of one peer's session (``samples``: its
+    ``channel_samples``, taken now if None)."""
+    peer_id = peer.node_id
+    for sample in channel_samples(peer) if samples is None else samples:
+        fields = dict(zip(SAMPLE_FIELDS, sample))
+        fields["session_id"] = fields["session_id"].hex()
+        emit("channel_stats", node_id=node_id, peer_id=peer_id, **fields)
 
 
 def channel_counters(core) -> list[dict]:
