@@ -109,8 +109,9 @@ def netem_available() -> bool:
     return result.returncode == 0
 
 
-def measure(variant: str, mbit: float, duration: float) -> dict:
-    """One measurement: a listener in mcs_b, a dialer in mcs_a; the listener's report."""
+def measure(variant: str, mbit: float, duration: float, dial_ns: str = "mcs_a") -> dict:
+    """One measurement: a listener in mcs_b, a dialer in ``dial_ns`` (mcs_b itself: over
+    its loopback interface, unshaped); the listener's report."""
     me = [sys.executable, os.path.abspath(__file__)]
     common = ["--variant", variant, "--duration", str(duration), "--mbit", str(mbit)]
     env = dict(os.environ, PYTHONPATH=ROOT)
@@ -119,7 +120,7 @@ def measure(variant: str, mbit: float, duration: float) -> dict:
     dialer = None
     try:
         hello = json.loads(listener.stdout.readline())
-        dialer = subprocess.Popen(["ip", "netns", "exec", "mcs_a", *me, "--role", "dial", *common,
+        dialer = subprocess.Popen(["ip", "netns", "exec", dial_ns, *me, "--role", "dial", *common,
                                    "--port", str(hello["port"]), "--node-id", hello.get("node_id") or ""],
                                   stdout=subprocess.PIPE, text=True, env=env)
         result = json.loads(listener.stdout.readline())
@@ -212,6 +213,7 @@ class Dialer:
         self.send_probe, self.transport = send_probe, transport
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.seq = 0
+        self.info = b""
         self.below: list[tuple[int, int]] = []
         send_bulk()
         self.clock.callLater(0.5, self.probe)
@@ -225,13 +227,13 @@ class Dialer:
         if transport is None:
             return  # the listener is done
         self.below.append(committed_below(transport))
+        self.info = transport.getHandle().getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
         self.send_probe(head + bytes(PROBE_SIZE - len(head)))
         self.udp.sendto(head, (LISTENER_IP, self.args.port))
         self.clock.callLater(PROBE_INTERVAL, self.probe)
 
     def done(self) -> None:
-        transport = self.transport()
-        info = b"" if transport is None else transport.getHandle().getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        info = self.info  # at the last probe: the listener may have closed by now
         twisted_bytes = [t for t, _ in self.below[20:]]
         total = [t + k for t, k in self.below[20:]]
         print(json.dumps({"total_retrans": struct.unpack_from("=I", info, 100)[0] if info else None,
@@ -384,9 +386,14 @@ def main() -> None:
     parser.add_argument("--mbit", type=float, default=20.0)
     parser.add_argument("--port", type=int, default=27000)
     parser.add_argument("--node-id", default="")
+    parser.add_argument("--loopback", type=int, default=0, metavar="ROUNDS",
+                        help="instead: bulk MB/s of --variants over loopback (both ends in mcs_b), ROUNDS rounds")
     args = parser.parse_args()
     if args.role:
         role_main(args)
+        return
+    if args.loopback:
+        loopback(args)
         return
     results = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "duration": args.duration, "rows": []}
     try:
@@ -411,6 +418,29 @@ def main() -> None:
     print(f"wrote {path}")
 
 
+def loopback(args) -> None:
+    """Bulk throughput of each variant with both ends in one namespace (no shaping), the
+    order reversed every other round; medians and per-round ratios to the first variant."""
+    variants = [v for v in args.variants.split(",") if v != "raw"]
+    rounds: list[dict] = []
+    try:
+        make_namespaces()
+        for index in range(args.loopback):
+            order = variants if index % 2 == 0 else variants[::-1]
+            # mbit=8: goodput_of_shaped_rate is then MB/s.
+            row = {v: measure(v, 8.0, args.duration, dial_ns="mcs_b")["goodput_of_shaped_rate"] for v in order}
+            rounds.append(row)
+            print(f"round {index + 1}: " + ", ".join(f"{v} {row[v]:.1f} MB/s" for v in variants), flush=True)
+    finally:
+        delete_namespaces()
+    first = variants[0]
+    for v in variants[1:]:
+        ratios = sorted(r[v] / r[first] for r in rounds)
+        print(f"{v}/{first}: median {percentile(ratios, 50):.3f}, rounds {', '.join(f'{x:.3f}' for x in ratios)}")
+    for v in variants:
+        print(f"{v}: median {percentile([r[v] for r in rounds], 50):.1f} MB/s")
+
+
 def print_row(row: dict) -> None:
     def ms(part, key):
         value = row[part][key]
@@ -420,12 +450,13 @@ def print_row(row: dict) -> None:
     bound = row["bound_ms"]
     verdict = "" if bound is None else ("PASS" if row["added_ms"]["p99"] <= bound and
                                          row["goodput_of_shaped_rate"] >= 0.9 else "MISS")
+    limit = "-" if bound is None else f"{bound:.1f}"
     print(f"{row['mbit']:5.0f} Mbit/s {row['variant']:14s} added p50 {ms('added_ms', 'p50')} p99 "
           f"{ms('added_ms', 'p99')} | absolute p50 {ms('absolute_ms', 'p50')} p99 {ms('absolute_ms', 'p99')} | "
-          f"network p50 {ms('network_ms', 'p50')} p99 {ms('network_ms', 'p99')} | goodput {row['goodput_of_shaped_rate']:.3f} | "
-          f"below p99 {sender.get('committed_below_p99')} B (twisted {sender.get('twisted_buffer_p99')}) | "
-          f"retrans {sender.get('total_retrans')} | n={row['probes']} | bound {'-' if bound is None else f'{bound:.1f}'} ms {verdict}", flush=True)
-
+          f"network p50 {ms('network_ms', 'p50')} p99 {ms('network_ms', 'p99')} | "
+          f"goodput {row['goodput_of_shaped_rate']:.3f} | below p99 {sender.get('committed_below_p99')} B "
+          f"(twisted {sender.get('twisted_buffer_p99')}) | retrans {sender.get('total_retrans')} | "
+          f"n={row['probes']} | bound {limit} ms {verdict}", flush=True)
 
 if __name__ == "__main__":
     main()

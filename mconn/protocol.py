@@ -294,9 +294,11 @@ class MConnectionProtocol(Protocol):
         self._paused = False
         if self._pause_after_write:
             # The kernel took everything written: a measure of the link (write_ahead.py).
-            acked = None if self._socket is None else bytes_acked(self._socket)
-            self._ahead.resumed(self._clock.seconds(), acked)
+            self._ahead.resumed(self._clock.seconds(), self._bytes_acked)
         self.pump()
+
+    def _bytes_acked(self) -> int | None:
+        return None if self._socket is None else bytes_acked(self._socket)
 
     def stopProducing(self) -> None:
         self._paused = True

@@ -53,21 +53,26 @@ class WriteAhead:
         self._written += count
         self._full = self._full or full
 
-    def resumed(self, now: float, acked: int | None) -> None:
-        """The transport took everything written; ``acked`` is the kernel's count of
-        bytes the peer acknowledged on this connection (None: unknown)."""
-        counter = self._written if acked is None else acked
+    def resumed(self, now: float, acked) -> None:
+        """The transport took everything written. ``acked()`` is the kernel's count of
+        bytes the peer acknowledged on this connection (None: unknown); it is asked only
+        when a window starts or ends, not on every write."""
         if not self._full:
             self._window = None
         elif self._window is None:
-            self._window = (now, counter)
+            self._window = (now, self._counter(acked))
         else:
             start, at_start = self._window
             elapsed = now - start
             if elapsed >= WINDOW * self.ahead_time:
+                counter = self._counter(acked)
                 sample = (counter - at_start) / elapsed
                 rate = sample if self.rate is None else self.rate + (sample - self.rate) / 4
                 self.rate = rate
                 self.size = max(1, min(self.batch, int(rate * self.ahead_time)))
                 self._window = (now, counter)
         self._full = False
+
+    def _counter(self, acked) -> int:
+        count = acked()
+        return self._written if count is None else count
