@@ -1,0 +1,619 @@
+"""Many peers on one listening Switch (issue 13, part 3): connect storm, memory, idle CPU, broadcast.
+
+    .venv/bin/python bench/many_peers.py [--peers 10000] [--dialers 4] [--idle 40]
+        [--before REV] [--telemetry file|none] [--profile FILE]
+
+One listener process runs a Switch at the default Config with the admission limits
+raised as an operator would for this many peers (``limits``), writing its telemetry to
+a file in a temporary directory as ``TelemetryFileService`` does (``--telemetry none``:
+nowhere). ``--dialers`` other processes each hold their share of the peers as raw mconn
+connections (``RawPeer``: a hello with a session request, then pongs for the listener's
+pings; no messages are sent, so nothing is acknowledged), from 200 loopback source
+addresses (127.0.0.2 and up) so that neither ephemeral ports nor a per-address count
+bound the run. Every process raises its RLIMIT_NOFILE to the hard limit.
+
+The phases, in one run, driven over the processes' stdin and stdout (one JSON object a
+line):
+
+1. ``raw``: every dialer opens its share of ``--peers`` plain TCP connections to a plain
+   Twisted port of the listener, at most ``CONCURRENCY`` under way per dialer, then closes
+   them. The listener times its accepts, first to last: raw TCP connects per second.
+2. ``storm``: the same, to the Switch, each connection done at the listener's session
+   answer. The listener times its sessions (first connection made to the last session
+   up): handshakes per second, and their ratio to 1. The wall time from the order to the
+   last session is the connect-storm time; refused and failed connections are counted.
+3. ``rss``: the listener's VmRSS after ``gc.collect()`` and ``malloc_trim(0)``, less the
+   same before the storm, over the peers connected.
+4. ``idle``: the listener's CPU time (user + system) over ``--idle`` seconds of wall with
+   every peer connected and no traffic; the pings each dialer answered meanwhile and the
+   listener's pending DelayedCalls.
+5. ``broadcast``: ``Switch.broadcast`` of one 100-byte message to every peer: the CPU and
+   wall time of the call and of the reactor turns until its bytes are written, per peer,
+   and the DelayedCalls it left behind; the dialers count the messages they received.
+
+``--before REV`` runs the whole sequence a second time against ``git archive REV`` on
+PYTHONPATH (bench/run.py's ``--before``; REV may also be a directory holding an
+``mconn`` package), in the order ``--order`` gives (``before,now``). ``--profile
+FILE`` runs each listener under cProfile during the storm and during ``idle``, and
+writes the stats to FILE.<variant>.storm and FILE.<variant>. A summary table goes to stdout and the JSON to
+bench/out/many-peers-<time>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import datetime
+import gc
+import json
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+OUT_DIR = os.path.join(HERE, "out")
+SOURCES = [f"127.0.{i // 250}.{2 + i % 250}" for i in range(200)]
+#: Connection attempts under way at once per dialer (the listener's backlog is BACKLOG).
+CONCURRENCY = 64
+BACKLOG = 1024
+CHANNEL = 0x20
+#: Seconds a dialer waits for its share of a storm before it reports what it has.
+STORM_DEADLINE = 150.0
+#: Seconds between the storm and the measurements: one stats tick (10 s) and a margin,
+#: so that the idle window holds no handshake and no tick's first ping of a new peer.
+SETTLE = 12.0
+
+
+def limits(peers: int) -> dict:
+    """The admission limits an operator raises for ``peers`` inbound peers."""
+    return {
+        "max_inbound_peers": peers,
+        "max_connections_per_ip": peers,
+        "max_pending_handshakes": BACKLOG,
+        "max_pending_per_group": BACKLOG,
+    }
+
+
+def raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def rss_bytes() -> int:
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Commands:
+    """Reads one JSON command a line from stdin, hands it to ``handle``, prints replies."""
+
+    def __init__(self, clock, handle) -> None:
+        from twisted.internet import stdio
+        from twisted.protocols.basic import LineReceiver
+
+        class Lines(LineReceiver):
+            delimiter = b"\n"
+
+            def lineReceived(self, line):
+                handle(json.loads(line))
+
+            def connectionLost(self, reason):
+                if clock.running:
+                    clock.stop()
+
+        self.stdio = stdio.StandardIO(Lines())
+
+    @staticmethod
+    def reply(**fields) -> None:
+        sys.stdout.write(json.dumps(fields) + "\n")
+        sys.stdout.flush()
+
+
+# -- the listener -------------------------------------------------------------------------
+
+
+def listener(args) -> None:
+    from twisted.internet import defer, protocol
+    from twisted.internet import reactor as clock
+    from twisted.internet.endpoints import serverFromString
+    from twisted.logger import globalLogBeginner
+
+    import mconn
+    from mconn import ChannelDescriptor, Config, Reactor, Switch
+    from mconn.telemetry_file import TelemetryFileService
+
+    raise_nofile()
+    globalLogBeginner.beginLoggingTo([], discardBuffer=True, redirectStandardIO=False)
+    fields = {f for f in Config.__dataclass_fields__}
+    config = Config(**{k: v for k, v in limits(args.peers).items() if k in fields})
+
+    class Quiet(Reactor):
+        def get_channels(self):
+            return [ChannelDescriptor(CHANNEL, priority=1)]
+
+    switch = Switch([Quiet()], config=config, clock=clock)
+    telemetry = None
+    if args.telemetry == "file":
+        telemetry = TelemetryFileService(os.path.join(args.tmp, "telemetry.jsonl"), switch.node_id)
+        telemetry.startService()
+    switch.startService()
+    times = {"raw": [], "made": []}
+
+    class RawServer(protocol.Protocol):
+        def connectionMade(self):
+            times["raw"].append(time.time())
+
+    raw_factory = protocol.Factory.forProtocol(RawServer)
+
+    def connected_count():
+        return sum(1 for p in switch.peers.values() if p.state == "connected")
+
+    sessions_up = []
+
+    class Watcher(Reactor):
+        def add_peer(self, peer):
+            sessions_up.append(time.time())
+
+    switch.reactors.append(Watcher())
+    owner = switch._connections  # every connection reports to it (IConnectionOwner)
+    made = owner.connection_made
+
+    def connection_made(proto):
+        times["made"].append(time.time())
+        return made(proto)
+
+    owner.connection_made = connection_made
+    base_rss = [0]
+    profiler = [None]
+
+    def handle(command):
+        name = command["do"]
+        if name == "base":
+            base_rss[0] = rss_bytes()
+            Commands.reply(rss=base_rss[0])
+        elif name == "raw_span":
+            stamps = times["raw"]
+            Commands.reply(accepted=len(stamps), seconds=(stamps[-1] - stamps[0]) if stamps else None)
+        elif name == "profile_storm":
+            if args.profile:
+                import cProfile
+
+                profiler[0] = cProfile.Profile()
+                profiler[0].enable()
+            Commands.reply(profiling=bool(args.profile))
+        elif name == "storm_span":
+            if profiler[0] is not None:
+                profiler[0].disable()
+                profiler[0].dump_stats(args.profile + ".storm")
+                profiler[0] = None
+            up, first = sessions_up, times["made"][:1]
+            Commands.reply(
+                sessions=len(up), connected=connected_count(), first_made=first[0] if first else None,
+                last_up=up[-1] if up else None, refusals=dict(switch.refusals),
+                seconds=(up[-1] - first[0]) if up and first else None,
+            )
+        elif name == "rss":
+            peers = connected_count()
+            rss = rss_bytes()
+            Commands.reply(rss=rss, peers=peers, per_peer=(rss - base_rss[0]) / peers if peers else None)
+        elif name == "idle":
+            idle(command["seconds"])
+        elif name == "broadcast":
+            broadcast()
+        elif name == "quit":
+            d = switch.stopService()
+            d.addBoth(lambda _: clock.stop())
+
+    def idle(seconds):
+        if args.profile:
+            import cProfile
+
+            profiler[0] = cProfile.Profile()
+            profiler[0].enable()
+        cpu0, wall0 = cpu_seconds(), time.monotonic()
+        timers0 = len(clock.getDelayedCalls())
+
+        def done():
+            cpu, wall = cpu_seconds() - cpu0, time.monotonic() - wall0
+            if profiler[0] is not None:
+                profiler[0].disable()
+                profiler[0].dump_stats(args.profile)
+            Commands.reply(
+                cpu_seconds=cpu, wall=wall, cpu_share=cpu / wall, peers=connected_count(),
+                delayed_calls=[timers0, len(clock.getDelayedCalls())],
+            )
+
+        clock.callLater(seconds, done)
+
+    def broadcast():
+        timers0 = len(clock.getDelayedCalls())
+        cpu0, wall0 = cpu_seconds(), time.monotonic()
+        d = switch.broadcast(CHANNEL, b"x" * 100)
+        call_cpu, call_wall = cpu_seconds() - cpu0, time.monotonic() - wall0
+        results = []
+        d.addCallback(results.append)
+
+        def settled():
+            cpu, wall = cpu_seconds() - cpu0, time.monotonic() - wall0
+            peers = connected_count()
+            sent = sum(1 for ok in results[0].values() if ok) if results else None
+            Commands.reply(
+                peers=peers, sent=sent, call_cpu=call_cpu, call_wall=call_wall, cpu=cpu, wall=wall,
+                call_us_per_peer=call_cpu / peers * 1e6 if peers else None,
+                delayed_calls=[timers0, len(clock.getDelayedCalls())],
+            )
+
+        clock.callLater(0, clock.callLater, 0, settled)  # the turns after the call write its bytes
+
+    def listening(ports):
+        mconn_port, raw = ports
+        Commands.reply(
+            port=mconn_port.getHost().port, raw_port=raw.getHost().port, mconn_file=mconn.__file__,
+            config={k: getattr(config, k) for k in limits(args.peers) if k in fields},
+        )
+
+    endpoint = f"tcp:0:interface=127.0.0.1:backlog={BACKLOG}"
+    d1 = switch.listen(endpoint)
+    d2 = serverFromString(clock, endpoint).listen(raw_factory)
+    defer.gatherResults([d1, d2]).addCallback(listening)
+    Commands(clock, handle)
+    clock.run()
+    if telemetry is not None:
+        telemetry.stopService()
+
+
+# -- a dialer -------------------------------------------------------------------------------
+
+
+def dialer(args) -> None:
+    import random
+
+    from twisted.internet import protocol
+    from twisted.internet import reactor as clock
+    from twisted.internet.endpoints import TCP4ClientEndpoint
+
+    from mconn import ChannelDescriptor, wire
+    from mconn.handshake import make_hello
+    from mconn.wire import HelloTag, PacketType, SessionRequest
+
+    raise_nofile()
+    rng = random.Random(args.index)
+    request = wire.encode_session_request(SessionRequest(session_id=b"\xcd" * 16, resume=False))
+    body = wire.encode_hello(
+        make_hello(node_id="ab" * 20, channels=[ChannelDescriptor(CHANNEL, priority=1)], max_packet_payload=1024,
+                   fields=((HelloTag.SESSION, request),))
+    )
+    template = wire.encode_extension(PacketType.HELLO, body)
+    node_at, session_at = template.index(b"\xab" * 20), template.index(b"\xcd" * 16)
+    pong = bytes([PacketType.PONG])
+    stats = {"pings": 0, "messages": 0, "closed": 0, "refused": 0, "failed": 0, "answered": 0}
+    held = []
+
+    def hello() -> bytes:
+        packet = bytearray(template)
+        packet[node_at : node_at + 20] = rng.randbytes(20)
+        packet[session_at : session_at + 16] = rng.randbytes(16)
+        return bytes(packet)
+
+    class RawPeer(protocol.Protocol):
+        """A peer that only says hello and answers pings (the listener sends no messages
+        unless asked to broadcast; those are counted, never acknowledged)."""
+
+        def __init__(self):
+            self.buffer = b""
+            self.answered = False
+
+        def connectionMade(self):
+            self.transport.write(hello())
+
+        def dataReceived(self, data):
+            buffer = self.buffer + data
+            at = 0
+            while at < len(buffer):
+                kind = buffer[at]
+                if kind == PacketType.PING:
+                    self.transport.write(pong)
+                    stats["pings"] += 1
+                    at += 1
+                    continue
+                if kind == PacketType.PONG:
+                    at += 1
+                    continue
+                head = at + 3 if kind == PacketType.MSG else at + 1
+                if head >= len(buffer) or head + 1 + buffer[head] > len(buffer):
+                    break
+                width = buffer[head]
+                length = int.from_bytes(buffer[head + 1 : head + 1 + width], "big")
+                end = head + 1 + width + length
+                if end > len(buffer):
+                    break
+                if kind == PacketType.MSG:
+                    stats["messages"] += 1
+                elif kind == PacketType.SESSION and not self.answered:
+                    self.answered = True
+                    stats["answered"] += 1
+                    storm.one_done()
+                elif kind == PacketType.CLOSE:
+                    stats["refused"] += 1
+                at = end
+            self.buffer = buffer[at:]
+
+        def connectionLost(self, reason):
+            stats["closed"] += 1
+            if not self.answered:
+                storm.one_done()
+
+    class Blank(protocol.Protocol):
+        pass
+
+    class Storm:
+        """Opens ``count`` connections, at most CONCURRENCY under way."""
+
+        def __init__(self):
+            self.reset("", 0, None)
+
+        def reset(self, kind, port, factory):
+            self.kind, self.port, self.factory = kind, port, factory
+            self.started = self.done = self.under_way = 0
+            self.t0 = time.time()
+            self.finished = None
+
+        def start(self, kind, port, factory, count):
+            self.reset(kind, port, factory)
+            self.count = count
+            clock.callLater(STORM_DEADLINE, self.report, True)
+            self.fill()
+
+        def fill(self):
+            while self.under_way < CONCURRENCY and self.started < self.count:
+                source = SOURCES[(args.index * 7919 + self.started) % len(SOURCES)]
+                endpoint = TCP4ClientEndpoint(clock, "127.0.0.1", self.port, timeout=30, bindAddress=(source, 0))
+                self.started += 1
+                self.under_way += 1
+                d = endpoint.connect(self.factory)
+                d.addCallbacks(self.connected, self.failed)
+
+        def connected(self, proto):
+            held.append(proto)
+            if self.kind == "raw":
+                self.one_done()
+
+        def failed(self, failure):
+            stats["failed"] += 1
+            self.one_done()
+
+        def one_done(self):
+            if self.finished is not None:
+                return
+            self.under_way -= 1
+            self.done += 1
+            if self.done >= self.count:
+                self.report(False)
+            else:
+                self.fill()
+
+        def report(self, timed_out):
+            if self.finished is not None:
+                return
+            self.finished = time.time()
+            Commands.reply(kind=self.kind, done=self.done, seconds=self.finished - self.t0, timed_out=timed_out,
+                           **stats)
+
+    storm = Storm()
+
+    def handle(command):
+        name = command["do"]
+        if name == "raw":
+            storm.start("raw", command["port"], protocol.Factory.forProtocol(Blank), command["count"])
+        elif name == "close_raw":
+            for proto in held:
+                proto.transport.abortConnection()
+            held.clear()
+            Commands.reply(closed=True)
+        elif name == "storm":
+            storm.start("storm", command["port"], protocol.Factory.forProtocol(RawPeer), command["count"])
+        elif name == "report":
+            Commands.reply(held=len(held), **stats)
+        elif name == "quit":
+            clock.stop()
+
+    Commands(clock, handle)
+    Commands.reply(ready=True)
+    clock.run()
+
+
+# -- orchestration ----------------------------------------------------------------------------
+
+
+class Role:
+    """One process of the run; it speaks one JSON object a line on stdin and stdout."""
+
+    def __init__(self, argv, env) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            env=env, text=True, start_new_session=True,
+        )
+
+    def send(self, **command) -> None:
+        self.proc.stdin.write(json.dumps(command) + "\n")
+        self.proc.stdin.flush()
+
+    def read(self, timeout: float) -> dict:
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                raise TimeoutError(f"no answer within {timeout} s from {self.proc.args}")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.proc.args} ended ({self.proc.wait()})")
+        return json.loads(line)
+
+    def ask(self, timeout: float = 60.0, **command) -> dict:
+        self.send(**command)
+        return self.read(timeout)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError, OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def shares(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    roles = []
+    try:
+        profile = ["--profile", f"{args.profile}.{name}"] if args.profile else []
+        listener_role = Role(["--role", "listener", "--peers", str(args.peers), "--telemetry", args.telemetry,
+                              "--tmp", tmp, *profile], env)
+        roles.append(listener_role)
+        hello = listener_role.read(30)
+        dialers = [Role(["--role", "dialer", "--index", str(i)], env) for i in range(args.dialers)]
+        roles += dialers
+        for d in dialers:
+            d.read(30)
+        counts = shares(args.peers, args.dialers)
+        result = {"mconn_file": hello["mconn_file"], "config": hello["config"]}
+        # 1. raw TCP connects
+        for d, n in zip(dialers, counts):
+            d.send(do="raw", port=hello["raw_port"], count=n)
+        raw_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
+        raw = listener_role.ask(do="raw_span")
+        for d in dialers:
+            d.ask(do="close_raw")
+        time.sleep(2.0)  # the listener sees the raw connections go
+        result["raw"] = dict(raw, rate=raw["accepted"] / raw["seconds"] if raw["seconds"] else None,
+                             dialers=raw_dialers)
+        result["base_rss"] = listener_role.ask(do="base")["rss"]
+        # 2. connect storm
+        listener_role.ask(do="profile_storm")
+        t0 = time.time()
+        for d, n in zip(dialers, counts):
+            d.send(do="storm", port=hello["port"], count=n)
+        storm_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
+        time.sleep(0.5)
+        span = listener_role.ask(do="storm_span")
+        result["storm"] = dict(
+            span, wall=(span["last_up"] - t0) if span["last_up"] else None,
+            rate=span["sessions"] / span["seconds"] if span["seconds"] else None,
+            answered=sum(s["answered"] for s in storm_dialers), refused=sum(s["refused"] for s in storm_dialers),
+            failed=sum(s["failed"] for s in storm_dialers), dialers=storm_dialers,
+        )
+        rates = result["storm"]["rate"], result["raw"]["rate"]
+        result["handshake_ratio"] = rates[0] / rates[1] if all(rates) else None
+        # 3. memory, 4. idle CPU
+        time.sleep(args.settle)
+        result["rss"] = listener_role.ask(do="rss", timeout=120)
+        pings0 = sum(d.ask(do="report")["pings"] for d in dialers)
+        result["idle"] = listener_role.ask(do="idle", seconds=args.idle, timeout=args.idle + 120)
+        result["idle"]["pings_answered"] = sum(d.ask(do="report")["pings"] for d in dialers) - pings0
+        # 5. broadcast
+        result["broadcast"] = listener_role.ask(do="broadcast", timeout=120)
+        time.sleep(2.0)
+        result["broadcast"]["received"] = sum(d.ask(do="report")["messages"] for d in dialers)
+        for d in dialers:
+            d.send(do="quit")
+        listener_role.send(do="quit")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            listener_role.proc.wait(60)
+        return result
+    finally:
+        for role in roles:
+            role.kill()
+
+
+def archive(rev: str, into: str) -> str:
+    if os.path.isdir(os.path.join(rev, "mconn")):
+        return os.path.abspath(rev)  # a tree prepared by hand
+    tree = os.path.join(into, f"tree-{rev}")
+    os.makedirs(tree)
+    data = subprocess.run(["git", "-C", REPO, "archive", rev, "mconn"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=data, check=True)
+    return tree
+
+
+def summary(name: str, r: dict) -> list[str]:
+    def f(value, fmt="{:.2f}"):
+        return "-" if value is None else fmt.format(value)
+
+    s, idle, b = r["storm"], r["idle"], r["broadcast"]
+    return [
+        f"{name}: {r['mconn_file']}",
+        f"  raw TCP accepts/s {f(r['raw']['rate'], '{:.0f}')} ({r['raw']['accepted']} in {f(r['raw']['seconds'])} s)",
+        f"  storm: {s['connected']} connected, {s['answered']} answered, refused {s['refused']}, failed {s['failed']}, "
+        f"wall {f(s['wall'])} s, handshakes/s {f(s['rate'], '{:.0f}')}, ratio {f(r['handshake_ratio'], '{:.3f}')}, "
+        f"listener refusals {s['refusals']}",
+        f"  RSS/peer {f(r['rss']['per_peer'] and r['rss']['per_peer'] / 1024)} KiB over {r['rss']['peers']} peers",
+        f"  idle CPU {f(idle['cpu_share'] * 100)}% ({f(idle['cpu_seconds'])} s over {f(idle['wall'])} s), "
+        f"pings answered {idle['pings_answered']}, DelayedCalls {idle['delayed_calls']}",
+        f"  broadcast to {b['peers']}: call {f(b['call_cpu'] * 1e3)} ms CPU ({f(b['call_us_per_peer'])} us/peer), "
+        f"until written {f(b['cpu'] * 1e3)} ms CPU / {f(b['wall'] * 1e3)} ms wall, received {b['received']}, "
+        f"DelayedCalls {b['delayed_calls']}",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=["main", "listener", "dialer"], default="main")
+    parser.add_argument("--peers", type=int, default=10000)
+    parser.add_argument("--dialers", type=int, default=4)
+    parser.add_argument("--idle", type=float, default=40.0)
+    parser.add_argument("--settle", type=float, default=SETTLE)
+    parser.add_argument("--now", default=REPO, help="the tree to measure as 'now' (default: this one)")
+    parser.add_argument("--before", default=None)
+    parser.add_argument("--order", default="before,now")
+    parser.add_argument("--telemetry", choices=["file", "none"], default="file")
+    parser.add_argument("--profile", default=None)
+    parser.add_argument("--index", type=int, default=0)
+    parser.add_argument("--tmp", default=None)
+    args = parser.parse_args()
+    if args.role == "listener":
+        return listener(args)
+    if args.role == "dialer":
+        return dialer(args)
+    tmp = tempfile.mkdtemp(prefix="mconn-many-peers-")
+    try:
+        variants = {"now": os.path.abspath(args.now)}
+        if args.before:
+            variants["before"] = archive(args.before, tmp)
+        order = [v for v in args.order.split(",") if v in variants]
+        results, lines = {}, []
+        for name in order:
+            results[name] = run_variant(args, name, variants[name], tmp)
+            lines += summary(name, results[name])
+            print("\n".join(summary(name, results[name])), flush=True)
+        os.makedirs(OUT_DIR, exist_ok=True)
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        path = os.path.join(OUT_DIR, f"many-peers-{stamp}.json")
+        with open(path, "w") as out:
+            json.dump({"settings": vars(args), "results": results}, out, indent=1)
+        print(f"results: {path}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
