@@ -236,8 +236,10 @@ class MConnectionProtocol(Protocol):
         set_socket_options(self.transport, self._config)
         # Twisted's TCP transport (a FileDescriptor) pauses its producer past bufferSize
         # and resumes it once its buffer is empty; we pause it after every write instead.
+        # Asked of the class: a TLS wrapper forwards unknown attributes to the TCP
+        # transport beneath it, whose producer is not us.
         self._pause_after_write = self._config.write_ahead_time is not None and hasattr(
-            self.transport, "producerPaused"
+            type(self.transport), "producerPaused"
         )
         self._socket = socket_of(self.transport) if self._pause_after_write else None
         self.transport.registerProducer(self, True)
