@@ -41,6 +41,8 @@ class ConnectionSet:
         self.sessions = None
         #: Every live connection (the protocols), handshaking or not.
         self.live: set = set()
+        #: The live outbound ones (few: a simultaneous-dial check scans only these).
+        self._outbound: set = set()
         self._closed_all: list = []
 
     # -- IConnectionOwner ------------------------------------------------------------
@@ -94,6 +96,8 @@ class ConnectionSet:
 
     def connection_made(self, protocol) -> None:
         self.live.add(protocol)
+        if protocol.context.is_outbound:
+            self._outbound.add(protocol)
         self.sessions.connection_made(protocol)
         telemetry.emit(
             "connection_made",
@@ -172,6 +176,7 @@ class ConnectionSet:
 
     def connection_lost(self, protocol, reason: Exception) -> None:
         self.live.discard(protocol)
+        self._outbound.discard(protocol)
         self.admission.release(protocol.ip_key)
         telemetry.emit(
             "connection_lost",
@@ -207,9 +212,9 @@ class ConnectionSet:
     def dialing_to(self, node_id: str) -> bool:
         """Whether an outbound connection of ours to ``node_id`` is still handshaking."""
         return any(
-            p.context.is_outbound and p.peer is None and p.end_reason is None
+            p.peer is None and p.end_reason is None
             and node_id in (p.context.expected_node_id, p.hello.node_id if p.hello is not None else None)
-            for p in self.live
+            for p in self._outbound
         )
 
     def close_all(self, reason_for) -> list:

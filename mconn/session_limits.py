@@ -21,15 +21,44 @@ from __future__ import annotations
 from mconn.errors import PeerRejected
 from mconn.session_table import PeerState
 
-S = PeerState
-
-
 class SessionLimits:
     """The session limits of one ``SessionManager``."""
 
     def __init__(self, sessions, admission) -> None:
         self.sessions = sessions
         self._admission = admission
+        #: Suspended sessions by node id, the longest suspended first.
+        self.suspended: dict = {}
+        #: Sessions per direction (True: outbound) and inbound sessions per remote host,
+        #: kept as sessions start and end so that a limit costs no scan of every session.
+        self.per_direction = {True: 0, False: 0}
+        self.inbound_per_host: dict[str, int] = {}
+
+    def state_changed(self, peer) -> None:
+        """The table moved ``peer``: keep the suspended table in suspension order."""
+        if peer.state is PeerState.SUSPENDED:
+            self.suspended.setdefault(peer.node_id, peer)
+        elif self.suspended.get(peer.node_id) is peer:
+            del self.suspended[peer.node_id]
+
+    def counted(self, peer, delta: int) -> None:
+        """``peer`` joined (1) or left (-1) the peer table, or its address changes."""
+        self.per_direction[peer.is_outbound] += delta
+        host = peer.ip_key
+        if not peer.is_outbound and host is not None:
+            left = self.inbound_per_host.get(host, 0) + delta
+            if left:
+                self.inbound_per_host[host] = left
+            else:
+                del self.inbound_per_host[host]
+
+    def check_invariants(self, peers) -> None:
+        """The counts and the suspended table agree with the peer table."""
+        peers = list(peers)
+        assert self.suspended == {p.node_id: p for p in peers if p.state is PeerState.SUSPENDED}, "suspended table"
+        assert self.per_direction == {d: sum(1 for p in peers if p.is_outbound is d) for d in (True, False)}
+        hosts = [p.ip_key for p in peers if not p.is_outbound and p.ip_key is not None]
+        assert self.inbound_per_host == {h: hosts.count(h) for h in set(hosts)}, "per-host session counts"
 
     def check(self, proto) -> None:
         """May a session start on ``proto``? Suspended sessions make room rather than
@@ -41,38 +70,38 @@ class SessionLimits:
         :raises PeerRejected: ``ip_limit``, or ``inbound_limit`` / ``outbound_limit``.
         """
         outbound = proto.context.is_outbound
+        sessions = self.sessions
         if not outbound and proto.ip_key is not None:
             self._room_for_address(proto.ip_key)
-        same = [p for p in self.sessions.peers.values() if p.is_outbound == outbound]
-        if not outbound and len(same) >= self.sessions.config.max_inbound_peers:
-            idle = [p for p in same if p.state is S.SUSPENDED and not p.session.carried_traffic()]
+        count = self.per_direction[outbound]
+        limit = sessions.config.max_inbound_peers
+        if not outbound and count >= limit:
+            idle = [p for p in self.suspended.values() if not p.is_outbound and not p.session.carried_traffic()]
             if idle:
-                victim = min(idle, key=lambda p: p.suspended_at)
-                self.sessions.evict(victim, f"max_inbound_peers {self.sessions.config.max_inbound_peers} reached; it never carried a message")
-                same.remove(victim)
-        self._admission.check_peer_limit(outbound, len(same))
+                sessions.evict(idle[0], f"max_inbound_peers {limit} reached; it never carried a message")
+                count -= 1
+        self._admission.check_peer_limit(outbound, count)
 
     def _room_for_address(self, host: str) -> None:
         limit = self.sessions.config.max_connections_per_ip
-        mine = [p for p in self.sessions.peers.values() if not p.is_outbound and p.ip_key == host]
-        if len(mine) < limit:
+        count = self.inbound_per_host.get(host, 0)
+        if count < limit:
             return
-        suspended = [p for p in mine if p.state is S.SUSPENDED]
+        suspended = [p for p in self.suspended.values() if not p.is_outbound and p.ip_key == host]
         if not suspended:
-            raise PeerRejected("ip_limit", f"{len(mine)} sessions from {host} (max_connections_per_ip {limit})")
-        victim = min(suspended, key=lambda p: p.suspended_at)
-        self.sessions.evict(victim, f"{len(mine)} sessions from {host} (max_connections_per_ip {limit})")
+            raise PeerRejected("ip_limit", f"{count} sessions from {host} (max_connections_per_ip {limit})")
+        self.sessions.evict(suspended[0], f"{count} sessions from {host} (max_connections_per_ip {limit})")
 
     def bound_suspended(self) -> None:
         """Suspended sessions are bounded in number (the oldest ends first) and in
         unacknowledged bytes (the one holding the most ends first): dormant sessions
         cannot pin unbounded memory (specs/resume.md section 1.3)."""
         config = self.sessions.config
-        for _ in range(len(self.sessions.peers)):
-            suspended = [p for p in self.sessions.peers.values() if p.state is S.SUSPENDED]
+        for _ in range(len(self.suspended)):
+            suspended = list(self.suspended.values())  # the longest suspended first
             held = sum(p.session.unacked_bytes for p in suspended)
             if len(suspended) > config.max_suspended_sessions:
-                victim = min(suspended, key=lambda p: p.suspended_at)
+                victim = suspended[0]
                 why = f"{len(suspended)} suspended sessions (max_suspended_sessions {config.max_suspended_sessions})"
             elif held > config.max_suspended_bytes:
                 victim = max(suspended, key=lambda p: p.session.unacked_bytes)

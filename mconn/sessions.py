@@ -7,17 +7,12 @@ only code that changes a Peer's state: every change is an input to the table of
 state and runs the row's effects in order (detach, notify, grace timer, re-dial, resume,
 end). A row that starts a fresh session is given the start as ``then``.
 
-Where the inputs come from:
-
-* a hello on a listening connection (``hello_authorized``): ``decide_hello`` says resume
-  (a takeover first if the session's connection is still live), probe the live
-  connection (a possible duplicate, ``mconn.duplicates``), refuse a simultaneous dial, or start
-  fresh (ending a held session first);
-* the listener's answer on a dialing connection (``session_answered``): resume, or a
-  fresh session (ending the session asked for, and settling a simultaneous dial);
-* a connection lost (``connection_lost``): a break suspends, anything else ends;
-* timers and the re-dialer: grace expired, redial connected or failed, gave up;
-* ``Peer.close`` and the Switch stopping.
+Where the inputs come from: a hello on a listening connection (``hello_authorized``:
+``decide_hello`` says resume, after a takeover if the old connection is live; probe it,
+``mconn.duplicates``; refuse; or start fresh, ending a held session first); the answer on
+a dialing connection (``session_answered``); a connection lost (a break suspends,
+anything else ends); timers and the re-dialer; ``Peer.close`` and the Switch stopping.
+Limits and evictions are ``mconn.session_limits``'.
 
 The re-dialing itself is ``mconn.persistent.PersistentDialing``'s; this module tells it
 when a session needs re-dialing, when its waiting is over, and when a session started.
@@ -132,6 +127,7 @@ class SessionManager:
         if transition.fresh != (then is not None):
             raise LocalProtocolError(f"session input {input_.value!r} in {peer.state.value}: fresh start mismatch")
         peer.state = transition.next
+        self._limits.state_changed(peer)
         context = _Step(reason=reason, **facts)
         for effect in transition.effects:
             self._effects[effect](peer, context)
@@ -172,7 +168,9 @@ class SessionManager:
         proto = step_.protocol
         self._stop_waiting(peer, dialer=False)  # a dialer that got here stops by itself
         proto.carry(peer)
-        peer.ip_key = proto.ip_key
+        self._limits.counted(peer, -1)
+        peer.ip_key = proto.ip_key  # the resumed session counts against its new address
+        self._limits.counted(peer, 1)
         if step_.answer:
             proto.core.send_session_answer(
                 SessionAnswer(session_id=peer.session.id, resumed=True, delivered=peer.session.delivered_counts())
@@ -208,6 +206,7 @@ class SessionManager:
         peer._end(reason)
         if self.peers.get(peer.node_id) is peer:
             del self.peers[peer.node_id]
+            self._limits.counted(peer, -1)
         telemetry.emit(
             "session_ended",
             node_id=self.node_id,
@@ -272,6 +271,7 @@ class SessionManager:
         peer.proven = proven
         peer.ip_key = proto.ip_key
         self.peers[peer.node_id] = peer
+        self._limits.counted(peer, 1)
         proto.carry(peer)
         telemetry.emit(
             "session_started",
@@ -495,3 +495,4 @@ class SessionManager:
         for proto in connections:
             if proto.peer is not None:
                 assert self.peers.get(proto.peer.node_id) is proto.peer, "a connection carries a forgotten Peer"
+        self._limits.check_invariants(self.peers.values())
