@@ -17,7 +17,7 @@ from mconn import telemetry
 from mconn.connection import Connection
 from mconn.errors import PeerIdMismatch, PeerRejected
 from mconn.handshake import make_hello
-from mconn.protocol import IConnectionOwner
+from mconn.owner import IConnectionOwner
 from mconn.wire import HelloTag, encode_session_request
 
 
