@@ -20,9 +20,9 @@ import pytest
 import pytest_twisted
 
 from helpers import bounded, sleep, the_reactor, until
-from mconn import ChannelDescriptor, Config, Reactor, Switch, wire
-from mconn.handshake import make_hello
+from mconn import ChannelDescriptor, Config, Reactor, Switch
 
+from .attackers import made_up_hello, reset
 from .test_loopback import stop
 
 pytestmark = pytest.mark.integration
@@ -56,19 +56,16 @@ class Pusher(Reactor):
         pass
 
 
-def raw_hello() -> bytes:
-    """A hello with a made-up node id asking for a new session."""
-    request = wire.SessionRequest(session_id=random.randbytes(16), resume=False)
-    fields = ((wire.HelloTag.SESSION, wire.encode_session_request(request)),)
-    hello = make_hello(node_id=random.randbytes(20).hex(), channels=CHANNELS, max_packet_payload=1024, fields=fields)
-    return wire.encode_extension(wire.PacketType.HELLO, wire.encode_hello(hello))
+#: Made-up identities; the hellos come from attackers.py, as the load test's do.
+RNG = random.Random(5)
 
 
 def hello_read_and_drop(port: int, source: str, *, read: int = 0) -> None:
     """Connect from ``source``, send a made-up hello, read up to ``read`` bytes (never
     acknowledging anything), then reset the connection (no close packet)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0)) as sock:
-        sock.sendall(raw_hello())
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+    try:
+        sock.sendall(made_up_hello(RNG))
         got, deadline = 0, time.monotonic() + 5
         sock.settimeout(0.2)
         while got < max(read, 1) and time.monotonic() < deadline:
@@ -79,7 +76,8 @@ def hello_read_and_drop(port: int, source: str, *, read: int = 0) -> None:
             if not data:
                 break
             got += len(data)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # RST
+    finally:
+        reset(sock)  # RST, no close packet
 
 
 def node(config, reactor=None, **kwargs):
@@ -172,7 +170,7 @@ async def test_a_connected_peer_that_stops_acknowledging_gets_no_more_once_the_n
         port = (await victim.listen("tcp:0:interface=127.0.0.1")).getHost().port
         for source in ("127.0.0.21", "127.0.0.22"):
             sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
-            sock.sendall(raw_hello())
+            sock.sendall(made_up_hello(RNG))
             socks.append(sock)
         await until(lambda: len(victim.peers) == 2, "two sessions")
         peers = list(victim.peers.values())
