@@ -8,15 +8,26 @@ RUN_SECONDS ?= 60
 
 $(STAMP): setup.cfg pyproject.toml
 	# Debian packages the tests use: java for Spark, tmux for the chat terminal test,
-	# chromium for the status page test. Installed only when missing.
+	# chromium for the status page test, prometheus for the /metrics test, nginx and
+	# squid for the WebSocket proxy tests. Installed only when missing; a policy-rc.d
+	# keeps the packages' own services from starting (the tests start their own on
+	# loopback and stop them by PID).
 	missing=""; \
 	command -v java >/dev/null 2>&1 || missing="$$missing default-jre-headless"; \
 	command -v tmux >/dev/null 2>&1 || missing="$$missing tmux"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
-	if [ -n "$$missing" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; fi
+	test -x /usr/bin/prometheus || missing="$$missing prometheus"; \
+	test -x /usr/sbin/nginx || missing="$$missing nginx"; \
+	test -x /usr/sbin/squid || missing="$$missing squid"; \
+	if [ -n "$$missing" ]; then \
+	  policy=""; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy=1; fi; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; rc=$$?; \
+	  if [ -n "$$policy" ]; then rm -f /usr/sbin/policy-rc.d; fi; \
+	  test $$rc -eq 0; \
+	fi
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,pipeline,chat]'
+	$(PY) -m pip install -q -e '.[test,pipeline,chat,typed]'
 	touch $(STAMP)
 
 test: $(STAMP)
