@@ -1,10 +1,14 @@
-"""The status page of a node: an HTML overview at ``/`` and ``/status.json`` (specs/status.md).
+"""The status page of a node: an HTML overview at ``/``, ``/status.json`` and Prometheus
+``/metrics`` (specs/status.md).
 
-``StatusService(switch, "tcp:8080")`` serves both with twisted.web. The page is
+``StatusService(switch, "tcp:8080")`` serves them with twisted.web. The page is
 self-contained (inline CSS and JavaScript, no external fetches, enforced by its
 Content-Security-Policy): it fetches ``status.json`` every second and redraws a table of
 the peers and their channels, with inline SVG sparklines of each channel's send and
 receive rates. ``/status.json`` is the same data for programs (``mconn status URL``).
+``/metrics`` is the node's Prometheus metrics (``mconn.metrics``), rendered in the
+reactor thread (prometheus_client's own twisted resource would read the Switch from a
+thread pool).
 
 An endpoint that names no interface (``tcp:8080``) listens on 127.0.0.1 only (``::1``
 for ``tcp6``): the page is for the operator on the machine, or behind a proxy. Exposing
@@ -33,6 +37,8 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web import pages, resource, server
+
+from mconn.metrics import SwitchMetrics
 
 log = Logger()
 
@@ -234,6 +240,24 @@ class StatusJSON(resource.Resource):
         return json.dumps(self._document(), separators=(",", ":")).encode()
 
 
+class Metrics(resource.Resource):
+    """``/metrics``: Prometheus' text format, or OpenMetrics when the scraper asks for it."""
+
+    isLeaf = True
+
+    def __init__(self, metrics: SwitchMetrics) -> None:
+        super().__init__()
+        self._metrics = metrics
+
+    def render_GET(self, request) -> bytes:
+        accept = request.getHeader(b"accept")
+        body, content_type = self._metrics.exposition(accept.decode("latin-1") if accept else None)
+        request.setHeader(b"content-type", content_type.encode())
+        request.setHeader(b"cache-control", b"no-store")
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        return body
+
+
 class StatusPage(resource.Resource):
     """``/``: the HTML overview; anything else under it is 404 (``/status.json`` is a child)."""
 
@@ -259,11 +283,12 @@ class _QuietSite(server.Site):
         pass
 
 
-def status_site(switch, sampler: RateSampler, listen_addresses=None) -> server.Site:
-    """The twisted.web Site serving ``/`` and ``/status.json`` for ``switch``.
+def status_site(switch, sampler: RateSampler, listen_addresses=None, metrics: SwitchMetrics | None = None) -> server.Site:
+    """The twisted.web Site serving ``/``, ``/status.json`` and ``/metrics`` for ``switch``.
 
     :param listen_addresses: a callable returning the node's listen addresses (the
         Switch's first one if None).
+    :param metrics: the Switch's SwitchMetrics (None: no ``/metrics``).
     """
     if listen_addresses is None:
         def listen_addresses():
@@ -271,23 +296,31 @@ def status_site(switch, sampler: RateSampler, listen_addresses=None) -> server.S
 
     root = StatusPage()
     root.putChild(b"status.json", StatusJSON(lambda: status_document(switch, sampler, listen_addresses)))
+    if metrics is not None:
+        root.putChild(b"metrics", Metrics(metrics))
     return _QuietSite(root)
 
 
 class StatusService(Service):
-    """Serves the status page of ``switch`` on a server endpoint, and samples rates.
+    """Serves the status page of ``switch`` on a server endpoint, samples rates, and
+    counts the node's events for ``/metrics`` while running.
 
     :param endpoint: a Twisted server endpoint string; without ``interface=`` it listens
         on 127.0.0.1 (:func:`local_endpoint`).
     :param listen_addresses: a callable returning the node's listen addresses.
+    :param per_peer_metrics: add series labelled by peer node id to ``/metrics`` (off by
+        default: specs/status.md section 4).
     """
 
     def __init__(self, switch, endpoint: str = "tcp:0", *, listen_addresses=None,
-                 interval: float = SAMPLE_INTERVAL, samples: int = SAMPLES) -> None:
+                 interval: float = SAMPLE_INTERVAL, samples: int = SAMPLES,
+                 per_peer_metrics: bool = False) -> None:
         self.switch = switch
         self.endpoint = local_endpoint(endpoint)
         self.sampler = RateSampler(switch, interval=interval, samples=samples)
-        self.site = status_site(switch, self.sampler, listen_addresses)
+        #: The Switch's Prometheus registry and collector (``/metrics``).
+        self.metrics = SwitchMetrics(switch, per_peer=per_peer_metrics)
+        self.site = status_site(switch, self.sampler, listen_addresses, self.metrics)
         #: The IListeningPort, once bound.
         self.port = None
 
@@ -298,8 +331,15 @@ class StatusService(Service):
 
     def _listening(self, port):
         self.port = port
-        log.info("mconn status page of node {node_id} on {url}", node_id=self.switch.node_id, url=self.url)
+        log.info("mconn status page of node {node_id} on {url} (Prometheus metrics: {metrics_url})",
+                 node_id=self.switch.node_id, url=self.url, metrics_url=self.metrics_url)
         return port
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://HOST:PORT/metrics`` once bound (None before)."""
+        url = self.url
+        return url + "metrics" if url is not None else None
 
     @property
     def url(self) -> str | None:
@@ -315,6 +355,7 @@ class StatusService(Service):
     def startService(self) -> None:
         super().startService()
         self.sampler.start()
+        self.metrics.start()
         if self.port is None:
             self.listen().addErrback(
                 lambda f: log.failure("cannot serve the status page on {endpoint}", f, endpoint=self.endpoint)
@@ -323,6 +364,7 @@ class StatusService(Service):
     def stopService(self) -> defer.Deferred:
         super().stopService()
         self.sampler.stop()
+        self.metrics.stop()
         port, self.port = self.port, None
         return defer.maybeDeferred(port.stopListening) if port is not None else defer.succeed(None)
 

@@ -1,0 +1,344 @@
+"""Prometheus metrics of one Switch: ``/metrics`` on the status page (specs/status.md section 4).
+
+``SwitchMetrics(switch)`` holds a ``prometheus_client.CollectorRegistry`` of its own (so
+several nodes in one process never share or clash) with one collector, and
+``SwitchMetrics.exposition(accept)`` renders it in the format the scraper asked for.
+
+Theory of operation
+-------------------
+Nothing here runs per message. What is live is read when Prometheus scrapes: the
+byte and message counters of every live connection, the peers by state, queue depths,
+the recovery buffers, the last round trips. Those connection counters start from zero
+on every transport and vanish with it, so a node-wide total made of them alone would go
+down each time a connection ends. What ended is therefore added from the node's own
+telemetry events (specs/telemetry.md) as they are logged: ``connection_lost`` carries
+the final counters of its connection; ``session_resumed``, ``session_ended``,
+``protocol_error``... are counted as they come. A connection leaves the live set and its
+``connection_lost`` is logged in one call, so a scrape sees its bytes exactly once.
+Counting starts when ``start()`` adds the observer (the status service does it when it
+starts, with the Switch): bytes of connections that ended before are not included.
+
+Labels are bounded. ``state``, ``direction``, ``channel`` (this node's own channels) and
+``stage`` have fixed value sets; ``reason``, ``error``, ``outcome``, ``result``,
+``method`` come from mconn's own code (class names, refusal reasons), and each metric
+keeps at most ``MAX_LABEL_VALUES`` of them, counting the rest as ``other``. Node ids of
+peers appear only with ``per_peer`` (``StatusService(..., per_peer_metrics=True)``): a
+node with 10,000 peers then exposes 10,000 series per per-peer metric.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from twisted.logger import globalLogPublisher
+
+#: Distinct values one event-derived label keeps per metric; past it values count as "other".
+MAX_LABEL_VALUES = 64
+#: Upper bounds (seconds) of the round-trip buckets.
+ROUND_TRIP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+STATES = ("connected", "suspended", "connecting")
+DIRECTIONS = ("inbound", "outbound")
+
+#: Event-derived counters: name -> (telemetry event, label or None, help).
+EVENT_COUNTERS = {
+    "mconn_connections_opened": ("connection_made", "direction", "Transports made, by direction."),
+    "mconn_connections_closed": ("connection_lost", "direction", "Transports ended, by direction."),
+    "mconn_sessions_started": ("session_started", "direction", "Sessions started, by who dialed."),
+    "mconn_sessions_suspended": ("session_suspended", None, "Sessions suspended: the transport broke."),
+    "mconn_session_resumes": ("session_resumed", None, "Sessions resumed on a new transport."),
+    "mconn_sessions_ended": ("session_ended", "reason", "Sessions ended, by the class of the reason."),
+    "mconn_protocol_errors": ("protocol_error", "error", "Protocol errors of peers, by error class."),
+    "mconn_duplicate_connections": ("duplicate_connection", "outcome", "Second connections from a node, by outcome."),
+    "mconn_dial_attempts": ("dial_attempt", "result", "Dial attempts, by result."),
+    "mconn_reactor_errors": ("reactor_error", "method", "Reactor callbacks that raised, by method."),
+    "mconn_loop_stalls": ("loop_stalled", None, "Event loop stalls seen by a keepalive verdict."),
+}
+#: Event field holding each event-derived label.
+_LABEL_FIELDS = {"reason": "reason_type", "error": "error_type"}
+
+
+def channel_label(channel_id: int) -> str:
+    """The ``channel`` label of a channel id: ``0x20``."""
+    return f"{channel_id:#04x}"
+
+
+class EventTotals:
+    """What ended, from one node's telemetry events (see the theory of operation)."""
+
+    def __init__(self, switch) -> None:
+        self.switch = switch
+        #: Wire bytes sent and received by connections that ended.
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        #: channel id -> [bytes sent, messages sent, bytes received, messages received]
+        #: of connections that ended.
+        self.channels: dict[int, list[int]] = {}
+        #: metric name -> {label value (or None): count}.
+        self.counts: dict[str, dict] = {name: {} for name in EVENT_COUNTERS}
+        self.messages_resent = 0
+        self.grace_expiries = 0
+        self._by_event = {event: (name, label) for name, (event, label, _) in EVENT_COUNTERS.items()}
+        self._observing = False
+
+    def start(self) -> None:
+        if not self._observing:
+            globalLogPublisher.addObserver(self.observe)
+            self._observing = True
+
+    def stop(self) -> None:
+        if self._observing:
+            globalLogPublisher.removeObserver(self.observe)
+            self._observing = False
+
+    def observe(self, event: dict) -> None:
+        """A log observer: counts this node's telemetry events, ignores everything else."""
+        if event.get("log_namespace") != "mconn":
+            return
+        entry = self._by_event.get(event.get("event"))
+        if entry is None or event.get("node_id") != self.switch.node_id:
+            return
+        name, label = entry
+        value = None if label is None else str(event.get(_LABEL_FIELDS.get(label, label)))
+        counts = self.counts[name]
+        if value not in counts and len(counts) - ("other" in counts) >= MAX_LABEL_VALUES - 1:
+            value = "other"  # one slot is kept for it
+        counts[value] = counts.get(value, 0) + 1
+        kind = event["event"]
+        if kind == "connection_lost":
+            self._ended_connection(event)
+        elif kind == "session_resumed":
+            self.messages_resent += int(event.get("resent", 0))
+        elif kind == "session_ended" and value == "SessionExpired":
+            self.grace_expiries += 1
+
+    def _ended_connection(self, event: dict) -> None:
+        self.bytes_sent += int(event.get("bytes_sent", 0))
+        self.bytes_received += int(event.get("bytes_received", 0))
+        own = {d.id for d in self.switch.channels}
+        for c in event.get("channels", ()):
+            channel_id = c.get("channel_id")
+            if channel_id not in own:
+                continue
+            row = self.channels.setdefault(channel_id, [0, 0, 0, 0])
+            row[0] += int(c["bytes_sent"])
+            row[1] += int(c["messages_sent"])
+            row[2] += int(c["bytes_received"])
+            row[3] += int(c["messages_received"])
+
+
+class SwitchCollector:
+    """A prometheus_client collector reading one Switch at scrape time."""
+
+    def __init__(self, switch, totals: EventTotals, *, per_peer: bool = False) -> None:
+        self.switch = switch
+        self.totals = totals
+        #: Series labelled by peer node id (off by default: one series per peer).
+        self.per_peer = bool(per_peer)
+
+    def describe(self):
+        return []  # names are not checked against other collectors: the registry is ours alone
+
+    def collect(self):
+        switch = self.switch
+        info = GaugeMetricFamily("mconn_node_info", "This node: its id and TLS mode; always 1.",
+                                 labels=("node_id", "tls"))
+        tls = getattr(switch, "tls", None)
+        info.add_metric((switch.node_id, tls.mode if tls is not None else "off"), 1)
+        yield info
+        yield from self._connections()
+        yield from self._peers()
+        yield from self._events()
+        refusals = CounterMetricFamily("mconn_refusals", "Connections refused, by reason (Switch.refusals).",
+                                       labels=("reason",))
+        for reason, count in _bounded(switch.refusals.items()):
+            refusals.add_metric((reason,), count)
+        yield refusals
+        if self.per_peer:
+            yield from per_peer_metrics(switch)
+
+    def _connections(self):
+        """Live connections: counts, wire and channel counters (plus those that ended), queues."""
+        totals, switch = self.totals, self.switch
+        ids = [d.id for d in switch.channels]
+        channels = {c: [0, 0, 0, 0, 0] for c in ids}  # the four counters, then the queue depth
+        for c, ended in totals.channels.items():
+            channels[c][:4] = ended
+        sent, received = totals.bytes_sent, totals.bytes_received
+        live = {(d, s): 0 for d in DIRECTIONS for s in ("handshaking", "established")}
+        for proto in list(switch.connections):
+            core = proto.core
+            if core is None:
+                continue
+            direction = "outbound" if proto.context.is_outbound else "inbound"
+            live[(direction, "established" if proto.peer is not None else "handshaking")] += 1
+            sent += core.bytes_sent
+            received += core.bytes_received
+            for channel in core.channels.values():
+                row, stats = channels.get(channel.id), channel.stats
+                if row is not None:
+                    row[0] += stats.bytes_sent
+                    row[1] += stats.messages_sent
+                    row[2] += stats.bytes_received
+                    row[3] += stats.messages_received
+                    row[4] += channel.queue_depth
+        gauge = GaugeMetricFamily("mconn_connections", "Live transports, by direction and stage "
+                                  "(handshaking, or established: carrying a session).", labels=("direction", "stage"))
+        for labels, count in live.items():
+            gauge.add_metric(labels, count)
+        yield gauge
+        yield CounterMetricFamily("mconn_sent_bytes", "Wire bytes written, all connections.", value=sent)
+        yield CounterMetricFamily("mconn_received_bytes", "Wire bytes read, all connections.", value=received)
+        names = (
+            ("mconn_channel_sent_bytes", "Msg packet bytes sent on the channel, headers included."),
+            ("mconn_channel_sent_messages", "Whole messages sent on the channel."),
+            ("mconn_channel_received_bytes", "Message payload bytes received on the channel."),
+            ("mconn_channel_received_messages", "Whole messages received on the channel."),
+        )
+        for i, (name, help_text) in enumerate(names):
+            family = CounterMetricFamily(name, help_text, labels=("channel",))
+            for c in ids:
+                family.add_metric((channel_label(c),), channels[c][i])
+            yield family
+        queued = GaugeMetricFamily("mconn_channel_queued_messages",
+                                   "Messages queued to send on the channel, live connections.", labels=("channel",))
+        for c in ids:
+            queued.add_metric((channel_label(c),), channels[c][4])
+        yield queued
+
+    def _peers(self):
+        """Sessions by state, recovery buffers, unconfirmed messages, round trips."""
+        switch = self.switch
+        ids = [d.id for d in switch.channels]
+        states = {(s, d): 0 for s in STATES for d in DIRECTIONS}
+        unconfirmed = dict.fromkeys(ids, 0)
+        buffered = 0
+        round_trips = []
+        for peer in list(switch.peers.values()):
+            key = (peer.state.value, "outbound" if peer.is_outbound else "inbound")
+            if key in states:
+                states[key] += 1
+            session = peer.session
+            buffered += session.unacked_bytes
+            for c in session.channel_ids:
+                if c in unconfirmed:
+                    unconfirmed[c] += session.accepted(c) - session.acked(c)
+            if peer.round_trip is not None and key[0] == "connected":
+                round_trips.append(peer.round_trip)
+        gauge = GaugeMetricFamily("mconn_peers", "Sessions, by state and by who dialed.", labels=("state", "direction"))
+        for labels, count in states.items():
+            gauge.add_metric(labels, count)
+        yield gauge
+        yield GaugeMetricFamily("mconn_recovery_buffer_bytes",
+                                "Bytes of accepted messages not yet confirmed by the peer, all sessions.", value=buffered)
+        family = GaugeMetricFamily("mconn_channel_unconfirmed_messages",
+                                   "Messages accepted and not yet confirmed delivered, all sessions.", labels=("channel",))
+        for c in ids:
+            family.add_metric((channel_label(c),), unconfirmed[c])
+        yield family
+        yield round_trip_histogram(round_trips)
+
+    def _events(self):
+        totals = self.totals
+        for name, (_, label, help_text) in EVENT_COUNTERS.items():
+            counts = totals.counts[name]
+            if label is None:
+                yield CounterMetricFamily(name, help_text, value=counts.get(None, 0))
+                continue
+            family = CounterMetricFamily(name, help_text, labels=(label,))
+            if label == "direction":  # a fixed set: both series exist from the start
+                counts = {**dict.fromkeys(DIRECTIONS, 0), **counts}
+            for value, count in sorted(counts.items()):
+                family.add_metric((value,), count)
+            yield family
+        yield CounterMetricFamily("mconn_messages_resent", "Messages sent again after resumes.",
+                                  value=totals.messages_resent)
+        yield CounterMetricFamily("mconn_session_grace_expiries",
+                                  "Suspended sessions that outlived resume_grace.", value=totals.grace_expiries)
+
+
+def round_trip_histogram(round_trips: list[float]) -> GaugeHistogramMetricFamily:
+    """Connected peers by their last measured round trip, now (a gauge histogram)."""
+    counts = [0] * (len(ROUND_TRIP_BUCKETS) + 1)
+    for rtt in round_trips:
+        for i, bound in enumerate(ROUND_TRIP_BUCKETS):
+            if rtt <= bound:
+                counts[i] += 1
+                break
+        else:
+            counts[-1] += 1
+    buckets, running = [], 0
+    for bound, count in zip((*(repr(b) for b in ROUND_TRIP_BUCKETS), "+Inf"), counts):
+        running += count
+        buckets.append((bound, running))
+    return GaugeHistogramMetricFamily(
+        "mconn_peer_round_trip_seconds",
+        "Connected peers by their last measured ping round trip, seconds.",
+        buckets=buckets, gsum_value=float(sum(round_trips)),
+    )
+
+
+def per_peer_metrics(switch):
+    """The opt-in per-peer series, labelled by the peer's node id."""
+    up = GaugeMetricFamily("mconn_peer_up", "1 for each session, with its state and who dialed.",
+                           labels=("peer", "state", "direction"))
+    rtt = GaugeMetricFamily("mconn_peer_last_round_trip_seconds", "The peer's last measured ping round trip.",
+                            labels=("peer",))
+    sent = CounterMetricFamily("mconn_peer_sent_bytes", "Wire bytes sent on the session's current transport.",
+                               labels=("peer",))
+    received = CounterMetricFamily("mconn_peer_received_bytes",
+                                   "Wire bytes received on the session's current transport.", labels=("peer",))
+    buffered = GaugeMetricFamily("mconn_peer_recovery_buffer_bytes", "Bytes not yet confirmed by the peer.",
+                                 labels=("peer",))
+    resumes = CounterMetricFamily("mconn_peer_resumes", "Times this session was resumed.", labels=("peer",))
+    for node_id, peer in sorted(switch.peers.items()):
+        proto = peer._protocol
+        core = proto.core if proto is not None else None
+        up.add_metric((node_id, peer.state.value, "outbound" if peer.is_outbound else "inbound"), 1)
+        if peer.round_trip is not None:
+            rtt.add_metric((node_id,), peer.round_trip)
+        sent.add_metric((node_id,), core.bytes_sent if core is not None else 0)
+        received.add_metric((node_id,), core.bytes_received if core is not None else 0)
+        buffered.add_metric((node_id,), peer.session.unacked_bytes)
+        resumes.add_metric((node_id,), peer.resumes)
+    return [up, rtt, sent, received, buffered, resumes]
+
+
+def _bounded(items):
+    """(label value, count) pairs, at most MAX_LABEL_VALUES of them; the rest summed as "other"."""
+    items = sorted((str(k), v) for k, v in items)
+    if len(items) <= MAX_LABEL_VALUES:
+        return items
+    kept = items[: MAX_LABEL_VALUES - 1]
+    return kept + [("other", sum(v for _, v in items[MAX_LABEL_VALUES - 1:]))]
+
+
+class SwitchMetrics:
+    """The registry of one Switch, and what keeps its totals.
+
+    :param per_peer: add the per-peer series, labelled by the peer's node id (off by
+        default: a node with 10,000 peers would expose 10,000 series per metric).
+    """
+
+    def __init__(self, switch, *, per_peer: bool = False) -> None:
+        self.switch = switch
+        self.totals = EventTotals(switch)
+        self.collector = SwitchCollector(switch, self.totals, per_peer=per_peer)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+
+    def start(self) -> None:
+        """Count the node's events from now on."""
+        self.totals.start()
+
+    def stop(self) -> None:
+        self.totals.stop()
+
+    def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
+        """(body, content type) for a scrape: OpenMetrics if ``accept`` asks for it, else
+        Prometheus' text format 0.0.4."""
+        encoder, content_type = choose_encoder(accept or "")
+        return encoder(self.registry), content_type
+
+
+__all__ = ["SwitchMetrics", "SwitchCollector", "EventTotals", "channel_label", "MAX_LABEL_VALUES"]
