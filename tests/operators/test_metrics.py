@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import json
+import pathlib
+import re
 import urllib.request
 
 import pytest
@@ -293,3 +295,44 @@ async def test_metrics_are_served_in_both_formats_next_to_the_status_page(switch
         assert kind.startswith("text/html") and b"mconn node" in body
     finally:
         await service.stopService()
+
+
+# -- the spec ------------------------------------------------------------------------------------
+
+SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "status.md"
+#: A row of specs/status.md section 4: | `metric` | type | labels | meaning |
+METRIC_ROW = re.compile(r"^\| `(mconn_\w+)` \| ([a-z ]+) \|([^|]*)\|")
+#: prometheus_client's family type (0.0.4 text format) of each type the spec names.
+SPEC_TYPES = {"counter": "counter", "gauge": "gauge", "gauge histogram": "histogram"}
+
+
+def spec_metrics() -> dict:
+    """metric name -> (type, set of labels), from the tables of specs/status.md section 4."""
+    section = SPEC.read_text().split("## 4. Prometheus metrics", 1)[1]
+    rows = (METRIC_ROW.match(line) for line in section.splitlines())
+    return {
+        m.group(1): (SPEC_TYPES[m.group(2)], {label.strip(" `") for label in m.group(3).split(",") if label.strip()})
+        for m in rows if m
+    }
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_exposed_metrics_are_exactly_those_of_the_spec_with_their_types_and_labels(switches):
+    """Every metric /metrics exposes (per-peer ones included) is in specs/status.md section 4 with
+    its type and labels, and every metric there is exposed."""
+    a, _ = switches(Config(stats_interval=0.1))
+    b, _ = switches()
+    await connect(a, b)
+    await until(lambda: a.peers[b.node_id].round_trip is not None, "a round trip")
+    text = generate_latest(SwitchMetrics(a, per_peer=True).registry).decode()
+    exposed = {}
+    for family in text_string_to_metric_families(text):
+        name = family.name + "_total" if family.type == "counter" else family.name
+        if name.endswith(("_gcount", "_gsum")):
+            continue  # the gauge histogram's own gauges
+        exposed[name] = (family.type, {label for s in family.samples for label in s.labels})
+    spec = spec_metrics()
+    assert set(exposed) == set(spec)
+    for name, (kind, labels) in exposed.items():
+        assert kind == spec[name][0], name
+        assert not labels or labels == spec[name][1], name  # a counter with no events yet has no sample

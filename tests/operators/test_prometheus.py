@@ -1,0 +1,162 @@
+"""A real Prometheus server scrapes two ``twistd mconn`` nodes (specs/status.md section 4).
+
+Two nodes run as processes (tests/operators/twistd_nodes.py) with ``--status tcp:0``; the
+dialer sends a known burst on channel 0x40 (``Burst`` below, loaded by twistd as
+``operators.test_prometheus:Burst``). Debian's ``/usr/bin/prometheus`` (``make``
+installs it) is started on 127.0.0.1 with a free port, its TSDB in the test's temporary
+directory and a 1 s scrape interval over both nodes' ``/metrics``; PromQL queries through
+its HTTP API (``/api/v1/query``) must return what the nodes did. Every wait is bounded;
+Prometheus and the nodes are stopped by their PIDs whatever the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from mconn import ChannelDescriptor, Reactor
+
+PROMETHEUS = pathlib.Path("/usr/bin/prometheus")
+#: Bound on each wait for Prometheus, in seconds.
+TIMEOUT = 25.0
+BURST = 0x40
+COUNT = 50
+SIZE = 1000
+
+
+class Burst(Reactor):
+    """Channel 0x40; the dialing side sends COUNT messages of SIZE bytes to each new peer."""
+
+    def get_channels(self):
+        return [ChannelDescriptor(BURST, priority=3, send_queue_capacity=COUNT)]
+
+    def add_peer(self, peer) -> None:
+        if peer.is_outbound:
+            assert peer.try_send_many(BURST, [b"p" * SIZE] * COUNT) == COUNT
+
+    def receive(self, channel_id, peer, message) -> None:
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except OSError:
+        return 0, b""
+
+
+class Prometheus:
+    """One /usr/bin/prometheus process on 127.0.0.1, scraping ``targets`` every second."""
+
+    def __init__(self, directory: pathlib.Path, targets: list[str]) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = directory / "prometheus.yml"
+        config.write_text(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: mconn\n    static_configs:\n"
+            f"      - targets: {json.dumps(targets)}\n"
+        )
+        self.log = directory / "prometheus.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={directory / 'tsdb'}",
+                 f"--web.listen-address=127.0.0.1:{self.port}"],
+                cwd=directory, stdout=out, stderr=subprocess.STDOUT,
+            )
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while get(self.url + "/-/ready")[0] != 200:
+            if self.process.poll() is not None:
+                raise AssertionError(f"prometheus exited with {self.process.returncode}:\n{self.log.read_text()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"prometheus not ready after {TIMEOUT}s:\n{self.log.read_text()}")
+            time.sleep(0.1)
+
+    def query(self, promql: str) -> list[dict]:
+        """The result vector of an instant query."""
+        status, body = get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
+        if status != 200:
+            return []
+        answer = json.loads(body)
+        assert answer["status"] == "success", answer
+        return answer["data"]["result"]
+
+    def by_instance(self, promql: str) -> dict[str, float]:
+        return {r["metric"]["instance"]: float(r["value"][1]) for r in self.query(promql)}
+
+    def until(self, promql: str, expected, what: str, by=None):
+        """Poll a query until ``by(result)`` equals ``expected`` (at most TIMEOUT seconds)."""
+        by = by or self.by_instance
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            got = by(promql)
+            if got == expected:
+                return got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what}: {promql} gave {got}, expected {expected} after {TIMEOUT}s")
+            time.sleep(0.25)
+
+    def stop(self) -> None:
+        """SIGTERM by PID, a bounded wait, then SIGKILL."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+@pytest.mark.integration
+def test_prometheus_scrapes_two_nodes_and_promql_returns_what_they_did(nodes, tmp_path):
+    """Prometheus scrapes both nodes' /metrics: both are up, each has one connected peer, the
+    dialer sent COUNT messages on 0x40 and the listener received COUNT and COUNT*SIZE payload
+    bytes, each node's peer is in the round-trip histogram, and mconn_node_info names each node's
+    id on its own target."""
+    assert PROMETHEUS.exists(), "make installs Debian's prometheus package"
+    # --stats-interval 1: the stats tick pings each new link within a second (a round trip)
+    args = ("--reactor", "operators.test_prometheus:Burst", "--status", "tcp:0", "--stats-interval", "1")
+    a = nodes("a").start("--listen", "tcp:0:interface=127.0.0.1", *args)
+    b = nodes("b").start("--listen", "tcp:0:interface=127.0.0.1", "--peer", a.address, *args)
+    targets = {node.name: urllib.parse.urlsplit(node.status_url).netloc for node in (a, b)}
+    ids = {node.name: node.address.split("@")[0] for node in (a, b)}
+    prometheus = Prometheus(tmp_path, sorted(targets.values()))
+    try:
+        prometheus.wait_ready()
+        both = {targets["a"], targets["b"]}
+        prometheus.until('up{job="mconn"}', dict.fromkeys(both, 1.0), "both targets up")
+        prometheus.until('sum by (instance) (mconn_peers{state="connected"})', dict.fromkeys(both, 1.0),
+                         "one connected peer on each node")
+        prometheus.until('sum by (instance) (mconn_peers{direction="outbound"})',
+                         {targets["a"]: 0.0, targets["b"]: 1.0}, "b dialed a")
+        prometheus.until('mconn_channel_sent_messages_total{channel="0x40"}',
+                         {targets["a"]: 0.0, targets["b"]: float(COUNT)}, "b's burst sent")
+        prometheus.until('mconn_channel_received_messages_total{channel="0x40"}',
+                         {targets["a"]: float(COUNT), targets["b"]: 0.0}, "a's burst received")
+        prometheus.until('sum(mconn_channel_received_bytes_total{channel="0x40"})', {None: float(COUNT * SIZE)},
+                         "the burst's payload bytes", by=lambda q: {None: float(r["value"][1]) for r in prometheus.query(q)})
+        prometheus.until('mconn_peer_round_trip_seconds_bucket{le="+Inf"}', dict.fromkeys(both, 1.0),
+                         "each node's peer in the round-trip histogram")
+        names = prometheus.query("mconn_node_info")
+        assert {r["metric"]["instance"]: r["metric"]["node_id"] for r in names} == {
+            targets["a"]: ids["a"], targets["b"]: ids["b"]}
+        assert all(r["metric"]["tls"] == "off" for r in names)
+    finally:
+        prometheus.stop()
