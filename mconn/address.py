@@ -6,6 +6,10 @@ The text form is CometBFT's (its ``p2p/netaddress.go``, ``IDAddressString``):
 (``host:port``) for a peer whose identity is not known in advance. An IPv6 host is written
 in brackets: ``<id>@[::1]:26656``. Host names are not resolved here.
 
+A WebSocket address names its scheme and path (specs/websocket.md section 1):
+``<id>@ws://<host>:<port>/<path>`` or ``<id>@wss://...``; ``ws://<id>@<host>:<port>/<path>``
+is read too. The path is ``/`` when left out.
+
 :func:`discovered_problem` says whether an address learnt from a peer (a PEX reply, a
 hello's listen address) may be dialed (specs/pex.md section 3.5): the scope of its host
 (:func:`host_scope`), where the peer that told us connects from, and our own listeners.
@@ -21,6 +25,14 @@ from typing import NoReturn
 _HEX_DIGITS = frozenset(string.hexdigits)
 _NODE_ID_LENGTH = 40
 _SCHEME = "tcp://"
+#: The schemes of a peer address: raw TCP (the default) and WebSocket (specs/websocket.md).
+SCHEMES = ("tcp", "ws", "wss")
+#: The default port of a WebSocket scheme, when an address leaves it out (RFC 6455).
+_WS_DEFAULT_PORTS = {"ws": 80, "wss": 443}
+#: Longest WebSocket path accepted, and the characters it may have (RFC 3986 path and
+#: query characters, no fragment, no whitespace).
+MAX_PATH_LENGTH = 256
+_PATH_CHARS = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@/%?")
 #: Characters that can never be part of a host; finding one means the text is mangled.
 _BAD_HOST_CHARS = frozenset(string.whitespace + "@/[]")
 
@@ -49,43 +61,104 @@ class PeerAddress:
     node_id: str | None
     host: str
     port: int
+    #: ``tcp``, ``ws`` or ``wss``.
+    scheme: str = "tcp"
+    #: The WebSocket path (``/`` if none was given); empty for tcp.
+    path: str = ""
 
     def __post_init__(self) -> None:
-        problem = _field_problem(self.node_id, self.host, self.port)
+        problem = _field_problem(self.node_id, self.host, self.port) or _scheme_problem(self.scheme, self.path)
         if problem is not None:
-            raise ValueError(f"PeerAddress({self.node_id!r}, {self.host!r}, {self.port!r}): {problem}")
+            raise ValueError(
+                f"PeerAddress({self.node_id!r}, {self.host!r}, {self.port!r}, {self.scheme!r}, {self.path!r}): {problem}"
+            )
         if self.node_id is not None:
             object.__setattr__(self, "node_id", self.node_id.lower())
+        if self.scheme != "tcp" and not self.path:
+            object.__setattr__(self, "path", "/")
 
     def __str__(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
         prefix = f"{self.node_id}@" if self.node_id is not None else ""
-        return f"{prefix}{host}:{self.port}"
+        if self.scheme == "tcp":
+            return f"{prefix}{self.host_port}"
+        return f"{prefix}{self.url}"
+
+    @property
+    def host_port(self) -> str:
+        """``host:port``, an IPv6 host in brackets."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """``ws://host:port/path`` (or ``wss://``); ``tcp://host:port`` for tcp."""
+        return f"{self.scheme}://{self.host_port}{self.path}"
 
 
 def parse_address(text: str) -> PeerAddress:
-    """Parse ``[tcp://][<id>@]<host>:<port>``, where an IPv6 host is in brackets.
+    """Parse ``[tcp://][<id>@]<host>:<port>``, ``[<id>@]ws://<host>[:<port>][/<path>]``
+    or ``[<id>@]wss://...`` (also ``ws://<id>@...``), where an IPv6 host is in brackets.
 
     :param text: the address, with no surrounding whitespace.
     :raises ValueError: naming ``text`` and what is wrong with it.
     """
     if not isinstance(text, str):
         raise TypeError(f"a peer address is a str, got {type(text).__name__}")
-    rest = text[len(_SCHEME):] if text.lower().startswith(_SCHEME) else text
-    scheme, sep, _ = rest.partition("://")
-    if sep:
-        _fail(text, f"scheme {scheme + sep!r} is not supported; use {_SCHEME!r} or none")
     node_id: str | None = None
-    if "@" in rest:
+    scheme, rest = "tcp", text
+    head, sep, tail = text.partition("://")
+    if sep:
+        if "@" in head:  # <id>@<scheme>://...
+            node_id, _, head = head.partition("@")
+        scheme, rest = head.lower(), tail
+        if scheme not in SCHEMES:
+            _fail(text, f"scheme {head + sep!r} is not supported; use tcp://, ws://, wss:// or none")
+        nested = rest.partition("/")[0]
+        if rest.startswith(nested + "//") and nested.endswith(":"):
+            _fail(text, f"scheme {nested + '//'!r} is not supported after {head + sep!r}")
+    if "@" in rest.partition("/")[0]:
+        if node_id is not None:
+            _fail(text, "two node ids")
         node_id, _, rest = rest.partition("@")
+    path = ""
+    if scheme != "tcp":
+        rest, slash, path = rest.partition("/")
+        path = slash + path if slash else "/"
+        if not _has_port(rest):
+            rest = f"{rest}:{_WS_DEFAULT_PORTS[scheme]}"
     host, port_text = _split_host_port(text, rest)
     if not (port_text.isascii() and port_text.isdigit()):
         _fail(text, f"port {port_text!r} must be a number from 1 to 65535")
     port = int(port_text)
-    problem = _field_problem(node_id, host, port)
+    problem = _field_problem(node_id, host, port) or _scheme_problem(scheme, path)
     if problem is not None:
         _fail(text, problem)
-    return PeerAddress(node_id, host, port)
+    return PeerAddress(node_id, host, port, scheme, path)
+
+
+def _has_port(host_port: str) -> bool:
+    """Whether ``host[:port]`` (an IPv6 host in brackets) names a port."""
+    if host_port.startswith("["):
+        return "]:" in host_port
+    return ":" in host_port
+
+
+def _scheme_problem(scheme: object, path: object) -> str | None:
+    """What is wrong with a scheme and path, or None."""
+    if scheme not in SCHEMES:
+        return f"scheme {scheme!r} must be one of {', '.join(SCHEMES)}"
+    if not isinstance(path, str):
+        return f"path {path!r} must be a string"
+    if scheme == "tcp":
+        return f"a tcp address has no path, got {path!r}" if path else None
+    if path and not path.startswith("/"):
+        return f"path {path!r} must start with '/'"
+    if len(path) > MAX_PATH_LENGTH:
+        return f"path of {len(path)} characters; at most {MAX_PATH_LENGTH}"
+    if not _PATH_CHARS.issuperset(path):
+        bad = sorted(set(path) - _PATH_CHARS)[:3]
+        return f"path {path!r} has characters a URL path cannot have: {bad!r}"
+    return None
 
 
 def _split_host_port(text: str, rest: str) -> tuple[str, str]:

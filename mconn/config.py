@@ -128,6 +128,34 @@ class Config:
     #: SO_KEEPALIVE with TCP_KEEPIDLE = ping_interval: a second, kernel-side probe of
     #: idle connections where the platform has these options.
     tcp_keepalive: bool = True
+    #: Largest WebSocket message (and frame) accepted from a ws/wss peer, in bytes,
+    #: checked from the frame header before its payload is read (specs/websocket.md 4).
+    #: 1 MiB: mconn sends messages of at most 64 KiB (so it may not be below that), and
+    #: proxies re-frame at will within it.
+    ws_max_message_bytes: int = 1 << 20
+    #: Seconds a ws/wss connection may take from TCP connected to the WebSocket upgrade
+    #: done, and an HTTP proxy to answer CONNECT; the mconn handshake_timeout follows.
+    #: 10 s, as handshake_timeout: a proxy on the way adds a round trip or two.
+    ws_handshake_timeout: float = 10.0
+    #: Origins a ws/wss listener accepts in an upgrade that names one (patterns such as
+    #: "https://*.example.com"). Empty: no origin check, since nodes dial without an
+    #: Origin header and a browser page has no node key to prove; set it if a node is
+    #: reachable from web pages you do not control (specs/websocket.md 4).
+    ws_allowed_origins: frozenset = frozenset()
+    #: IP addresses of reverse proxies in front of a ws/wss listener whose
+    #: X-Forwarded-For is believed: a connection from one of them counts (limits, PEX
+    #: source, status page) as coming from the last address that header names. Empty:
+    #: the TCP peer is the peer, and the header is ignored (it is only text).
+    ws_trusted_proxies: frozenset = frozenset()
+    #: HTTP proxy for ws:// and wss:// dials, "http://host:port" (HTTP CONNECT). None:
+    #: the environment's https_proxy (wss) or http_proxy (ws), except for no_proxy hosts
+    #: and loopback ones, as curl and Go do; "": never a proxy. Plain tcp dials never use one.
+    http_proxy: str | None = None
+    #: PEM file of the CAs a wss:// dial trusts when the Switch has no TLS options (the
+    #: listener is a TLS-terminating proxy, checked like a web server: its certificate
+    #: must name the host dialed). None: the system's trusted roots.
+    wss_ca_file: str | None = None
+
 
     def __post_init__(self) -> None:
         for name in (
@@ -172,6 +200,16 @@ class Config:
             raise ValueError(f"Config.local_address must be a host (IP address) or None, got {self.local_address!r}")
         if self.tcp_notsent_lowat is not None:
             _check_int("tcp_notsent_lowat", self.tcp_notsent_lowat, 1)
+        _check_int("ws_max_message_bytes", self.ws_max_message_bytes, 65536)
+        _check_positive("ws_handshake_timeout", self.ws_handshake_timeout)
+        for name in ("ws_allowed_origins", "ws_trusted_proxies"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"Config.{name} must be a set of strings, got {value!r}")
+            object.__setattr__(self, name, frozenset(value))
+        for name in ("http_proxy", "wss_ca_file"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise ValueError(f"Config.{name} must be a string or None, got {getattr(self, name)!r}")
         if self.write_ahead_time is not None:
             _check_positive("write_ahead_time", self.write_ahead_time)
         for name in ("send_rate", "recv_rate"):

@@ -38,6 +38,7 @@ from mconn.protocol import IConnectionOwner, MConnectionFactory
 from mconn.session_table import PeerState
 from mconn.sessions import SessionManager
 from mconn.tls_transport import tls_client_endpoint, tls_server_factory
+from mconn.websocket_endpoints import dial_endpoint
 
 #: Peers a stats tick handles per reactor turn: over many peers the tick is spread over
 #: turns and never holds the event loop for long (specs/telemetry.md, ``channel_stats``).
@@ -327,6 +328,8 @@ class Switch(Service):
         HostnameEndpoint resolves the host on every attempt and tries each of its
         addresses, all within ``dial_timeout``.
         """
+        if target.scheme != "tcp":  # ws:// and wss://, maybe through an HTTP proxy (specs/websocket.md)
+            return dial_endpoint(target, clock=self.clock, config=self.config, tls=self.tls)
         bind = (self.config.local_address, 0) if self.config.local_address else None
         endpoint = HostnameEndpoint(self.clock, target.host, target.port, timeout=self.config.dial_timeout, bindAddress=bind)
         if self.tls is not None:
@@ -433,7 +436,10 @@ class Switch(Service):
 
 
 def _address_of(port) -> str:
-    """``host:port`` of a listening port (an IPv6 host in brackets)."""
+    """``host:port`` of a listening port (an IPv6 host in brackets); a WebSocket port's
+    ``ws://host:port/path``."""
+    if getattr(port, "peer_address", None):
+        return port.peer_address
     host = port.getHost()
     return f"[{host.host}]:{host.port}" if ":" in host.host else f"{host.host}:{host.port}"
 

@@ -253,7 +253,7 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
     def connectionLost(self, reason) -> None:
         if self._linger is not None and self._linger.active():
             self._linger.cancel()
-        error = _tls_error(reason if self._reason is None else self._reason, self.peer_check)
+        error = tls_error_of(reason if self._reason is None else self._reason, self.peer_check)
         if error is not None:
             self._reason = Failure(error)
         super().connectionLost(reason)
@@ -320,7 +320,7 @@ class _TLSClientEndpoint:
         return self._endpoint.connect(tls_factory).addCallback(lambda tls_protocol: tls_protocol.wrappedProtocol)
 
 
-def _tls_error(reason, check: PeerCheck | None) -> TLSError | None:
+def tls_error_of(reason, check: PeerCheck | None) -> TLSError | None:
     """The TLSError for a connection that ended on an OpenSSL error, else None."""
     if reason is None or not isinstance(reason.value, SSL.Error):
         return None

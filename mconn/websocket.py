@@ -1,0 +1,457 @@
+"""The WebSocket transport: mconn's byte stream in binary WebSocket messages (specs/websocket.md).
+
+autobahn (``autobahn.twisted.websocket``) speaks RFC 6455; the classes here stand
+between it and the protocol above, which sees an ordinary Twisted transport. What is
+above is the mconn protocol, or mconn's TLS around it (``ws://`` on a Switch with TLS
+options). ``mconn.websocket_endpoints`` builds the endpoints that use them.
+
+Theory of operation
+-------------------
+*Bytes in.* autobahn parses frames as bytes arrive and hands each frame's payload on as
+it is read (``onMessageFrameData``); the payloads of one network read are joined and
+given to the protocol above in one ``dataReceived``. Nothing is reassembled: a message
+or frame boundary means nothing to mconn's framing (specs/websocket.md section 3), so
+autobahn's per-message list is never filled. What autobahn itself holds is bounded: the
+HTTP upgrade (at most ``MAX_UPGRADE_BYTES``, within ``Config.ws_handshake_timeout``), a
+frame header (14 bytes), a control frame (125 bytes). A text message, a message or frame
+over ``Config.ws_max_message_bytes``, a compressed frame (no extension is ever
+negotiated), pings past ``Config.max_pings_per_interval`` per ``ping_interval``, and
+every RFC 6455 violation end only that connection, with a ``WebSocketError`` that says
+which rule and values, as the reason the protocol above sees.
+
+*Bytes out.* ``write`` frames the data as one binary message (split at
+``SEND_MESSAGE_BYTES``; a client masks it, as RFC 6455 requires) and writes it straight
+to the transport beneath; autobahn's own send queue is used only for its chopped writes,
+which are never asked for. Backpressure flows through: ``registerProducer`` registers the
+protocol above as the producer of the transport beneath, so a full TCP buffer pauses
+mconn's scheduler directly, and the WebSocket layer holds no bytes of its own. Pausing
+reading is passed down the same way.
+
+*Ends.* ``loseConnection`` starts the closing handshake (code 1000), ``abortConnection``
+drops the transport beneath. The protocol above learns of the end once the transport
+beneath is gone, with the recorded ``WebSocketError`` if the WebSocket layer failed it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import struct
+
+from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.types import ConnectionDeny
+from autobahn.websocket.xormasker import create_xor_masker
+from twisted.internet import defer
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.interfaces import IPushProducer, ITransport
+from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mconn.errors import ConnectionLost
+from mconn.tls_transport import tls_error_of
+
+log = Logger(namespace="mconn.websocket")
+
+#: The WebSocket subprotocol a dialer asks for; a listener accepts a client that asks for
+#: none too (specs/websocket.md section 2).
+SUBPROTOCOL = "mconn"
+#: Largest HTTP upgrade request (or response) read before its end: nginx's default header
+#: buffers are 8 KiB; a node's own upgrade is a few hundred bytes.
+MAX_UPGRADE_BYTES = 16384
+#: Largest message this side sends: the protocol above writes at most
+#: ``Config.write_batch_bytes`` (64 KiB) at a time; a larger write becomes several messages.
+SEND_MESSAGE_BYTES = 65536
+#: RFC 6455 close code "going away", sent when a listener stops.
+_NORMAL_CLOSE = 1000
+_OPEN = WebSocketProtocol.STATE_OPEN
+_CONNECTING = WebSocketProtocol.STATE_CONNECTING
+_CLOSED = WebSocketProtocol.STATE_CLOSED
+_BINARY = 0x82  # FIN | opcode 2
+_MASKED = 0x80
+
+
+class WebSocketError(ConnectionLost):
+    """The WebSocket layer ended a connection; the message says which rule and values."""
+
+
+@implementer(ITransport, IPushProducer)
+class _Carrier:
+    """What the WebSocket protocols add to autobahn's: the transport of the protocol above.
+
+    Mixed in before an autobahn protocol class; ``wrapped`` is the protocol above, built
+    by the factory at connect time and connected once the upgrade succeeds.
+    """
+
+    wrapped = None
+    #: Why the WebSocket layer failed the connection (a WebSocketError), once it did.
+    error: WebSocketError | None = None
+    #: Frame payloads of the network read being parsed.
+    _gathered: list | None = None
+    _opened = False
+    _lost = False
+    _pings = 0
+    _ping_window = 0.0
+
+    # -- bytes in -----------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._lost:
+            return
+        if self.state == _CONNECTING and len(self.data) + len(data) > MAX_UPGRADE_BYTES:
+            if (self.data + data).find(b"\r\n\r\n", 0, MAX_UPGRADE_BYTES + 4) < 0:
+                self._refuse_upgrade(f"the HTTP upgrade is over {MAX_UPGRADE_BYTES} bytes")
+                return
+        gathered = self._gathered = []
+        try:
+            super().dataReceived(data)
+        finally:
+            self._gathered = None
+        if gathered and self.wrapped is not None and not self._lost:
+            self.wrapped.dataReceived(gathered[0] if len(gathered) == 1 else b"".join(gathered))
+
+    def onMessageBegin(self, isBinary: bool) -> None:
+        self.message_data_total_length = 0
+        if not isBinary:
+            self._fail_connection(
+                WebSocketProtocol.CLOSE_STATUS_CODE_UNSUPPORTED_DATA,
+                "a text message: mconn uses binary WebSocket messages only",
+            )
+
+    def onMessageFrameData(self, payload) -> None:
+        if not self.failedByMe and self._gathered is not None:
+            self._gathered.append(payload)
+
+    def onMessageFrameEnd(self) -> None:
+        self.frame_data = None  # nothing was kept: frame boundaries mean nothing here
+
+    def onMessageEnd(self) -> None:
+        self.message_data = None
+
+    def onPing(self, payload: bytes) -> None:
+        """Pings are answered (autobahn sends the pong) but bounded in number."""
+        config = self.factory.config
+        now = self.factory.clock.seconds()
+        if now - self._ping_window > config.ping_interval:
+            self._ping_window, self._pings = now, 0
+        self._pings += 1
+        if self._pings > config.max_pings_per_interval:
+            self._fail_connection(
+                WebSocketProtocol.CLOSE_STATUS_CODE_POLICY_VIOLATION,
+                f"{self._pings} WebSocket pings within {config.ping_interval} s; at most "
+                f"{config.max_pings_per_interval} are answered",
+            )
+
+    # -- failures -----------------------------------------------------------------
+
+    def _fail_connection(self, code: int = 1001, reason: str = "going away") -> None:
+        """Every WebSocket failure after the upgrade: record it, send a close frame saying
+        it (best effort), and drop the transport once that is flushed."""
+        if self.state == _CLOSED:
+            return
+        self._note(f"WebSocket close {code}: {reason}")
+        self.failedByMe = True
+        self.wasClean = False
+        if self.state == _OPEN:
+            self.sendCloseFrame(code=code, reasonUtf8=reason.encode("ascii", "replace")[:123], isReply=False)
+        self.dropConnection(abort=False)
+
+    def onOpenHandshakeTimeout(self) -> None:
+        self._note(f"no WebSocket upgrade within ws_handshake_timeout ({self.openHandshakeTimeout} s)")
+        super().onOpenHandshakeTimeout()
+
+    def _note(self, message: str) -> None:
+        if self.error is None:
+            self.error = WebSocketError(f"{message} ({self._peer_text()})")
+            log.info("{error}", error=str(self.error))
+
+    def _peer_text(self) -> str:
+        peer = self.transport.getPeer() if self.transport is not None else None
+        return f"peer {getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+
+    # -- the protocol above ---------------------------------------------------------
+
+    def onOpen(self) -> None:
+        self._opened = True
+        self.wrapped.makeConnection(self)
+
+    def onClose(self, wasClean, code, reason) -> None:
+        """autobahn's report of the end; the protocol above hears of it in connectionLost."""
+
+    def connectionLost(self, reason=None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        super().connectionLost(reason)
+        why = self._reason(reason)
+        if self._opened:
+            self.wrapped.connectionLost(why)
+        self._not_opened(why)
+
+    def _reason(self, reason) -> Failure:
+        if self.error is not None:
+            return Failure(self.error)
+        if reason is not None and isinstance(reason.value, ConnectionLost):
+            return reason  # a TLSError of mconn's TLS beneath says what failed
+        tls_error = tls_error_of(reason, None)  # the TLS of a wss dial to a TLS-terminating proxy
+        if tls_error is not None:
+            return Failure(tls_error)
+        text = reason.getErrorMessage() if reason is not None else "closed"
+        return Failure(ConnectionLost(f"connection lost: {text}"))
+
+    def _not_opened(self, why: Failure) -> None:
+        """A client's hook: the upgrade failed (its connect Deferred fails)."""
+
+    # -- ITransport for the protocol above --------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.state != _OPEN:
+            return  # closing: nothing more goes out (the close packet went before)
+        if len(data) <= SEND_MESSAGE_BYTES:
+            self._send_binary(data)
+            return
+        view = memoryview(data)
+        for start in range(0, len(data), SEND_MESSAGE_BYTES):
+            self._send_binary(view[start : start + SEND_MESSAGE_BYTES])
+
+    def writeSequence(self, parts) -> None:
+        self.write(b"".join(parts))
+
+    def _send_binary(self, payload) -> None:
+        n = len(payload)
+        mask = 0 if self.factory.isServer else _MASKED
+        if n < 126:
+            header = struct.pack("!BB", _BINARY, mask | n)
+        elif n < 65536:
+            header = struct.pack("!BBH", _BINARY, mask | 126, n)
+        else:
+            header = struct.pack("!BBQ", _BINARY, mask | 127, n)
+        if mask:
+            key = os.urandom(4)
+            self.transport.write(header + key + create_xor_masker(key, n).process(bytes(payload)))
+        else:
+            self.transport.write(header + payload)
+
+    def loseConnection(self) -> None:
+        if self.state == _OPEN:
+            self.sendClose(_NORMAL_CLOSE)
+        elif self.state != _CLOSED:
+            self.dropConnection(abort=False)
+
+    def abortConnection(self) -> None:
+        self.transport.abortConnection()
+
+    def getPeer(self):
+        forwarded = getattr(self, "_forwarded_peer", None)
+        return forwarded if forwarded is not None else self.transport.getPeer()
+
+    def getHost(self):
+        return self.transport.getHost()
+
+    def getHandle(self):
+        """The handle beneath: the socket, or with wss the TLS connection (whose
+        certificate proves the peer's node id, specs/tls.md)."""
+        return self.transport.getHandle()
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        setter = getattr(self.transport, "setTcpNoDelay", None)
+        if setter is not None:
+            setter(enabled)
+
+    # -- IConsumer and IPushProducer: both pass through to the transport beneath -------
+
+    def registerProducer(self, producer, streaming) -> None:
+        self.transport.registerProducer(producer, streaming)
+
+    def unregisterProducer(self) -> None:
+        if self.transport is not None:
+            self.transport.unregisterProducer()
+
+    def pauseProducing(self) -> None:
+        self.transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self.transport.stopProducing()
+
+
+class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
+    """A listener's WebSocket connection (specs/websocket.md section 2)."""
+
+    def connectionMade(self) -> None:
+        factory = self.factory
+        if factory.pending >= factory.config.max_pending_handshakes:
+            self._lost = True  # refused before anything: nothing above ever starts
+            log.info(
+                "WebSocket connection from {peer} refused: {pending} upgrades pending "
+                "(max_pending_handshakes)", peer=str(self.transport.getPeer()), pending=factory.pending,
+            )
+            self.transport.abortConnection()
+            return
+        factory.pending += 1
+        self._counted = True
+        super().connectionMade()
+
+    def onConnect(self, request):
+        factory = self.factory
+        if request.path != factory.path:
+            self._note(f"upgrade for path {request.path!r}; this listener's path is {factory.path!r}")
+            raise ConnectionDeny(ConnectionDeny.NOT_FOUND, f"no mconn endpoint at {request.path!r}")
+        self._forwarded_peer = _forwarded_peer(request.headers, factory.config.ws_trusted_proxies, self.transport)
+        return SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
+
+    def failHandshake(self, reason: str, code: int = 400, responseHeaders=None):
+        self._refuse_noted(f"bad HTTP upgrade ({code}): {reason}")
+        super().failHandshake(reason, code, responseHeaders)
+
+    def _refuse_upgrade(self, why: str) -> None:
+        self.failHandshake(why, 431)
+
+    def _refuse_noted(self, message: str) -> None:
+        self._note(message)
+
+    def onOpen(self) -> None:
+        self._release()
+        super().onOpen()
+
+    def connectionLost(self, reason=None) -> None:
+        self._release()
+        super().connectionLost(reason)
+
+    def _release(self) -> None:
+        if getattr(self, "_counted", False):
+            self._counted = False
+            self.factory.pending -= 1
+
+
+class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):
+    """A dialer's WebSocket connection; ``opened`` fires with the protocol above once
+    the upgrade succeeded, or fails with a WebSocketError saying why it did not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = defer.Deferred()
+
+    def onConnect(self, response) -> None:
+        if response.protocol not in (SUBPROTOCOL, None, ""):
+            self._fail_connection(
+                WebSocketProtocol.CLOSE_STATUS_CODE_PROTOCOL_ERROR,
+                f"the listener chose subprotocol {response.protocol!r}; mconn asked for {SUBPROTOCOL!r}",
+            )
+
+    def failHandshake(self, reason):
+        self._note(f"the listener refused the WebSocket upgrade: {reason}")
+        super().failHandshake(reason)
+
+    def _refuse_upgrade(self, why: str) -> None:
+        self._note(f"the listener's answer to the upgrade is over {MAX_UPGRADE_BYTES} bytes")
+        self.dropConnection(abort=True)
+
+    def onOpen(self) -> None:
+        super().onOpen()
+        if not self.opened.called:
+            self.opened.callback(self.wrapped)
+
+    def _not_opened(self, why: Failure) -> None:
+        if not self.opened.called:
+            if self.error is None and not isinstance(why.value, WebSocketError):
+                why = Failure(WebSocketError(f"the connection ended before the WebSocket upgrade: {why.getErrorMessage()}"))
+            self.opened.errback(why)
+
+
+def _forwarded_peer(headers: dict, trusted: frozenset, transport):
+    """The client address that X-Forwarded-For names, when the TCP peer is a trusted
+    proxy (``Config.ws_trusted_proxies``); else None: the TCP peer is the peer."""
+    if not trusted:
+        return None
+    tcp_peer = transport.getPeer()
+    if getattr(tcp_peer, "host", None) not in trusted:
+        return None
+    hops = [h.strip() for h in headers.get("x-forwarded-for", "").split(",") if h.strip()]
+    if not hops:
+        return None
+    try:
+        ip = ipaddress.ip_address(hops[-1])
+    except ValueError:
+        return None
+    return IPv6Address("TCP", str(ip), 0) if ip.version == 6 else IPv4Address("TCP", str(ip), 0)
+
+
+def _set_options(factory, config) -> None:
+    factory.setProtocolOptions(
+        maxFramePayloadSize=config.ws_max_message_bytes,
+        maxMessagePayloadSize=config.ws_max_message_bytes,
+        openHandshakeTimeout=config.ws_handshake_timeout,
+        closeHandshakeTimeout=config.close_linger,
+        autoPingInterval=0,  # mconn's own pings keep the link alive (specs/connection.md 3)
+        failByDrop=False,
+        utf8validateIncoming=False,
+        tcpNoDelay=config.tcp_nodelay,
+    )
+
+
+class WebSocketServerCarrierFactory(WebSocketServerFactory):
+    """Wraps the factory above (mconn's, or mconn's TLS): one WebSocket connection per
+    TCP connection, upgraded at ``path``."""
+
+    protocol = WebSocketServerCarrier
+
+    def __init__(self, wrapped_factory, *, path: str, secure: bool, config, clock) -> None:
+        scheme = "wss" if secure else "ws"
+        super().__init__(url=f"{scheme}://localhost{path}", protocols=[SUBPROTOCOL], reactor=clock)
+        self.wrapped_factory = wrapped_factory
+        self.path = path
+        self.config = config
+        self.clock = clock
+        #: Connections whose upgrade is under way (bounded by max_pending_handshakes).
+        self.pending = 0
+        _set_options(self, config)
+        self.setProtocolOptions(webStatus=False, requireMaskedClientFrames=True)
+        if config.ws_allowed_origins:
+            self.setProtocolOptions(allowedOrigins=sorted(config.ws_allowed_origins))
+
+    def buildProtocol(self, addr):
+        carrier = super().buildProtocol(addr)
+        carrier.wrapped = self.wrapped_factory.buildProtocol(addr)
+        return carrier
+
+    def startFactory(self) -> None:
+        self.wrapped_factory.doStart()
+        super().startFactory()
+
+    def stopFactory(self) -> None:
+        self.wrapped_factory.doStop()
+        super().stopFactory()
+
+
+class WebSocketClientCarrierFactory(WebSocketClientFactory):
+    """A dialer's factory: upgrades at ``url`` (its host and port name the Host header)."""
+
+    protocol = WebSocketClientCarrier
+
+    def __init__(self, wrapped_factory, *, url: str, config, clock) -> None:
+        super().__init__(url=url, protocols=[SUBPROTOCOL], reactor=clock)
+        self.wrapped_factory = wrapped_factory
+        self.config = config
+        self.clock = clock
+        _set_options(self, config)
+
+    def buildProtocol(self, addr):
+        carrier = super().buildProtocol(addr)
+        carrier.wrapped = self.wrapped_factory.buildProtocol(addr)
+        return carrier
+
+
+def transport_kind(transport) -> str:
+    """What carries a connection, as telemetry and the status page name it: ``tcp``,
+    ``tls``, ``ws``, ``wss`` or ``ws+tls`` (mconn's TLS inside a ``ws://`` WebSocket)."""
+    if isinstance(transport, _Carrier):
+        return "wss" if transport.factory.isSecure else "ws"
+    if isinstance(transport, TLSMemoryBIOProtocol):
+        return "ws+tls" if isinstance(transport.transport, _Carrier) else "tls"
+    return "tcp"
