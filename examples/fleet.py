@@ -9,7 +9,8 @@ What happens, in order (one progress line says which phase, and what so far):
    reactors ``reactors.fleet:FleetChat`` (a chat line every few seconds; node n1 also
    sends a file now and then), ``reactors.fleet:FleetBulk`` (a rate-bounded bulk
    stream to every peer) and, once it exists, ``reactors.pex:PexReactor``; with TLS
-   (identity certificates) and a status page when the plugin offers them.
+   (identity certificates) and a status page when the plugin offers them. Once up,
+   each node's status page and Prometheus ``/metrics`` URL is printed.
 3. **Faults**, on a schedule spread over ``--duration`` seconds: link resets, a black
    hole healed within ``resume_grace``, and the seed node killed (SIGKILL) and started
    again with the same key on the same port.
@@ -67,7 +68,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout: mconn and reactors next to
 sys.path.insert(0, str(HERE.parent))
 
 from fleet_nodes import NODE_COUNT, Fleet, FleetError  # noqa: E402
-from fleet_view import Progress, print_summary, run_pipeline  # noqa: E402
+from fleet_view import Progress, print_status_urls, print_summary, run_pipeline  # noqa: E402
 
 #: Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
 INTERRUPTED = 130
@@ -107,6 +108,8 @@ async def main(clock, args) -> int:
         print(f"fleet: {args.nodes} nodes for {args.duration:g} s, run directory {run_dir}", flush=True)
         print(f"fleet: {fleet.describe_features()}", flush=True)
         await fleet.start()
+        progress.done()
+        print_status_urls(fleet.nodes)  # the seed's change when it is restarted
         await fleet.run_schedule()
     except FleetError as e:
         fleet.failures.insert(0, str(e))

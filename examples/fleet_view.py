@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import sys
@@ -21,6 +22,17 @@ PIPELINE = pathlib.Path(sys.executable).with_name("mconn-pipeline")
 PIPELINE_TIMEOUT = 600.0
 #: Without a terminal, the progress line is printed at most this often (seconds).
 PLAIN_INTERVAL = 5.0
+#: The line a node logs once its status page listens (mconn/status.py).
+STATUS_LINE = re.compile(rb"mconn status page of node [0-9a-f]+ on (http://\S+) \(Prometheus metrics: (http://\S+)\)")
+
+
+def print_status_urls(nodes) -> None:
+    """Each node's status page and Prometheus ``/metrics`` URL, from the line in its log."""
+    for node in nodes:
+        match = STATUS_LINE.search(node.log_path.read_bytes()) if node.log_path is not None else None
+        if match is not None:
+            page, metrics = (url.decode() for url in match.groups())
+            print(f"fleet: {node.name} status page {page} Prometheus metrics {metrics}", flush=True)
 
 
 class TelemetryTail:
