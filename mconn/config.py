@@ -20,21 +20,28 @@ class Config:
     Times are seconds, rates bytes per second (None: unlimited).
     """
 
-    #: Send a ping after this long with nothing received.
+    #: Seconds with nothing received after which we send a ping (CometBFT's 60 s).
     ping_interval: float = 60.0
-    #: After a ping, the connection is dead if nothing at all arrives within this.
+    #: Seconds after a ping within which anything at all must arrive, or the connection
+    #: is dead (CometBFT's 45 s).
     pong_timeout: float = 45.0
-    #: Largest payload of one msg packet we send and accept; both sides use the smaller.
+    #: Largest payload of one msg packet we send and accept, in bytes; both sides use the
+    #: smaller (CometBFT's 1024).
     max_packet_payload: int = 1024
-    #: How long ``Peer.send`` waits for room in a full queue before it fires False.
+    #: Seconds ``Peer.send`` waits for room in a full queue before it fires False
+    #: (CometBFT's 10 s).
     send_timeout: float = 10.0
-    #: From connection made to the peer's hello accepted.
+    #: Seconds from connection made to the peer's hello accepted; a connection that takes
+    #: longer is closed (CometBFT allows 20 s; a hello is one small packet).
     handshake_timeout: float = 10.0
-    #: Per TCP connection attempt of ``Switch.dial``.
+    #: Seconds one TCP connection attempt of ``Switch.dial`` may take (CometBFT's 3 s).
     dial_timeout: float = 3.0
-    #: After a close packet, how long the transport may take to flush before it is aborted.
+    #: Seconds the transport may take to flush after a close packet before it is aborted:
+    #: long enough for the close to reach a live peer, short enough not to hold a stop.
     close_linger: float = 2.0
+    #: Sessions that peers dialed, at most (CometBFT's 40); past it a hello is refused.
     max_inbound_peers: int = 40
+    #: Sessions this node dialed, at most (CometBFT's 10); peer exchange dials up to it.
     max_outbound_peers: int = 10
     #: Inbound connections accepted but not yet through the handshake. Past it a new
     #: inbound connection whose address group holds fewer of them than the largest group
@@ -50,6 +57,7 @@ class Config:
     #: The address group of an inbound IPv4 / IPv6 address: its first this many bits
     #: (a loopback address is a group of its own; mconn.admission.address_group).
     pending_group_prefix_v4: int = 24
+    #: Bits of an inbound IPv6 address that make its address group (a /64 is one site).
     pending_group_prefix_v6: int = 64
     #: Inbound connections from one remote IP address at a time ("ip_limit").
     max_connections_per_ip: int = 8
@@ -58,14 +66,19 @@ class Config:
     max_pings_per_interval: int = 20
     #: Control packets (pongs...) queued unsent because the peer does not read them.
     max_control_backlog: int = 64
+    #: Bytes per second this node sends to one peer, at most (None: unlimited, the link
+    #: decides; CometBFT caps it at 5,120,000 by default).
     send_rate: float | None = None
+    #: Bytes per second this node reads from one peer, at most (None: unlimited).
     recv_rate: float | None = None
-    #: Largest hello body accepted, checked before it is buffered.
+    #: Largest hello body accepted, in bytes, checked before it is buffered (a hello is
+    #: about 200 bytes; 4 KiB leaves room for extensions).
     max_hello_size: int = 4096
-    #: Largest body of any other extension packet (close, ...), checked before buffering.
+    #: Largest body of any other extension packet (close, ...), in bytes, checked before
+    #: it is buffered.
     max_control_size: int = 1024
     #: Wire bytes the scheduler hands the transport per call (the transport's
-    #: IPushProducer pause stops it earlier).
+    #: IPushProducer pause stops it earlier); 64 KiB is Twisted's TCP buffer size.
     write_batch_bytes: int = 65536
     #: Seconds of sending, at the link's measured drain rate, that the protocol writes
     #: into the transport at a time: the bytes committed below the scheduler (the
@@ -75,7 +88,7 @@ class Config:
     #: write_batch_bytes per write and a pause only past the transport's own buffer
     #: size (64 KiB for Twisted's TCP).
     write_ahead_time: float | None = 0.001
-    #: Period of the per-channel statistics telemetry event (0 disables it).
+    #: Seconds between two per-channel statistics telemetry events (0 disables them).
     stats_interval: float = 10.0
     #: TCP_NODELAY on every connection: small high-priority packets must not wait for
     #: Nagle and a delayed ACK (40 ms tails otherwise; Go, hence CometBFT, sets it too).
@@ -84,24 +97,29 @@ class Config:
     #: kernel can no longer be reordered by priority; without this bound Linux queues
     #: megabytes of bulk data ahead of a high-priority message (bench/RESULTS.md).
     tcp_notsent_lowat: int | None = 16384
-    #: How long a broken session stays suspended, waiting to be resumed (0: no resume).
+    #: Seconds a broken session stays suspended, waiting to be resumed (0: no resume);
+    #: 30 s outlasts a Wi-Fi roam or a restart of a peer under a supervisor.
     resume_grace: float = 30.0
-    #: Bound on the bytes of a session's unacknowledged messages (the recovery buffer).
+    #: Bound on the bytes of a session's unacknowledged messages (the recovery buffer),
+    #: in bytes.
     recovery_buffer_bytes: int = 32 << 20
     #: Bound on the unacknowledged bytes of all sessions together (beyond it a channel
     #: keeps only its reserve; specs/resume.md section 1.3).
     max_unacked_bytes: int = 256 << 20
-    #: At most this many suspended sessions are kept; past it the oldest is ended.
+    #: Suspended sessions kept at most; past it the oldest is ended.
     max_suspended_sessions: int = 32
-    #: At most this many unacknowledged bytes in suspended sessions; past it the one
-    #: holding the most is ended (its messages counted as undelivered).
+    #: Unacknowledged bytes kept in suspended sessions at most; past it the one holding
+    #: the most is ended (its messages counted as not confirmed delivered).
     max_suspended_bytes: int = 128 << 20
     #: The receiver acknowledges after this many messages, this many bytes, or
     #: ack_interval seconds after an unacknowledged delivery, whichever comes first.
     ack_every_messages: int = 256
+    #: Bytes of delivered messages after which the receiver acknowledges (see above).
     ack_every_bytes: int = 1 << 20
+    #: Seconds after an unacknowledged delivery after which the receiver acknowledges
+    #: (see above); short, so that the sender's recovery buffer drains.
     ack_interval: float = 0.1
-    #: Largest wait between two dial attempts of a persistent or resuming peer.
+    #: Largest wait, in seconds, between two dial attempts of a persistent or resuming peer.
     max_reconnect_delay: float = 4.0
     #: Dial attempts after a break before giving up (None: until resume_grace ends, or
     #: forever for persistent peers). Reset on success.
@@ -119,8 +137,8 @@ class Config:
     retain_address_order: bool = False
     #: Host (IP) that outgoing connections bind to (None: the kernel chooses).
     local_address: str | None = None
-    #: A new connection from a node that already has a live one: how long the old one
-    #: has to answer a ping before the newcomer replaces it (specs/resume.md section 7).
+    #: A new connection from a node that already has a live one: seconds the old one has
+    #: to answer a ping before the newcomer replaces it (specs/resume.md section 7).
     duplicate_probe_timeout: float = 2.0
     #: TCP_USER_TIMEOUT, seconds: the kernel drops a connection whose sent data stays
     #: unacknowledged this long (a half-open link under load). None: the kernel default.

@@ -37,6 +37,7 @@ import datetime
 import importlib
 import os
 import signal
+import sys
 
 from cryptography import x509
 from OpenSSL import SSL
@@ -65,12 +66,26 @@ log = Logger()
 
 
 def makeService(options: Options) -> NodeService:
-    """twistd's entry point: :func:`build_service`, with errors as one line on stderr."""
+    """twistd's entry point: :func:`build_service`, with errors as one line on stderr.
+
+    Unlike build_service, it refuses a key file that does not exist unless
+    ``--create-key`` was given: a typo in ``--key``, or a start from another directory,
+    would otherwise give the node a new identity without a word.
+    """
+    settings = options.settings
+    if not settings.create_key and not os.path.lexists(settings.key.value):
+        raise SystemExit(
+            f"mconn: {settings.key.where}: {settings.key.value} does not exist; create a key with "
+            f"'mconn keygen {settings.key.value}' or start once with --create-key (a new node identity)"
+        )
     try:
-        service = build_service(options.settings)
+        service = build_service(settings)
     except ConfigurationError as e:
         raise SystemExit(f"mconn: {e}") from None
     service.reload_on_sighup = True
+    twistd = getattr(options, "parent", None)
+    if twistd is not None and twistd.get("nodaemon"):
+        service.foreground_pidfile = twistd.get("pidfile") or ""
     return service
 
 
@@ -115,6 +130,10 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
                 telemetry.log_file.close()
             path = settings.key.value
             raise ConfigurationError(f"{settings.key.where}: cannot create {path}: {e.strerror or e}") from None
+        log.warn(
+            "created a new node key {path}: this is a new node identity, node id {node_id}",
+            path=settings.key.value, node_id=key.node_id,
+        )
     return NodeService(
         switch,
         listen=[s.value for s in settings.listen],
@@ -250,6 +269,9 @@ class NodeService(MultiService):
         self._binding = False
         #: Install a SIGHUP handler that reloads the TLS files (set by makeService).
         self.reload_on_sighup = False
+        #: Set by makeService for ``twistd -n``: twistd's pid file ("" for none). A start
+        #: that fails (a port in use) then removes it and exits with one line on stderr.
+        self.foreground_pidfile = None
         self._previous_sighup = None
         if telemetry is not None:
             telemetry.setServiceParent(self)
@@ -262,7 +284,30 @@ class NodeService(MultiService):
 
     def privilegedStartService(self) -> None:
         super().privilegedStartService()
-        self._bind()
+        try:
+            self._bind()
+        except StartupError as e:
+            if self.foreground_pidfile is None:
+                raise  # a daemon's twistd reports it through its status pipe
+            self._exit_in_one_line(e)
+
+    def _exit_in_one_line(self, error: StartupError) -> None:
+        """Exit 1 with ``mconn: StartupError: ...`` on the terminal's stderr, not a traceback.
+
+        twistd -n routes sys.stderr into its log and prints an exception escaping the
+        start as a traceback; it removes its pid file only for an Exception, so this does.
+        """
+        pidfile = self.foreground_pidfile
+        if pidfile:
+            try:
+                with open(pidfile) as f:
+                    ours = f.read().strip() == str(os.getpid())
+                if ours:
+                    os.unlink(pidfile)
+            except OSError:
+                pass
+        print(f"mconn: StartupError: {error}", file=sys.__stderr__, flush=True)
+        raise SystemExit(1)
 
     def startService(self) -> None:
         if self.ports is None:  # not started by twistd: nothing bound yet
@@ -270,14 +315,24 @@ class NodeService(MultiService):
         super().startService()
         # Logged once the reactor runs (twistd has installed its signal handlers by then):
         # from that line on, SIGTERM gets an orderly shutdown.
+        own = [a for a in self.peers if a.partition("@")[0] == self.switch.node_id]
+        for address in own:
+            log.warn("--peer {address} is this node itself (its own key); it is not dialed", address=address)
+        peers = [a for a in self.peers if a not in own]
         self.switch.clock.callWhenRunning(
             log.info,
-            "mconn node {node_id} started: listening on {addresses}, keeping {count} peers connected",
+            "mconn node {node_id} started: listening on {addresses}, keeping {peers} connected",
             node_id=self.switch.node_id,
             addresses=", ".join(self._addresses()) or "nothing",
-            count=len(self.peers),
+            peers=_count(len(peers), "peer"),
         )
-        for address in self.peers:
+        if not self.listen and not peers:
+            self.switch.clock.callWhenRunning(
+                log.warn,
+                "this node has no --listen and no --peer: nobody can reach it and it dials "
+                "nobody (a reactor such as peer exchange may still dial)",
+            )
+        for address in peers:
             d = self.switch.dial(address, persistent=True)
             d.addErrback(self._dial_failed, address)
         if self.reload_on_sighup and self.switch.tls is not None:
@@ -298,8 +353,8 @@ class NodeService(MultiService):
             log.error("TLS reload failed, the old certificate stays in use: {error}", error=str(e))
             return False
         log.info(
-            "TLS files reloaded: new connections use them; {count} peers stay connected",
-            count=len(self.switch.peers),
+            "TLS files reloaded: new connections use them; {peers} stay connected",
+            peers=_count(len(self.switch.peers), "peer"),
         )
         return True
 
@@ -358,6 +413,11 @@ class NodeService(MultiService):
     def _dial_failed(self, failure, address: str) -> None:
         if self.running:  # while stopping, the Switch fails the dials it drops
             log.warn("dialing {address} failed: {error}", address=address, error=failure.getErrorMessage())
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 peer``, ``2 peers``, ``0 peers``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 class StartupError(Exception):

@@ -1,15 +1,23 @@
 """The settings of a node run by twistd: :class:`Options`, the TOML file, and their checks.
 
 Every setting may come from the command line or from a TOML file (``--config FILE``):
-its keys are the long options without the dashes (``listen``, ``peer``, ``reactor``,
-``key``, ``telemetry``, ``telemetry_rotate_bytes``, ``telemetry_keep_files``,
-``telemetry_keep_bytes``, ``status``, ``tls``, ``tls_ca``,
-``tls_cert``, ``tls_no_client_cert``, ``tls_upgrade``, ``tls_accept_upgrade``; the flags are ``true`` or ``false`` there) and the
-:class:`mconn.Config` fields (``ping_interval = 30``), which are also options
-(``--ping-interval 30``). The command line wins: a repeatable option given there replaces
-the file's list. Relative paths in the file are relative to the file. One default differs
-from Config's: ``retry_initial_dial`` is true, so that a ``--peer`` that is down when the
-node starts is dialed until it is up.
+its keys are the long options without the leading dashes (``listen``, ``peer``, ``reactor``,
+``key``, ``create_key``, ``telemetry``, ``telemetry_rotate_bytes``, ``telemetry_keep_files``,
+``telemetry_keep_bytes``, ``status``, ``tls``, ``tls_ca``, ``tls_cert``,
+``tls_no_client_cert``, ``tls_upgrade``, ``tls_accept_upgrade``; the flags are ``true`` or
+``false`` there) and the :class:`mconn.Config` fields (``ping_interval = 30``), which are
+also options (``--ping-interval 30``; a boolean field is a pair of flags,
+``--tcp-keepalive`` / ``--no-tcp-keepalive``). A key may be written with dashes, as on the
+command line (``ping-interval = 30`` is ``ping_interval``); both spellings of one key in
+one file are an error. An unknown key is an error that names the closest valid key. The
+command line wins: a repeatable option given there replaces the file's list. Relative
+paths in the file are relative to the file. One default differs from Config's:
+``retry_initial_dial`` is true, so that a ``--peer`` that is down when the node starts is
+dialed until it is up.
+
+The help of a Config option is the ``#:`` comment above its field in mconn/config.py
+(meaning, unit, why the default) and the default a twistd node uses: a field added to
+Config is an option with its help, without a change here.
 
 ``Options.postOptions`` merges the file and the command line into ``{name: Setting}``
 (each value with where it was set: ``--listen``, ``node.toml: listen``); :func:`resolve`
@@ -22,7 +30,10 @@ or the file and key, and what is wrong. mconn/node.py builds the service from th
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import os
+import re
 import types
 import typing
 
@@ -45,7 +56,7 @@ DEFAULT_KEY = "node.key"
 REPEATABLE = ("listen", "peer", "reactor")
 PATHS = ("key", "telemetry", "tls_ca", "tls_cert")
 #: Settings that are on when given (``--tls``), true or false in TOML.
-FLAGS = ("tls", "tls_no_client_cert", "tls_upgrade", "tls_accept_upgrade")
+FLAGS = ("create_key", "tls", "tls_no_client_cert", "tls_upgrade", "tls_accept_upgrade")
 #: Settings that are a number of bytes or files, 0 or more, and their defaults.
 COUNTS = {
     "telemetry_rotate_bytes": DEFAULT_ROTATE_BYTES,
@@ -107,6 +118,7 @@ class NodeSettings:
     tls: TLSSettings | None = None
     telemetry_keep_files: int = DEFAULT_KEEP_FILES
     telemetry_keep_bytes: int = DEFAULT_KEEP_BYTES
+    create_key: bool = False  # --create-key: a missing key file is created (twistd refuses it otherwise)
 
 # -- options ---------------------------------------------------------------------------
 
@@ -115,30 +127,104 @@ def _option(name: str) -> str:
     return name.replace("_", "-")
 
 
+def config_field_docs() -> dict[str, str]:
+    """{field: the ``#:`` comment above it in mconn/config.py, as one line}.
+
+    The comment says what the field means, its unit and why its default; a field
+    without one has no entry (tests/operators/test_options.py requires one for each).
+    """
+    docs, comment = {}, []
+    for line in inspect.getsource(Config).splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            comment.append(text[2:].strip())
+            continue
+        field = re.match(r"(\w+)\s*:", text)
+        if field and field.group(1) in CONFIG_FIELDS and comment:
+            docs[field.group(1)] = " ".join(comment)
+        comment = []
+    return docs
+
+
+def describe_default(value) -> str:
+    """A default as the help shows it: ``on``/``off``, ``none``, sizes also in KiB/MiB."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (frozenset, set, tuple, list)):
+        return ", ".join(sorted(str(v) for v in value)) or "none"
+    if isinstance(value, int) and value >= 1024 and value % 1024 == 0:
+        unit, amount = ("MiB", value >> 20) if value % (1 << 20) == 0 else ("KiB", value >> 10)
+        return f"{value} ({amount} {unit})"
+    return str(value)
+
+
+#: Why a twistd node's default differs from Config's (NODE_CONFIG_DEFAULTS).
+_NODE_DEFAULT_REASONS = {"retry_initial_dial": "a --peer that is down at start is dialed until it is up"}
+
+
+def config_option_help(name: str) -> str:
+    """The help of the option of Config field ``name``: its comment, then the default a
+    twistd node uses (and Config's, where they differ)."""
+    field = CONFIG_FIELDS[name]
+    doc = config_field_docs().get(name) or f"Config.{name} (undocumented)"
+    if name in NODE_CONFIG_DEFAULTS:
+        node, own = describe_default(NODE_CONFIG_DEFAULTS[name]), describe_default(field.default)
+        default = f"[default: {node} for a twistd node ({_NODE_DEFAULT_REASONS[name]}); Config's is {own}]"
+    else:
+        default = f"[default: {describe_default(field.default)}]"
+    return f"{doc} {default}"
+
+
+def _is_bool_field(name: str) -> bool:
+    return _CONFIG_TYPES[name] is bool
+
+
 def _config_parameters() -> list:
-    return [
-        [_option(name), None, None, f"Config.{name} [default: {default!r}]"]
-        for name, field in CONFIG_FIELDS.items()
-        for default in [NODE_CONFIG_DEFAULTS.get(name, field.default)]
-    ]
+    return [[_option(name), None, None, config_option_help(name)] for name in CONFIG_FIELDS if not _is_bool_field(name)]
+
+
+def _config_flags() -> list:
+    """``--NAME`` and ``--no-NAME`` for each boolean Config field."""
+    flags = []
+    for name in CONFIG_FIELDS:
+        if _is_bool_field(name):
+            flags.append([_option(name), None, config_option_help(name)])
+            flags.append([f"no-{_option(name)}", None, f"the opposite of --{_option(name)}"])
+    return flags
 
 
 class Options(usage.Options):
-    """``twistd mconn`` options; after parsing, ``options.settings`` is a NodeSettings."""
+    """``twistd mconn`` options; after parsing, ``options.settings`` is a NodeSettings.
+
+    Parsed by twistd, the options also choose twistd's pid file (and, for a daemon, its
+    log file) when the command line names none: see :func:`twistd_files`.
+    """
 
     synopsis = "[options]"
     longdesc = (
         "Run an mconn node: listen for peers, keep the --peer nodes connected, route their "
-        "messages to the --reactor classes. Every option (without the dashes, with '_') and "
+        "messages to the --reactor classes. Every option (without the leading dashes) and "
         "every Config field may also be set in a TOML file given with --config; the command "
-        "line wins."
+        "line wins. Unless twistd's --pidfile is given, the pid file is the key file's path "
+        "with .pid for .key (node.key: node.pid), so nodes with different keys can run from "
+        "one directory; --pidfile '' writes none."
     )
     optParameters = [
-        ["key", None, None, f"node key file (PEM, mode 0600), created if missing [default: {DEFAULT_KEY}]"],
-        ["telemetry", None, None, "write every telemetry event of this node to this file as JSON lines"],
+        [
+            "key", None, None,
+            f"node key file (PEM, mode 0600); it must exist (mconn keygen FILE) unless --create-key "
+            f"[default: {DEFAULT_KEY} in the current directory]",
+        ],
+        [
+            "telemetry", None, None,
+            "write every telemetry event of this node to this file as JSON lines [default: none]",
+        ],
         [
             "telemetry-rotate-bytes", None, None,
-            f"rotate the telemetry file when it reaches this size, 0: never [default: {DEFAULT_ROTATE_BYTES}]",
+            f"rotate the telemetry file when it reaches this many bytes, 0: never "
+            f"[default: {describe_default(DEFAULT_ROTATE_BYTES)}]",
         ],
         [
             "telemetry-keep-files", None, None,
@@ -148,23 +234,31 @@ class Options(usage.Options):
         [
             "telemetry-keep-bytes", None, None,
             f"keep at most this many bytes of rotated telemetry files, deleting the oldest first "
-            f"[default: {DEFAULT_KEEP_BYTES}]",
+            f"[default: {describe_default(DEFAULT_KEEP_BYTES)}]",
         ],
-        ["config", None, None, "TOML file with any of these settings"],
+        ["config", None, None, "TOML file with any of these settings [default: none]"],
         [
             "status", None, None,
             "serve the status page (HTML and /status.json) on this endpoint, e.g. tcp:8080; "
-            "without interface= it listens on 127.0.0.1 only",
+            "without interface= it listens on 127.0.0.1 only [default: none]",
         ],
         ["tls-ca", None, None, "CA mode: trust the CAs in this PEM file (peers need certificates they signed)"],
         ["tls-cert", None, None, "CA mode: this node's certificate (PEM), whose key is the --key file"],
     ] + _config_parameters()
     optFlags = [
-        ["tls", None, "identity mode: TLS with a self-signed certificate made from the node key"],
-        ["tls-no-client-cert", None, "CA mode: accept dialers that present no certificate"],
-        ["tls-upgrade", None, "dial with a plaintext pre-hello, then TLS on the same connection"],
-        ["tls-accept-upgrade", None, "accept dialers that start with the pre-hello, besides TLS first"],
-    ]
+        [
+            "create-key", None,
+            "create the --key file if it does not exist (a new node identity; logged as a warning) "
+            "[default: off: a missing key file stops the node]",
+        ],
+        ["tls", None, "identity mode: TLS with a self-signed certificate made from the node key [default: off]"],
+        ["tls-no-client-cert", None, "CA mode: accept dialers that present no certificate [default: off]"],
+        ["tls-upgrade", None, "dial with a plaintext pre-hello, then TLS on the same connection [default: off]"],
+        [
+            "tls-accept-upgrade", None,
+            "accept dialers that start with the pre-hello, besides TLS first [default: off]",
+        ],
+    ] + _config_flags()
 
     def __init__(self) -> None:
         super().__init__()
@@ -172,15 +266,16 @@ class Options(usage.Options):
             self[name] = []
 
     def opt_listen(self, endpoint: str) -> None:
-        """accept peers on this server endpoint, e.g. tcp:26656 (repeatable)"""
+        """accept peers on this server endpoint, e.g. tcp:26656:interface=127.0.0.1
+        (repeatable) [default: none: the node only dials]"""
         self["listen"].append(endpoint)
 
     def opt_peer(self, address: str) -> None:
-        """keep the node ID@HOST:PORT connected (repeatable)"""
+        """keep the node ID@HOST:PORT connected (repeatable) [default: none]"""
         self["peer"].append(address)
 
     def opt_reactor(self, spec: str) -> None:
-        """MODULE:CLASS of a Reactor to run, built with no arguments (repeatable)"""
+        """MODULE:CLASS of a Reactor to run, built with no arguments (repeatable) [default: none]"""
         self["reactor"].append(spec)
 
     def parseOptions(self, options=None) -> None:
@@ -198,14 +293,63 @@ class Options(usage.Options):
         for name in FLAGS:
             if self[_option(name)]:
                 given[name] = Setting(True, f"--{_option(name)}")
+        for name in CONFIG_FIELDS:
+            if _is_bool_field(name):
+                on, off = self[_option(name)], self[f"no-{_option(name)}"]
+                if on and off:
+                    raise ConfigurationError(f"--{_option(name)} and --no-{_option(name)} contradict each other")
+                if on or off:
+                    given[name] = Setting(bool(on), f"--{'' if on else 'no-'}{_option(name)}")
         for name in NODE_SETTINGS[len(REPEATABLE):] + tuple(CONFIG_FIELDS):
-            if name in FLAGS:
+            if name in FLAGS or (name in CONFIG_FIELDS and _is_bool_field(name)):
                 continue
             text = self[_option(name)]
             if text is not None:
                 value = os.path.abspath(text) if name in PATHS else _from_text(name, text, f"--{_option(name)}")
                 given[name] = Setting(value, f"--{_option(name)}")
         self.settings = resolve(given)
+        twistd = getattr(self, "parent", None)
+        if twistd is not None and "pidfile" in twistd:
+            twistd_files(twistd, self.settings)
+
+
+def twistd_files(twistd, settings: NodeSettings) -> None:
+    """Name twistd's pid file after the key file unless ``--pidfile`` was given (and the
+    log file of a daemon unless ``--logfile`` was), so that nodes with different keys run
+    from one directory; refuse to start a second node on one pid file, in one line.
+
+    twistd's own defaults (``twistd.pid``, ``twistd.log`` in the current directory) make
+    a second node in the same directory exit, or remove the first one's pid file.
+    """
+    stem = settings.key.value[: -len(".key")] if settings.key.value.endswith(".key") else settings.key.value
+    if twistd["pidfile"] == "twistd.pid":
+        twistd["pidfile"] = stem + ".pid"
+    if not twistd["nodaemon"] and twistd.get("logfile") is None and not twistd.get("syslog"):
+        twistd["logfile"] = stem + ".log"
+    pid = running_pid(twistd["pidfile"])
+    if pid is not None:
+        raise ConfigurationError(
+            f"pid file {twistd['pidfile']}: process {pid} is running; is a node with the key "
+            f"{settings.key.value} running already? Stop it, or give twistd another --pidfile"
+        )
+
+
+def running_pid(pidfile: str) -> int | None:
+    """The PID in ``pidfile`` if that process is running, else None (no file, a stale one)."""
+    if not pidfile:
+        return None
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid if pid != os.getpid() else None
 
 
 def _from_text(name: str, text: str, where: str):
@@ -217,6 +361,8 @@ def _from_text(name: str, text: str, where: str):
         if text.lower() in _TRUE + _FALSE:
             return text.lower() in _TRUE
         raise ConfigurationError(f"{where}: {text!r} is not true or false")
+    if base in (frozenset, tuple, list):
+        return frozenset(item.strip() for item in text.split(",") if item.strip())
     if base in (int, float):
         try:
             return base(text)
@@ -255,15 +401,23 @@ def _read_toml(path: str) -> dict:
     base = os.path.dirname(os.path.abspath(path))
     given = {}
     for key, value in data.items():
-        name = key.replace("-", "_")
+        name = key.replace("-", "_")  # dashes as on the command line are accepted
         where = f"{path}: {key}"
         if name not in NODE_SETTINGS and name not in CONFIG_FIELDS:
-            raise ConfigurationError(
-                f"{where}: unknown setting; use the long options without '--' "
-                f"({', '.join(NODE_SETTINGS)}) or the Config fields ({', '.join(CONFIG_FIELDS)})"
-            )
+            raise ConfigurationError(f"{where}: unknown setting; {_closest(name)}")
+        if name in given:
+            raise ConfigurationError(f"{where}: set twice, as {given[name].where.split(': ', 1)[1]} and {key}")
         given[name] = Setting(_from_toml(name, value, where, base), where)
     return given
+
+
+def _closest(name: str) -> str:
+    """What to say about an unknown key: the closest valid one, or where the list is."""
+    valid = list(NODE_SETTINGS) + list(CONFIG_FIELDS)
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]}?"
+    return "the valid keys are the long options of 'twistd mconn --help' without the leading '--'"
 
 
 def _from_toml(name: str, value, where: str, base: str):
@@ -320,7 +474,17 @@ def resolve(given: dict) -> NodeSettings:
         config=config,
         status=status,
         tls=_tls_settings(given, listening=bool(listen)),
+        create_key=_flag(given, "create_key"),
     )
+
+
+def _flag(given: dict, name: str) -> bool:
+    setting = given.get(name)
+    if setting is None:
+        return False
+    if not isinstance(setting.value, bool):
+        raise ConfigurationError(f"{setting.where}: {setting.value!r} must be true or false")
+    return setting.value
 
 
 def _tls_settings(given: dict, *, listening: bool) -> TLSSettings | None:

@@ -245,9 +245,9 @@ class Switch(Service):
     def listen(self, endpoint_description: str) -> defer.Deferred:
         """Accept peers on a Twisted server endpoint string, e.g. ``tcp:0:interface=127.0.0.1``.
 
-        :returns: a Deferred firing with the IListeningPort.
+        :returns: a Deferred firing with the IListeningPort. ``node_started`` is logged
+            once the port is bound: a node whose port is in use never started.
         """
-        self._begin_run()
         endpoint = serverFromString(self.clock, endpoint_description)
         factory = MConnectionFactory(self, is_outbound=False)
         if self.tls is not None:  # TLS first; a plaintext start gets a close packet (specs/tls.md)
@@ -261,6 +261,7 @@ class Switch(Service):
         d = endpoint.listen(factory)
 
         def listening(port):
+            self._begin_run()
             self._ports.append(port)
             address = _address_of(port)
             if not self.listen_address:

@@ -20,9 +20,11 @@ ID = "ab" * 20
 NODE_CONFIG = Config(retry_initial_dial=True)
 
 
-def parse(*args) -> Options:
+def parse(*args, create_key=True) -> Options:
+    """Options parsed from ``args``; with ``--create-key`` unless told not to (a missing
+    key file stops makeService otherwise: tests/operators/test_first_day.py)."""
     options = Options()
-    options.parseOptions(list(args))
+    options.parseOptions((["--create-key"] if create_key else []) + list(args))
     return options
 
 
@@ -57,7 +59,7 @@ def test_defaults_no_listen_no_peers_node_key_in_the_current_directory(tmp_path)
     assert settings.key.value == str(tmp_path / "node.key")
     assert settings.telemetry is None
     assert settings.config == NODE_CONFIG
-    assert parse("--retry-initial-dial", "no").settings.config == Config()
+    assert parse("--no-retry-initial-dial").settings.config == Config()
 
 
 def test_repeatable_options_and_config_fields_on_the_command_line(tmp_path):
@@ -68,7 +70,7 @@ def test_repeatable_options_and_config_fields_on_the_command_line(tmp_path):
         "--peer", f"{ID}@127.0.0.1:26656",
         "--reactor", "operators.sample_reactors:Chat",
         "--key", "k.pem", "--telemetry", "t.json", "--telemetry-rotate-bytes", "4096",
-        "--ping-interval", "5", "--tcp-nodelay", "false", "--max-reconnects", "3", "--send-rate", "none",
+        "--ping-interval", "5", "--no-tcp-nodelay", "--max-reconnects", "3", "--send-rate", "none",
     ).settings
     assert [s.value for s in settings.listen] == ["tcp:0:interface=127.0.0.1", "tcp:0:interface=::1"]
     assert [s.value for s in settings.peers] == [PeerAddress(ID, "127.0.0.1", 26656)]
@@ -80,9 +82,13 @@ def test_repeatable_options_and_config_fields_on_the_command_line(tmp_path):
 
 
 def test_every_config_field_is_an_option():
-    """Every Config field has a command-line option of the same name (dashes for underscores)."""
-    names = {long for long, *_ in Options.optParameters}
-    assert {f.replace("_", "-") for f in Config.__dataclass_fields__} <= names
+    """Every Config field has a command-line option of the same name (dashes for underscores); a
+    boolean one is a pair of flags, --NAME and --no-NAME."""
+    names = {long for long, *_ in Options.optParameters + Options.optFlags}
+    for field, hint in Config.__annotations__.items():
+        option = field.replace("_", "-")
+        assert option in names, field
+        assert (hint in (bool, "bool")) == (f"no-{option}" in names), field
 
 
 def test_toml_file_sets_everything_and_the_command_line_wins(tmp_path):
@@ -130,7 +136,8 @@ def test_toml_integers_become_floats_for_float_fields(tmp_path):
         (["--ping-interval", "soon"], "mconn: --ping-interval: 'soon' is not a number"),
         (["--ping-interval", "-1"], "mconn: --ping-interval: Config.ping_interval must be a positive finite number, got -1.0"),
         (["--max-inbound-peers", "2.5"], "mconn: --max-inbound-peers: '2.5' is not an integer"),
-        (["--tcp-nodelay", "maybe"], "mconn: --tcp-nodelay: 'maybe' is not true or false"),
+        (["--tcp-nodelay=false"], "mconn: option --tcp-nodelay must not have an argument"),
+        (["--tcp-nodelay", "--no-tcp-nodelay"], "mconn: --tcp-nodelay and --no-tcp-nodelay contradict each other"),
         (["--telemetry-rotate-bytes", "-5"], "mconn: --telemetry-rotate-bytes: -5 must be a number of bytes >= 0"),
         (["--config", "missing.toml"], "mconn: --config missing.toml: cannot read it: No such file or directory"),
     ],
@@ -143,7 +150,9 @@ def test_bad_command_lines_stop_with_one_line(args, expected):
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("colour = 'blue'\n", "n.toml: colour: unknown setting; use the long options without '--'"),
+        ("colour = 'blue'\n", "n.toml: colour: unknown setting; the valid keys are the long options of 'twistd mconn --help'"),
+        ("ping_intervall = 5\n", "n.toml: ping_intervall: unknown setting; did you mean ping_interval?"),
+        ("ping-interval = 5\nping_interval = 6\n", "n.toml: ping_interval: set twice, as ping-interval and ping_interval"),
         ("ping_interval = 'soon'\n", "n.toml: ping_interval: Config.ping_interval must be a positive finite number, got 'soon'"),
         ("max_packet_payload = 0\n", "n.toml: max_packet_payload: Config.max_packet_payload must be an integer in 1..1048576"),
         ("listen = 5\n", "n.toml: listen: 5 must be a string or a list of strings"),

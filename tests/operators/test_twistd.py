@@ -68,7 +68,7 @@ def test_daemon_writes_its_pid_file_and_removes_it_on_sigterm(tmp_path):
     pidfile, logfile, telemetry = tmp_path / "node.pid", tmp_path / "node.log", tmp_path / "node.json"
     result = run_twistd(
         ["--pidfile", str(pidfile), "--logfile", str(logfile), "mconn", "--listen", LOOPBACK,
-         "--key", str(tmp_path / "node.key"), "--telemetry", str(telemetry)],
+         "--key", str(tmp_path / "node.key"), "--create-key", "--telemetry", str(telemetry)],
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -106,7 +106,8 @@ def test_bad_configuration_stops_twistd_with_one_line_and_nothing_running(tmp_pa
     (tmp_path / "garbage.key").write_text("not a key")
     (tmp_path / "garbage.key").chmod(0o600)
     result = run_twistd(
-        ["-n", "--pidfile", str(tmp_path / "twistd.pid"), "mconn", "--listen", LOOPBACK, *args], cwd=tmp_path
+        ["-n", "--pidfile", str(tmp_path / "twistd.pid"), "mconn", "--listen", LOOPBACK, "--create-key", *args],
+        cwd=tmp_path,
     )
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
@@ -120,7 +121,7 @@ def test_bad_configuration_stops_a_daemon_before_it_forks(tmp_path):
     """The same one line when daemonizing: makeService runs in the process that was started."""
     result = run_twistd(
         ["--pidfile", str(tmp_path / "node.pid"), "--logfile", str(tmp_path / "node.log"), "mconn",
-         "--reactor", "no_such_module:X"],
+         "--create-key", "--reactor", "no_such_module:X"],
         cwd=tmp_path,
     )
     assert result.returncode == 1
@@ -136,7 +137,7 @@ def test_a_port_in_use_stops_a_daemon_with_the_reason_and_no_pid_file(tmp_path):
         port = taken.getsockname()[1]
         result = run_twistd(
             ["--pidfile", str(tmp_path / "node.pid"), "--logfile", str(tmp_path / "node.log"), "mconn",
-             "--listen", f"tcp:{port}:interface=127.0.0.1", "--key", str(tmp_path / "node.key")],
+             "--listen", f"tcp:{port}:interface=127.0.0.1", "--key", str(tmp_path / "node.key"), "--create-key"],
             cwd=tmp_path,
         )
     assert result.returncode == 1

@@ -74,7 +74,7 @@ class Node:
     def start(self, *args: str) -> "Node":
         with open(self.output, "wb") as out:
             self.process = subprocess.Popen(
-                [str(TWISTD), "-n", "--pidfile", "", "mconn", "--key", str(self.key),
+                [str(TWISTD), "-n", "--pidfile", "", "mconn", "--key", str(self.key), "--create-key",
                  "--telemetry", str(self.telemetry), *args],
                 cwd=self.directory, env=ENV, stdout=out, stderr=subprocess.STDOUT,
             )
