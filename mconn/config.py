@@ -146,6 +146,10 @@ class Config:
     #: SO_KEEPALIVE with TCP_KEEPIDLE = ping_interval: a second, kernel-side probe of
     #: idle connections where the platform has these options.
     tcp_keepalive: bool = True
+    #: The status page's Prometheus ``/metrics`` adds series labelled by each peer's node
+    #: id (specs/status.md section 4). Off by default: then a node's series do not grow
+    #: with its peers; on, 10,000 peers are 10,000 series per per-peer metric.
+    metrics_per_peer: bool = False
     #: Largest WebSocket message (and frame) accepted from a ws/wss peer, in bytes,
     #: checked from the frame header before its payload is read (specs/websocket.md 4).
     #: 1 MiB: mconn sends messages of at most 64 KiB (so it may not be below that), and
@@ -209,7 +213,7 @@ class Config:
         ):
             raise ValueError(f"Config.resume_grace must be a finite number >= 0, got {self.resume_grace!r}")
         for name in ("tcp_nodelay", "tcp_keepalive", "retry_initial_dial", "ignore_discovered_addresses",
-                     "retain_address_order", "allow_discovered_private"):
+                     "retain_address_order", "allow_discovered_private", "metrics_per_peer"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         if self.tcp_user_timeout is not None:

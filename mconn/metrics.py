@@ -22,8 +22,9 @@ Labels are bounded. ``state``, ``direction``, ``channel`` (this node's own chann
 ``stage`` have fixed value sets; ``reason``, ``error``, ``outcome``, ``result``,
 ``method`` come from mconn's own code (class names, refusal reasons), and each metric
 keeps at most ``MAX_LABEL_VALUES`` of them, counting the rest as ``other``. Node ids of
-peers appear only with ``per_peer`` (``StatusService(..., per_peer_metrics=True)``): a
-node with 10,000 peers then exposes 10,000 series per per-peer metric.
+peers appear only with ``per_peer`` (``Config.metrics_per_peer``, or
+``StatusService(..., per_peer_metrics=True)``): a node with 10,000 peers then exposes
+10,000 series per per-peer metric.
 """
 
 from __future__ import annotations
@@ -130,11 +131,18 @@ class EventTotals:
 class SwitchCollector:
     """A prometheus_client collector reading one Switch at scrape time."""
 
-    def __init__(self, switch, totals: EventTotals, *, per_peer: bool = False) -> None:
+    def __init__(self, switch, totals: EventTotals, *, per_peer: bool | None = None) -> None:
         self.switch = switch
         self.totals = totals
-        #: Series labelled by peer node id (off by default: one series per peer).
-        self.per_peer = bool(per_peer)
+        self._per_peer = per_peer
+
+    @property
+    def per_peer(self) -> bool:
+        """Series labelled by peer node id: the constructor's choice, else
+        ``Config.metrics_per_peer`` as the Switch has it now (off by default)."""
+        if self._per_peer is not None:
+            return bool(self._per_peer)
+        return bool(self.switch.config.metrics_per_peer)
 
     def describe(self):
         return []  # names are not checked against other collectors: the registry is ours alone
@@ -316,11 +324,12 @@ def _bounded(items):
 class SwitchMetrics:
     """The registry of one Switch, and what keeps its totals.
 
-    :param per_peer: add the per-peer series, labelled by the peer's node id (off by
-        default: a node with 10,000 peers would expose 10,000 series per metric).
+    :param per_peer: add the per-peer series, labelled by the peer's node id; None:
+        ``Config.metrics_per_peer`` (off by default: a node with 10,000 peers would
+        expose 10,000 series per metric).
     """
 
-    def __init__(self, switch, *, per_peer: bool = False) -> None:
+    def __init__(self, switch, *, per_peer: bool | None = None) -> None:
         self.switch = switch
         self.totals = EventTotals(switch)
         self.collector = SwitchCollector(switch, self.totals, per_peer=per_peer)

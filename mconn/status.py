@@ -308,13 +308,13 @@ class StatusService(Service):
     :param endpoint: a Twisted server endpoint string; without ``interface=`` it listens
         on 127.0.0.1 (:func:`local_endpoint`).
     :param listen_addresses: a callable returning the node's listen addresses.
-    :param per_peer_metrics: add series labelled by peer node id to ``/metrics`` (off by
-        default: specs/status.md section 4).
+    :param per_peer_metrics: add series labelled by peer node id to ``/metrics``; None:
+        ``Config.metrics_per_peer`` (off by default: specs/status.md section 4).
     """
 
     def __init__(self, switch, endpoint: str = "tcp:0", *, listen_addresses=None,
                  interval: float = SAMPLE_INTERVAL, samples: int = SAMPLES,
-                 per_peer_metrics: bool = False) -> None:
+                 per_peer_metrics: bool | None = None) -> None:
         self.switch = switch
         self.endpoint = local_endpoint(endpoint)
         self.sampler = RateSampler(switch, interval=interval, samples=samples)

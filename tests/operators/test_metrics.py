@@ -203,7 +203,8 @@ def series(samples: dict) -> set:
 @pytest_twisted.ensureDeferred
 async def test_series_do_not_grow_with_peers_and_peer_ids_appear_only_when_asked(switches):
     """With one peer and with four, a's scrape has the same series and no peer's node id in any label;
-    per_peer=True adds one mconn_peer_up series per peer, labelled by its node id."""
+    per_peer=True, or Config.metrics_per_peer, adds one mconn_peer_up series per peer, labelled by
+    its node id."""
     a, ma = switches()
     dialers = [switches()[0] for _ in range(4)]
     port = await a.listen(LOOPBACK)
@@ -219,6 +220,9 @@ async def test_series_do_not_grow_with_peers_and_peer_ids_appear_only_when_asked
     assert not labels & {d.node_id for d in dialers}
     per_peer = SwitchMetrics(a, per_peer=True)
     up = {dict(ls)["peer"] for name, ls in scrape(per_peer) if name == "mconn_peer_up"}
+    assert up == {d.node_id for d in dialers}
+    a.config = a.config.replace(metrics_per_peer=True)  # the Config field, read at scrape time
+    up = {dict(ls)["peer"] for name, ls in scrape(ma) if name == "mconn_peer_up"}
     assert up == {d.node_id for d in dialers}
 
 

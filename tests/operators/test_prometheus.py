@@ -128,12 +128,13 @@ class Prometheus:
 def test_prometheus_scrapes_two_nodes_and_promql_returns_what_they_did(nodes, tmp_path):
     """Prometheus scrapes both nodes' /metrics: both are up, each has one connected peer, the
     dialer sent COUNT messages on 0x40 and the listener received COUNT and COUNT*SIZE payload
-    bytes, each node's peer is in the round-trip histogram, and mconn_node_info names each node's
-    id on its own target."""
+    bytes, each node's peer is in the round-trip histogram, mconn_node_info names each node's
+    id on its own target, and only a (metrics_per_peer in its TOML) has a series labelled by b's id."""
     assert PROMETHEUS.exists(), "make installs Debian's prometheus package"
     # --stats-interval 1: the stats tick pings each new link within a second (a round trip)
     args = ("--reactor", "operators.test_prometheus:Burst", "--status", "tcp:0", "--stats-interval", "1")
-    a = nodes("a").start("--listen", "tcp:0:interface=127.0.0.1", *args)
+    (tmp_path / "a.toml").write_text("metrics_per_peer = true\n")  # a's peers by node id; b keeps the default
+    a = nodes("a").start("--listen", "tcp:0:interface=127.0.0.1", "--config", str(tmp_path / "a.toml"), *args)
     b = nodes("b").start("--listen", "tcp:0:interface=127.0.0.1", "--peer", a.address, *args)
     targets = {node.name: urllib.parse.urlsplit(node.status_url).netloc for node in (a, b)}
     ids = {node.name: node.address.split("@")[0] for node in (a, b)}
@@ -158,5 +159,8 @@ def test_prometheus_scrapes_two_nodes_and_promql_returns_what_they_did(nodes, tm
         assert {r["metric"]["instance"]: r["metric"]["node_id"] for r in names} == {
             targets["a"]: ids["a"], targets["b"]: ids["b"]}
         assert all(r["metric"]["tls"] == "off" for r in names)
+        peers = prometheus.query("mconn_peer_up")
+        assert [(r["metric"]["instance"], r["metric"]["peer"], r["metric"]["state"]) for r in peers] == [
+            (targets["a"], ids["b"], "connected")]
     finally:
         prometheus.stop()
