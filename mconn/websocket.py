@@ -144,6 +144,8 @@ class _Carrier:
                 f"{self._pings} WebSocket pings within {config.ping_interval} s; at most "
                 f"{config.max_pings_per_interval} are answered",
             )
+        else:
+            super().onPing(payload)
 
     # -- failures -----------------------------------------------------------------
 
