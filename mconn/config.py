@@ -150,6 +150,21 @@ class Config:
     #: id (specs/status.md section 4). Off by default: then a node's series do not grow
     #: with its peers; on, 10,000 peers are 10,000 series per per-peer metric.
     metrics_per_peer: bool = False
+    #: What an exception escaping a reactor's ``add_peer`` or ``receive`` (or the
+    #: Deferred ``receive`` returned) does: "drop" ends the session with a ``ReactorError``
+    #: naming the reactor and channel and counts it in ``Switch.reactor_errors``, as
+    #: CometBFT's StopPeerForError does; "log" only logs it and keeps the peer
+    #: (specs/reactor-api.md section 4). "drop" by default: a peer sending garbage goes.
+    reactor_errors: str = "drop"
+    #: Bytes of whole messages one peer may have waiting for a busy channel (one whose
+    #: reactor's ``receive`` returned a Deferred that has not fired) before reading from
+    #: that peer stops, down to TCP (specs/reactor-api.md section 4.1). 1 MiB: a few
+    #: hundred typical consensus or mempool messages, small beside recovery_buffer_bytes.
+    reactor_backlog_bytes: int = 1 << 20
+    #: Node ids whose sessions bypass max_inbound_peers and max_outbound_peers (CometBFT's
+    #: unconditional_peer_ids), e.g. a validator's sentries. Empty by default: limits
+    #: apply to everyone. ``Switch.dial(..., unconditional=True)`` adds one.
+    unconditional_peers: frozenset = frozenset()
     #: Largest WebSocket message (and frame) accepted from a ws/wss peer, in bytes,
     #: checked from the frame header before its payload is read (specs/websocket.md 4).
     #: 1 MiB: mconn sends messages of at most 64 KiB (so it may not be below that), and
@@ -178,8 +193,14 @@ class Config:
     #: must name the host dialed). None: the system's trusted roots.
     wss_ca_file: str | None = None
 
-
     def __post_init__(self) -> None:
+        if self.reactor_errors not in ("drop", "log"):
+            raise ValueError(f"Config.reactor_errors must be 'drop' or 'log', got {self.reactor_errors!r}")
+        if isinstance(self.unconditional_peers, str) or not all(
+            isinstance(n, str) for n in self.unconditional_peers
+        ):
+            raise ValueError(f"Config.unconditional_peers must be node ids, got {self.unconditional_peers!r}")
+        object.__setattr__(self, "unconditional_peers", frozenset(self.unconditional_peers))
         for name in (
             "ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout", "close_linger",
             "ack_interval", "max_reconnect_delay", "duplicate_probe_timeout",
@@ -206,6 +227,7 @@ class Config:
         _check_int("max_suspended_bytes", self.max_suspended_bytes, 0)
         _check_int("ack_every_messages", self.ack_every_messages, 1)
         _check_int("ack_every_bytes", self.ack_every_bytes, 1)
+        _check_int("reactor_backlog_bytes", self.reactor_backlog_bytes, 1)
         if self.max_reconnects is not None:
             _check_int("max_reconnects", self.max_reconnects, 0)
         if isinstance(self.resume_grace, bool) or not isinstance(self.resume_grace, (int, float)) or not (

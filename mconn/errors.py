@@ -171,6 +171,29 @@ class ConnectionClosed(MConnError):
         self.text = text
 
 
+class ReactorError(ConnectionClosed):
+    """This node dropped the peer for an error seen by a reactor: an exception escaped
+    its ``add_peer`` or ``receive`` (or the Deferred ``receive`` returned failed) under
+    ``Config.reactor_errors = "drop"``, or the reactor called ``peer.stop_for_error``
+    (CometBFT's StopPeerForError). The close packet's code is ``reactor_error``.
+
+    :param reactor: the reactor's name (``Reactor.name``), or None if not known.
+    :param channel_id: the channel the message came on, or None (``add_peer``).
+    :param error: the exception, or any reason given to ``stop_for_error``.
+    """
+
+    def __init__(self, reactor: str | None, channel_id: int | None, error, *, method: str = "receive") -> None:
+        where = f"reactor {reactor}" if reactor is not None else "a reactor"
+        if channel_id is not None:
+            where += f" on channel {channel_id:#04x}"
+        what = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+        super().__init__("reactor_error", f"{where} ({method}) failed: {what}")
+        self.reactor = reactor
+        self.channel_id = channel_id
+        self.method = method
+        self.error = error
+
+
 class SessionExpired(MConnError):
     """A suspended session was not resumed within ``resume_grace``."""
 

@@ -24,7 +24,7 @@ import dataclasses
 from twisted.internet import defer
 
 from mconn.connection import State
-from mconn.errors import ConnectionClosed, DeliveryNotConfirmed
+from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, ReactorError
 from mconn.session_table import PeerState
 from mconn.wire import ChannelInfo, Hello
 
@@ -136,6 +136,15 @@ class Peer:
         self._held: dict[int, int] = {}  # accepted while suspended, per channel
         self._confirms: dict[int, collections.deque] = {}
         self._ack_timer = None
+        #: Data the node's reactors share about this peer (CometBFT's peer.Set / Get).
+        self.data: dict = {}
+        #: Busy channels (their reactor's receive returned a Deferred not yet fired), each
+        #: with the messages read since, waiting in order (specs/reactor-api.md 4.1).
+        self._busy: dict[int, collections.deque] = {}
+        self._backlog_bytes = 0
+        #: While ``close(flush=True)`` waits for the peer's acks: its timeout, else None.
+        self._flush_timer = None
+        self._flush_reason = ""
 
     def __repr__(self) -> str:
         direction = "outbound" if self.is_outbound else "inbound"
@@ -163,7 +172,7 @@ class Peer:
 
     def _accepts(self, channel_id: int, message) -> bool:
         """False for channels either side lacks; ValueError for oversized messages."""
-        if self._closing():
+        if self._closing() or self._flush_timer is not None:
             return False
         limit = self._limits.get(channel_id)
         if limit is None:
@@ -312,12 +321,61 @@ class Peer:
     # -- receiving (called by the protocol) ------------------------------------------
 
     def _deliver(self, channel_id: int, message: bytes) -> None:
-        """Hand a whole message to its reactor, count it, and acknowledge when due."""
-        self._route(channel_id, self, message)
+        """Hand a whole message to its reactor, count it, and acknowledge when due; on a
+        busy channel, hold it until the reactor's Deferred fires (specs/reactor-api.md 4.1)."""
+        if self._busy and channel_id in self._busy:
+            self._hold(channel_id, message)
+            return
+        pending = self._hand(channel_id, message)
+        if pending is not None:
+            self._busy[channel_id] = collections.deque()
+            pending.addBoth(self._receive_done, channel_id)
+
+    def _hand(self, channel_id: int, message: bytes):
+        """Route one message, count it delivered: the reactor has it (specs/resume.md 2.3).
+        Returns the Deferred its ``receive`` returned, if that has not fired yet."""
+        pending = self._route(channel_id, self, message)
         if self.session.record_delivered(channel_id, len(message)):
             self._send_ack()
         elif self._ack_timer is None:
             self._ack_timer = self._clock.callLater(self._config.ack_interval, self._send_ack)
+        return pending
+
+    def _hold(self, channel_id: int, message: bytes) -> None:
+        """Keep a message for a busy channel; past ``reactor_backlog_bytes`` stop reading.
+        It is not counted delivered (nor acknowledged) until its reactor has it."""
+        self._busy[channel_id].append(message)
+        self._backlog_bytes += len(message)
+        if self._backlog_bytes > self._config.reactor_backlog_bytes and self._protocol is not None:
+            self._protocol.stop_reading()
+
+    def _receive_done(self, _, channel_id: int) -> None:
+        """The reactor's Deferred fired: the channel's held messages go on, in order,
+        until one makes it busy again; reading resumes once the backlog is small."""
+        backlog = self._busy.get(channel_id)
+        if backlog is None:
+            return  # the session ended meanwhile
+        while backlog:
+            protocol = self._protocol
+            if protocol is None or protocol.end_reason is not None:
+                break  # not delivered: resent on a resume, or counted undelivered by the peer
+            message = backlog.popleft()
+            self._backlog_bytes -= len(message)
+            pending = self._hand(channel_id, message)
+            if pending is not None:
+                pending.addBoth(self._receive_done, channel_id)
+                return  # busy again, with what is still held
+        self._backlog_bytes -= sum(map(len, backlog))
+        del self._busy[channel_id]
+        if self._protocol is not None and self._backlog_bytes <= self._config.reactor_backlog_bytes:
+            self._protocol.resume_reading()
+
+    def _drop_backlog(self) -> None:
+        """The transport is gone: held messages were never counted delivered, so the peer
+        re-sends them on a resume; the channels stay busy until their Deferreds fire."""
+        for backlog in self._busy.values():
+            backlog.clear()
+        self._backlog_bytes = 0
 
     def _cancel_ack_timer(self) -> None:
         if self._ack_timer is not None and self._ack_timer.active():
@@ -336,6 +394,8 @@ class Peer:
             self._confirm_up_to(channel_id, acked)
         if self._waiting and self.state is CONNECTED:
             self._protocol.pump()  # room in the recovery buffer: waiting sends may go
+        if self._flush_timer is not None:
+            self._check_flushed()
 
     def _confirm_up_to(self, channel_id: int, acked: int) -> None:
         """Fire the send_confirmed Deferreds of messages before sequence ``acked``."""
@@ -353,6 +413,7 @@ class Peer:
         self.disconnects += 1
         self._held = {}
         self._cancel_ack_timer()
+        self._drop_backlog()
 
     def _attach(self, protocol, resend: dict[int, list[bytes]]) -> None:
         """A new transport carries the session on: re-send what the peer lacks
@@ -378,6 +439,9 @@ class Peer:
         self._queues = None
         self._core = None
         self._cancel_ack_timer()
+        self._drop_backlog()
+        self._busy = {}
+        self._cancel_flush()
         for waiting in self._waiting.values():
             while waiting:
                 _, d, timer, _ = waiting.popleft()
@@ -388,12 +452,61 @@ class Peer:
                 sequence, d = confirms.popleft()
                 d.errback(DeliveryNotConfirmed(channel_id, sequence, reason))
 
-    def close(self, reason=None) -> None:
+    def close(self, reason=None, *, flush: bool = False) -> None:
         """End the session with a close packet; the reactors get ``remove_peer``.
 
-        The other side ends the session at once, without a grace window.
+        The other side ends the session at once, without a grace window. With
+        ``flush=True`` nothing new is accepted, and the close waits (up to
+        ``Config.send_timeout``) until every message accepted so far, and every waiting
+        ``send``, is sent and confirmed delivered: the reason's ``undelivered`` is then
+        empty, or counts exactly those the timeout cut off (specs/reactor-api.md 5.4).
         """
-        self._sessions.close(self, ConnectionClosed("closed", "" if reason is None else str(reason)))
+        text = "" if reason is None else str(reason)
+        if not flush or self.state is CLOSED or self._closing():
+            self._cancel_flush()
+            self._sessions.close(self, ConnectionClosed("closed", text))
+            return
+        if self._flush_timer is None:
+            self._flush_reason = text
+            self._flush_timer = self._clock.callLater(self._config.send_timeout, self._flushed)
+        self._check_flushed()
+
+    def _check_flushed(self) -> None:
+        if self._flush_timer is not None and not self._waiting and not self.session.undelivered():
+            self._flushed()
+
+    def _flushed(self) -> None:
+        """Everything was confirmed, or send_timeout passed: close now."""
+        self._cancel_flush()
+        if self.state is not CLOSED:
+            self._sessions.close(self, ConnectionClosed("closed", self._flush_reason))
+
+    def _cancel_flush(self) -> None:
+        timer, self._flush_timer = self._flush_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def stop_for_error(self, reason) -> None:
+        """Drop the peer for misbehaving (CometBFT's StopPeerForError): like ``close``,
+        but the reason reactors get in ``remove_peer`` is a ``ReactorError`` (code
+        ``reactor_error``) carrying ``reason``; a ReactorError is used as it is."""
+        if not isinstance(reason, ReactorError):
+            reason = ReactorError(None, None, reason, method="stop_for_error")
+        self._cancel_flush()
+        self._sessions.close(self, reason)
+
+    def get(self, key, default=None):
+        """``peer.data.get(key, default)`` (CometBFT's peer.Get)."""
+        return self.data.get(key, default)
+
+    def set(self, key, value) -> None:
+        """``peer.data[key] = value`` (CometBFT's peer.Set): shared by every reactor."""
+        self.data[key] = value
+
+    @property
+    def is_persistent(self) -> bool:
+        """Whether this node keeps the peer connected (``dial(..., persistent=True)``)."""
+        return self._sessions.is_persistent(self.node_id)
 
     def force_reconnect(self) -> None:
         """Drop the transport and resume the session on a new one (outbound sessions)."""

@@ -105,6 +105,10 @@ class PersistentDialing:
         redial = self.redials.get(node_id)
         return redial.dialer.pool if redial is not None else None
 
+    def is_persistent(self, node_id: str) -> bool:
+        redial = self.redials.get(node_id)
+        return redial is not None and redial.persistent
+
     def knows(self, node_id: str) -> bool:
         return node_id in self.redials
 

@@ -77,6 +77,9 @@ class MConnectionProtocol(Protocol):
         if not context.is_outbound:
             self.handshake.addErrback(lambda failure: None)  # nobody waits on inbound ones
         self._paused = False
+        #: Reading stopped because the peer's messages for busy reactors passed
+        #: ``Config.reactor_backlog_bytes`` (Peer._hold; specs/reactor-api.md 4.1).
+        self._backlogged = False
         #: Sizes the writes while ``_pause_after_write`` (set in connectionMade).
         self._ahead = WriteAhead(owner.config.write_ahead_time or 1.0, owner.config.write_batch_bytes)
         self._pause_after_write = False
@@ -227,8 +230,23 @@ class MConnectionProtocol(Protocol):
         self._paused = True
 
     def _resume_reading(self) -> None:
-        if self.transport is not None and self.core.state is State.OPEN and self._held is None:
+        if self.transport is not None and self.core.state is State.OPEN and self._held is None and not self._backlogged:
             self.transport.resumeProducing()
+
+    def stop_reading(self) -> None:
+        """Read nothing more until ``resume_reading``: busy reactors hold too much of
+        this peer's messages (TCP's window then slows the peer down)."""
+        if not self._backlogged and self.transport is not None:
+            self._backlogged = True
+            self.transport.pauseProducing()
+
+    def resume_reading(self) -> None:
+        """The busy reactors' backlog drained: read again (unless the receive rate limit
+        or a pending decision holds reading, which resume it themselves)."""
+        if self._backlogged:
+            self._backlogged = False
+            if self.core.receive_ready_at(self._clock.seconds()) <= self._clock.seconds():
+                self._resume_reading()
 
     # -- sending -------------------------------------------------------------------
 
@@ -370,7 +388,8 @@ class MConnectionProtocol(Protocol):
         held, self._held = self._held or [], None
         if self.end_reason is not None or self.transport is None:
             return
-        self.transport.resumeProducing()
+        if not self._backlogged:
+            self.transport.resumeProducing()
         for index, event in enumerate(held):
             if self._held is not None:  # an event started another pending decision
                 self._held.extend(held[index:])

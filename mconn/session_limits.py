@@ -73,6 +73,8 @@ class SessionLimits:
         sessions = self.sessions
         if not outbound and proto.ip_key is not None:
             self._room_for_address(proto.ip_key)
+        if proto.hello is not None and proto.hello.node_id in sessions.config.unconditional_peers:
+            return  # unconditional peers bypass the peer limits (Config.unconditional_peers)
         count = self.per_direction[outbound]
         limit = sessions.config.max_inbound_peers
         if not outbound and count >= limit:

@@ -456,6 +456,10 @@ class SessionManager:
         else:
             self.apply(peer, I.PEER_CLOSE, reason)
 
+    def is_persistent(self, node_id: str) -> bool:
+        """``Peer.is_persistent``: this node keeps ``node_id`` connected."""
+        return self._dialing.is_persistent(node_id)
+
     def redial_failed(self, node_id: str | None) -> None:
         """A re-dial attempt failed before a transport was up."""
         peer = self.peers.get(node_id) if node_id is not None else None

@@ -237,6 +237,11 @@ class PexReactor(Reactor):
         if peer.is_outbound and self._needs_addresses():
             self._request(self._peers[peer.node_id])
 
+    def mark_good(self, peer) -> None:
+        """``switch.mark_good(peer)``: another reactor vouches for it; its address moves
+        to the book's tried table (CometBFT's MarkGood)."""
+        self._book.mark_good(peer.node_id, self.switch.clock.seconds(), connected=self.switch.peers)
+
     def remove_peer(self, peer, reason) -> None:
         state = self._peers.get(peer.node_id)
         if state is not None and state.peer is peer:

@@ -16,7 +16,7 @@ import secrets
 from twisted.internet import defer
 
 from mconn.channel import ChannelDescriptor
-from mconn.errors import ConnectionClosed
+from mconn.errors import ConnectionClosed, ReactorError
 from mconn.session_table import PeerState
 from mconn.wire import ChannelInfo
 
@@ -49,9 +49,13 @@ class FakePeer:
         is_outbound: bool = False,
         remote_address: str = "127.0.0.1:26656",
         listen_address: str = "",
+        is_persistent: bool = False,
     ) -> None:
         self.node_id = node_id if node_id is not None else secrets.token_hex(20)
         self.is_outbound = is_outbound
+        self.is_persistent = is_persistent
+        #: Data reactors share about the peer (as ``Peer.data``; ``get`` / ``set``).
+        self.data: dict = {}
         self.remote_address = remote_address
         self.listen_address = listen_address
         #: Channels the peer announced, by id (None: any channel is accepted).
@@ -110,8 +114,26 @@ class FakePeer:
         """Like ``try_send``, as a Deferred that has already fired."""
         return defer.succeed(self.try_send(channel_id, message))
 
-    def close(self, reason=None) -> None:
-        """Mark the peer closed; later sends return False."""
+    def close(self, reason=None, *, flush: bool = False) -> None:
+        """Mark the peer closed; later sends return False. (Every recorded message
+        counts as delivered, so ``flush`` changes nothing here.)"""
         if self.state is PeerState.CONNECTED:
             self.state = PeerState.CLOSED
             self.close_reason = ConnectionClosed("closed", "" if reason is None else str(reason))
+
+    def stop_for_error(self, reason) -> None:
+        """Mark the peer closed with a ``ReactorError`` carrying ``reason`` (as
+        ``Peer.stop_for_error``); ``close_reason`` is that ReactorError."""
+        if self.state is PeerState.CONNECTED:
+            self.state = PeerState.CLOSED
+            if not isinstance(reason, ReactorError):
+                reason = ReactorError(None, None, reason, method="stop_for_error")
+            self.close_reason = reason
+
+    def get(self, key, default=None):
+        """``data.get(key, default)``."""
+        return self.data.get(key, default)
+
+    def set(self, key, value) -> None:
+        """``data[key] = value``."""
+        self.data[key] = value

@@ -399,11 +399,12 @@ class Exploding(RecordingReactor):
 
 
 def test_a_raising_reactor_does_not_kill_the_node(network, telemetry):
-    """Exceptions from add_peer, receive and remove_peer are logged as reactor_error; the
-    connection, the other reactors and later messages carry on."""
+    """Under Config.reactor_errors "log", exceptions from add_peer, receive and remove_peer
+    are logged as reactor_error; the connection, the other reactors and later messages
+    carry on (the default, "drop", is tests/integration/test_reactor_policy.py's)."""
     bad = Exploding(BLOCKS, {"add_peer", "receive", "remove_peer"})
     good = RecordingReactor(VOTES)
-    b = network.switch([bad, good])
+    b = network.switch([bad, good], config=Config(reactor_errors="log"))
     a = Node(network)
     link = network.connect(a.switch, b)
     sender = link.peer_of(a.switch)
