@@ -13,10 +13,12 @@ from mconn.errors import (
     CertificateMismatch,
     ConnectionClosed,
     ConnectionLost,
+    DecodeError,
     DeliveryNotConfirmed,
     DialGaveUp,
     HandshakeError,
     HandshakeTimeout,
+    IncompatibleNode,
     IncompatiblePeer,
     LocalProtocolError,
     MalformedPacket,
@@ -38,6 +40,7 @@ from mconn.errors import (
     UnknownChannel,
     UnknownPacketType,
 )
+from mconn.node_info import NodeInfo, ProtocolVersion
 from mconn.node_key import NodeKey
 from mconn.reactor import Reactor
 from mconn.session_table import PeerState
@@ -61,6 +64,8 @@ __all__ = [
     "ChannelDescriptor",
     "Config",
     "NodeKey",
+    "NodeInfo",
+    "ProtocolVersion",
     "Peer",
     "PeerState",
     "Reactor",
@@ -75,11 +80,13 @@ __all__ = [
     "PacketTooLarge",
     "UnexpectedPacket",
     "UnknownChannel",
+    "DecodeError",
     "MessageTooLarge",
     "AckError",
     "HandshakeError",
     "HandshakeTimeout",
     "IncompatiblePeer",
+    "IncompatibleNode",
     "PongTimeout",
     "ControlFlood",
     "PeerRejected",

@@ -31,6 +31,7 @@ import io
 import dataclasses
 import math
 
+from mconn.codec import codec_for
 from mconn.errors import MessageTooLarge
 
 #: Time constant of the recently_sent decay, in seconds: 0.8 per 2 s on average.
@@ -50,12 +51,18 @@ class ChannelDescriptor:
     :param send_queue_capacity: whole messages queued per peer before ``try_send``
         returns False (the one being sent is not counted).
     :param recv_message_capacity: the largest reassembled message accepted.
+    :param message_type: a protobuf message class (typed messages, ``mconn.codec``):
+        ``receive`` gets decoded objects and ``send`` encodes them. None: raw bytes.
+    :param codec: any object with ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``,
+        instead of protobuf's; once built, ``codec`` is the channel's codec or None.
     """
 
     id: int
     priority: int = 1
     send_queue_capacity: int = 1
     recv_message_capacity: int = DEFAULT_RECV_MESSAGE_CAPACITY
+    message_type: type | None = None
+    codec: object = None
 
     def __post_init__(self) -> None:
         if not _is_int(self.id) or not 0 <= self.id <= 255:
@@ -72,6 +79,7 @@ class ChannelDescriptor:
                 f"channel {self.id:#04x}: recv_message_capacity must be an integer >= 0, "
                 f"got {self.recv_message_capacity!r}"
             )
+        object.__setattr__(self, "codec", codec_for(self.id, self.message_type, self.codec))
 
 
 def _is_int(value) -> bool:

@@ -17,6 +17,7 @@ from mconn import telemetry
 from mconn.connection import Connection
 from mconn.errors import PeerIdMismatch, PeerRejected
 from mconn.handshake import make_hello
+from mconn.node_info import check_compatible, node_info_of
 from mconn.owner import IConnectionOwner
 from mconn.wire import HelloTag, encode_session_request
 
@@ -29,8 +30,12 @@ class ConnectionSet:
     :param sessions: the ``SessionManager`` (set once it exists).
     """
 
-    def __init__(self, *, node_id, clock, config, channels, tls, admission, authorizer, listen_address) -> None:
+    def __init__(
+        self, *, node_id, clock, config, channels, tls, admission, authorizer, listen_address, node_info=None
+    ) -> None:
         self.node_id = node_id
+        #: Our NodeInfo (``mconn.node_info``), announced in every hello, or None.
+        self.node_info = node_info
         self.clock = clock
         self.config = config
         self.channels = channels
@@ -91,6 +96,7 @@ class ConnectionSet:
             max_packet_payload=self.config.max_packet_payload,
             listen_address=self.listen_address(),
             fields=fields,
+            node_info=self.node_info,
         )
         return Connection(config=self.config, hello=hello, channels=self.channels, now=now), request
 
@@ -118,6 +124,10 @@ class ConnectionSet:
             certificate = self.tls.peer_certificate(protocol.transport, hello.node_id, inbound=not context.is_outbound)
         if context.expected_node_id is not None and context.expected_node_id != hello.node_id:
             raise PeerIdMismatch(context.expected_node_id, hello.node_id)
+        check_compatible(  # specs/handshake.md section 6.2
+            self.node_info, (c.id for c in self.channels), node_info_of(hello), (c.id for c in hello.channels),
+            peer_id=hello.node_id,
+        )
         telemetry.emit(
             "handshake_done",
             node_id=self.node_id,

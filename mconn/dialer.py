@@ -50,6 +50,7 @@ from twisted.logger import Logger
 
 from mconn.address import PeerAddress, parse_address
 from mconn.errors import AuthenticationError, PeerClosed, PeerIdMismatch, PeerRejected
+from mconn.node_info import REFUSALS as INCOMPATIBLE_NODE
 
 log = Logger(namespace="mconn.dialer")
 
@@ -106,6 +107,9 @@ NOT_RETRIED: tuple[type[BaseException], ...] = (PeerIdMismatch, AuthenticationEr
 #: ``PeerRejected.reason`` / ``PeerClosed.code`` values that ban an address (``self``:
 #: it leads back to this node).
 NOT_RETRIED_REASONS = frozenset({"unauthorized", "id_mismatch", "self"})
+#: A node the compatibility rule refused (another network, block version, no common
+#: channel, no node info: specs/handshake.md section 6.2) stays refused.
+NOT_RETRIED_REASONS |= INCOMPATIBLE_NODE
 
 
 def is_not_retried(error: BaseException) -> bool:

@@ -95,6 +95,19 @@ class ControlFlood(RemoteProtocolError):
     ``max_control_backlog`` of our answers pile up unread."""
 
 
+class DecodeError(RemoteProtocolError):
+    """A message on a typed channel did not decode with the channel's codec
+    (specs/reactor-api.md section 9): the peer sent bytes its channel does not allow."""
+
+    def __init__(self, channel_id: int, codec, size: int, error: Exception) -> None:
+        super().__init__(
+            f"message of {size} bytes on channel {channel_id:#04x} does not decode with {codec!r}: "
+            f"{type(error).__name__}: {error}"
+        )
+        self.channel_id = channel_id
+        self.codec = codec
+
+
 class PeerRejected(MConnError):
     """The Switch refused a peer (duplicate, self, limits, id mismatch).
 
@@ -142,6 +155,13 @@ class CertificateMismatch(PeerIdMismatch):
         )
         self.expected = certificate_id
         self.actual = hello_id
+
+
+class IncompatibleNode(PeerRejected):
+    """The peer's node info fails the compatibility rule (specs/handshake.md section 6.2):
+    another network (``network_mismatch``), another block protocol version
+    (``version_mismatch``), no channel in common (``no_common_channel``), or no node info
+    where ours requires it (``node_info_missing``). Dialing it again is pointless."""
 
 
 class PeerClosed(MConnError):

@@ -3,13 +3,15 @@
 specs/handshake.md is the prose form. Each side sends its hello as its first packet,
 without waiting for the other's; the connection opens when the peer's hello arrives and
 passes ``check_hello``. Who the peer is allowed to be (duplicates, self, limits, the id
-that was dialed) is the Switch's decision, made on the HelloReceived event.
+that was dialed, the node info's compatibility rule of ``mconn.node_info``) is the
+Switch's decision, made on the HelloReceived event.
 """
 
 from __future__ import annotations
 
 from mconn.channel import ChannelDescriptor
 from mconn.errors import IncompatiblePeer
+from mconn.node_info import NodeInfo, node_info_field, node_info_of
 from mconn.wire import PROTOCOL_VERSION, ChannelInfo, Hello
 
 
@@ -20,8 +22,12 @@ def make_hello(
     max_packet_payload: int,
     listen_address: str = "",
     fields: tuple[tuple[int, bytes], ...] = (),
+    node_info: NodeInfo | None = None,
 ) -> Hello:
-    """Our hello: the protocol version, who we are and the channels we offer."""
+    """Our hello: the protocol version, who we are and the channels we offer; with
+    ``node_info``, its field follows ``fields`` (specs/handshake.md section 6)."""
+    if node_info is not None:
+        fields = (*fields, node_info_field(node_info))
     return Hello(
         version=PROTOCOL_VERSION,
         node_id=node_id,
@@ -39,9 +45,14 @@ def check_hello(ours: Hello, theirs: Hello) -> int:
     """Raise IncompatiblePeer if ``theirs`` cannot work with ``ours``.
 
     Returns the negotiated max_packet_payload: the smaller of the two.
+
+    :raises MalformedPacket: if their node info field does not decode (specs/handshake.md
+        section 6.1): the connection fails like on any malformed packet. Whether the node
+        info is compatible is the Switch's decision (``node_info.check_compatible``).
     """
     if theirs.version != ours.version:
         raise IncompatiblePeer(
             f"peer {theirs.node_id} speaks protocol version {theirs.version}; we speak {ours.version}"
         )
+    node_info_of(theirs)
     return min(ours.max_packet_payload, theirs.max_packet_payload)

@@ -23,8 +23,10 @@ import dataclasses
 
 from twisted.internet import defer
 
+from mconn.codec import encode_message
 from mconn.connection import State
 from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, ReactorError
+from mconn.node_info import node_info_of
 from mconn.session_table import PeerState
 from mconn.wire import ChannelInfo, Hello
 
@@ -99,6 +101,9 @@ class Peer:
         self.address = address
         #: Channels the peer announced when the session started, by id.
         self.channels: dict[int, ChannelInfo] = {c.id: c for c in hello.channels}
+        #: What the peer said it is (a ``mconn.NodeInfo``: network, protocol versions,
+        #: moniker, other), or None if its hello carried none (specs/handshake.md 6).
+        self.node_info = node_info_of(hello)
         self.state: PeerState = CONNECTED
         #: The node id is proven by a TLS certificate (not merely claimed in the hello);
         #: only a connection proving it too may resume, probe for or replace the session.
@@ -119,6 +124,8 @@ class Peer:
         self._config = sessions.config
         self._capacity = {d.id: d.send_queue_capacity for d in sessions.channels}
         self._recv_capacity = {d.id: d.recv_message_capacity for d in sessions.channels}
+        #: Typed channels (mconn.codec): channel id -> (codec, message_type).
+        self._codecs = {d.id: (d.codec, d.message_type) for d in sessions.channels if d.codec is not None}
         #: Per channel both sides have: the largest message it accepts (the smaller
         #: recv_message_capacity). Channels outside it are refused.
         self._limits = {
@@ -211,7 +218,7 @@ class Peer:
     def try_send(self, channel_id: int, message: bytes) -> bool:
         """Queue ``message`` now if there is room; True if it was accepted."""
         if type(message) is not bytes:
-            message = _as_bytes(message)
+            message = self._bytes_of(channel_id, message)
         if not self._accepts(channel_id, message) or self._waiting.get(channel_id):
             return False
         if self._accept(channel_id, message) is None:
@@ -230,7 +237,7 @@ class Peer:
         accepted = pending = 0
         for message in messages:
             if type(message) is not bytes:
-                message = _as_bytes(message)
+                message = self._bytes_of(channel_id, message)
             if not self._accepts(channel_id, message) or self._waiting.get(channel_id):
                 break
             if self._accept(channel_id, message) is None:
@@ -252,7 +259,7 @@ class Peer:
         :returns: a Deferred that fires True once the message is accepted, False if no
             room came within ``send_timeout`` or the session ended.
         """
-        return self._send(channel_id, _as_bytes(message), confirm=False)
+        return self._send(channel_id, self._bytes_of(channel_id, message), confirm=False)
 
     def send_confirmed(self, channel_id: int, message: bytes) -> defer.Deferred:
         """Send, and fire once the peer has delivered the message to its reactor.
@@ -261,7 +268,7 @@ class Peer:
             even be accepted (as ``send``), or failing with DeliveryNotConfirmed if the
             session ends first.
         """
-        return self._send(channel_id, _as_bytes(message), confirm=True)
+        return self._send(channel_id, self._bytes_of(channel_id, message), confirm=True)
 
     def _send(self, channel_id: int, message: bytes, *, confirm: bool) -> defer.Deferred:
         if not self._accepts(channel_id, message):
@@ -277,6 +284,14 @@ class Peer:
         entry[2] = self._clock.callLater(self._config.send_timeout, self._send_timed_out, channel_id, entry)
         self._waiting.setdefault(channel_id, collections.deque()).append(entry)
         return d
+
+    def _bytes_of(self, channel_id: int, message) -> bytes:
+        """The bytes to send: a typed channel's objects encoded (mconn.codec), bytes as
+        they are. :raises TypeError: for an object a raw channel cannot carry."""
+        typed = self._codecs.get(channel_id)
+        if typed is None:
+            return _as_bytes(message)
+        return encode_message(typed[0], typed[1], channel_id, message)
 
     def _confirmation(self, channel_id: int, sequence: int) -> defer.Deferred:
         d = defer.Deferred()

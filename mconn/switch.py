@@ -30,10 +30,12 @@ from mconn import telemetry
 from mconn.address import PeerAddress, parse_address
 from mconn.admission import Admission
 from mconn.authorize import Authorizer
+from mconn.codec import typed_receiver
 from mconn.config import Config
 from mconn.connections import ConnectionSet
 from mconn.dialer import default_reconnect_delay
 from mconn.errors import ConnectionClosed, PeerRejected, ReactorError
+from mconn.node_info import NodeInfo
 from mconn.node_key import NodeKey
 from mconn.persistent import PersistentDialing
 from mconn.protocol import IConnectionOwner, MConnectionFactory
@@ -66,6 +68,9 @@ class Switch(Service):
     :param authorize: ``authorize(node_id, address, certificate) -> bool | Deferred[bool]``,
         asked once the node id is proven and before ``add_peer`` or a resume, inbound and
         outbound (specs/tls.md section 6).
+    :param node_info: a ``mconn.NodeInfo`` (network, protocol versions, moniker, other),
+        announced in every hello; every peer must then send a compatible one
+        (specs/handshake.md section 6). None: nothing announced, nothing required.
     """
 
     def __init__(
@@ -80,7 +85,10 @@ class Switch(Service):
         tls=None,
         allowed_peers=(),
         authorize=None,
+        node_info: NodeInfo | None = None,
     ) -> None:
+        if node_info is not None and not isinstance(node_info, NodeInfo):
+            raise TypeError(f"node_info must be a mconn.NodeInfo or None, got {type(node_info).__name__}")
         if clock is None:
             from twisted.internet import reactor as clock
         self.clock = clock
@@ -107,6 +115,9 @@ class Switch(Service):
             reactor.switch = self
         #: channel id -> the owning reactor's bound ``receive`` (the routing hot path).
         self._receivers = {ch: reactor.receive for ch, reactor in self._reactor_by_channel.items()}
+        for desc in self.channels:  # a typed channel decodes before receive (mconn.codec)
+            if desc.codec is not None:
+                self._receivers[desc.id] = typed_receiver(self._receivers[desc.id], desc.codec, self._decode_failed)
         #: Whether ``start_reactor`` ran (it runs once, before the first add_peer).
         self._reactors_started = False
         #: Exceptions that escaped reactors (and failed receive Deferreds), by reactor name.
@@ -129,7 +140,7 @@ class Switch(Service):
         )
         self._connections = ConnectionSet(
             node_id=node_id, clock=clock, config=config, channels=self.channels, tls=tls, admission=self._admission,
-            authorizer=self._authorizer, listen_address=lambda: self.listen_address,
+            authorizer=self._authorizer, listen_address=lambda: self.listen_address, node_info=node_info,
         )
         self._dialing = PersistentDialing(
             node_id=node_id, clock=clock, config=config, connect=self._connect,
@@ -191,6 +202,11 @@ class Switch(Service):
     def node_counters(self) -> dict[str, dict[str, int]]:
         """node id -> counters that outlive sessions (PeerStats, status page)."""
         return self._sessions.node_counters
+
+    @property
+    def node_info(self) -> NodeInfo | None:
+        """The NodeInfo this node announces and requires compatibility with, or None."""
+        return self._connections.node_info
 
     @property
     def refusals(self) -> dict[str, int]:
@@ -442,6 +458,16 @@ class Switch(Service):
                 hook(peer)
 
     # -- routing and reactors --------------------------------------------------------
+
+    def _decode_failed(self, peer, error) -> None:
+        """A message on a typed channel did not decode (a ``DecodeError``): the sender
+        broke its channel's contract and is dropped like a malformed packet (a
+        protocol_error, close code ``DecodeError``; specs/reactor-api.md section 9)."""
+        protocol = peer._protocol
+        if protocol is not None and protocol.end_reason is None:
+            protocol.fail(error)
+        else:
+            peer.close(error)
 
     def _route(self, channel_id: int, peer, message: bytes):
         """Hand a message to its reactor. Returns the Deferred its ``receive`` returned

@@ -69,6 +69,8 @@ class HelloTag(enum.IntEnum):
 
     #: The dialer's session request (specs/resume.md section 2).
     SESSION = 0x01
+    #: The node info: network, protocol versions, moniker, other (specs/handshake.md section 6).
+    NODE_INFO = 0x02
 
 
 SESSION_ID_BYTES = 16
@@ -196,6 +198,21 @@ SessionRequestBody = Struct(
     "session_id" / Bytes(SESSION_ID_BYTES),
     "resume" / _BoolByte(OneOf(Int8ub, [0, 1])),
     "delivered" / Counts,
+    Terminated,
+)
+
+# Hello field NODE_INFO (specs/handshake.md section 6; limits in mconn/node_info.py):
+#   uvarint p2p | uvarint block | uvarint app        the protocol versions
+#   String network | String version | String moniker
+#   uvarint n_other | n_other x (String key | String value)
+NodeInfoBody = Struct(
+    "p2p" / uvarint,
+    "block" / uvarint,
+    "app" / uvarint,
+    "network" / String,
+    "version" / String,
+    "moniker" / String,
+    "other" / PrefixedArray(uvarint, Struct("key" / String, "value" / String)),
     Terminated,
 )
 
