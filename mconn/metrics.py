@@ -110,7 +110,7 @@ class EventTotals:
             self._ended_connection(event)
         elif kind == "session_resumed":
             self.messages_resent += int(event.get("resent", 0))
-        elif kind == "session_ended" and value == "SessionExpired":
+        elif kind == "session_ended" and event.get("reason_type") == "SessionExpired":
             self.grace_expiries += 1
 
     def _ended_connection(self, event: dict) -> None:
@@ -167,52 +167,20 @@ class SwitchCollector:
 
     def _connections(self):
         """Live connections: counts, wire and channel counters (plus those that ended), queues."""
-        totals, switch = self.totals, self.switch
-        ids = [d.id for d in switch.channels]
-        channels = {c: [0, 0, 0, 0, 0] for c in ids}  # the four counters, then the queue depth
-        for c, ended in totals.channels.items():
-            channels[c][:4] = ended
-        sent, received = totals.bytes_sent, totals.bytes_received
-        live = {(d, s): 0 for d in DIRECTIONS for s in ("handshaking", "established")}
-        for proto in list(switch.connections):
-            core = proto.core
-            if core is None:
-                continue
-            direction = "outbound" if proto.context.is_outbound else "inbound"
-            live[(direction, "established" if proto.peer is not None else "handshaking")] += 1
-            sent += core.bytes_sent
-            received += core.bytes_received
-            for channel in core.channels.values():
-                row, stats = channels.get(channel.id), channel.stats
-                if row is not None:
-                    row[0] += stats.bytes_sent
-                    row[1] += stats.messages_sent
-                    row[2] += stats.bytes_received
-                    row[3] += stats.messages_received
-                    row[4] += channel.queue_depth
-        gauge = GaugeMetricFamily("mconn_connections", "Live transports, by direction and stage "
-                                  "(handshaking, or established: carrying a session).", labels=("direction", "stage"))
+        ids = [d.id for d in self.switch.channels]
+        live, sent, received, channels = _sum_connections(self.switch, self.totals, ids)
+        gauge = GaugeMetricFamily("mconn_connections", "Live transports, by direction and stage (handshaking, "
+                                  "established: carrying a session, or closing).", labels=("direction", "stage"))
         for labels, count in live.items():
             gauge.add_metric(labels, count)
         yield gauge
         yield CounterMetricFamily("mconn_sent_bytes", "Wire bytes written, all connections.", value=sent)
         yield CounterMetricFamily("mconn_received_bytes", "Wire bytes read, all connections.", value=received)
-        names = (
-            ("mconn_channel_sent_bytes", "Msg packet bytes sent on the channel, headers included."),
-            ("mconn_channel_sent_messages", "Whole messages sent on the channel."),
-            ("mconn_channel_received_bytes", "Message payload bytes received on the channel."),
-            ("mconn_channel_received_messages", "Whole messages received on the channel."),
-        )
-        for i, (name, help_text) in enumerate(names):
-            family = CounterMetricFamily(name, help_text, labels=("channel",))
+        for i, (name, kind, help_text) in enumerate(CHANNEL_METRICS):
+            family = kind(name, help_text, labels=("channel",))
             for c in ids:
                 family.add_metric((channel_label(c),), channels[c][i])
             yield family
-        queued = GaugeMetricFamily("mconn_channel_queued_messages",
-                                   "Messages queued to send on the channel, live connections.", labels=("channel",))
-        for c in ids:
-            queued.add_metric((channel_label(c),), channels[c][4])
-        yield queued
 
     def _peers(self):
         """Sessions by state, recovery buffers, unconfirmed messages, round trips."""
@@ -263,6 +231,43 @@ class SwitchCollector:
                                   value=totals.messages_resent)
         yield CounterMetricFamily("mconn_session_grace_expiries",
                                   "Suspended sessions that outlived resume_grace.", value=totals.grace_expiries)
+
+
+#: Per-channel families, in the order of the rows ``_sum_connections`` adds up.
+CHANNEL_METRICS = (
+    ("mconn_channel_sent_bytes", CounterMetricFamily, "Msg packet bytes sent on the channel, headers included."),
+    ("mconn_channel_sent_messages", CounterMetricFamily, "Whole messages sent on the channel."),
+    ("mconn_channel_received_bytes", CounterMetricFamily, "Message payload bytes received on the channel."),
+    ("mconn_channel_received_messages", CounterMetricFamily, "Whole messages received on the channel."),
+    ("mconn_channel_queued_messages", GaugeMetricFamily, "Messages queued to send on the channel, live connections."),
+)
+STAGES = ("handshaking", "established", "closing")
+
+
+def _sum_connections(switch, totals: EventTotals, ids: list[int]):
+    """(live connections by (direction, stage), wire bytes sent, received, {channel id:
+    [bytes sent, messages sent, bytes received, messages received, queued]}), the
+    counters of ended connections included."""
+    channels = {c: [*totals.channels.get(c, (0, 0, 0, 0)), 0] for c in ids}
+    sent, received = totals.bytes_sent, totals.bytes_received
+    live = {(d, s): 0 for d in DIRECTIONS for s in STAGES}
+    for proto in list(switch.connections):
+        core = proto.core
+        if core is None:
+            continue
+        stage = "established" if proto.peer is not None else "closing" if proto.handshake.called else "handshaking"
+        live[("outbound" if proto.context.is_outbound else "inbound", stage)] += 1
+        sent += core.bytes_sent
+        received += core.bytes_received
+        for channel in core.channels.values():
+            row, stats = channels.get(channel.id), channel.stats
+            if row is not None:
+                row[0] += stats.bytes_sent
+                row[1] += stats.messages_sent
+                row[2] += stats.bytes_received
+                row[3] += stats.messages_received
+                row[4] += channel.queue_depth
+    return live, sent, received, channels
 
 
 def round_trip_histogram(round_trips: list[float]) -> GaugeHistogramMetricFamily:
