@@ -229,7 +229,8 @@ async def test_series_do_not_grow_with_peers_and_peer_ids_appear_only_when_asked
 @pytest_twisted.ensureDeferred
 async def test_event_labels_are_capped_and_other_nodes_events_ignored(switches):
     """100 protocol errors of distinct made-up classes make at most MAX_LABEL_VALUES series, the rest
-    counted as "other", none lost; an event logged for another node id is not counted."""
+    counted as "other", none lost; an event logged for another node id is not counted; 100 refusal
+    reasons are capped the same way."""
     a, ma = switches()
     for i in range(100):
         telemetry.emit("protocol_error", node_id=a.node_id, peer_id=None, remote_address="127.0.0.1:1",
@@ -240,6 +241,9 @@ async def test_event_labels_are_capped_and_other_nodes_events_ignored(switches):
     assert len(errors) == MAX_LABEL_VALUES
     assert errors["other"] == 100 - (MAX_LABEL_VALUES - 1)
     assert sum(errors.values()) == 100 and errors["MadeUp0"] == 1
+    a.refusals.update({f"made_up_{i}": 2 for i in range(100)})  # as the Switch counts them
+    refusals = {dict(ls)["reason"]: v for (name, ls), v in scrape(ma).items() if name == "mconn_refusals_total"}
+    assert len(refusals) == MAX_LABEL_VALUES and sum(refusals.values()) == 200
 
 
 # -- the round trip histogram ------------------------------------------------------------------
