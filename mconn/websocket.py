@@ -361,7 +361,7 @@ class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):
 
     def _not_opened(self, why: Failure) -> None:
         if not self.opened.called:
-            if self.error is None and not isinstance(why.value, WebSocketError):
+            if type(why.value) is ConnectionLost:  # nothing more specific (a TLSError) is known
                 why = Failure(WebSocketError(f"the connection ended before the WebSocket upgrade: {why.getErrorMessage()}"))
             self.opened.errback(why)
 
