@@ -16,6 +16,7 @@ import secrets
 from twisted.internet import defer
 
 from mconn.channel import ChannelDescriptor
+from mconn.codec import encode_message
 from mconn.errors import ConnectionClosed, ReactorError
 from mconn.session_table import PeerState
 from mconn.wire import ChannelInfo
@@ -39,6 +40,10 @@ class FakePeer:
     :param is_outbound: whether "we" dialed this peer.
     :param remote_address: the ``host:port`` the connection comes from.
     :param listen_address: the address the peer says it listens on.
+    :param node_info: the ``mconn.NodeInfo`` the peer announced (``peer.node_info``), or None.
+
+    On a typed channel (a descriptor with ``message_type`` or ``codec``) objects are
+    encoded as ``Peer.send`` encodes them, and ``sent`` records the encoded bytes.
     """
 
     def __init__(
@@ -50,16 +55,20 @@ class FakePeer:
         remote_address: str = "127.0.0.1:26656",
         listen_address: str = "",
         is_persistent: bool = False,
+        node_info=None,
     ) -> None:
         self.node_id = node_id if node_id is not None else secrets.token_hex(20)
         self.is_outbound = is_outbound
         self.is_persistent = is_persistent
+        self.node_info = node_info
         #: Data reactors share about the peer (as ``Peer.data``; ``get`` / ``set``).
         self.data: dict = {}
         self.remote_address = remote_address
         self.listen_address = listen_address
         #: Channels the peer announced, by id (None: any channel is accepted).
         self.channels: dict[int, ChannelInfo] | None = None
+        #: Typed channels: channel id -> (codec, message_type).
+        self._codecs = {c.id: (c.codec, c.message_type) for c in channels or () if c.codec is not None}
         if channels is not None:
             self.channels = {
                 c.id: ChannelInfo(id=c.id, priority=c.priority, recv_message_capacity=c.recv_message_capacity)
@@ -93,7 +102,10 @@ class FakePeer:
 
     def try_send(self, channel_id: int, message: bytes) -> bool:
         """Record ``message`` unless the peer would refuse it (see the class docstring)."""
-        if not isinstance(message, (bytes, bytearray, memoryview)):
+        typed = self._codecs.get(channel_id)
+        if typed is not None:
+            message = encode_message(typed[0], typed[1], channel_id, message)
+        elif not isinstance(message, (bytes, bytearray, memoryview)):
             raise TypeError(f"messages are bytes, got {type(message).__name__}")
         message = bytes(message)
         if self.state is not PeerState.CONNECTED or channel_id in self.full_channels:
