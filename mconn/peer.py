@@ -370,18 +370,21 @@ class Peer:
         backlog = self._busy.get(channel_id)
         if backlog is None:
             return  # the session ended meanwhile
-        while backlog:
+        pending = None
+        while backlog and pending is None:
             protocol = self._protocol
             if protocol is None or protocol.end_reason is not None:
                 break  # not delivered: resent on a resume, or counted undelivered by the peer
             message = backlog.popleft()
             self._backlog_bytes -= len(message)
             pending = self._hand(channel_id, message)
-            if pending is not None:
-                pending.addBoth(self._receive_done, channel_id)
-                return  # busy again, with what is still held
-        self._backlog_bytes -= sum(map(len, backlog))
-        del self._busy[channel_id]
+        if self._busy.get(channel_id) is not backlog:
+            return  # the session ended inside that receive
+        if pending is not None:
+            pending.addBoth(self._receive_done, channel_id)  # busy again, with what is still held
+        else:
+            self._backlog_bytes -= sum(map(len, backlog))
+            del self._busy[channel_id]
         if self._protocol is not None and self._backlog_bytes <= self._config.reactor_backlog_bytes:
             self._protocol.resume_reading()
 
