@@ -3,7 +3,9 @@
     python examples/chat.py --name alice --listen tcp:7001 --key alice.key
     python examples/chat.py --name bob --listen tcp:7002 --key bob.key --peer ID@127.0.0.1:7001
 
-It prints its own ``ID@HOST:PORT`` at start for others' ``--peer``. Type a line to say
+It prints its own ``ID@HOST:PORT`` at start for others' ``--peer``. An endpoint without
+``interface=`` listens on 127.0.0.1 only (``tcp:7001`` is ``tcp:7001:interface=127.0.0.1``);
+``--listen tcp:7001:interface=0.0.0.0`` lets other machines in. Type a line to say
 it to everyone; ``/peers`` lists the peers, ``/send FILE`` sends a file to every peer
 (with a progress bar), ``/quit`` (or Ctrl-D) closes every connection with a close packet
 and exits 0. Lines from others print above the prompt, which stays usable. Peers given
@@ -81,7 +83,9 @@ class Options(usage.Options):
         self["peer"] = []
 
     def opt_listen(self, endpoint):
-        """a Twisted server endpoint to accept peers on, e.g. tcp:7001 (repeatable)"""
+        """a Twisted server endpoint to accept peers on, e.g. tcp:7001; without interface=
+        it listens on 127.0.0.1 only, tcp:7001:interface=0.0.0.0 lets other machines in
+        (repeatable)"""
         self["listen"].append(endpoint)
 
     def opt_peer(self, address):
@@ -295,6 +299,7 @@ async def main(clock, options, key) -> None:
     from twisted.internet.defer import Deferred
 
     from mconn import Config, Switch, TLSOptions
+    from mconn.status import local_endpoint
     from reactors.chat import ChatReactor
 
     chat = ChatReactor(options["name"], options["downloads"], **limits_of(options))
@@ -312,7 +317,7 @@ async def main(clock, options, key) -> None:
 
     clock.addSystemEventTrigger("before", "shutdown", stop)  # SIGTERM, SIGINT
     print(f"{chat.name} is node {switch.node_id}", flush=True)
-    for endpoint in options["listen"]:
+    for endpoint in map(local_endpoint, options["listen"]):
         try:
             announce(switch, await switch.listen(endpoint))
         except Exception as e:  # a busy port, a bad endpoint string: say which, and stop

@@ -6,6 +6,9 @@
     mconn id PATH        print the node id of a key
     mconn status URL     print a running node's status page (URL/status.json) as a table
 
+Output to a pipe that its reader closes early (``mconn status URL | head -3``) ends the
+command quietly, with exit status 0.
+
 Running a node is twistd's job: ``twistd -n mconn --help``.
 
 The status document (``GET URL/status.json``, served by ``twistd mconn --status ENDPOINT``,
@@ -38,9 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.command(args)
+        sys.stdout.flush()
     except CommandError as e:
         print(f"mconn {args.name}: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader stopped early (``mconn status URL | head -3``): that is its choice,
+        # not an error. Point stdout at /dev/null so that the flush at exit is quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

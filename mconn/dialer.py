@@ -105,8 +105,9 @@ def default_reconnect_delay(
 #: Read at call time, so an owner may extend it.
 NOT_RETRIED: tuple[type[BaseException], ...] = (PeerIdMismatch, AuthenticationError)
 #: ``PeerRejected.reason`` / ``PeerClosed.code`` values that ban an address (``self``:
-#: it leads back to this node).
-NOT_RETRIED_REASONS = frozenset({"unauthorized", "id_mismatch", "self"})
+#: it leads back to this node; ``tls_required``: a TLS-only listener refuses this
+#: node's plaintext start, and will again: its configuration, not the network, decides).
+NOT_RETRIED_REASONS = frozenset({"unauthorized", "id_mismatch", "self", "tls_required"})
 #: A node the compatibility rule refused (another network, block version, no common
 #: channel, no node info: specs/handshake.md section 6.2) stays refused.
 NOT_RETRIED_REASONS |= INCOMPATIBLE_NODE

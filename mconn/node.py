@@ -371,7 +371,8 @@ class NodeService(MultiService):
                 log.failure("stopping {service} failed", service=service)
 
     def _bind(self) -> None:
-        """Listen on every endpoint; on a failure, close the ports opened and raise.
+        """Listen on every endpoint (the status page's, then the Switch's); on a failure,
+        close the ports opened and raise.
 
         Twisted's stream server endpoints bind at once; a failure that comes later (from
         some other kind of endpoint) is logged.
@@ -386,12 +387,14 @@ class NodeService(MultiService):
                 log.failure("cannot listen: {description}", failure, description=description)
 
         self._binding = True
-        for description in self.listen:
+        # The status page first: the Switch logs node_started once its first port is
+        # bound, and a node whose status port is taken never started.
+        if self.status is not None:
+            self.status.listen().addErrback(failed, f"--status {self.status.endpoint}")
+        for description in self.listen if not failures else ():
             self.switch.listen(description).addCallbacks(
                 self.ports.append, failed, errbackArgs=(f"--listen {description}",)
             )
-        if self.status is not None and not failures:
-            self.status.listen().addErrback(failed, f"--status {self.status.endpoint}")
         self._binding = False
         if failures:
             for port in self.ports:

@@ -36,7 +36,7 @@ FORMATS = {
     "session_suspended": "{node_id} session {session_id} with {peer_id} suspended: {reason_type}",
     "session_resumed": "{node_id} session {session_id} with {peer_id} resumed, {resent} messages re-sent",
     "session_ended": "{node_id} session {session_id} with {peer_id} ended: {reason_type}: {reason}",
-    "dial_attempt": "{node_id} dial {attempt} to {peer_id} at {address}: {result}",
+    "dial_attempt": "{node_id} dial {attempt} to {address}: {result}",
     "dial_gave_up": "{node_id} gave up dialing {peer_id}: {reason}",
     "duplicate_connection": "{node_id} second connection from {peer_id} at {remote_address}: {outcome}",
     "loop_stalled": "{node_id} event loop stalled {late:.3f}s (keepalive verdict on {peer_id} deferred)",
@@ -48,7 +48,22 @@ _LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "connection_refuse
 def emit(event: str, **fields) -> None:
     """Log one telemetry event with its fields."""
     level = _LEVELS.get(event, "info")
-    getattr(log, level)(FORMATS[event], event=event, **fields)
+    getattr(log, level)(format_for(event, fields), event=event, **fields)
+
+
+def format_for(event: str, fields: dict) -> str:
+    """The event's ``log_format``: its FORMATS template, worded for what is known. A
+    connection that ends before the hello has no peer id ("connection at ADDRESS", not
+    "with None"); an event with an ``error`` its template does not show ends with it
+    (a failed dial says why)."""
+    text = FORMATS[event]
+    if "peer_id" in fields and fields["peer_id"] is None:
+        for known, unknown in ((" with {peer_id} at ", " at "), (" from {peer_id} at ", " from "),
+                               ("refused {peer_id} at ", "refused a connection from ")):
+            text = text.replace(known, unknown)
+    if fields.get("error") and "{error}" not in text:
+        text += " ({error})"
+    return text
 
 
 def node_started(node_id: str) -> str:
