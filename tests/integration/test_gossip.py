@@ -3,7 +3,8 @@ four real Switches on 127.0.0.1, in a line, each link through a FaultProxy that 
 while transactions gossip and blocks sync (issue 17; specs/reactor-api.md section 9).
 
 Every node ends with every transaction and every block; a peer sending a garbage
-transaction, or a block nobody asked it for, is dropped while the others carry on.
+transaction, or a block nobody asked it for, is dropped while the others carry on; a node
+of another network is refused at the handshake (node info, specs/handshake.md section 6).
 """
 
 import pytest
@@ -12,7 +13,7 @@ from twisted.internet import defer
 
 from faultproxy import FaultProxy
 from helpers import bounded, sleep, the_reactor, until
-from mconn import Config, PeerClosed, ReactorError, Switch
+from mconn import Config, IncompatibleNode, NodeInfo, PeerClosed, ProtocolVersion, ReactorError, Switch
 from reactors.blocksync import BLOCKSYNC_CHANNEL, BlocksyncReactor, BlocksyncType, encode
 from reactors.mempool import MEMPOOL_CHANNEL, MempoolReactor
 
@@ -22,6 +23,7 @@ NODES = 4
 BLOCKS = {h: b"block-%d:" % h + bytes([h % 251]) * 3000 for h in range(1, 41)}
 TXS_PER_NODE = 30
 CONFIG = Config(stats_interval=0, resume_grace=10.0, max_reconnect_delay=0.2, send_timeout=5.0)
+CHAIN = NodeInfo(network="gossip-chain", protocol=ProtocolVersion(p2p=8, block=11))
 
 
 def check_tx(tx: bytes) -> None:
@@ -32,10 +34,10 @@ def check_tx(tx: bytes) -> None:
 class Node:
     """A Switch with a mempool and a blocksync reactor, listening on 127.0.0.1."""
 
-    def __init__(self, blocks=None):
+    def __init__(self, blocks=None, node_info=CHAIN):
         self.mempool = MempoolReactor(check_tx=check_tx)
         self.blocksync = BlocksyncReactor(blocks, status_interval=0.2, request_timeout=1.0)
-        self.switch = Switch([self.mempool, self.blocksync], clock=the_reactor(), config=CONFIG)
+        self.switch = Switch([self.mempool, self.blocksync], clock=the_reactor(), config=CONFIG, node_info=node_info)
         self.removed = []
 
         remove_peer = self.mempool.remove_peer
@@ -106,9 +108,11 @@ async def test_every_node_ends_with_every_transaction_and_block_across_resets():
 async def test_a_peer_sending_garbage_is_dropped_and_the_others_carry_on():
     """A peer whose transaction fails check_tx is dropped by mconn's default policy with a
     ReactorError naming the mempool reactor; one that sends a block nobody asked it for is
-    dropped by blocksync's stop_for_error; the honest nodes keep their sessions and gossip."""
+    dropped by blocksync's stop_for_error; a node of another network is refused at the
+    handshake (no reactor call); the honest nodes keep their sessions and gossip."""
     nodes, proxies = await line_of_nodes()
     evil = await Node().start()
+    stranger = await Node(node_info=NodeInfo(network="another-chain", protocol=ProtocolVersion(p2p=8, block=11))).start()
     try:
         target = nodes[0]
         bad_peer = await bounded(evil.switch.dial(f"{target.switch.node_id}@127.0.0.1:{target.port}"))
@@ -127,11 +131,18 @@ async def test_a_peer_sending_garbage_is_dropped_and_the_others_carry_on():
         assert "sent block 7, which we did not ask it for" in str(evil.removed[1][1])
         assert target.blocksync.blocks[7] == BLOCKS[7]
 
+        with pytest.raises(IncompatibleNode) as refused:
+            await bounded(stranger.switch.dial(f"{target.switch.node_id}@127.0.0.1:{target.port}"))
+        assert refused.value.reason == "network_mismatch" and "another-chain" in str(refused.value)
+        await until(lambda: target.switch.refusals.get("network_mismatch") == 1, "the listener's refusal")
+        assert stranger.removed == [] and stranger.switch.peers == {}
+        assert stranger.switch.node_id not in [node_id for node_id, _ in target.removed]  # no reactor saw it
+
         assert nodes[3].mempool.add_tx(b"tx-after")
         await until(lambda: all(tx_in(n, b"tx-after") for n in nodes), "gossip to go on")
         assert all(n.removed == [] for n in nodes[1:]) and evil.switch.node_id not in target.switch.peers
     finally:
-        await stop_all(nodes + [evil], proxies)
+        await stop_all(nodes + [evil, stranger], proxies)
 
 
 def tx_in(node, tx):
