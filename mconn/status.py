@@ -413,6 +413,7 @@ PAGE = """<!DOCTYPE html>
 <body>
 <h1>mconn node <span class="id" id="node-id">&hellip;</span></h1>
 <div class="meta" id="meta"></div>
+<div class="meta">Prometheus metrics: <a href="metrics">/metrics</a></div>
 <div id="error"></div>
 <h2>Peers <span class="meta legend"><i style="background:#2463eb"></i>sent
   <i style="background:#d9480f"></i>received, bytes/s over the last minute</span></h2>

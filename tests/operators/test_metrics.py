@@ -285,7 +285,7 @@ def fetch(url: str, accept: str | None = None) -> tuple[str, bytes]:
 @pytest_twisted.ensureDeferred
 async def test_metrics_are_served_in_both_formats_next_to_the_status_page(switches):
     """/metrics answers Prometheus' text format 0.0.4, or OpenMetrics (ending in # EOF) when asked;
-    / and /status.json are still served by the same server."""
+    / (which links to /metrics) and /status.json are still served by the same server."""
     a, _ = switches()
     b, _ = switches()
     await connect(a, b)
@@ -300,7 +300,7 @@ async def test_metrics_are_served_in_both_formats_next_to_the_status_page(switch
         kind, body = await threads.deferToThread(fetch, service.url + "status.json")
         assert kind == "application/json" and json.loads(body)["node_id"] == a.node_id
         kind, body = await threads.deferToThread(fetch, service.url)
-        assert kind.startswith("text/html") and b"mconn node" in body
+        assert kind.startswith("text/html") and b'<a href="metrics">' in body
     finally:
         await service.stopService()
 

@@ -188,7 +188,8 @@ async def test_a_service_with_tcp_0_binds_127_0_0_1(network):
 def spec_fields() -> dict[str, str]:
     """{path: type} from the field table of specs/status.md section 2 (``peers[].uptime``)."""
     fields = {}
-    for line in SPEC.read_text().splitlines():
+    section = SPEC.read_text().split("## 2. The document", 1)[1].split("\n## 3.", 1)[0]
+    for line in section.splitlines():
         row = SPEC_ROW.match(line)
         if row:
             name, type_name = row.group(1), row.group(2).strip()
