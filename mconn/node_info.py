@@ -17,6 +17,7 @@ before a byte of it is buffered).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 import types
 from collections.abc import Iterable, Mapping
@@ -112,12 +113,20 @@ class NodeInfo:
                 )
             _check_text(f"NodeInfo.other[{key!r}]", value, MAX_OTHER_VALUE_BYTES)
         object.__setattr__(self, "other", types.MappingProxyType(dict(sorted(self.other.items()))))
-        size = len(self.encode())
+        size = self.encoded_size()
         if size > MAX_NODE_INFO_BYTES:
             raise ValueError(f"NodeInfo encodes to {size} bytes; at most {MAX_NODE_INFO_BYTES}")
 
     def __hash__(self) -> int:
         return hash((self.network, self.protocol, self.version, self.moniker, tuple(self.other.items())))
+
+    def encoded_size(self) -> int:
+        """``len(self.encode())``, computed without encoding (uvarints are minimal)."""
+        p = self.protocol
+        texts = [self.network, self.version, self.moniker, *(t for kv in self.other.items() for t in kv)]
+        return sum(map(_uvarint_size, (p.p2p, p.block, p.app, len(self.other)))) + sum(
+            _uvarint_size(n) + n for n in (len(t.encode()) for t in texts)
+        )
 
     def encode(self) -> bytes:
         """The hello field's value (``wire.NodeInfoBody``); ``other`` in key order."""
@@ -157,6 +166,10 @@ class NodeInfo:
             raise MalformedPacket(f"hello node info: {e}") from None
 
 
+def _uvarint_size(value: int) -> int:
+    return 1 + (value.bit_length() + 7) // 8
+
+
 def _check_text(name: str, value, limit: int) -> None:
     if not isinstance(value, str) or not (value.isprintable()):
         raise ValueError(f"{name} must be printable text, got {value!r}")
@@ -181,7 +194,15 @@ def node_info_of(hello) -> NodeInfo | None:
             if found is not None:
                 raise MalformedPacket("hello carries node info twice")
             found = value
-    return None if found is None else NodeInfo.decode(found)
+    return None if found is None else _decode(found)
+
+
+@functools.lru_cache(maxsize=256)
+def _decode(value: bytes) -> NodeInfo:
+    """``NodeInfo.decode``, remembered: a handshake asks for the same hello's node info
+    three times (the core's check, the Switch's rule, the Peer), and construct's parse
+    costs a few hundred microseconds. A value that fails is not remembered."""
+    return NodeInfo.decode(value)
 
 
 def check_compatible(

@@ -259,7 +259,9 @@ class Peer:
         :returns: a Deferred that fires True once the message is accepted, False if no
             room came within ``send_timeout`` or the session ended.
         """
-        return self._send(channel_id, self._bytes_of(channel_id, message), confirm=False)
+        if type(message) is not bytes:
+            message = self._bytes_of(channel_id, message)
+        return self._send(channel_id, message, confirm=False)
 
     def send_confirmed(self, channel_id: int, message: bytes) -> defer.Deferred:
         """Send, and fire once the peer has delivered the message to its reactor.
@@ -268,7 +270,9 @@ class Peer:
             even be accepted (as ``send``), or failing with DeliveryNotConfirmed if the
             session ends first.
         """
-        return self._send(channel_id, self._bytes_of(channel_id, message), confirm=True)
+        if type(message) is not bytes:
+            message = self._bytes_of(channel_id, message)
+        return self._send(channel_id, message, confirm=True)
 
     def _send(self, channel_id: int, message: bytes, *, confirm: bool) -> defer.Deferred:
         if not self._accepts(channel_id, message):

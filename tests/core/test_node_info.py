@@ -266,9 +266,9 @@ def node_infos(draw):
 @settings(max_examples=40, deadline=None)
 @given(node_infos())
 def test_round_trip(info):
-    """Any valid NodeInfo encodes within the limit and decodes to itself."""
+    """Any valid NodeInfo encodes within the limit, to the size encoded_size computes, and decodes to itself."""
     value = info.encode()
-    assert len(value) <= MAX_NODE_INFO_BYTES
+    assert len(value) == info.encoded_size() <= MAX_NODE_INFO_BYTES
     assert NodeInfo.decode(value) == info
 
 
