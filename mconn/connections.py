@@ -19,6 +19,7 @@ from mconn.errors import PeerIdMismatch, PeerRejected
 from mconn.handshake import make_hello
 from mconn.node_info import check_compatible, node_info_of
 from mconn.owner import IConnectionOwner
+from mconn.websocket_endpoints import transport_kind
 from mconn.wire import HelloTag, encode_session_request
 
 
@@ -110,6 +111,7 @@ class ConnectionSet:
             node_id=self.node_id,
             direction=_direction(protocol),
             remote_address=protocol.remote_address,
+            transport=transport_kind(protocol.transport),
         )
 
     def hello_received(self, protocol, event):

@@ -39,6 +39,7 @@ from twisted.logger import Logger
 from twisted.web import pages, resource, server
 
 from mconn.metrics import SwitchMetrics
+from mconn.websocket_endpoints import transport_kind
 
 log = Logger()
 
@@ -165,6 +166,13 @@ def status_document(switch, sampler: RateSampler, listen_addresses) -> dict:
     }
 
 
+def _transport(peer) -> str | None:
+    """What carries the peer's connection (``tcp``, ``tls``, ``ws``, ``wss``, ``ws+tls``),
+    or None while it has none (specs/websocket.md section 7)."""
+    protocol = peer._protocol
+    return transport_kind(protocol.transport) if protocol is not None and protocol.transport is not None else None
+
+
 def _peer_fields(peer, sampler: RateSampler) -> dict:
     stats = peer.stats
     undelivered = stats.undelivered
@@ -173,6 +181,7 @@ def _peer_fields(peer, sampler: RateSampler) -> dict:
         "state": stats.state,
         "direction": "outbound" if stats.is_outbound else "inbound",
         "remote_address": str(peer.remote_address or ""),
+        "transport": _transport(peer),
         "listen_address": str(peer.listen_address or ""),
         "uptime": float(stats.uptime),
         "round_trip": float(stats.round_trip) if stats.round_trip is not None else None,
@@ -418,7 +427,7 @@ PAGE = """<!DOCTYPE html>
 <h2>Peers <span class="meta legend"><i style="background:#2463eb"></i>sent
   <i style="background:#d9480f"></i>received, bytes/s over the last minute</span></h2>
 <table id="peers"><thead><tr>
-  <th>peer / channel</th><th>state</th><th>address</th><th>uptime</th><th>resumes</th>
+  <th>peer / channel</th><th>state</th><th>address</th><th>transport</th><th>uptime</th><th>resumes</th>
   <th title="last ping round trip">RTT</th><th>queue</th><th>send rate</th><th>receive rate</th>
   <th title="messages accepted for sending / confirmed by the peer / delivered here">acc / ack / dlv</th>
   <th title="accepted and not yet confirmed">undelivered</th>
@@ -485,7 +494,7 @@ function render(doc) {
   const rows = [];
   for (const p of doc.peers) {
     const tr = row([el("td", p.node_id, "mono"), el("td"), el("td", p.remote_address, "mono"),
-      num(duration(p.uptime)), num(p.resumes),
+      el("td", p.transport || "-"), num(duration(p.uptime)), num(p.resumes),
       num(p.round_trip === null ? "-" : (p.round_trip * 1000).toFixed(1) + " ms"), num(""),
       ...rates(p), num(""), num("")], "peer");
     tr.dataset.peer = p.node_id;
@@ -493,7 +502,7 @@ function render(doc) {
     rows.push(tr);
     for (const c of p.channels) {
       rows.push(row([el("td", "channel 0x" + c.channel_id.toString(16).padStart(2, "0") + ", priority " + c.priority),
-        "", "", "", "", "", num(c.queue_depth + (c.waiting_sends ? " +" + c.waiting_sends + " waiting" : "")),
+        "", "", "", "", "", "", num(c.queue_depth + (c.waiting_sends ? " +" + c.waiting_sends + " waiting" : "")),
         ...rates(c), num(c.accepted + " / " + c.acked + " / " + c.delivered), num(c.undelivered)], "channel"));
     }
   }

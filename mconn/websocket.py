@@ -47,12 +47,13 @@ from twisted.internet import defer
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.interfaces import IPushProducer, ITransport
 from twisted.logger import Logger
-from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mconn.errors import ConnectionLost
+from mconn.websocket_endpoints import WebSocketError
 from mconn.tls_transport import tls_error_of
+from mconn.websocket_endpoints import MAX_HTTP_HEAD_BYTES
 
 log = Logger(namespace="mconn.websocket")
 
@@ -61,7 +62,7 @@ log = Logger(namespace="mconn.websocket")
 SUBPROTOCOL = "mconn"
 #: Largest HTTP upgrade request (or response) read before its end: nginx's default header
 #: buffers are 8 KiB; a node's own upgrade is a few hundred bytes.
-MAX_UPGRADE_BYTES = 16384
+MAX_UPGRADE_BYTES = MAX_HTTP_HEAD_BYTES
 #: Largest message this side sends: the protocol above writes at most
 #: ``Config.write_batch_bytes`` (64 KiB) at a time; a larger write becomes several messages.
 SEND_MESSAGE_BYTES = 65536
@@ -72,10 +73,6 @@ _CONNECTING = WebSocketProtocol.STATE_CONNECTING
 _CLOSED = WebSocketProtocol.STATE_CLOSED
 _BINARY = 0x82  # FIN | opcode 2
 _MASKED = 0x80
-
-
-class WebSocketError(ConnectionLost):
-    """The WebSocket layer ended a connection; the message says which rule and values."""
 
 
 @implementer(ITransport, IPushProducer)
@@ -206,6 +203,11 @@ class _Carrier:
 
     def _not_opened(self, why: Failure) -> None:
         """A client's hook: the upgrade failed (its connect Deferred fails)."""
+
+    @property
+    def websocket_scheme(self) -> str:
+        """``ws`` or ``wss`` (mconn.websocket_endpoints.transport_kind asks)."""
+        return "wss" if self.factory.isSecure else "ws"
 
     # -- ITransport for the protocol above --------------------------------------------
 
@@ -402,6 +404,7 @@ class WebSocketServerCarrierFactory(WebSocketServerFactory):
     TCP connection, upgraded at ``path``."""
 
     protocol = WebSocketServerCarrier
+    noisy = False
 
     def __init__(self, wrapped_factory, *, path: str, secure: bool, config, clock) -> None:
         scheme = "wss" if secure else "ws"
@@ -435,6 +438,7 @@ class WebSocketClientCarrierFactory(WebSocketClientFactory):
     """A dialer's factory: upgrades at ``url`` (its host and port name the Host header)."""
 
     protocol = WebSocketClientCarrier
+    noisy = False
 
     def __init__(self, wrapped_factory, *, url: str, config, clock) -> None:
         super().__init__(url=url, protocols=[SUBPROTOCOL], reactor=clock)
@@ -447,13 +451,3 @@ class WebSocketClientCarrierFactory(WebSocketClientFactory):
         carrier = super().buildProtocol(addr)
         carrier.wrapped = self.wrapped_factory.buildProtocol(addr)
         return carrier
-
-
-def transport_kind(transport) -> str:
-    """What carries a connection, as telemetry and the status page name it: ``tcp``,
-    ``tls``, ``ws``, ``wss`` or ``ws+tls`` (mconn's TLS inside a ``ws://`` WebSocket)."""
-    if isinstance(transport, _Carrier):
-        return "wss" if transport.factory.isSecure else "ws"
-    if isinstance(transport, TLSMemoryBIOProtocol):
-        return "ws+tls" if isinstance(transport.transport, _Carrier) else "tls"
-    return "tcp"

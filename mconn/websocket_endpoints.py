@@ -28,20 +28,40 @@ from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
 from twisted.internet.ssl import Certificate, optionsForClientTLS, platformTrust, trustRootFromCertificates
 from twisted.logger import Logger
-from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
 from mconn.address import LOOPBACK, PeerAddress, host_scope
 from mconn.config import Config
 from mconn.errors import ConnectionLost
 from mconn.tls_transport import tls_client_endpoint
-from mconn.websocket import MAX_UPGRADE_BYTES, WebSocketClientCarrierFactory, WebSocketServerCarrierFactory
 
 log = Logger(namespace="mconn.websocket")
 
 
+#: Largest HTTP head (an upgrade request or answer, a proxy's answer to CONNECT) read
+#: before its end: nginx's default header buffers are 8 KiB; a node's own upgrade is a
+#: few hundred bytes.
+MAX_HTTP_HEAD_BYTES = 16384
+
+
+class WebSocketError(ConnectionLost):
+    """The WebSocket layer ended a connection; the message says which rule and values."""
+
+
 class ProxyError(ConnectionLost):
     """An HTTP proxy did not open the tunnel; the message says which proxy and its answer."""
+
+
+def transport_kind(transport) -> str:
+    """What carries a connection, as telemetry and the status page name it: ``tcp``,
+    ``tls``, ``ws``, ``wss`` or ``ws+tls`` (mconn's TLS inside a ``ws://`` WebSocket)."""
+    scheme = getattr(transport, "websocket_scheme", None)
+    if scheme is not None:
+        return scheme
+    if isinstance(transport, TLSMemoryBIOProtocol):
+        return "ws+tls" if getattr(transport.transport, "websocket_scheme", None) else "tls"
+    return "tcp"
 
 
 # -- listening -------------------------------------------------------------------------
@@ -66,6 +86,8 @@ class WebSocketServerEndpoint:
         self.secure = secure
 
     def listen(self, factory):
+        from mconn.websocket import WebSocketServerCarrierFactory  # autobahn, imported when first used
+
         config = _config_of(factory)
         if not self.secure:
             return self._listen(WebSocketServerCarrierFactory(
@@ -179,6 +201,8 @@ class WebSocketClientEndpoint:
         self.clock = clock
 
     def connect(self, factory):
+        from mconn.websocket import WebSocketClientCarrierFactory  # autobahn, imported when first used
+
         carriers = WebSocketClientCarrierFactory(factory, url=self.url, config=self.config, clock=self.clock)
         return self.endpoint.connect(carriers).addCallback(lambda carrier: carrier.opened)
 
@@ -235,7 +259,7 @@ def _no_proxy(host: str, no_proxy: str) -> bool:
 @implementer(IStreamClientEndpoint)
 class TunnelEndpoint:
     """Connects through an HTTP proxy: ``CONNECT host:port``, then the protocol runs in
-    the tunnel. The proxy's answer is read up to MAX_UPGRADE_BYTES within ``timeout``."""
+    the tunnel. The proxy's answer is read up to MAX_HTTP_HEAD_BYTES within ``timeout``."""
 
     def __init__(self, proxy_endpoint, host: str, port: int, *, clock, timeout: float) -> None:
         self.proxy_endpoint = proxy_endpoint
@@ -282,8 +306,8 @@ class _TunnelProtocol(protocol.Protocol):
         self._answer += data
         end = self._answer.find(b"\r\n\r\n")
         if end < 0:
-            if len(self._answer) > MAX_UPGRADE_BYTES:
-                self._fail(f"its answer to CONNECT is over {MAX_UPGRADE_BYTES} bytes without an end")
+            if len(self._answer) > MAX_HTTP_HEAD_BYTES:
+                self._fail(f"its answer to CONNECT is over {MAX_HTTP_HEAD_BYTES} bytes without an end")
             return
         status = self._answer[: self._answer.find(b"\r\n")].decode("latin-1")
         parts = status.split(None, 2)

@@ -23,7 +23,7 @@ _ID = {"event": "str", "node_id": "str"}
 EVENTS: dict[str, dict[str, str]] = {
     "node_started": {**_ID, "run_id": "str", "pid": "int", "process_started": "float"},
     "listening": {**_ID, "address": "str"},
-    "connection_made": {**_ID, "direction": "str", "remote_address": "str"},
+    "connection_made": {**_ID, "direction": "str", "remote_address": "str", "transport": "str"},
     "handshake_done": {
         **_ID, "peer_id": "str", "remote_address": "str", "direction": "str",
         "max_packet_payload": "int", "channels": "list of int", "listen_address": "str",

@@ -20,7 +20,8 @@ from twisted.internet.protocol import Factory
 from helpers import RawPeer, sleep, the_reactor, until
 from mconn import CertificateMismatch, Config, NodeKey, PeerIdMismatch, Switch
 from mconn.tls import TLSOptions
-from mconn.websocket import MAX_UPGRADE_BYTES, WebSocketError, transport_kind
+from mconn.websocket import MAX_UPGRADE_BYTES
+from mconn.websocket_endpoints import WebSocketError, transport_kind
 
 from .test_loopback import CHANNELS, Collector, bounded, stop
 

@@ -16,7 +16,7 @@ from twisted.internet import defer
 from faultproxy import FaultProxy
 from helpers import message_packets, sleep, the_reactor
 from mconn import ChannelDescriptor, Config, Switch
-from mconn.websocket import transport_kind
+from mconn.websocket_endpoints import transport_kind
 
 from .test_loopback import bounded, stop
 from .test_resume_scenarios import CHANNELS, IDS, Pair, Tally, burst, eventually, first_mismatch

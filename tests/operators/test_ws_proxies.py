@@ -34,8 +34,7 @@ from cryptography.x509.oid import NameOID
 from helpers import sleep, the_reactor
 from mconn import ChannelDescriptor, Config, NodeKey, PeerIdMismatch, Switch, TLSError
 from mconn.tls import TLSOptions
-from mconn.websocket import transport_kind
-from mconn.websocket_endpoints import ProxyError
+from mconn.websocket_endpoints import ProxyError, transport_kind
 from tests.integration.test_loopback import Collector, bounded, stop
 
 pytestmark = pytest.mark.integration
