@@ -56,12 +56,9 @@ class ProxyError(ConnectionLost):
 def transport_kind(transport) -> str:
     """What carries a connection, as telemetry and the status page name it: ``tcp``,
     ``tls``, ``ws``, ``wss`` or ``ws+tls`` (mconn's TLS inside a ``ws://`` WebSocket)."""
-    scheme = getattr(transport, "websocket_scheme", None)
-    if scheme is not None:
-        return scheme
-    if isinstance(transport, TLSMemoryBIOProtocol):
+    if isinstance(transport, TLSMemoryBIOProtocol):  # asked first: it forwards unknown attributes
         return "ws+tls" if getattr(transport.transport, "websocket_scheme", None) else "tls"
-    return "tcp"
+    return getattr(transport, "websocket_scheme", None) or "tcp"
 
 
 # -- listening -------------------------------------------------------------------------
