@@ -5,28 +5,55 @@
 message names what was wrong and the values involved (specs/wire.md, specs/handshake.md).
 """
 
+import warnings
+
 
 class MConnError(Exception):
     """Base class of every error mconn raises.
 
-    When an error ends a session, ``undelivered`` maps each channel id to the number of
-    messages accepted for sending and not confirmed delivered (specs/resume.md section 5).
-    Each instance has its own dict, empty until the session's end fills it in.
+    When an error ends a session, ``unconfirmed`` maps each channel id to the number of
+    messages accepted for sending whose delivery the peer had not confirmed when the
+    session ended (specs/resume.md section 5). Not confirmed is not undelivered: a
+    message the peer's reactor got whose acknowledgement was still on its way when the
+    connection broke is counted too. Each instance has its own dict, empty until the
+    session's end fills it in. ``undelivered`` is its old name, deprecated.
     """
 
     @property
-    def undelivered(self) -> dict[int, int]:
+    def unconfirmed(self) -> dict[int, int]:
         # Made on first use, per instance: a dict on the class would be one dict shared
         # by every error, so filling in one reason's counts would fill in all of them.
         try:
-            return self._undelivered
+            return self._unconfirmed
         except AttributeError:
-            self._undelivered: dict[int, int] = {}
-            return self._undelivered
+            self._unconfirmed: dict[int, int] = {}
+            return self._unconfirmed
+
+    @unconfirmed.setter
+    def unconfirmed(self, value: dict[int, int]) -> None:
+        self._unconfirmed = value
+
+    @property
+    def undelivered(self) -> dict[int, int]:
+        """Deprecated name of :attr:`unconfirmed` (it counts messages not confirmed delivered)."""
+        warn_renamed("MConnError.undelivered", "MConnError.unconfirmed")
+        return self.unconfirmed
 
     @undelivered.setter
     def undelivered(self, value: dict[int, int]) -> None:
-        self._undelivered = value
+        warn_renamed("MConnError.undelivered", "MConnError.unconfirmed")
+        self.unconfirmed = value
+
+
+def warn_renamed(old: str, new: str) -> None:
+    """Warn that ``old`` is the deprecated name of ``new`` (issue 15: the count is of
+    messages not confirmed delivered, some of which the peer may have)."""
+    warnings.warn(
+        f"{old} is deprecated: it counts messages not confirmed delivered, some of which the peer "
+        f"may have received; use {new}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 class ProtocolError(MConnError):
@@ -217,25 +244,25 @@ class ReactorError(ConnectionClosed):
 class SessionExpired(MConnError):
     """A suspended session was not resumed within ``resume_grace``."""
 
-    def __init__(self, grace: float, undelivered: dict) -> None:
+    def __init__(self, grace: float, unconfirmed: dict) -> None:
         super().__init__(
-            f"session not resumed within resume_grace {grace}s; undelivered per channel: "
-            + (", ".join(f"{c:#04x}={n}" for c, n in sorted(undelivered.items())) or "none")
+            f"session not resumed within resume_grace {grace}s; not confirmed delivered per channel: "
+            + (", ".join(f"{c:#04x}={n}" for c, n in sorted(unconfirmed.items())) or "none")
         )
         self.grace = grace
-        self.undelivered = dict(undelivered)
+        self.unconfirmed = dict(unconfirmed)
 
 
 class SessionRejected(MConnError):
     """A resume was refused (unknown session, channels changed...); a fresh one starts."""
 
-    def __init__(self, reason: str, undelivered: dict) -> None:
+    def __init__(self, reason: str, unconfirmed: dict) -> None:
         super().__init__(
-            f"session could not be resumed: {reason}; undelivered per channel: "
-            + (", ".join(f"{c:#04x}={n}" for c, n in sorted(undelivered.items())) or "none")
+            f"session could not be resumed: {reason}; not confirmed delivered per channel: "
+            + (", ".join(f"{c:#04x}={n}" for c, n in sorted(unconfirmed.items())) or "none")
         )
         self.reason = reason
-        self.undelivered = dict(undelivered)
+        self.unconfirmed = dict(unconfirmed)
 
 
 class DialGaveUp(MConnError):

@@ -25,7 +25,7 @@ from twisted.internet import defer
 
 from mconn.codec import encode_message
 from mconn.connection import State
-from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, ReactorError
+from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, warn_renamed, ReactorError
 from mconn.node_info import node_info_of
 from mconn.session_table import PeerState
 from mconn.wire import ChannelInfo, Hello
@@ -72,8 +72,10 @@ class PeerStats:
     resumes: int = 0
     messages_resent: int = 0
     unacked_bytes: int = 0
-    #: Accepted for sending and not yet confirmed delivered, per channel id.
-    undelivered: dict = dataclasses.field(default_factory=dict)
+    #: Accepted for sending and not yet confirmed delivered, per channel id (some may be
+    #: with the peer's reactor, their acknowledgement on its way). ``undelivered`` is
+    #: its old name, deprecated.
+    unconfirmed: dict = dataclasses.field(default_factory=dict)
     #: Per node, across sessions (``Switch.node_counters``): resumes refused, sessions
     #: that outlived resume_grace, duplicate connections refused or that replaced a
     #: dead one, simultaneous dials settled.
@@ -82,6 +84,12 @@ class PeerStats:
     duplicates_refused: int = 0
     duplicates_replaced: int = 0
     simultaneous_dials: int = 0
+
+    @property
+    def undelivered(self) -> dict:
+        """Deprecated name of ``unconfirmed``."""
+        warn_renamed("PeerStats.undelivered", "PeerStats.unconfirmed")
+        return self.unconfirmed
 
 
 class Peer:
@@ -572,7 +580,7 @@ class Peer:
             resumes=self.resumes,
             messages_resent=session.resent,
             unacked_bytes=session.unacked_bytes,
-            undelivered=session.undelivered(),
+            unconfirmed=session.unconfirmed(),
             **self._sessions.node_counters.get(self.node_id, {}),
         )
 

@@ -34,7 +34,7 @@ import itertools
 import math
 
 # AckError lives with the other errors; ``from mconn.session import AckError`` still works.
-from mconn.errors import AckError
+from mconn.errors import AckError, warn_renamed
 
 
 class _Stream:
@@ -207,7 +207,7 @@ class Session:
 
     def release(self) -> None:
         """The session ended: its unacknowledged bytes leave the node-wide budget (the
-        messages stay, counted as undelivered)."""
+        messages stay, counted as not confirmed delivered)."""
         self._budget.used -= self.unacked_bytes
         self._budget = Budget(math.inf)
 
@@ -215,9 +215,15 @@ class Session:
         """Whether any message was accepted or delivered in this session."""
         return any(s.acked or s.unacked or s.delivered for s in self._streams.values())
 
-    def undelivered(self) -> dict[int, int]:
-        """Per channel, messages accepted but not confirmed delivered (non-zero only)."""
+    def unconfirmed(self) -> dict[int, int]:
+        """Per channel, messages accepted whose delivery the peer has not confirmed yet
+        (non-zero only); some may already be with its reactor, their ack on its way."""
         return {c: len(s.unacked) for c, s in self._streams.items() if s.unacked}
+
+    def undelivered(self) -> dict[int, int]:
+        """Deprecated name of :meth:`unconfirmed`."""
+        warn_renamed("Session.undelivered()", "Session.unconfirmed()")
+        return self.unconfirmed()
 
     # -- receiving -----------------------------------------------------------------
 

@@ -195,8 +195,8 @@ class SessionManager:
     def _end_effect(self, peer: Peer, step_: _Step) -> None:
         reason = step_.reason
         self._stop_waiting(peer, dialer=step_.stop_dialer)
-        if not reason.undelivered:
-            reason.undelivered = peer.session.undelivered()
+        if not reason.unconfirmed:
+            reason.unconfirmed = peer.session.unconfirmed()
         peer.session.release()
         if isinstance(reason, SessionRejected):
             self.count(peer.node_id, "resume_rejections")
@@ -214,7 +214,9 @@ class SessionManager:
             session_id=peer.session.id.hex(),
             reason_type=type(reason).__name__,
             reason=str(reason),
-            undelivered=[{"channel_id": c, "count": n} for c, n in sorted(reason.undelivered.items())],
+            # The telemetry field keeps its name (the pipeline reads it); it counts messages
+            # not confirmed delivered (specs/telemetry.md, session_ended).
+            undelivered=[{"channel_id": c, "count": n} for c, n in sorted(reason.unconfirmed.items())],
             resumes=peer.resumes,
             channels=telemetry.session_counters(peer.session),
         )
@@ -224,7 +226,7 @@ class SessionManager:
 
     def rejected(self, peer: Peer, why: str) -> SessionRejected:
         """The reason a session ends with when a newer one takes its place."""
-        return SessionRejected(why, peer.session.undelivered())
+        return SessionRejected(why, peer.session.unconfirmed())
 
     # -- starting and resuming -------------------------------------------------------
 
@@ -440,7 +442,7 @@ class SessionManager:
     def _grace_expired(self, peer: Peer) -> None:
         self._grace_timers.pop(peer.node_id, None)
         self.count(peer.node_id, "grace_expiries")
-        self.apply(peer, I.GRACE_EXPIRED, SessionExpired(self.config.resume_grace, peer.session.undelivered()))
+        self.apply(peer, I.GRACE_EXPIRED, SessionExpired(self.config.resume_grace, peer.session.unconfirmed()))
 
     def _stop_waiting(self, peer: Peer, *, dialer: bool) -> None:
         timer = self._grace_timers.pop(peer.node_id, None)

@@ -175,7 +175,7 @@ def _transport(peer) -> str | None:
 
 def _peer_fields(peer, sampler: RateSampler) -> dict:
     stats = peer.stats
-    undelivered = stats.undelivered
+    unconfirmed = stats.unconfirmed
     return {
         "node_id": stats.node_id,
         "state": stats.state,
@@ -211,7 +211,7 @@ def _peer_fields(peer, sampler: RateSampler) -> dict:
                 "accepted": c.accepted,
                 "acked": c.acked,
                 "delivered": c.delivered,
-                "undelivered": int(undelivered.get(c.channel_id, 0)),
+                "unconfirmed": int(unconfirmed.get(c.channel_id, 0)),
                 **sampler.fields(stats.node_id, c.channel_id),
             }
             for c in stats.channels
@@ -430,7 +430,7 @@ PAGE = """<!DOCTYPE html>
   <th>peer / channel</th><th>state</th><th>address</th><th>transport</th><th>uptime</th><th>resumes</th>
   <th title="last ping round trip">RTT</th><th>queue</th><th>send rate</th><th>receive rate</th>
   <th title="messages accepted for sending / confirmed by the peer / delivered here">acc / ack / dlv</th>
-  <th title="accepted and not yet confirmed">undelivered</th>
+  <th title="accepted and not yet confirmed delivered by the peer">unconfirmed</th>
 </tr></thead><tbody></tbody></table>
 <h2>Node counters</h2>
 <table id="counters"><thead><tr><th>node</th><th>resume rejections</th><th>grace expiries</th>
@@ -503,7 +503,7 @@ function render(doc) {
     for (const c of p.channels) {
       rows.push(row([el("td", "channel 0x" + c.channel_id.toString(16).padStart(2, "0") + ", priority " + c.priority),
         "", "", "", "", "", "", num(c.queue_depth + (c.waiting_sends ? " +" + c.waiting_sends + " waiting" : "")),
-        ...rates(c), num(c.accepted + " / " + c.acked + " / " + c.delivered), num(c.undelivered)], "channel"));
+        ...rates(c), num(c.accepted + " / " + c.acked + " / " + c.delivered), num(c.unconfirmed)], "channel"));
     }
   }
   if (!rows.length) rows.push(row([el("td", "no peers")]));

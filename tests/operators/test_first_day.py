@@ -8,16 +8,20 @@ test starts is stopped by its PID (the ``typed`` fixture), every wait is bounded
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import signal
 import socket
 import subprocess
 import sys
+import urllib.request
+import warnings
 
 import pytest
 
-from mconn import Config
+from mconn import Config, SessionExpired, SessionRejected
+from mconn.peer import PeerStats
 from mconn.node_settings import CONFIG_FIELDS, Options, config_field_docs
 from mconn.telemetry_file import read_events
 from operators.twistd_nodes import ENV, ROOT, STATUS_LINE, TIMEOUT, TWISTD, wait_until
@@ -122,14 +126,14 @@ def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     a_id, b_id = keygen(tmp_path, "a"), keygen(tmp_path, "b")
     a = typed("a", "-n", "mconn", "--key", "a.key", "--listen", LOOPBACK, "--status", "tcp:0",
-              "--telemetry", "a.json")
+              "--telemetry", "a.json", "--reactor", "operators.sample_reactors:Chat")
     url = STATUS_LINE.search(a.wait_log("mconn status page of node")).group(1)
     address = wait_until(lambda: a.events("a.json", "listening"), "a's listening event")[0]["address"]
     with socket.socket() as closed:  # a port nobody listens on, for a dial that fails
         closed.bind(("127.0.0.1", 0))
         dead = f"{'cd' * 20}@127.0.0.1:{closed.getsockname()[1]}"
     b = typed("b", "-n", "mconn", "--key", "b.key", "--peer", f"{a_id}@{address}", "--peer", f"{b_id}@{address}",
-              "--telemetry", "b.json")
+              "--telemetry", "b.json", "--reactor", "operators.sample_reactors:Chat")
     b.wait_log(" started: listening on nothing, keeping 1 peer connected")
     wait_until(lambda: b.events("b.json", "session_started"), "b's session with a")
     assert (tmp_path / "a.pid").read_text().strip() == str(a.pid)
@@ -150,6 +154,11 @@ def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
         pass  # connects and closes before any hello
     a.wait_log(f"connection at {host}:")
     assert "with None" not in a.log()
+
+    document = json.loads(urllib.request.urlopen(url + "status.json", timeout=TIMEOUT).read())
+    [channel] = document["peers"][0]["channels"]  # item 6: named for what it counts
+    assert channel["unconfirmed"] == 0 and "undelivered" not in channel
+    assert ">unconfirmed</th>" in urllib.request.urlopen(url, timeout=TIMEOUT).read().decode()
 
     piped = run(["sh", "-c", f"'{MCONN}' status {url} | head -3"], tmp_path)
     assert piped.stderr == "" and len(piped.stdout.splitlines()) == 3 and a_id in piped.stdout
@@ -281,3 +290,20 @@ def test_toml_typo_dashed_key_lonely_node_chat_on_loopback_and_layout(tmp_path, 
                             (p / "__init__.py").exists()):
         assert f"`{directory}/`" in layout, directory
     assert "`events`" in readme.split("## Study a fleet's telemetry")[1].split("##")[0]
+
+
+def test_the_count_a_session_ends_with_is_named_not_confirmed_delivered():
+    """Item 6. The reason a session ends with counts the messages not confirmed delivered as
+    ``unconfirmed`` and says so in its message; ``undelivered``, the old name on reasons and on
+    ``peer.stats``, still answers the same counts and warns that it is deprecated."""
+    expired, rejected = SessionExpired(30.0, {0x10: 2}), SessionRejected("unknown_session", {})
+    assert (expired.unconfirmed, rejected.unconfirmed) == ({0x10: 2}, {})
+    assert str(expired) == "session not resumed within resume_grace 30.0s; not confirmed delivered per channel: 0x10=2"
+    stats = PeerStats(node_id="ab" * 20, is_outbound=True, state="connected", uptime=1.0, bytes_sent=0,
+                      bytes_received=0, round_trip=None, channels=(), unconfirmed={0x10: 1})
+    for old, new in ((lambda: expired.undelivered, expired.unconfirmed), (lambda: stats.undelivered, stats.unconfirmed)):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert old() == new
+        assert [w.category for w in caught] == [DeprecationWarning]
+        assert "not confirmed delivered" in str(caught[0].message) and "unconfirmed" in str(caught[0].message)
