@@ -152,3 +152,24 @@ async def test_persistent_dialer_does_not_retry_an_incompatible_node(telemetry):
         assert a.refusals == {"network_mismatch": 1}
     finally:
         await _stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_dialer_with_node_info_refuses_a_listener_without(telemetry):
+    """A dialer with node info refuses a listener without any (IncompatibleNode
+    node_info_missing, not retried). The listener, requiring nothing, may have started
+    the session: if its reactor saw add_peer, remove_peer follows with PeerClosed naming
+    the code, and no session is left."""
+    (a, b), (ra, rb), port = await _nodes((None, CH20), (CHAIN_A, CH20))
+    try:
+        with pytest.raises(IncompatibleNode) as caught:
+            await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}"))
+        assert caught.value.reason == "node_info_missing" and is_not_retried(caught.value)
+        assert b.refusals == {"node_info_missing": 1} and a.refusals == {} and rb.calls == []
+        await until(lambda: not a.peers and len(ra.calls) in (0, 2), "a's side to settle")
+        if ra.calls:
+            assert [c[0] for c in ra.calls] == ["add_peer", "remove_peer"]
+            reason = ra.calls[1][2]
+            assert isinstance(reason, PeerClosed) and reason.code == "node_info_missing"
+    finally:
+        await _stop(a, b)
