@@ -3,6 +3,8 @@
 The scenarios (scenarios.py) drive a *link* and never look below it:
 
     offer(channel, msg) -> bool      take ``msg`` now if backpressure allows; False: wait
+    offer_many(channel, msgs) -> int take a prefix of ``msgs`` now (how many): the batch
+                                     API (mconn: ``try_send_many``; raw: ``offer`` each)
     offer_later(channel, msg, cb)    take ``msg`` as soon as there is room, then call ``cb()``
     send_now(channel, msg) -> bool   send a latency-critical message (no waiting)
     flush()                          hand batched frames to the transport
@@ -160,6 +162,12 @@ class RawLink(Protocol):
             self.flush()
         return True
 
+    def offer_many(self, channel: int, msgs: list) -> int:
+        for taken, msg in enumerate(msgs):
+            if not self.offer(channel, msg):
+                return taken
+        return len(msgs)
+
     def offer_later(self, channel: int, msg: bytes, cb) -> None:
         self.flush()
         self._waiter = (msg, cb)
@@ -237,6 +245,12 @@ class MconnLink:
 
     def offer(self, channel: int, msg: bytes) -> bool:
         return self.peer.try_send(channel, msg)
+
+    def offer_many(self, channel: int, msgs: list) -> int:
+        try_send_many = getattr(self.peer, "try_send_many", None)
+        if try_send_many is None:  # a tree from before issue 13's batch API
+            return RawLink.offer_many(self, channel, msgs)
+        return try_send_many(channel, msgs)
 
     def offer_later(self, channel: int, msg: bytes, cb) -> None:
         def queued(ok: bool) -> None:

@@ -24,7 +24,7 @@ from twisted.logger import (
 )
 
 from links import SOCKET_OPTIONS, LinkReactor, raw_factory
-from scenarios import CHANNELS, Sender, Sink
+from scenarios import CHANNELS, Filler, Sender, Sink
 
 
 def emit(obj: dict) -> None:
@@ -131,6 +131,7 @@ def role_main(args) -> None:
     from twisted.internet import reactor as clock
 
     SOCKET_OPTIONS.update(nodelay=args.nodelay, notsent_lowat=args.notsent_lowat)
+    Filler.batched = not args.one_by_one
     cpus = sorted(os.sched_getaffinity(0))
     if args.pin and len(cpus) >= 2:
         os.sched_setaffinity(0, {cpus[0] if args.role == "send" else cpus[1]})

@@ -3,7 +3,7 @@
     .venv/bin/python bench/run.py [--quick] [--repeat N] [--duration S]
         [--scenarios bulk,priority,small,rtt,acks,resume] [--profile DIR | --py-spy DIR]
         [--raw-framing hand|int32] [--no-pin] [--nodelay] [--notsent-lowat BYTES]
-        [--before REV] [--resets N]
+        [--before REV] [--pair-before REV] [--one-by-one] [--resets N]
 
 Each of the first four scenarios runs over the raw baseline (4-byte big-endian length + payload,
 links.py) and over mconn (default Config: 1024-byte max_packet_payload), back to back,
@@ -12,6 +12,11 @@ described in scenarios.py. A measurement starts a receiver process (role.py), wh
 listens on 127.0.0.1 port 0 and prints its port and node id, then a sender process.
 Each role runs in its own session; whatever of it is still running at the end is killed
 through that process group's id.
+
+``--pair-before REV`` adds mconn at REV (``git archive``-d, on PYTHONPATH, as for
+``acks`` below) to every round of those four, run right after mconn now, and prints a
+table for each: before and after in one run. The bulk and small senders hand mconn 64
+messages at a time with ``try_send_many`` (``--one-by-one``: ``try_send`` each).
 
 Two scenarios measure the session layer (issue 3) instead of mconn against raw:
 
@@ -71,7 +76,7 @@ RARE_ACKS = {"ack_every_messages": 256 * 256, "ack_every_bytes": 8 << 20, "ack_i
 ACK_FIELDS = ("ack_every_messages", "ack_every_bytes", "ack_interval")
 #: The options recorded with the results.
 SETTINGS = ("duration", "repeat", "rtt_count", "raw_framing", "pin", "nodelay", "notsent_lowat", "max_packet_payload",
-            "profile", "py_spy", "before", "resets") + ACK_FIELDS
+            "profile", "py_spy", "before", "pair_before", "one_by_one", "resets") + ACK_FIELDS
 
 # -- orchestration ------------------------------------------------------------------
 
@@ -105,6 +110,7 @@ def role_command(args, role: str, impl: str, scenario: str, extra: list[str], ta
         "--rtt-count", str(args.rtt_count),
         "--raw-framing", args.raw_framing,
     ] + ["--pin" if args.pin else "--no-pin"] + (["--nodelay"] if args.nodelay else [])
+    cmd += ["--one-by-one"] if args.one_by_one else []
     if args.notsent_lowat:
         cmd += ["--notsent-lowat", str(args.notsent_lowat)]
     cmd += ["--max-packet-payload", str(args.max_packet_payload)]
@@ -197,22 +203,52 @@ def run_pair(args, impl: str, scenario: str, options: list[str] = (), env=None, 
             f.close()
 
 
-def run_rounds(args, scenarios: list[str]) -> tuple[list, list]:
-    """Every measurement ``args.repeat`` times: (figures per round, role results per round)."""
+def run_rounds(args, scenarios: list[str], before: tuple | None = None) -> tuple[list, list]:
+    """Every measurement ``args.repeat`` times: (figures per round, role results per round).
+
+    ``before`` (``--pair-before``: the tree and environment of ``before_tree``) adds a
+    third variant to each round, ``before``: mconn of that tree, run right after mconn now.
+    """
     rounds, role_results = [], []
+    impls = IMPLS + (("before",) if before else ())
     for n in range(args.repeat):
-        figs: dict = {impl: {} for impl in IMPLS}
-        raw: dict = {impl: {} for impl in IMPLS}
+        figs: dict = {impl: {} for impl in impls}
+        raw: dict = {impl: {} for impl in impls}
         for scenario in scenarios:
-            for impl in IMPLS:
+            for impl in impls:
                 print(f"round {n + 1}/{args.repeat} {scenario:<9} {impl:<6} ...", end=" ", flush=True)
-                options = given_ack_options(args) if impl == "mconn" else []
-                raw[impl][scenario] = run_pair(args, impl, scenario, options)
-                figs[impl][scenario] = report.figures(scenario, raw[impl][scenario])
+                options = given_ack_options(args) if impl != "raw" else []
+                if impl == "before":
+                    tree, env = before
+                    result = run_pair(args, "mconn", scenario, options, env, "mconn_before")
+                    for side in ("send", "recv"):
+                        check_mconn_file("before", result[side]["process"].get("mconn_file"), tree)
+                else:
+                    result = run_pair(args, impl, scenario, options)
+                raw[impl][scenario] = result
+                figs[impl][scenario] = report.figures(scenario, result)
                 print(json.dumps(figs[impl][scenario]))
         rounds.append(figs)
         role_results.append(raw)
     return rounds, role_results
+
+
+def run_pairs_with_before(args, scenarios: list[str]) -> dict:
+    """``--pair-before REV``: raw, mconn now and mconn at REV in the same rounds; the
+    table of each mconn against raw."""
+    with before_tree(args.pair_before) as (tree, commit):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
+        digest = report.source_digest(os.path.join(tree, "mconn"))
+        rounds, role_results = run_rounds(args, scenarios, (tree, env))
+    rows_before = report.judge([{"raw": r["raw"], "mconn": r["before"]} for r in rounds])
+    rows = report.judge([{"raw": r["raw"], "mconn": r["mconn"]} for r in rounds])
+    print(f"\nbefore = mconn at {commit[:7]} (sources {digest['sha256']}), same rounds; "
+          f"medians of {args.repeat} round(s); mconn/raw is the median of the per-round ratios")
+    report.print_table(rows_before)
+    print("\nnow = this tree")
+    report.print_table(rows)
+    return {"before_commit": commit, "before_sources": digest, "rows_before": rows_before, "rows": rows,
+            "rounds": rounds, "role_results": role_results}
 
 
 # -- the session-layer scenarios ------------------------------------------------------
@@ -346,7 +382,9 @@ def orchestrate(args) -> int:
         "settings": {k: getattr(args, k) for k in SETTINGS},
     }
     pair = [s for s in scenarios if s in PAIR_SCENARIOS]
-    if pair:
+    if pair and args.pair_before:
+        doc["pair_before"] = run_pairs_with_before(args, pair)
+    elif pair:
         rounds, role_results = run_rounds(args, pair)
         rows = report.judge(rounds)
         print(f"\nmedians of {args.repeat} round(s); mconn/raw is the median of the per-round ratios")
@@ -391,6 +429,10 @@ def main(argv=None) -> int:
                    help="experiment: mconn Config.max_packet_payload (default 1024, the target's setting)")
     p.add_argument("--before", default="82a45f3", metavar="REV",
                    help="acks: the commit measured as 'before' (default 82a45f3, the core before sessions)")
+    p.add_argument("--pair-before", metavar="REV",
+                   help="bulk, priority, small, rtt: also measure mconn at REV in the same rounds")
+    p.add_argument("--one-by-one", action="store_true",
+                   help="bulk and small: the mconn sender calls try_send per message, not try_send_many")
     p.add_argument("--resets", type=int, default=None, help="resume: resets to time (default 20, --quick 5)")
     for name in ("ack_every_messages", "ack_every_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int,

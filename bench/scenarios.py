@@ -8,10 +8,12 @@ Every message starts with a kind byte, so the receiver needs no channel to class
     R  round-trip request: kind | sequence (8 bytes) | padding; the receiver echoes it
     E  end of the measurement: the receiver reports and closes
 
-Senders. ``bulk`` and ``small`` keep one channel's queue full (Filler): ``offer``
-(mconn: ``try_send``) until it is refused, then ``offer_later`` (mconn: ``peer.send``;
-raw: the transport's ``resumeProducing``) and go on when that fires, for ``duration``
-seconds; then an E message. ``priority`` does the same with 1 MiB messages on a
+Senders. ``bulk`` and ``small`` keep one channel's queue full (Filler): ``offer_many``
+of 64 messages at a time (mconn: ``try_send_many``; raw: ``offer`` each, written in
+batches) until one is refused, then ``offer_later`` (mconn: ``peer.send``; raw: the
+transport's ``resumeProducing``) and go on when that fires, for ``duration`` seconds;
+then an E message. (Before issue 13's batch API the mconn side called ``try_send`` once
+per message: ``--one-by-one`` measures that.) ``priority`` does the same with 1 MiB messages on a
 priority-1 channel and sends a probe every 5 ms on a priority-10 channel (raw: the probe
 is written behind whatever the transport already buffers; there are no priorities).
 ``rtt`` keeps one 100-byte request outstanding; the sender times it with
@@ -155,8 +157,23 @@ class Sink(Handler):
 # -- senders ----------------------------------------------------------------------
 
 
+#: Messages a Filler offers at a time.
+BATCH = 64
+
+
+def _offer_each(link, channel: int, msgs: list) -> int:
+    """``offer`` one message at a time (``--one-by-one``): how many were taken."""
+    for taken, msg in enumerate(msgs):
+        if not link.offer(channel, msg):
+            return taken
+    return len(msgs)
+
+
 class Filler:
     """Keeps one channel's queue full with copies of ``msg`` until ``until`` (monotonic s)."""
+
+    #: False: ``offer`` each message instead of ``offer_many`` (run.py --one-by-one).
+    batched = True
 
     def __init__(self, link, channel: int, msg: bytes, until: float, on_done) -> None:
         self.link = link
@@ -168,13 +185,14 @@ class Filler:
 
     def run(self) -> None:
         link, channel, msg, until = self.link, self.channel, self.msg, self.until
+        batch = [msg] * BATCH
         while time.monotonic() < until:
-            for _ in range(64):
-                if not link.offer(channel, msg):
-                    link.flush()
-                    link.offer_later(channel, msg, self._queued)
-                    return
-                self.sent += 1
+            taken = link.offer_many(channel, batch) if self.batched else _offer_each(link, channel, batch)
+            self.sent += taken
+            if taken < BATCH:
+                link.flush()
+                link.offer_later(channel, msg, self._queued)
+                return
             link.flush()
         link.flush()
         link.offer_later(channel, _END_MESSAGE, lambda: None)

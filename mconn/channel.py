@@ -147,46 +147,65 @@ class Channel:
     def emit(self, parts: list, payload: int, budget: int) -> tuple[int, int]:
         """Append packets of the current message to ``parts`` until ``budget`` wire bytes.
 
-        Returns ``(wire_bytes, messages_finished)``. At least one packet is emitted.
+        Returns ``(wire_bytes, messages_finished)``. At least one packet is emitted. A
+        message that fits one packet goes out as it is (no view of it is made), and its
+        header is looked up once for a run of messages of one size.
         """
-        if self.sending is None:
-            self.sending = memoryview(self.queue.popleft())
-            self.offset = 0
-        mv = self.sending
-        offset = self.offset
-        total = len(mv)
         if self._full_payload != payload:
             self._full_header = msg_header(self.id, False, payload)
             self._full_payload = payload
         full = self._full_header
+        full_wire = len(full) + payload
+        append = parts.append
+        queue = self.queue
+        mv = self.sending
+        offset = self.offset
+        total = 0 if mv is None else len(mv)
+        last_size = -1
+        header = b""
         wire = 0
         finished = 0
         while True:
+            if mv is None:
+                message = queue.popleft()
+                size = len(message)
+                if size <= payload:  # the whole message is its last packet
+                    if size != last_size:
+                        header = msg_header(self.id, True, size)
+                        last_size = size
+                    append(header)
+                    if size:
+                        append(message)
+                    wire += len(header) + size
+                    finished += 1
+                    if not queue or wire >= budget:
+                        break
+                    continue
+                mv = memoryview(message)
+                offset = 0
+                total = size
             remaining = total - offset
             if remaining > payload:
-                parts.append(full)
-                parts.append(mv[offset : offset + payload])
+                append(full)
+                append(mv[offset : offset + payload])
                 offset += payload
-                wire += len(full) + payload
-            else:
-                header = msg_header(self.id, True, remaining)
-                parts.append(header)
-                if remaining:
-                    parts.append(mv[offset:])
-                wire += len(header) + remaining
-                finished += 1
-                self.stats.messages_sent += 1
-                if not self.queue or wire >= budget:
-                    self.sending = None
+                wire += full_wire
+                if wire >= budget:
                     break
-                mv = self.sending = memoryview(self.queue.popleft())
-                offset = 0
-                total = len(mv)
                 continue
-            if wire >= budget:
+            last = msg_header(self.id, True, remaining)
+            append(last)
+            append(mv[offset:])
+            wire += len(last) + remaining
+            finished += 1
+            mv = None
+            if not queue or wire >= budget:
                 break
+        self.sending = mv
         self.offset = offset
-        self.stats.bytes_sent += wire
+        stats = self.stats
+        stats.messages_sent += finished
+        stats.bytes_sent += wire
         return wire, finished
 
     def _too_large(self, size: int) -> MessageTooLarge:

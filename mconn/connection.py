@@ -222,9 +222,20 @@ class Connection:
                 channel = channels.get(packet[1])
                 if channel is None:
                     raise self._unknown_channel(packet[1])
-                message = channel.reassemble(packet[2], packet[3])
-                if message is not None:
-                    append(MessageReceived(channel_id=packet[1], message=message))
+                if packet[2] and channel.receiving is None:
+                    # A whole message in one packet (its data is bytes): Channel.reassemble inlined.
+                    message = packet[3]
+                    size = len(message)
+                    if size > channel.recv_capacity:
+                        raise channel._too_large(size)
+                    stats = channel.stats
+                    stats.bytes_received += size
+                    stats.messages_received += 1
+                else:
+                    message = channel.reassemble(packet[2], packet[3])
+                    if message is None:
+                        continue
+                append(MessageReceived(channel_id=packet[1], message=message))
                 continue
             if kind == RUN and is_open:
                 channel = channels.get(packet[1])
@@ -385,6 +396,9 @@ class Connection:
         ``budget`` caps the data bytes (default ``config.write_batch_bytes``); send_rate
         caps it further. Returns b"" when there is nothing to send now.
         """
+        if not self._control and not self._scheduler.pending():
+            self.more_to_send = False  # the common call after a write: nothing left
+            return b""
         parts: list = []
         if self._control:
             parts.extend(self._control)

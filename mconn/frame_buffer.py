@@ -12,9 +12,11 @@ packet's header plus its limit.
 Decoded packets are plain tuples for speed; tests/core/test_codec_equivalence.py proves
 this decoder agrees with the construct declarations of wire.py:
 
-    (PING,)  (PONG,)  (MSG, channel_id, eof, data: memoryview)  (type, body: bytes)
+    (PING,)  (PONG,)  (MSG, channel_id, eof, data)  (type, body: bytes)
     (RUN, channel_id, [data: memoryview, ...])
 
+A msg packet's data is bytes when eof is set (a message's last packet, the whole of a
+small one: passed on without another copy), otherwise a memoryview into the read.
 RUN stands for consecutive msg packets of one channel that carry exactly max_payload
 bytes with eof 00 (the middle of a large message): one tuple for the lot, so that bulk
 transfers cost one step per run instead of one per packet.
@@ -75,6 +77,12 @@ class FrameBuffer:
         """Bytes held back because their packet is not complete yet."""
         return len(self._tail)
 
+    #: Fed more than this many bytes while an incomplete packet is buffered, ``feed``
+    #: completes that packet from a bounded prefix of the new bytes and decodes the rest
+    #: in place, instead of copying all of them behind it (a bulk stream leaves a tail
+    #: after nearly every read). Tests set it to 0 to run that path on every feed.
+    SPLICE_MIN = 4096
+
     def feed(self, data: bytes, *, stop_after_extension: bool = True) -> tuple[list, Exception | None]:
         """Decode as many whole packets as ``data`` completes.
 
@@ -84,33 +92,80 @@ class FrameBuffer:
         after each extension packet (the caller may change limits after a hello); call
         ``feed(b"")`` to go on.
         """
-        if self._tail:
-            data = self._tail + data
+        tail = self._tail
+        if tail:
+            if len(data) > self.SPLICE_MIN:
+                done = self._feed_spliced(tail, data, stop_after_extension)
+                if done is not None:
+                    return done
+            data = tail + data
+        out, pos, error, stopped = self._decode(data, 0, len(data), stop_after_extension, 0)
+        return out, self._keep(data, pos, error, stopped)
+
+    def _keep(self, data: bytes, pos: int, error: Exception | None, stopped: bool) -> Exception | None:
+        """Keep what follows ``pos`` (an incomplete packet, or bytes after a pause)."""
+        self.paused = stopped
+        self._tail = b"" if error is not None or pos >= len(data) else bytes(memoryview(data)[pos:])
+        return error
+
+    def _feed_spliced(self, tail: bytes, data: bytes, stop_after_extension: bool):
+        """``feed`` of ``tail + data`` without building it: the packet that ``tail``
+        begins is completed from at most one packet's worth of ``data``, the rest is
+        decoded from ``data`` itself. None when that does not apply (after a pause
+        ``tail`` holds whole packets): the caller joins the two instead."""
+        if self.paused:
+            return None
+        t = tail[0]  # the type of the one incomplete packet kept
+        limit = self._max_payload + 2 if t == MSG else self.extension_limits.get(t, self.default_extension_limit)
+        head = tail + data[: 2 + MAX_UVARINT_SIZE + limit]
+        kept = len(tail)
+        # Only packets that start inside ``tail``: the last of them ends inside ``head``.
+        out, pos, error, stopped = self._decode(head, 0, kept, stop_after_extension, 0)
+        if error is not None:
+            return out, self._keep(head, pos, error, stopped)
+        if pos < kept:
+            return None
+        pos -= kept
+        if not stopped:
+            more, pos, error, stopped = self._decode(data, pos, len(data), stop_after_extension, kept)
+            out += more
+        return out, self._keep(data, pos, error, stopped)
+
+    def _decode(self, data: bytes, pos: int, stop: int, stop_after_extension: bool, base: int) -> tuple:
+        """Decode the packets of ``data`` that start at ``pos`` up to ``stop``:
+        ``(packets, position after the last whole one, error, paused)``. ``base`` is
+        where ``data`` starts in what ``feed`` was given (for error messages)."""
         mv = memoryview(data)
         n = len(data)
-        pos = 0
         out: list = []
         append = out.append
         max_payload = self._max_payload
         full_tail = self._full_tail
+        startswith = data.startswith
         full_skip = 2 + len(full_tail)
+        stride = full_skip + max_payload
         error = None
         stopped = False
         run: list = []
         run_channel = -1
-        while pos < n:
+        while pos < stop:
             t = data[pos]
             if t == MSG:
                 # 03 | ch | eof | size | len (size bytes) | data
-                start = pos + full_skip
-                if data[pos + 2 : start] == full_tail and start + max_payload <= n:
-                    # A full, not-last packet: consecutive ones of a channel form one run.
-                    end = start + max_payload
-                    if run_channel == data[pos + 1] and out and out[-1][0] == RUN:
-                        run.append(mv[start:end])
+                if startswith(full_tail, pos + 2) and pos + stride <= n:
+                    # A full, not-last packet: consecutive ones of a channel form one run,
+                    # and the packets after it are checked many at a time (_run_length).
+                    channel_id = data[pos + 1]
+                    count = min((n - pos) // stride, (stop - pos - 1) // stride + 1)
+                    if count > 1:
+                        count = _run_length(data, pos, count, stride, bytes((MSG, channel_id)) + full_tail)
+                    end = pos + count * stride
+                    views = [mv[start : start + max_payload] for start in range(pos + full_skip, end, stride)]
+                    if run_channel == channel_id and out and out[-1][0] == RUN:
+                        run += views
                     else:
-                        run_channel = data[pos + 1]
-                        run = [mv[start:end]]
+                        run_channel = channel_id
+                        run = views
                         append((RUN, run_channel, run))
                     pos = end
                     continue
@@ -146,7 +201,9 @@ class FrameBuffer:
                 end = start + length
                 if end > n:
                     break
-                append((MSG, data[pos + 1], eof, mv[start:end]))
+                # A message's last packet comes as bytes (usually the whole message: the
+                # connection hands it on as it is); others as a view, copied once later.
+                append((MSG, data[pos + 1], eof, data[start:end] if eof else mv[start:end]))
                 pos = end
             elif t == PING:
                 append(_PING_PACKET)
@@ -181,16 +238,9 @@ class FrameBuffer:
                     stopped = pos < n
                     break
             else:
-                error = UnknownPacketType(f"unknown packet type {t:#04x} at stream offset +{pos}")
+                error = UnknownPacketType(f"unknown packet type {t:#04x} at stream offset +{base + pos}")
                 break
-        self.paused = stopped
-        if error is not None:
-            self._tail = b""
-        elif pos < n:
-            self._tail = bytes(mv[pos:])
-        else:
-            self._tail = b""
-        return out, error
+        return out, pos, error, stopped
 
     @staticmethod
     def _bad_eof(channel_id: int, eof: int) -> MalformedPacket:
@@ -207,3 +257,22 @@ class FrameBuffer:
         if lower_bound > limit:
             return PacketTooLarge(f"{what} declares at least {lower_bound} bytes, over its limit {limit}")
         return None
+
+
+def _run_length(data: bytes, pos: int, count: int, stride: int, header: bytes) -> int:
+    """How many of the ``count`` packets spaced ``stride`` bytes apart from ``pos`` on
+    (the first known to start with ``header``) all start with ``header``: at least
+    one, at most ``count``, and only ever a prefix in which every one does.
+
+    Each header byte is compared across the packets at once, as one strided slice,
+    instead of one packet at a time; on a mismatch the count halves.
+    """
+    while count > 1:
+        end = pos + count * stride
+        for j in range(len(header)):
+            if data[pos + j : end : stride] != header[j : j + 1] * count:
+                break
+        else:
+            return count
+        count //= 2
+    return 1

@@ -13,10 +13,11 @@ buffer); one DelayedCall follows ``core.next_deadline()``. Data reaches the tran
 the same reactor turn it was queued in: there is no flush timer.
 
 The write-ahead (``mconn.write_ahead``, specs/connection.md section 7): on a transport
-that pauses its producer as Twisted's TCP transport does, ``pump`` pauses itself after
-every write, so that Twisted resumes it only once the kernel has taken the write, and
-sizes each write to ``Config.write_ahead_time`` at the link's measured drain rate: what
-waits below the scheduler stays within the kernel's ``tcp_notsent_lowat`` and two writes.
+that pauses its producer as Twisted's TCP transport does, ``pump`` pauses itself once
+its writes since Twisted last resumed it reach ``Config.write_ahead_time`` at the link's
+measured drain rate (a write short of its budget does not pause), so that Twisted
+resumes it only once the kernel has taken them: what waits below the scheduler stays
+within the kernel's ``tcp_notsent_lowat`` and two writes.
 """
 
 from __future__ import annotations
@@ -159,7 +160,8 @@ class MConnectionProtocol(Protocol):
         self.core, self.session_request = self.owner.new_core(self, self._clock.seconds())
         set_socket_options(self.transport, self._config)
         # Twisted's TCP transport (a FileDescriptor) pauses its producer past bufferSize
-        # and resumes it once its buffer is empty; we pause it after every write instead.
+        # and resumes it once its buffer is empty; we pause it after every write that
+        # fills the write-ahead instead.
         # Asked of the class: a TLS wrapper forwards unknown attributes to the TCP
         # transport beneath it, whose producer is not us.
         self._pause_after_write = self._config.write_ahead_time is not None and hasattr(
@@ -256,7 +258,7 @@ class MConnectionProtocol(Protocol):
         write = self.transport.write
         now = self._clock.seconds()
         ahead = self._ahead if self._pause_after_write else None
-        budget = None if ahead is None else ahead.size
+        budget = None if ahead is None else ahead.budget()
         while True:
             while not self._paused or core.state is not State.OPEN:
                 # Once closing, only the close packet is left, and it goes out even when paused.
@@ -265,8 +267,10 @@ class MConnectionProtocol(Protocol):
                     break
                 write(data)
                 if ahead is not None and core.state is State.OPEN:
-                    ahead.wrote(len(data), core.more_to_send)
-                    self._wait_until_written()
+                    if ahead.wrote(len(data), core.more_to_send):
+                        self._wait_until_written()
+                    else:
+                        budget = ahead.budget()  # short of it: no pause (write_ahead.py)
                 if not core.more_to_send:
                     break  # everything that could go out now went out
             # Sends waiting for room take the room just made, and go out too.

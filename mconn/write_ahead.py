@@ -8,13 +8,18 @@ message waits behind them. Twisted's TCP transport pauses its producer only past
 ``bufferSize`` (64 KiB) and resumes it only once its buffer is empty, so the protocol
 used to leave up to 64 KiB in user space ahead of the next message, on top of the
 kernel's unsent queue (``tcp_notsent_lowat``): 33 ms at 20 Mbit/s. Instead the protocol
-pauses itself after every write (Twisted resumes it once the kernel has taken the
-write, which TCP_NOTSENT_LOWAT delays until the kernel's unsent queue is below its
-bound) and sizes each write to ``write_ahead_time`` seconds at the link's drain rate.
+writes at most ``W`` bytes, ``write_ahead_time`` seconds at the link's drain rate,
+between two moments when it knows the transport empty: once its writes since the last
+one reach ``W`` it pauses itself, and Twisted resumes it once the kernel has taken them
+(which TCP_NOTSENT_LOWAT delays until the kernel's unsent queue is below its bound). A
+write short of its budget (nothing more was queued: a round trip, a trickle of small
+messages) does not pause; the next write's budget is what is left of ``W``, so the
+transport never holds more than ``W`` and one packet, and a message at a time costs
+no pause and resume per write.
 
 The rate is measured over windows of at least ``WINDOW`` write-ahead times made only of
-write cycles that used their whole budget (a cycle that ran out of data says nothing
-about the link, and restarts the window): the bytes the peer acknowledged meanwhile
+write cycles (from one resume to the next) whose every write used its whole budget (a
+write that ran out of data says nothing about the link, and restarts the window): the bytes the peer acknowledged meanwhile
 (TCP_INFO's ``tcpi_bytes_acked``) over the window's length, or, where the kernel does
 not say, the bytes the transport took (an over-estimate while the path's queues fill).
 Samples are averaged with weight 1/4. A counter over a window, rather than the kernel's
@@ -45,19 +50,37 @@ class WriteAhead:
         #: The measured drain rate, bytes per second (None until measured).
         self.rate: float | None = None
         self._written = 0
+        #: Bytes written since the transport last resumed us (all it may still hold).
+        self._unconfirmed = 0
         self._full = False
+        #: A write of this cycle fell short of its budget.
+        self._gap = False
         self._window: tuple[float, int] | None = None
 
-    def wrote(self, count: int, full: bool) -> None:
-        """``count`` bytes were written; ``full``: the write used its whole budget."""
+    def budget(self) -> int:
+        """Msg bytes the next write may carry: what is left of ``size`` since the
+        transport last resumed us (at least 1: one packet)."""
+        return max(1, self.size - self._unconfirmed)
+
+    def wrote(self, count: int, full: bool) -> bool:
+        """``count`` bytes were written; ``full``: the write used its whole budget.
+
+        Returns whether to pause until the transport has taken everything: the write
+        used its budget, or the writes since the last resume add up to ``size``.
+        """
         self._written += count
-        self._full = self._full or full
+        self._unconfirmed += count
+        if full:
+            self._full = True
+        else:
+            self._gap = True
+        return full or self._unconfirmed >= self.size
 
     def resumed(self, now: float, acked) -> None:
         """The transport took everything written. ``acked()`` is the kernel's count of
         bytes the peer acknowledged on this connection (None: unknown); it is asked only
         when a window starts or ends, not on every write."""
-        if not self._full:
+        if not self._full or self._gap:
             self._window = None
         elif self._window is None:
             self._window = (now, self._counter(acked))
@@ -71,7 +94,8 @@ class WriteAhead:
                 self.rate = rate
                 self.size = max(1, min(self.batch, int(rate * self.ahead_time)))
                 self._window = (now, counter)
-        self._full = False
+        self._full = self._gap = False
+        self._unconfirmed = 0
 
     def _counter(self, acked) -> int:
         count = acked()

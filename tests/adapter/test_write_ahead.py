@@ -96,6 +96,25 @@ def test_a_probe_waits_behind_at_most_one_write():
     assert 0 <= ahead <= rate * Config().write_ahead_time + 2 * PACKET
 
 
+def test_a_message_at_a_time_is_written_without_a_pause_until_a_write_ahead_adds_up():
+    """A write short of its budget (one small message) leaves the protocol producing, so
+    a round trip costs no pause and resume; once such writes since the last resume add
+    up to the write-ahead size, the protocol pauses, and the transport never holds more."""
+    transport = SocketLikeTransport()
+    h = open_switch_connection(channels=CHANNELS, transport=transport, config=Config(write_batch_bytes=4096))
+    transport.drain(len(transport.value()))
+    assert h.peer.try_send(PROBE, bytes(100))
+    assert transport.producerPaused is False and len(transport.value()) > 100
+    transport.most_held = 0
+    for _ in range(100):
+        h.peer.try_send(PROBE, bytes(100))
+    assert transport.producerPaused is True  # 100 small writes passed 4096 bytes: paused
+    # (the count since the last resume includes the handshake's bytes, hence no exact floor)
+    assert 2048 < transport.most_held <= 4096 + PACKET
+    transport.drain(len(transport.value()))
+    assert transport.producerPaused is False and transport.value()  # resumed: the rest goes on
+
+
 def test_without_write_ahead_time_the_transport_holds_a_whole_batch():
     """write_ahead_time=None keeps the old write path: write_batch_bytes at a time, and
     the transport pauses us only past its bufferSize."""

@@ -1,0 +1,153 @@
+"""The per-message fast paths of issue 13 give the same packets and bytes as the plain ones.
+
+* ``FrameBuffer.feed`` with an incomplete packet kept completes it from a bounded prefix
+  of the new bytes and decodes the rest in place (``SPLICE_MIN``); it must decode, and
+  fail, exactly as joining the two would (specs/wire.md sections 2 and 5).
+* A run of full msg packets is checked many headers at a time (``_run_length``); any
+  packet in it that differs must still come out as itself.
+* ``Channel.emit`` sends a message that fits one packet without a view of it; its bytes
+  must be the declaration's (wire.encode_packet), packet by packet.
+* ``WriteAhead``: a write short of its budget does not pause, and the writes between two
+  resumes never add up to more than the write-ahead size and one write.
+"""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mconn import wire
+from mconn.channel import Channel, ChannelDescriptor
+from mconn.frame_buffer import FrameBuffer
+from mconn.wire import PacketType
+from mconn.write_ahead import WriteAhead
+from tests.core.test_codec_equivalence import any_packets, malformed_bytes
+from tests.helpers_core import feed_whole
+
+FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _decode_in_chunks(data: bytes, cuts: list[int], splice_min: int, max_payload: int = 64):
+    """Feed ``data`` cut at ``cuts``; the decoded packets, the error (type and text)
+    and what stays buffered."""
+    buffer = FrameBuffer(max_payload=max_payload, default_extension_limit=48,
+                         extension_limits={PacketType.HELLO: 200})
+    buffer.SPLICE_MIN = splice_min
+    points = sorted({c % (len(data) + 1) for c in cuts})
+    bounds = [0, *points, len(data)]
+    out: list = []
+    for a, b in zip(bounds, bounds[1:]):
+        packets, error = feed_whole(buffer, data[a:b])
+        out += packets
+        if error is not None:
+            return out, (type(error), str(error)), None
+    return out, None, buffer.buffered
+
+
+@st.composite
+def full_packet_runs(draw) -> bytes:
+    """Full msg packets (max_payload 64) of one or two channels, with other packets
+    (a last packet, a ping, another channel) among them."""
+    parts = []
+    for _ in range(draw(st.integers(1, 40))):
+        kind = draw(st.sampled_from(["full", "full", "full", "full", "last", "ping", "other"]))
+        channel = draw(st.sampled_from([0x20, 0x21]))
+        if kind == "full":
+            parts.append(wire.encode_packet(PacketType.MSG, channel_id=channel, eof=False, data=bytes([len(parts)]) * 64))
+        elif kind == "last":
+            parts.append(wire.encode_packet(PacketType.MSG, channel_id=channel, eof=True, data=bytes(64)))
+        elif kind == "ping":
+            parts.append(b"\x01")
+        else:
+            size = draw(st.integers(0, 70))  # over 64: PacketTooLarge
+            parts.append(bytes([3, channel, 0, 1, size]) + bytes(size))
+    return b"".join(parts)
+
+
+@FAST
+@given(
+    stream=st.one_of(
+        st.lists(any_packets(max_data=60), min_size=1, max_size=12).map(b"".join),
+        malformed_bytes(),
+        full_packet_runs(),
+    ),
+    cuts=st.lists(st.integers(0, 4000), max_size=8),
+)
+def test_spliced_feed_decodes_and_fails_like_a_joined_feed(stream, cuts):
+    """Whatever the stream (valid, malformed, runs of full packets) and wherever it is
+    cut, completing the kept packet from a prefix of the next bytes gives the packets,
+    the error (class and message) and the buffered bytes that joining them gives."""
+    spliced = _decode_in_chunks(stream, cuts, splice_min=0)
+    joined = _decode_in_chunks(stream, cuts, splice_min=1 << 30)
+    assert spliced == joined
+
+
+@FAST
+@given(stream=full_packet_runs())
+def test_runs_of_full_packets_decode_packet_by_packet_as_declared(stream):
+    """Checking a run's headers many at a time never swallows a packet that differs:
+    the output is the declaration's decode of each packet, up to the first bad one."""
+    out, error, _ = _decode_in_chunks(stream, [], splice_min=1 << 30)
+    buffer = FrameBuffer(max_payload=1 << 64, default_extension_limit=1 << 64)
+    declared, declared_error = feed_whole(buffer, stream)
+    assert declared_error is None
+    if error is None:
+        assert out == declared
+    else:
+        assert out == declared[: len(out)]
+        assert error[0].__name__ == "PacketTooLarge"
+        assert declared[len(out)][1][2] and len(declared[len(out)][1][2]) > 64
+
+
+@FAST
+@given(
+    sizes=st.lists(st.integers(0, 300), min_size=1, max_size=12),
+    payload=st.integers(1, 120),
+    budget=st.integers(1, 2000),
+)
+def test_emit_is_the_declaration_packet_by_packet(sizes, payload, budget):
+    """However the budget cuts the calls, emit's bytes are each message cut into
+    payload-sized packets, each encoded as wire.encode_packet declares."""
+    channel = Channel(ChannelDescriptor(0x42, send_queue_capacity=100))
+    messages = [bytes([i]) * size for i, size in enumerate(sizes)]
+    for message in messages:
+        assert channel.enqueue(message)
+    out = b""
+    finished = 0
+    for _ in range(10_000):
+        if not channel.is_pending:
+            break
+        parts: list = []
+        wire_bytes, done = channel.emit(parts, payload, budget)
+        chunk = b"".join(parts)
+        assert wire_bytes == len(chunk)
+        out += chunk
+        finished += done
+    expected = b""
+    for message in messages:
+        pieces = [message[i : i + payload] for i in range(0, len(message), payload)] or [b""]
+        for n, piece in enumerate(pieces):
+            expected += wire.encode_packet(PacketType.MSG, channel_id=0x42, eof=n == len(pieces) - 1, data=piece)
+    assert out == expected
+    assert finished == len(messages) == channel.stats.messages_sent
+    assert channel.stats.bytes_sent == len(expected)
+
+
+@FAST
+@given(writes=st.lists(st.tuples(st.integers(1, 5000), st.booleans(), st.booleans()), max_size=60))
+def test_write_ahead_pauses_once_the_writes_since_a_resume_reach_its_size(writes):
+    """A write short of its budget does not pause; one that fills it does; what is
+    written between two resumes stays within the size plus one write, and every budget
+    is what is left of the size (at least 1)."""
+    ahead = WriteAhead(0.001, 8192)
+    since_resume = 0
+    paused = False
+    for count, full, resume in writes:
+        if paused or resume:
+            ahead.resumed(0.0, lambda: None)
+            since_resume, paused = 0, False
+        budget = ahead.budget()
+        assert budget == max(1, ahead.size - since_resume)
+        count = min(count, budget + 1040)  # a write carries its budget and one packet at most
+        paused = ahead.wrote(count, full)
+        since_resume += count
+        assert paused == (full or since_resume >= ahead.size)
+        assert since_resume < 2 * ahead.size + 1040
