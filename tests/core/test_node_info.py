@@ -272,12 +272,9 @@ def test_round_trip(info):
     assert NodeInfo.decode(value) == info
 
 
-@settings(max_examples=80, deadline=None)
-@given(node_infos(), st.data())
-def test_mutated_field_is_node_info_or_malformed(info, data):
-    """A valid field with bytes changed, cut or added decodes to a valid NodeInfo or is
-    MalformedPacket: never another exception."""
-    value = bytearray(info.encode())
+def _mutated(value: bytes, data) -> bytes:
+    """``value`` with one to four bytes changed, cut or added, as hypothesis chooses."""
+    value = bytearray(value)
     for _ in range(data.draw(st.integers(1, 4))):
         action = data.draw(st.sampled_from(["flip", "cut", "add"]))
         at = data.draw(st.integers(0, len(value)))
@@ -287,11 +284,36 @@ def test_mutated_field_is_node_info_or_malformed(info, data):
             del value[at:]
         else:
             value[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+    return bytes(value)
+
+
+@settings(max_examples=80, deadline=None)
+@given(node_infos(), st.data())
+def test_mutated_field_is_node_info_or_malformed(info, data):
+    """A valid field with bytes changed, cut or added decodes to a valid NodeInfo or is
+    MalformedPacket: never another exception."""
+    value = _mutated(info.encode(), data)
     try:
-        decoded = NodeInfo.decode(bytes(value))
+        decoded = NodeInfo.decode(value)
     except errors.MalformedPacket:
         return
     assert NodeInfo.decode(decoded.encode()) == decoded
+
+
+@settings(max_examples=60, deadline=None)
+@given(node_infos(), st.data())
+def test_connection_opens_or_fails_on_a_mutated_node_info(info, data):
+    """A hello carrying a mutated node info either opens the connection with exactly that
+    node info or fails it with MalformedPacket; nothing else happens."""
+    value = _mutated(info.encode(), data)
+    hello = make_hello(node_id=NODE_B, channels=[ChannelDescriptor(0x20)], max_packet_payload=1024)
+    hello = dataclasses.replace(hello, fields=((HelloTag.NODE_INFO, value),))
+    events = make_connection().receive_data(wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello)), 0.5)
+    assert len(events) == 1
+    if type(events[0]) is HelloReceived:
+        assert node_info_of(events[0].hello) == NodeInfo.decode(value)
+    else:
+        assert type(events[0]) is ConnectionFailed and type(events[0].error) is errors.MalformedPacket
 
 
 @settings(max_examples=300, deadline=None)
