@@ -52,11 +52,14 @@ def timed_verify(message: bytes, iterations: int) -> float:
 
 
 def calibrate(seconds: float) -> int:
-    """PBKDF2 iterations that take about ``seconds`` here."""
-    start = time.perf_counter()
-    verify(b"calibration", 20_000)
-    per_iteration = (time.perf_counter() - start) / 20_000
-    return max(1, int(seconds / per_iteration))
+    """PBKDF2 iterations that take about ``seconds`` here (the fastest of five trials:
+    on a busy machine the others include time the CPU spent elsewhere)."""
+    trials = []
+    for _ in range(5):
+        start = time.perf_counter()
+        verify(b"calibration", 20_000)
+        trials.append((time.perf_counter() - start) / 20_000)
+    return max(1, int(seconds / min(trials)))
 
 
 class Verifier(Reactor):
