@@ -31,7 +31,7 @@ SCHEMES = ("tcp", "ws", "wss")
 _WS_DEFAULT_PORTS = {"ws": 80, "wss": 443}
 #: Longest WebSocket path accepted, and the characters it may have (RFC 3986 path and
 #: query characters, no fragment, no whitespace).
-MAX_PATH_LENGTH = 256
+MAX_PATH_LENGTH = 255
 _PATH_CHARS = frozenset(string.ascii_letters + string.digits + "-._~!$&'()*+,;=:@/%?")
 #: Characters that can never be part of a host; finding one means the text is mangled.
 _BAD_HOST_CHARS = frozenset(string.whitespace + "@/[]")
@@ -266,7 +266,8 @@ def host_of(text: str) -> str | None:
 def announced_address(node_id: str, listen_address: str, remote_address: str) -> PeerAddress | None:
     """Where a peer says it listens (the listen address of its hello), as an address of
     ``node_id``; an unspecified host (``0.0.0.0:26656``, from ``--listen tcp:26656``) is
-    replaced by the host its connection comes from. None if nothing usable was announced."""
+    replaced by the host its connection comes from; a ws:// or wss:// one keeps its scheme
+    and path. None if nothing usable was announced."""
     if not listen_address:
         return None
     try:
@@ -275,7 +276,7 @@ def announced_address(node_id: str, listen_address: str, remote_address: str) ->
         ip = _ip(host)
         if ip is not None and ip.is_unspecified:
             host = parse_address(remote_address).host
-        return PeerAddress(node_id, host, announced.port)
+        return PeerAddress(node_id, host, announced.port, announced.scheme, announced.path)
     except ValueError:
         return None
 

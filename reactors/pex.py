@@ -54,7 +54,8 @@ from mconn.address import PUBLIC, PeerAddress, announced_address, discovered_pro
 from mconn.address import is_own_address, parse_address
 from mconn.rate import TokenBucket
 from reactors.addrbook import AddressBook, BanTable, BookEntry, network_group
-from reactors.pex_wire import MAX_WIRE_ADDRESSES, PEX_CHANNEL, PexMisbehaved, PexType, decode_message
+from reactors.pex_wire import MAX_WIRE_ADDRESSES, PEX_CHANNEL, PEX_SCHEMES_CHANNEL, PexMisbehaved, PexType
+from reactors.pex_wire import decode_message
 from reactors.pex_wire import encode_addrs, encode_request, max_message_bytes
 
 __all__ = ["BookEntry", "PexReactor"]
@@ -216,7 +217,9 @@ class PexReactor(Reactor):
 
     def get_channels(self):
         return [
-            ChannelDescriptor(PEX_CHANNEL, priority=1, send_queue_capacity=10, recv_message_capacity=self.max_message_bytes)
+            ChannelDescriptor(PEX_CHANNEL, priority=1, send_queue_capacity=10, recv_message_capacity=self.max_message_bytes),
+            # Carries nothing: listed in our hello, it says we read addrs_schemes replies (specs/pex.md 2.1).
+            ChannelDescriptor(PEX_SCHEMES_CHANNEL, priority=1, send_queue_capacity=1, recv_message_capacity=1),
         ]
 
     def add_peer(self, peer) -> None:
@@ -255,6 +258,8 @@ class PexReactor(Reactor):
             self.counters["ignored"] += 1
             return
         try:
+            if channel_id == PEX_SCHEMES_CHANNEL:
+                raise PexMisbehaved("malformed", f"a message of {len(message)} bytes on channel 0x01, which carries none")
             kind, value = decode_message(message, limit=self.max_message_bytes)
         except PexMisbehaved as e:
             self._penalise(state, e)
@@ -453,6 +458,9 @@ class PexReactor(Reactor):
             return
         requester = state.peer.node_id
         shared = [e.address for n, e in self._book.entries.items() if n != requester and not e.failures]
+        channels = state.peer.channels  # a peer without PEX_SCHEMES_CHANNEL reads tcp addresses only
+        if channels is not None and PEX_SCHEMES_CHANNEL not in channels:
+            shared = [a for a in shared if a.scheme == "tcp"]
         chosen = self._rng.sample(shared, min(len(shared), wanted, self.max_addresses))
         if state.peer.try_send(PEX_CHANNEL, encode_addrs(chosen)):
             self.counters["replies_sent"] += 1

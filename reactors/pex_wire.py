@@ -1,6 +1,8 @@
 """The PEX wire format: the messages of channel 0x00, declared with construct (specs/pex.md section 2).
 
-``encode_request`` and ``encode_addrs`` build the two messages; ``decode_message`` checks a
+``encode_request`` and ``encode_addrs`` build the messages (``addrs``, or ``addrs_schemes``
+when an address is ws:// or wss://, for peers that announce PEX_SCHEMES_CHANNEL);
+``decode_message`` checks a
 message's size before it parses a byte, parses it against the declarations below, and
 judges the addresses of a reply (duplicates, hosts that can never be dialed). Every
 failure is a ``PexMisbehaved`` whose ``reason`` names the rule broken; reactors/pex.py
@@ -35,10 +37,19 @@ from mconn.wire import NODE_ID_BYTES, uvarint
 
 #: Tendermint's PEX channel id (``PexChannel`` in its ``p2p/pex/pex_reactor.go``).
 PEX_CHANNEL = 0x00
+#: A channel nothing is sent on: a node that lists it in its hello reads ``addrs_schemes``
+#: replies (scheme-qualified addresses, specs/pex.md section 2.1). Old nodes do not list
+#: it, so they are only ever sent ``addrs`` (tcp addresses).
+PEX_SCHEMES_CHANNEL = 0x01
+#: The scheme byte of an ``addrs_schemes`` address, and back.
+SCHEME_CODES = {"tcp": 0, "ws": 1, "wss": 2}
+_SCHEME_NAMES = {code: name for name, code in SCHEME_CODES.items()}
 #: The wire bound on the addresses of one reply (CometBFT's largest selection).
 MAX_WIRE_ADDRESSES = 250
 #: Largest encoded address: id (20) | host length (1) | host (<= 255) | port (2).
 MAX_ADDRESS_BYTES = NODE_ID_BYTES + 1 + 255 + 2
+#: Largest address of ``addrs_schemes``: scheme (1) and path length (1) | path (<= 255) more.
+MAX_SCHEME_ADDRESS_BYTES = MAX_ADDRESS_BYTES + 1 + 1 + 255
 
 _HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 
@@ -48,6 +59,8 @@ class PexType(enum.IntEnum):
 
     REQUEST = 0x01
     ADDRS = 0x02
+    #: Addresses with their scheme and path (decoded as ADDRS: a tuple of PeerAddress).
+    ADDRS_SCHEMES = 0x03
 
 
 class _AtMost(Adapter):
@@ -72,6 +85,15 @@ PexAddress = Struct(
     "host" / PascalString(Int8ub, "utf8"),
     "port" / Int16ub,
 )
+# One address with its scheme: node id (20) | scheme (1: 0 tcp, 1 ws, 2 wss) | host length (1) |
+# host (UTF-8) | port (2, big-endian) | path length (1) | path (ASCII; empty for tcp)
+PexSchemeAddress = Struct(
+    "node_id" / Bytes(NODE_ID_BYTES),
+    "scheme" / _AtMost(Int8ub, max(SCHEME_CODES.values()), "scheme"),
+    "host" / PascalString(Int8ub, "utf8"),
+    "port" / Int16ub,
+    "path" / PascalString(Int8ub, "ascii"),
+)
 # 01 | uvarint max_addresses (<= 250): "send me at most this many"
 RequestBody = Struct("max_addresses" / _AtMost(uvarint, MAX_WIRE_ADDRESSES, "max_addresses"))
 # 02 | uvarint count (<= 250, checked before the entries are read) | count x PexAddress
@@ -79,16 +101,26 @@ AddrsBody = Struct(
     "count" / _AtMost(uvarint, MAX_WIRE_ADDRESSES, "address count"),
     "addresses" / Array(this.count, PexAddress),
 )
+# 03 | uvarint count (<= 250, checked before the entries are read) | count x PexSchemeAddress
+AddrsSchemesBody = Struct(
+    "count" / _AtMost(uvarint, MAX_WIRE_ADDRESSES, "address count"),
+    "addresses" / Array(this.count, PexSchemeAddress),
+)
 PexMessage = Struct(
     "type" / Int8ub,
-    "body" / Switch(this.type, {PexType.REQUEST: RequestBody, PexType.ADDRS: AddrsBody}, default=Error),
+    "body" / Switch(
+        this.type,
+        {PexType.REQUEST: RequestBody, PexType.ADDRS: AddrsBody, PexType.ADDRS_SCHEMES: AddrsSchemesBody},
+        default=Error,
+    ),
     Terminated,
 )
 
 
 def max_message_bytes(max_addresses: int) -> int:
-    """The largest reply carrying ``max_addresses`` addresses (the channel's capacity)."""
-    return 1 + 2 + max_addresses * MAX_ADDRESS_BYTES
+    """The largest reply carrying ``max_addresses`` addresses (the channel's capacity):
+    an ``addrs_schemes`` reply of addresses with the longest hosts and paths."""
+    return 1 + 2 + max_addresses * MAX_SCHEME_ADDRESS_BYTES
 
 
 class PexMisbehaved(RemoteProtocolError):
@@ -106,9 +138,17 @@ def encode_request(max_addresses: int) -> bytes:
 
 
 def encode_addrs(addresses) -> bytes:
-    """A reply listing ``addresses`` (PeerAddress objects with node ids)."""
-    entries = [dict(node_id=bytes.fromhex(a.node_id), host=a.host, port=a.port) for a in addresses]
-    return PexMessage.build(dict(type=PexType.ADDRS, body=dict(count=len(entries), addresses=entries)))
+    """A reply listing ``addresses`` (PeerAddress objects with node ids): ``addrs`` if they
+    are all tcp, else ``addrs_schemes`` (send that only to a peer that announced
+    PEX_SCHEMES_CHANNEL; reactors/pex.py filters for the others)."""
+    if all(a.scheme == "tcp" for a in addresses):
+        entries = [dict(node_id=bytes.fromhex(a.node_id), host=a.host, port=a.port) for a in addresses]
+        return PexMessage.build(dict(type=PexType.ADDRS, body=dict(count=len(entries), addresses=entries)))
+    entries = [
+        dict(node_id=bytes.fromhex(a.node_id), scheme=SCHEME_CODES[a.scheme], host=a.host, port=a.port, path=a.path)
+        for a in addresses
+    ]
+    return PexMessage.build(dict(type=PexType.ADDRS_SCHEMES, body=dict(count=len(entries), addresses=entries)))
 
 
 def decode_message(message: bytes, *, limit: int | None = None):
@@ -140,7 +180,10 @@ def decode_message(message: bytes, *, limit: int | None = None):
 
 def _address(entry) -> PeerAddress:
     try:
-        address = PeerAddress(entry.node_id.hex(), entry.host, entry.port)
+        scheme = _SCHEME_NAMES[entry.scheme] if "scheme" in entry else "tcp"
+        if scheme != "tcp" and not entry.path:
+            raise ValueError(f"a {scheme} address of node {entry.node_id.hex()} has no path (at least '/')")
+        address = PeerAddress(entry.node_id.hex(), entry.host, entry.port, scheme, entry.get("path", ""))
     except ValueError as e:
         raise PexMisbehaved("malformed", str(e)) from None
     problem = host_problem(address.host)

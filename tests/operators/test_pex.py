@@ -153,10 +153,12 @@ def requests(peer):
 
 
 def test_pex_needs_no_arguments_and_owns_channel_0x00():
-    """A PexReactor needs no arguments and owns channel 0x00, priority 1, sized for 100 addresses."""
+    """A PexReactor needs no arguments and owns channel 0x00, priority 1, sized for 100 addresses,
+    and channel 0x01, which carries nothing (it says the node reads addrs_schemes)."""
     pex = PexReactor()
-    [channel] = pex.get_channels()
+    channel, schemes = pex.get_channels()
     assert (channel.id, channel.priority, channel.recv_message_capacity) == (0x00, 1, max_message_bytes(100))
+    assert (schemes.id, schemes.recv_message_capacity) == (0x01, 1)
 
 
 def test_a_request_gets_known_addresses_but_never_the_askers_own_and_no_more_than_asked():
