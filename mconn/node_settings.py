@@ -16,8 +16,8 @@ paths in the file are relative to the file. One default differs from Config's:
 dialed until it is up.
 
 The help of a Config option is the ``#:`` comment above its field in mconn/config.py
-(meaning, unit, why the default) and the default a twistd node uses: a field added to
-Config is an option with its help, without a change here.
+(meaning, unit, why the default) and the default a twistd node uses (mconn/node_help.py):
+a field added to Config is an option with its help, without a change here.
 
 ``Options.postOptions`` merges the file and the command line into ``{name: Setting}``
 (each value with where it was set: ``--listen``, ``node.toml: listen``); :func:`resolve`
@@ -31,9 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import inspect
 import os
-import re
 import types
 import typing
 
@@ -41,6 +39,7 @@ from twisted.python import usage
 
 from mconn.address import PeerAddress, parse_address
 from mconn.config import Config
+from mconn.node_help import CONFIG_FIELDS, NODE_CONFIG_DEFAULTS, config_option_help, describe_default
 from mconn.status import local_endpoint
 from mconn.telemetry_file import DEFAULT_KEEP_BYTES, DEFAULT_KEEP_FILES, DEFAULT_ROTATE_BYTES
 
@@ -64,12 +63,8 @@ COUNTS = {
     "telemetry_keep_bytes": DEFAULT_KEEP_BYTES,
 }
 NODE_SETTINGS = REPEATABLE + PATHS + tuple(COUNTS) + ("status",) + FLAGS
-CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _CONFIG_TYPES = typing.get_type_hints(Config)
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-#: Config defaults that differ for a node run by twistd: a --peer that is down when the
-#: node starts is dialed until it comes up, not forgotten after the first failure.
-NODE_CONFIG_DEFAULTS = {"retry_initial_dial": True}
 
 
 class ConfigurationError(usage.UsageError):
@@ -125,56 +120,6 @@ class NodeSettings:
 
 def _option(name: str) -> str:
     return name.replace("_", "-")
-
-
-def config_field_docs() -> dict[str, str]:
-    """{field: the ``#:`` comment above it in mconn/config.py, as one line}.
-
-    The comment says what the field means, its unit and why its default; a field
-    without one has no entry (tests/operators/test_options.py requires one for each).
-    """
-    docs, comment = {}, []
-    for line in inspect.getsource(Config).splitlines():
-        text = line.strip()
-        if text.startswith("#:"):
-            comment.append(text[2:].strip())
-            continue
-        field = re.match(r"(\w+)\s*:", text)
-        if field and field.group(1) in CONFIG_FIELDS and comment:
-            docs[field.group(1)] = " ".join(comment)
-        comment = []
-    return docs
-
-
-def describe_default(value) -> str:
-    """A default as the help shows it: ``on``/``off``, ``none``, sizes also in KiB/MiB."""
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, (frozenset, set, tuple, list)):
-        return ", ".join(sorted(str(v) for v in value)) or "none"
-    if isinstance(value, int) and value >= 1024 and value % 1024 == 0:
-        unit, amount = ("MiB", value >> 20) if value % (1 << 20) == 0 else ("KiB", value >> 10)
-        return f"{value} ({amount} {unit})"
-    return str(value)
-
-
-#: Why a twistd node's default differs from Config's (NODE_CONFIG_DEFAULTS).
-_NODE_DEFAULT_REASONS = {"retry_initial_dial": "a --peer that is down at start is dialed until it is up"}
-
-
-def config_option_help(name: str) -> str:
-    """The help of the option of Config field ``name``: its comment, then the default a
-    twistd node uses (and Config's, where they differ)."""
-    field = CONFIG_FIELDS[name]
-    doc = config_field_docs().get(name) or f"Config.{name} (undocumented)"
-    if name in NODE_CONFIG_DEFAULTS:
-        node, own = describe_default(NODE_CONFIG_DEFAULTS[name]), describe_default(field.default)
-        default = f"[default: {node} for a twistd node ({_NODE_DEFAULT_REASONS[name]}); Config's is {own}]"
-    else:
-        default = f"[default: {describe_default(field.default)}]"
-    return f"{doc} {default}"
 
 
 def _is_bool_field(name: str) -> bool:

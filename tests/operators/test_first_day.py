@@ -22,7 +22,8 @@ import pytest
 
 from mconn import Config, SessionExpired, SessionRejected
 from mconn.peer import PeerStats
-from mconn.node_settings import CONFIG_FIELDS, Options, config_field_docs
+from mconn.node_help import CONFIG_FIELDS, config_field_docs
+from mconn.node_settings import Options
 from mconn.telemetry_file import read_events
 from operators.twistd_nodes import ENV, ROOT, STATUS_LINE, TIMEOUT, TWISTD, wait_until
 
