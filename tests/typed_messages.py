@@ -22,7 +22,10 @@ def _build_tx():
         message.field.add(name=name, number=number, type=kind, label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("mconn.test.Tx"))
+    descriptor = pool.FindMessageTypeByName("mconn.test.Tx")
+    if hasattr(message_factory, "GetMessageClass"):  # protobuf >= 4.22
+        return message_factory.GetMessageClass(descriptor)
+    return message_factory.MessageFactory(pool).GetPrototype(descriptor)  # protobuf 4.21
 
 
 Tx = _build_tx()
