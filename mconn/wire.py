@@ -65,7 +65,7 @@ class PacketType(enum.IntEnum):
 
 
 class HelloTag(enum.IntEnum):
-    """Tags of the optional hello fields (specs/handshake.md section 2.2)."""
+    """Tags of the optional hello fields (specs/handshake.md section 2)."""
 
     #: The dialer's session request (specs/resume.md section 2).
     SESSION = 0x01
