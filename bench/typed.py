@@ -124,7 +124,9 @@ def before_after(tree: str, after: str, rounds: int) -> dict:
     for scenario in ("small", "small_many"):
         before = statistics.median(r[scenario]["total_us"] for r in runs["before"])
         after = statistics.median(r[scenario]["total_us"] for r in runs["after"])
-        result[scenario] = {"before_us": round(before, 2), "after_us": round(after, 2), "after/before": round(after / before, 3)}
+        result[scenario] = {
+            "before_us": round(before, 2), "after_us": round(after, 2), "after/before": round(after / before, 3)
+        }
     result["mconn_files"] = [runs["before"][0]["mconn_file"], runs["after"][0]["mconn_file"]]
     return result
 

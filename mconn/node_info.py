@@ -225,7 +225,8 @@ def check_compatible(
         return
     if theirs is None:
         raise IncompatibleNode(
-            NODE_INFO_MISSING, f"peer {peer_id} sent no node info; this node is on network {ours.network!r} and requires it"
+            NODE_INFO_MISSING,
+            f"peer {peer_id} sent no node info; this node is on network {ours.network!r} and requires it",
         )
     if theirs.network != ours.network:
         raise IncompatibleNode(

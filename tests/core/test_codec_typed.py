@@ -54,7 +54,8 @@ def test_any_codec_is_kept():
     ],
 )
 def test_bad_codec_declarations(kwargs, match):
-    """A codec without encode/decode, or a message_type that is not a protobuf class, is a ValueError naming the channel."""
+    """A codec without encode/decode, or a message_type that is not a protobuf class, is a
+    ValueError naming the channel."""
     with pytest.raises(ValueError, match=match):
         ChannelDescriptor(0x20, **kwargs)
 
@@ -62,16 +63,21 @@ def test_bad_codec_declarations(kwargs, match):
 def test_typed_receiver_decodes_before_receive():
     """The reactor's receive gets the decoded object, with the channel and peer unchanged."""
     got, failed = [], []
-    receive = typed_receiver(lambda ch, peer, msg: got.append((ch, peer, msg)), ProtobufCodec(Tx), lambda *a: failed.append(a))
+    receive = typed_receiver(
+        lambda ch, peer, msg: got.append((ch, peer, msg)), ProtobufCodec(Tx), lambda *a: failed.append(a)
+    )
     tx = Tx(data=b"x", nonce=1)
     receive(0x20, "peer", tx.SerializeToString())
     assert got == [(0x20, "peer", tx)] and failed == []
 
 
 def test_undecodable_message_is_a_decode_error_and_never_reaches_receive():
-    """Bytes the codec refuses: on_error gets a DecodeError naming channel, codec, size and cause; receive is not called."""
+    """Bytes the codec refuses: on_error gets a DecodeError naming channel, codec, size and
+    cause; receive is not called."""
     got, failed = [], []
-    receive = typed_receiver(lambda *a: got.append(a), ProtobufCodec(Tx), lambda peer, error: failed.append((peer, error)))
+    receive = typed_receiver(
+        lambda *a: got.append(a), ProtobufCodec(Tx), lambda peer, error: failed.append((peer, error))
+    )
     assert receive(0x20, "peer", NOT_PROTOBUF) is None
     assert got == []
     [(peer, error)] = failed

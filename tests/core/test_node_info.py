@@ -102,7 +102,10 @@ def test_invalid_field_is_malformed(vector):
         NodeInfo.decode(expand(vector["field_hex"]))
 
 
-@pytest.mark.parametrize("vector", VECTORS["invalid"] + VECTORS["invalid_hello"], ids=_ids(VECTORS["invalid"] + VECTORS["invalid_hello"]))
+INVALID = VECTORS["invalid"] + VECTORS["invalid_hello"]
+
+
+@pytest.mark.parametrize("vector", INVALID, ids=_ids(INVALID))
 def test_invalid_node_info_fails_the_connection(vector):
     """A hello whose node info is invalid (or given twice) fails the connection with MalformedPacket.
 
@@ -139,7 +142,8 @@ def test_node_info_rides_within_max_hello_size_checked_before_buffering():
     hello = make_hello(node_id=NODE_B, channels=[ChannelDescriptor(0x20)], max_packet_payload=1024, node_info=info)
     packet = wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello))
     config = Config(max_hello_size=len(packet) - 10)
-    conn = Connection(config=config, hello=make_hello(node_id=NODE_A, channels=[], max_packet_payload=1024), channels=[], now=0)
+    ours = make_hello(node_id=NODE_A, channels=[], max_packet_payload=1024)
+    conn = Connection(config=config, hello=ours, channels=[], now=0)
     events = conn.receive_data(packet[:4], 0.0)  # type and length only
     assert [type(e) for e in events] == [ConnectionFailed]
     assert type(events[0].error) is errors.PacketTooLarge
@@ -215,7 +219,8 @@ def test_refusals_name_the_values():
     with pytest.raises(errors.IncompatibleNode, match="block protocol version 12; this node runs 11"):
         check_compatible(ours, [1], NodeInfo(network="chain-a", protocol=ProtocolVersion(block=12)), [1], peer_id="p")
     with pytest.raises(errors.IncompatibleNode, match="ours 0x20, 0x30, theirs 0x40"):
-        check_compatible(ours, [0x30, 0x20], NodeInfo(network="chain-a", protocol=ProtocolVersion(block=11)), [0x40], peer_id="p")
+        same = NodeInfo(network="chain-a", protocol=ProtocolVersion(block=11))
+        check_compatible(ours, [0x30, 0x20], same, [0x40], peer_id="p")
     with pytest.raises(errors.IncompatibleNode, match="sent no node info; this node is on network 'chain-a'"):
         check_compatible(ours, [1], None, [1], peer_id="p")
 
@@ -227,8 +232,12 @@ def test_incompatible_node_is_a_refusal():
 
 def test_check_hello_validates_the_node_info_not_its_compatibility():
     """check_hello refuses an undecodable node info but leaves compatibility to the Switch."""
-    ours = make_hello(node_id=NODE_A, channels=[ChannelDescriptor(1)], max_packet_payload=100, node_info=NodeInfo(network="a"))
-    theirs = make_hello(node_id=NODE_B, channels=[ChannelDescriptor(2)], max_packet_payload=50, node_info=NodeInfo(network="b"))
+    ours = make_hello(
+        node_id=NODE_A, channels=[ChannelDescriptor(1)], max_packet_payload=100, node_info=NodeInfo(network="a")
+    )
+    theirs = make_hello(
+        node_id=NODE_B, channels=[ChannelDescriptor(2)], max_packet_payload=50, node_info=NodeInfo(network="b")
+    )
     assert check_hello(ours, theirs) == 50
     broken = dataclasses.replace(theirs, fields=((HelloTag.NODE_INFO, b"\x00"),))
     with pytest.raises(errors.MalformedPacket, match="node info"):
