@@ -13,6 +13,13 @@ traceback for an error in makeService, so both entry points turn a
 :class:`ConfigurationError` into ``SystemExit("mconn: ...")``; :func:`build_service`
 raises it for callers that are not twistd.
 
+The key file is the node's identity: makeService refuses one that does not exist unless
+``--create-key`` is given, and then logs the new node id as a warning. twistd's pid file
+is named after the key (``alice.key``: ``alice.pid``) unless ``--pidfile`` is given
+(mconn/node_settings.py, ``twistd_files``). A port already in use stops ``twistd -n``
+with one line, ``mconn: StartupError: --listen ...: Address already in use``, exit
+status 1, its pid file removed; a daemon reports it through twistd's status pipe.
+
 TLS (specs/tls.md): ``--tls`` is identity mode, a self-signed certificate made from the
 node key at each start. ``--tls-ca FILE --tls-cert FILE`` is CA mode: the certificate,
 signed by a CA in the bundle, must hold the ``--key`` key and be valid now (an expired one
