@@ -34,6 +34,7 @@ beneath is gone, with the recorded ``WebSocketError`` if the WebSocket layer fai
 
 from __future__ import annotations
 
+import fnmatch
 import ipaddress
 import os
 import struct
@@ -306,6 +307,11 @@ class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
         if request.path != factory.path:
             self._note(f"upgrade for path {request.path!r}; this listener's path is {factory.path!r}")
             raise ConnectionDeny(ConnectionDeny.NOT_FOUND, f"no mconn endpoint at {request.path!r}")
+        allowed = factory.config.ws_allowed_origins
+        origin = request.headers.get("origin")
+        if allowed and origin is not None and not any(fnmatch.fnmatchcase(origin.lower(), p.lower()) for p in allowed):
+            self._note(f"upgrade from origin {origin!r}, which ws_allowed_origins does not allow")
+            raise ConnectionDeny(ConnectionDeny.FORBIDDEN, f"origin {origin!r} is not allowed")
         self._forwarded_peer = _forwarded_peer(request.headers, factory.config.ws_trusted_proxies, self.transport)
         return SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
 
@@ -416,9 +422,9 @@ class WebSocketServerCarrierFactory(WebSocketServerFactory):
         #: Connections whose upgrade is under way (bounded by max_pending_handshakes).
         self.pending = 0
         _set_options(self, config)
+        # Origins are checked in onConnect against Config.ws_allowed_origins (autobahn's own
+        # check is a browser's same-origin rule, which a node's listener has no use for).
         self.setProtocolOptions(webStatus=False, requireMaskedClientFrames=True)
-        if config.ws_allowed_origins:
-            self.setProtocolOptions(allowedOrigins=sorted(config.ws_allowed_origins))
 
     def buildProtocol(self, addr):
         carrier = super().buildProtocol(addr)
