@@ -54,8 +54,8 @@ class Config:
     #: subnet's nodes that all dial a seed at once (9 in tests/operators/test_pex.py)
     #: are not refused; the eviction above, not this cap, lets newcomers in.
     max_pending_per_group: int = 16
-    #: The address group of an inbound IPv4 / IPv6 address: its first this many bits
-    #: (a loopback address is a group of its own; mconn.admission.address_group).
+    #: Bits of an inbound IPv4 address that make its address group, a /24 (a loopback
+    #: address is a group of its own; mconn.admission.address_group).
     pending_group_prefix_v4: int = 24
     #: Bits of an inbound IPv6 address that make its address group (a /64 is one site).
     pending_group_prefix_v6: int = 64

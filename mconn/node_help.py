@@ -71,4 +71,6 @@ def config_option_help(name: str) -> str:
         default = f"[default: {node} for a twistd node ({_NODE_DEFAULT_REASONS[name]}); Config's is {own}]"
     else:
         default = f"[default: {describe_default(field.default)}]"
+    if isinstance(field.default, (frozenset, tuple, list)):
+        doc += " (on the command line: comma-separated)"
     return f"{doc} {default}"
