@@ -264,7 +264,10 @@ class Scheduler:
         self._epoch = now
 
     def pending(self) -> bool:
-        return any(c.is_pending for c in self.channels)
+        for c in self.channels:
+            if c.sending is not None or c.queue:
+                return True
+        return False
 
     def recently_sent(self, channel: Channel, now: float) -> float:
         """The decayed byte count of ``channel`` at ``now`` (for statistics and tests)."""
@@ -275,6 +278,9 @@ class Scheduler:
 
         Returns ``(parts, wire_bytes)``; ``parts`` is empty when nothing is pending.
         """
+        pending = [c for c in self.channels if c.sending is not None or c.queue]
+        if not pending:
+            return [], 0
         exponent = (now - self._epoch) / DECAY_TAU
         if exponent > _RESCALE_EXPONENT:
             # Fold the decay into the stored values (they may underflow to 0: fine).
@@ -285,7 +291,6 @@ class Scheduler:
         scale = math.exp(exponent)
         parts: list = []
         sent = 0
-        pending = [c for c in self.channels if c.sending is not None or c.queue]
         while pending and sent < budget:
             if len(pending) == 1:
                 chosen = pending[0]

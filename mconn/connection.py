@@ -117,6 +117,10 @@ TRANSITIONS: dict[tuple[State, Input], State] = {
 }
 del S, I
 
+#: The states as module constants: on Python 3.11 ``State.OPEN`` is a descriptor call
+#: (~0.3 us), and the per-message path tests the state several times.
+_HANDSHAKING, _OPEN, _CLOSING, _CLOSED = State.HANDSHAKING, State.OPEN, State.CLOSING, State.CLOSED
+
 _INPUT_OF_TYPE = {PING: Input.PING, PONG: Input.PONG, MSG: Input.MSG, RUN: Input.MSG}
 
 
@@ -145,11 +149,12 @@ class Connection:
     def __init__(self, *, config: Config, hello: Hello, channels: list[ChannelDescriptor], now: float) -> None:
         self.config = config
         self.hello = hello
-        self.state = State.HANDSHAKING
+        self.state = _HANDSHAKING
         self.peer_hello: Hello | None = None
         self.max_packet_payload = config.max_packet_payload
         self.channels: dict[int, Channel] = {d.id: Channel(d) for d in channels}
-        self._scheduler = Scheduler(list(self.channels.values()), now)
+        self._channel_list = list(self.channels.values())
+        self._scheduler = Scheduler(self._channel_list, now)
         self._buffer = FrameBuffer(
             max_payload=config.max_packet_payload,
             default_extension_limit=config.max_control_size,
@@ -189,7 +194,7 @@ class Connection:
         A protocol violation ends the list with ConnectionFailed; the events before it
         (whole messages that arrived before the bad bytes) are still valid.
         """
-        if self.state is State.CLOSED or not data:
+        if self.state is _CLOSED or not data:
             return []
         self._last_received = now
         self.bytes_received += len(data)
@@ -205,7 +210,7 @@ class Connection:
             if error is not None:
                 self._fail(error, events)
                 break
-            if not self._buffer.paused or self.state is State.CLOSED:
+            if not self._buffer.paused or self.state is _CLOSED:
                 break
             # Decoding paused after an extension packet (limits may have changed): go on.
             packets, error = self._buffer.feed(b"")
@@ -214,7 +219,7 @@ class Connection:
     def _process(self, packets: list, events: list, now: float) -> None:
         channels = self.channels
         append = events.append
-        is_open = self.state is State.OPEN
+        is_open = self.state is _OPEN
         for packet in packets:
             kind = packet[0]
             if kind == MSG and is_open:
@@ -244,9 +249,9 @@ class Connection:
                 channel.reassemble_run(packet[2])
                 continue
             self._process_other(kind, packet, events, now)
-            if self.state is State.CLOSED:
+            if self.state is _CLOSED:
                 return  # the peer closed: whatever follows is ignored
-            is_open = self.state is State.OPEN
+            is_open = self.state is _OPEN
 
     def _unknown_channel(self, channel_id: int) -> UnknownChannel:
         return UnknownChannel(
@@ -259,7 +264,7 @@ class Connection:
         append = events.append
         if kind in _INPUT_OF_TYPE:
             self._transition(_INPUT_OF_TYPE[kind], packet)
-            if self.state is not State.OPEN:
+            if self.state is not _OPEN:
                 return  # closing: read and ignore
             if kind == PING:
                 self._answer_ping(now)
@@ -268,7 +273,7 @@ class Connection:
                 self._ping_sent_at = None
         elif kind == PacketType.HELLO:
             self._transition(Input.HELLO, packet)
-            if self.state is State.OPEN:
+            if self.state is _OPEN:
                 self._open(decode_hello(packet[1]), events)
         elif kind == PacketType.CLOSE:
             code, text = decode_close(packet[1])
@@ -277,12 +282,12 @@ class Connection:
         elif kind == PacketType.ACK:
             delivered = decode_ack(packet[1])
             self._transition(Input.ACK, packet)
-            if self.state is State.OPEN:
+            if self.state is _OPEN:
                 append(AckReceived(delivered=delivered))
         elif kind == PacketType.SESSION:
             answer = decode_session_answer(packet[1])
             self._transition(Input.SESSION, packet)
-            if self.state is State.OPEN:
+            if self.state is _OPEN:
                 self._awaiting_answer = False
                 append(SessionAnswered(answer=answer))
         elif kind >= FIRST_OPTIONAL_TYPE:
@@ -311,7 +316,7 @@ class Connection:
     def _transition(self, event: Input, packet: tuple) -> None:
         new = TRANSITIONS.get((self.state, event))
         if new is None:
-            if event is Input.MSG and self.state is State.HANDSHAKING:
+            if event is Input.MSG and self.state is _HANDSHAKING:
                 raise UnexpectedPacket(f"msg packet on channel {packet[1]:#04x} before the hello")
             raise UnexpectedPacket(f"{event.value} packet not allowed while the connection is {self.state.value}")
         self.state = new
@@ -329,17 +334,17 @@ class Connection:
             # The peer is presumed gone. If only our direction failed, a close packet would
             # end its session at once; a plain drop lets it suspend and resume instead.
             self._control[:] = []
-        elif self.state is not State.CLOSING:  # a close of ours already on its way says why
+        elif self.state is not _CLOSING:  # a close of ours already on its way says why
             text = str(error)[:CLOSE_TEXT_LIMIT]
             self._control[:] = [encode_extension(PacketType.CLOSE, encode_close(type(error).__name__, text))]
-        self.state = State.CLOSED
+        self.state = _CLOSED
         events.append(ConnectionFailed(error=error))
 
     # -- outbound ----------------------------------------------------------------
 
     def queue_message(self, channel_id: int, message: bytes) -> bool:
         """Queue a whole message on one of our channels; False when its queue is full."""
-        if self.state is not State.OPEN:
+        if self.state is not _OPEN:
             raise LocalProtocolError(f"cannot send on channel {channel_id:#04x}: connection is {self.state.value}")
         channel = self.channels.get(channel_id)
         if channel is None:
@@ -352,7 +357,7 @@ class Connection:
         For resumed sessions: re-sent messages were accepted before, so they never wait
         for room; new sends wait until the queue is back under its capacity.
         """
-        if self.state is not State.OPEN:
+        if self.state is not _OPEN:
             raise LocalProtocolError(f"cannot requeue on channel {channel_id:#04x}: connection is {self.state.value}")
         self.channels[channel_id].queue.extend(messages)
 
@@ -362,7 +367,7 @@ class Connection:
         Counts are cumulative, so an ack still queued unsent is replaced, not followed:
         acks never pile up behind a peer that does not read.
         """
-        if self.state is State.OPEN:
+        if self.state is _OPEN:
             packet = encode_extension(PacketType.ACK, encode_ack(delivered))
             control = self._control
             for i, queued in enumerate(control):
@@ -373,7 +378,7 @@ class Connection:
 
     def send_session_answer(self, answer: SessionAnswer) -> None:
         """Queue the listener's session answer (before any data, specs/resume.md)."""
-        if self.state is State.OPEN:
+        if self.state is _OPEN:
             self._control.append(encode_extension(PacketType.SESSION, encode_session_answer(answer)))
 
     def transport_lost(self) -> None:
@@ -382,13 +387,13 @@ class Connection:
 
     def close(self, code: str, text: str = "") -> None:
         """Queue a close packet; nothing but it goes out afterwards."""
-        if self.state in (State.CLOSING, State.CLOSED):
+        if self.state in (_CLOSING, _CLOSED):
             return
         self.state = TRANSITIONS[(self.state, Input.CLOSE_SENT)]
         self._control.append(encode_extension(PacketType.CLOSE, encode_close(code, text[:CLOSE_TEXT_LIMIT])))
 
     def wants_to_send(self) -> bool:
-        return bool(self._control) or (self.state is State.OPEN and self._scheduler.pending())
+        return bool(self._control) or (self.state is _OPEN and self._scheduler.pending())
 
     def data_to_send(self, now: float, budget: int | None = None) -> bytes:
         """The next bytes for the transport: control packets first, then scheduled data.
@@ -396,15 +401,19 @@ class Connection:
         ``budget`` caps the data bytes (default ``config.write_batch_bytes``); send_rate
         caps it further. Returns b"" when there is nothing to send now.
         """
-        if not self._control and not self._scheduler.pending():
-            self.more_to_send = False  # the common call after a write: nothing left
-            return b""
+        if not self._control:
+            for channel in self._channel_list:
+                if channel.sending is not None or channel.queue:
+                    break
+            else:
+                self.more_to_send = False  # the common call after a write: nothing left
+                return b""
         parts: list = []
         if self._control:
             parts.extend(self._control)
             self._control.clear()
         more = False
-        if self.state is State.OPEN:
+        if self.state is _OPEN:
             limit = self.config.write_batch_bytes if budget is None else budget
             if self._send_bucket is not None:
                 limit = min(limit, int(self._send_bucket.available(now)))
@@ -431,9 +440,9 @@ class Connection:
         ``sending=False`` (the transport paused us) leaves out send_rate's wake-up: the
         adapter pumps again when the transport resumes, so that time would be a busy loop.
         """
-        if self.state is State.CLOSED or self.state is State.CLOSING:
+        if self.state is _CLOSED or self.state is _CLOSING:
             return None  # the adapter bounds the close itself (Config.close_linger)
-        if self.state is State.HANDSHAKING:
+        if self.state is _HANDSHAKING:
             return self._started + self.config.handshake_timeout
         if self._awaiting_pong():
             deadline = self._ping_sent_at + self.config.pong_timeout
@@ -454,7 +463,7 @@ class Connection:
         Used on a duplicate connection (specs/resume.md section 7). Returns the time the
         probe counts from; the peer answered if ``last_received`` passes it.
         """
-        if self.state is State.OPEN and not self._awaiting_pong():
+        if self.state is _OPEN and not self._awaiting_pong():
             self._ping_sent_at = now
             self._control.append(PING_BYTES)
         return self._ping_sent_at if self._ping_sent_at is not None else now
@@ -476,19 +485,19 @@ class Connection:
     def handle_timeout(self, now: float) -> list:
         """Run the timers that are due; returns the events they cause."""
         events: list = []
-        if self.state is State.HANDSHAKING and now >= self._started + self.config.handshake_timeout:
+        if self.state is _HANDSHAKING and now >= self._started + self.config.handshake_timeout:
             self._fail(
                 HandshakeTimeout(f"no hello from the peer within handshake_timeout {self.config.handshake_timeout}s"),
                 events,
             )
-        elif self.state is State.OPEN and self._awaiting_answer and now >= self._started + self.config.handshake_timeout:
+        elif self.state is _OPEN and self._awaiting_answer and now >= self._started + self.config.handshake_timeout:
             self._fail(
                 HandshakeTimeout(
                     f"no session answer from the listener within handshake_timeout {self.config.handshake_timeout}s"
                 ),
                 events,
             )
-        elif self.state is State.OPEN:
+        elif self.state is _OPEN:
             if self._awaiting_pong():
                 if now >= self._ping_sent_at + self.config.pong_timeout:
                     self._fail(

@@ -100,6 +100,10 @@ class FrameBuffer:
                     return done
             data = tail + data
         out, pos, error, stopped = self._decode(data, 0, len(data), stop_after_extension, 0)
+        if error is None and pos == len(data) and not stopped:
+            self.paused = False  # the usual end: nothing kept
+            self._tail = b""
+            return out, None
         return out, self._keep(data, pos, error, stopped)
 
     def _keep(self, data: bytes, pos: int, error: Exception | None, stopped: bool) -> Exception | None:

@@ -46,6 +46,9 @@ from mconn.socket_options import bytes_acked, set_socket_options, socket_of
 from mconn.write_ahead import WriteAhead
 
 log = Logger(namespace="mconn")
+#: The states the per-message path tests, as module constants (``State.OPEN`` is a
+#: descriptor call on Python 3.11).
+_OPEN, _CLOSING, _CLOSED = State.OPEN, State.CLOSING, State.CLOSED
 
 #: A timer that fires this much later than due means the event loop stalled: the
 #: keepalive verdict waits one loop turn so that bytes already received are read first.
@@ -193,7 +196,7 @@ class MConnectionProtocol(Protocol):
         self.pump()
         self._rearm()
         ready = core.receive_ready_at(now)
-        if ready > now and self.transport is not None and core.state is State.OPEN:
+        if ready > now and self.transport is not None and core.state is _OPEN:
             self.transport.pauseProducing()
             self._clock.callLater(ready - now, self._resume_reading)
 
@@ -260,13 +263,13 @@ class MConnectionProtocol(Protocol):
         ahead = self._ahead if self._pause_after_write else None
         budget = None if ahead is None else ahead.budget()
         while True:
-            while not self._paused or core.state is not State.OPEN:
+            while not self._paused or core.state is not _OPEN:
                 # Once closing, only the close packet is left, and it goes out even when paused.
                 data = core.data_to_send(now, budget)
                 if not data:
                     break
                 write(data)
-                if ahead is not None and core.state is State.OPEN:
+                if ahead is not None and core.state is _OPEN:
                     if ahead.wrote(len(data), core.more_to_send):
                         self._wait_until_written()
                     else:
@@ -277,7 +280,7 @@ class MConnectionProtocol(Protocol):
             moved = self.peer is not None and self.peer._drain_waiting()
             if not moved or self._paused:
                 break
-        if core.state is State.CLOSING or core.state is State.CLOSED:
+        if core.state is _CLOSING or core.state is _CLOSED:
             self._disconnect()
         elif self._rate_limited:
             self._rearm()  # send_rate may have left data for later
