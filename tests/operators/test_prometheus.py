@@ -128,8 +128,9 @@ class Prometheus:
 def test_prometheus_scrapes_two_nodes_and_promql_returns_what_they_did(nodes, tmp_path):
     """Prometheus scrapes both nodes' /metrics: both are up, each has one connected peer, the
     dialer sent COUNT messages on 0x40 and the listener received COUNT and COUNT*SIZE payload
-    bytes, each node's peer is in the round-trip histogram, mconn_node_info names each node's
-    id on its own target, and only a (metrics_per_peer in its TOML) has a series labelled by b's id."""
+    bytes, each node's peer is in the round-trip histogram (histogram_quantile works on it),
+    mconn_node_info names each node's id on its own target, and only a (metrics_per_peer in its
+    TOML) has a series labelled by b's id."""
     assert PROMETHEUS.exists(), "make installs Debian's prometheus package"
     # --stats-interval 1: the stats tick pings each new link within a second (a round trip)
     args = ("--reactor", "operators.test_prometheus:Burst", "--status", "tcp:0", "--stats-interval", "1")
@@ -155,6 +156,8 @@ def test_prometheus_scrapes_two_nodes_and_promql_returns_what_they_did(nodes, tm
                          "the burst's payload bytes", by=lambda q: {None: float(r["value"][1]) for r in prometheus.query(q)})
         prometheus.until('mconn_peer_round_trip_seconds_bucket{le="+Inf"}', dict.fromkeys(both, 1.0),
                          "each node's peer in the round-trip histogram")
+        median = prometheus.by_instance("histogram_quantile(0.5, mconn_peer_round_trip_seconds_bucket)")
+        assert set(median) == both and all(0 < v <= 5.0 for v in median.values()), median  # a loopback round trip
         names = prometheus.query("mconn_node_info")
         assert {r["metric"]["instance"]: r["metric"]["node_id"] for r in names} == {
             targets["a"]: ids["a"], targets["b"]: ids["b"]}
