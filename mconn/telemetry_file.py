@@ -1,11 +1,16 @@
-"""TelemetryFile: one node's telemetry events as JSON lines in a rotating file.
+"""TelemetryFile: one node's telemetry events as JSON Lines in a rotating file.
 
-specs/telemetry.md section 2: the events are written by Twisted's ``jsonFileLogObserver``,
-one record per line after an ASCII record separator, into a
+specs/telemetry.md section 2: each event is written as one lean record (version 2: ``v``,
+``event``, ``node_id``, ``log_time``, ``level`` and the event's own fields; none of
+Twisted's ``log_*`` keys), one JSON object a line, into a
 ``twisted.python.logfile.LogFile``. The file rotates once it has reached ``rotate_bytes``:
 ``PATH`` becomes ``PATH.1``, ``PATH.1`` becomes ``PATH.2``, and so on. The size is checked
-before each record is written, so a record is never split across two files and none is
-lost in the rotation. Read the files back, oldest first, with :func:`read_events`.
+before each record is written, and a record is one write, so a record is never split
+across two files and none is lost in the rotation. A file whose last record was cut short
+(a killed process) gets a newline before the next record, so the cut record cannot spoil
+it. Read the files back, oldest first, with :func:`read_events`: it reads the version 2
+records and the version 1 records of Twisted's ``jsonFileLogObserver`` (RS-separated)
+that older nodes wrote, even mixed in one file.
 
 Retention (specs/telemetry.md section 2.1): after each rotation, and when the file is
 opened, the rotated files are pruned to the newest ``keep_files`` whose sizes add up to at
@@ -20,16 +25,12 @@ nodes in one process each get their own file.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 
 from twisted.application.service import Service
-from twisted.logger import (
-    FilteringLogObserver,
-    PredicateResult,
-    eventsFromJSONLogFile,
-    globalLogPublisher,
-    jsonFileLogObserver,
-)
+from twisted.logger import FilteringLogObserver, PredicateResult, eventFromJSON, globalLogPublisher
 from twisted.python.logfile import LogFile
 
 #: Default size at which a telemetry file rotates (10 MiB).
@@ -37,6 +38,75 @@ DEFAULT_ROTATE_BYTES = 10 * 1024 * 1024
 #: Default retention of the rotated files: at most 10 files and 100 MiB.
 DEFAULT_KEEP_FILES = 10
 DEFAULT_KEEP_BYTES = 100 * 1024 * 1024
+
+#: The version of the records this module writes (specs/telemetry.md section 2). Version 1
+#: is Twisted's ``jsonFileLogObserver`` output, which older nodes wrote; it has no ``v``.
+RECORD_VERSION = 2
+#: The keys every version 2 record starts with, in this order (specs/telemetry.md 2).
+ENVELOPE = ("v", "event", "node_id", "log_time", "level")
+#: Keys that the legacy ``twisted.python.log`` bridge adds to an event it forwards (in
+#: place, so later observers see them too): not fields of the event, never written.
+#: ``message`` is one only when it is not a string (mconn's own ``message`` fields are).
+_LEGACY_KEYS = frozenset({"time", "system", "format", "isError", "failure", "why"})
+#: ASCII record separator: Twisted's version 1 records each start with one (RFC 7464).
+RECORD_SEPARATOR = "\x1e"
+
+
+def lean_record(event: dict) -> dict:
+    """The version 2 record of one mconn event: the ``ENVELOPE`` keys, then the event's
+    own fields in the order they were logged, then ``failure`` (the traceback text) when
+    the event was logged with one (``reactor_error``)."""
+    level = event.get("log_level")
+    record = {
+        "v": RECORD_VERSION, "event": event.get("event"), "node_id": event.get("node_id"),
+        "log_time": event.get("log_time"), "level": getattr(level, "name", level),
+    }
+    for key, value in event.items():
+        if key in record or key.startswith("log_") or key in _LEGACY_KEYS:
+            continue
+        if key == "message" and not isinstance(value, str):
+            continue
+        record[key] = value
+    failure = event.get("log_failure")
+    if failure is not None:
+        record["failure"] = failure.getTraceback()
+    return record
+
+
+def format_record(event: dict) -> bytes:
+    """One line of a telemetry file: the event's lean record as compact JSON and a newline.
+
+    Strict JSON: a non-finite float is written as null, a value JSON has no type for as
+    its ``str``, so that a record is never lost to its values.
+    """
+    record = lean_record(event)
+    try:
+        text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError):
+        text = json.dumps(_strict(record), separators=(",", ":"), allow_nan=False, default=str)
+    return text.encode("ascii") + b"\n"
+
+
+def _strict(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+class JsonLinesObserver:
+    """A log observer writing each event it gets as one ``format_record`` line, one
+    ``write`` per record (a ``LogFile`` checks its rotation before each write)."""
+
+    def __init__(self, log_file) -> None:
+        self.log_file = log_file
+
+    def __call__(self, event: dict) -> None:
+        self.log_file.write(format_record(event))
+        self.log_file.flush()
 
 
 class RetainingLogFile(LogFile):
@@ -47,6 +117,16 @@ class RetainingLogFile(LogFile):
         self.keep_bytes = keep_bytes
         super().__init__(name, directory, rotateLength)
         self.prune()
+
+    def _openFile(self) -> None:
+        super()._openFile()
+        if self.size:  # a record cut short by a killed process must not spoil the next one
+            self._file.seek(-1, os.SEEK_END)
+            last = self._file.read(1)
+            self._file.seek(0, os.SEEK_END)
+            if last != b"\n":
+                self._file.write(b"\n")
+                self.size += 1
 
     def rotate(self) -> None:
         super().rotate()
@@ -107,16 +187,41 @@ def rotated_paths(path: str | os.PathLike) -> list[str]:
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:
-    """Every event of a telemetry log and its rotated files, oldest first."""
+    """Every event of a telemetry log and its rotated files, oldest first.
+
+    Version 2 records come back as written (their ``log_time`` and ``level`` included);
+    version 1 records as Twisted's ``eventsFromJSONLogFile`` restores them. A record that
+    is not a JSON object (one cut short by a killed process) is skipped, as Twisted's
+    reader skips it.
+    """
     events = []
     for name in rotated_paths(path):
-        with open(name, encoding="utf-8") as f:
-            events.extend(eventsFromJSONLogFile(f))
+        with open(name, encoding="utf-8", errors="replace") as f:
+            events.extend(parse_lines(f))
+    return events
+
+
+def parse_lines(lines) -> list[dict]:
+    """The records of a telemetry file's lines: version 2 JSON Lines, version 1
+    RS-separated records, or both mixed (a node upgraded in place appends to its file)."""
+    events = []
+    for line in lines:
+        for text in line.split(RECORD_SEPARATOR) if RECORD_SEPARATOR in line else (line,):
+            text = text.strip()
+            if not text:
+                continue
+            try:
+                record = json.loads(text)
+            except ValueError:
+                continue
+            if not isinstance(record, dict):
+                continue
+            events.append(record if "v" in record else eventFromJSON(text))
     return events
 
 
 class TelemetryFileService(Service):
-    """Writes one node's telemetry events to a rotating JSON-lines file while running.
+    """Writes one node's telemetry events to a rotating JSON Lines file while running.
 
     The file is opened here, so that a path that cannot be written fails at
     configuration time; the observer is added in ``privilegedStartService`` (before the
@@ -183,5 +288,5 @@ class TelemetryFileService(Service):
             return
         if self.log_file.closed:  # started again after a stop
             self.log_file = self._open()
-        self._observer = FilteringLogObserver(jsonFileLogObserver(self.log_file), [self._is_ours])
+        self._observer = FilteringLogObserver(JsonLinesObserver(self.log_file), [self._is_ours])
         self.publisher.addObserver(self._observer)

@@ -1,8 +1,8 @@
 """``--telemetry PATH``: a live three-node network writes files a pipeline can rely on.
 
 Three nodes built by makeService, as twistd builds them, on real 127.0.0.1 sockets: each
-writes its own events to its own file; every record read back with
-eventsFromJSONLogFile matches specs/telemetry.md (the parser of
+writes its own events to its own file; every record read back (JSON Lines, version 2
+records, specs/telemetry.md section 2) matches specs/telemetry.md (the parser of
 tests/adapter/test_telemetry.py); one node's file rotates many times, and across all
 rotations its records are exactly the events the node logged, in order.
 """
@@ -15,7 +15,7 @@ from twisted.internet import defer
 from adapter.test_telemetry import SPEC_EVENTS, fields_of
 from helpers import SPEC_TYPE_CHECKS, Telemetry, the_reactor, until as poll
 from mconn.node import Options, build_service
-from mconn.telemetry_file import read_events, rotated_paths
+from mconn.telemetry_file import ENVELOPE, read_events, rotated_paths
 from operators.sample_reactors import CHAT
 
 pytestmark = pytest.mark.integration
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.integration
 TIMEOUT = 15.0
 #: Every wait of this module polls for at most TIMEOUT seconds.
 until = functools.partial(poll, seconds=TIMEOUT)
-ROTATE_BYTES = 4096
+ROTATE_BYTES = 1500  # a few lean records (specs/telemetry.md section 2): many rotations
 #: What a network that connects, exchanges and shuts down must have written.
 EXPECTED = {"listening", "connection_made", "handshake_done", "session_started", "channel_stats",
             "connection_lost", "session_ended"}
@@ -46,7 +46,7 @@ def address_of(service):
 
 @pytest.fixture
 def network(tmp_path):
-    """Three nodes: a (rotating every 4 KiB), b and c dialing a, c also dialing b."""
+    """Three nodes: a (rotating every 1500 bytes), b and c dialing a, c also dialing b."""
     capture = Telemetry().start()
     started = []
 
@@ -95,18 +95,21 @@ async def test_telemetry_files_of_a_live_network_match_the_spec_and_rotate_witho
     for path in files[:-1]:  # each rotated file: past the limit by less than one record
         size = (tmp_path / path).stat().st_size
         assert ROTATE_BYTES <= size < ROTATE_BYTES + 2048, (path, size)
+        assert (tmp_path / path).read_bytes().endswith(b"\n"), path  # whole lines only
     ended = [e for e in read_events(tmp_path / "c.json") if e["event"] == "session_ended"]
     assert {e["reason_type"] for e in ended} == {"ConnectionClosed"}  # c stopped first: it closed both
 
 
 def assert_matches_spec(event: dict) -> None:
-    """The record has exactly the fields of its event in specs/telemetry.md, with their types and level."""
+    """The version 2 record has the envelope (v, event, node_id, log_time, level) and exactly the fields of its
+    event in specs/telemetry.md, with their types and level; none of Twisted's log_ keys but log_time."""
     name = event["event"]
     assert name in SPEC_EVENTS, f"{name} is not in specs/telemetry.md"
     spec = SPEC_EVENTS[name]
-    assert fields_of(event) == set(spec["fields"]), name
-    assert event["log_level"].name == spec["level"], name
-    assert event["log_namespace"] == "mconn"
+    assert list(event)[: len(ENVELOPE)] == list(ENVELOPE) and event["v"] == 2, name
+    assert fields_of(event) - {"v", "level"} == set(spec["fields"]), name
+    assert [k for k in event if k.startswith("log_")] == ["log_time"], name
+    assert event["level"] == spec["level"], name
     for field, type_name in spec["fields"].items():
         assert SPEC_TYPE_CHECKS[type_name](event[field]), f"{name}.{field} = {event[field]!r} is not {type_name}"
     for parent, children in spec["items"].items():
