@@ -67,7 +67,7 @@ EVENTS: dict[str, dict[str, str]] = {
         "accepted": "int", "acked": "int", "delivered": "int", "session_id": "str", "connection": "int",
         "round_trip": "float or null",
     },
-    "reactor_error": {**_ID, "reactor": "str", "method": "str", "peer_id": "str"},
+    "reactor_error": {**_ID, "reactor": "str", "method": "str", "peer_id": "str or null", "action": "str"},
 }
 
 #: The events the spec logs above ``info``: the ``errors`` table holds them all.
@@ -94,8 +94,11 @@ LIST_COLUMNS: dict[tuple[str, str], str] = {
     ("session_ended", "channels"): "session_channels",
 }
 
-#: Twisted's own key that the pipeline reads (specs/telemetry.md section 1).
+#: When the event was logged: Twisted's own key in version 1 records, kept by name in
+#: version 2 (specs/telemetry.md section 2).
 LOG_TIME = "log_time"
+#: The record's version (specs/telemetry.md section 2): absent in version 1 records.
+VERSION = "v"
 
 #: Fields without which a record cannot be placed: missing or mistyped, it is malformed.
 REQUIRED = ("event", "node_id", LOG_TIME)
@@ -130,17 +133,26 @@ CORRUPT = "_corrupt"
 
 
 def record_schema() -> T.StructType:
-    """The first step's schema: all scalar fields, the raw list fields, log_time, CORRUPT."""
+    """The first step's schema: all scalar fields, the raw list fields, log_time, the
+    version, CORRUPT."""
     fields = [T.StructField(name, spark_type) for name, spark_type in scalar_fields().items()]
     fields += [T.StructField(name, T.StringType()) for name in sorted(list_fields())]
     fields.append(T.StructField(LOG_TIME, T.DoubleType()))
+    fields.append(T.StructField(VERSION, T.LongType()))
     fields.append(T.StructField(CORRUPT, T.StringType()))
     return T.StructType(fields)
 
 
-def list_schema(event: str, field: str) -> T.ArrayType:
+def list_type(event: str, field: str) -> T.ArrayType:
     """The Spark type of one event's list field."""
     if EVENTS[event][field] == "list of int":
         return T.ArrayType(T.LongType())
     items = ITEMS[(event, field)]
     return T.ArrayType(T.StructType([T.StructField(n, _SCALARS[t]) for n, t in items.items()]))
+
+
+def list_schema(event: str, field: str) -> T.StructType:
+    """The second step's schema of one event's list field, wrapped in an object
+    (``{"items": LIST}``) with CORRUPT, where Spark's reader keeps the text when a value
+    inside the list has the wrong JSON type."""
+    return T.StructType([T.StructField("items", list_type(event, field)), T.StructField(CORRUPT, T.StringType())])
