@@ -39,7 +39,7 @@ NODE_CONFIG = {
     "dial-timeout": "2",
     "max-reconnect-delay": "2",
     "resume-grace": "30",
-    "ignore-discovered-addresses": "true",
+    "ignore-discovered-addresses": True,  # a flag: no value
     "max-connections-per-ip": "64",
     "stats-interval": "2",
     "telemetry-rotate-bytes": "0",
@@ -162,7 +162,7 @@ class Node:
             "--key", str(self.key_path), "--telemetry", str(telemetry),
             *[a for peer in peers for a in ("--peer", peer)],
             *[a for spec in self.fleet.reactors for a in ("--reactor", spec)],
-            *[a for option, value in NODE_CONFIG.items() for a in (f"--{option}", value)],
+            *[a for option, value in NODE_CONFIG.items() for a in ((f"--{option}",) if value is True else (f"--{option}", value))],
             *self.fleet.feature_args,
         ]
         with open(self.log_path, "wb") as log, open(os.devnull, "rb") as null:

@@ -226,9 +226,14 @@ class Options(usage.Options):
     def parseOptions(self, options=None) -> None:
         """Parse, then say what is wrong in one line (twistd would print its usage first)."""
         try:
+            _check_flag_values(options)
             super().parseOptions(options)
         except usage.UsageError as e:
             raise SystemExit(f"mconn: {e}") from None
+
+    def parseArgs(self, *args: str) -> None:
+        if args:
+            raise ConfigurationError(f"unexpected argument {args[0]!r}: every setting is an option (--help)")
 
     def postOptions(self) -> None:
         given = _read_toml(self["config"]) if self["config"] else {}
@@ -256,6 +261,18 @@ class Options(usage.Options):
         twistd = getattr(self, "parent", None)
         if twistd is not None and "pidfile" in twistd:
             twistd_files(twistd, self.settings)
+
+
+def _check_flag_values(arguments) -> None:
+    """A boolean Config option given a value the old way (``--tcp-keepalive false``):
+    say that it is a pair of flags now, instead of "Wrong number of arguments"."""
+    arguments = list(arguments or ())
+    for flag, value in zip(arguments, arguments[1:]):
+        name = flag[2:].replace("-", "_")
+        if flag.startswith("--") and name in CONFIG_FIELDS and _is_bool_field(name) and value.lower() in _TRUE + _FALSE:
+            raise ConfigurationError(
+                f"{flag} {value}: {flag} is a flag and takes no value; give {flag} or --no-{flag[2:]}"
+            )
 
 
 def twistd_files(twistd, settings: NodeSettings) -> None:

@@ -137,6 +137,8 @@ def test_toml_integers_become_floats_for_float_fields(tmp_path):
         (["--ping-interval", "-1"], "mconn: --ping-interval: Config.ping_interval must be a positive finite number, got -1.0"),
         (["--max-inbound-peers", "2.5"], "mconn: --max-inbound-peers: '2.5' is not an integer"),
         (["--tcp-nodelay=false"], "mconn: option --tcp-nodelay must not have an argument"),
+        (["--tcp-nodelay", "false"], "mconn: --tcp-nodelay false: --tcp-nodelay is a flag and takes no value; give --tcp-nodelay or --no-tcp-nodelay"),
+        (["--listen", "tcp:0", "stray"], "mconn: unexpected argument 'stray': every setting is an option (--help)"),
         (["--tcp-nodelay", "--no-tcp-nodelay"], "mconn: --tcp-nodelay and --no-tcp-nodelay contradict each other"),
         (["--telemetry-rotate-bytes", "-5"], "mconn: --telemetry-rotate-bytes: -5 must be a number of bytes >= 0"),
         (["--config", "missing.toml"], "mconn: --config missing.toml: cannot read it: No such file or directory"),
