@@ -43,7 +43,6 @@ from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientPr
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
-from autobahn.websocket.xormasker import create_xor_masker
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.interfaces import IPushProducer, ITransport
@@ -54,6 +53,7 @@ from zope.interface import implementer
 from mconn.errors import ConnectionLost
 from mconn.websocket_endpoints import WebSocketError
 from mconn.tls_transport import tls_error_of
+from mconn.websocket_frames import FrameReader, masker
 from mconn.websocket_endpoints import MAX_HTTP_HEAD_BYTES
 
 log = Logger(namespace="mconn.websocket")
@@ -89,6 +89,8 @@ class _Carrier:
     error: WebSocketError | None = None
     #: Frame payloads of the network read being parsed.
     _gathered: list | None = None
+    #: Reads the data frames once the connection is open (mconn.websocket_frames).
+    _reader: FrameReader | None = None
     _opened = False
     _lost = False
     _pings = 0
@@ -99,17 +101,57 @@ class _Carrier:
     def dataReceived(self, data: bytes) -> None:
         if self._lost:
             return
+        reader = self._reader
+        if reader is not None and self.state == _OPEN and self.current_frame is None and not self.data:
+            self._read_fast(reader, data)
+            return
         if self.state == _CONNECTING and len(self.data) + len(data) > MAX_UPGRADE_BYTES:
             if (self.data + data).find(b"\r\n\r\n", 0, MAX_UPGRADE_BYTES + 4) < 0:
                 self._refuse_upgrade(f"the HTTP upgrade is over {MAX_UPGRADE_BYTES} bytes")
                 return
+        self._deliver(self._read_slow(data))
+
+    def _read_slow(self, data: bytes) -> list:
+        """autobahn parses ``data``; the payloads of its data frames, in order."""
         gathered = self._gathered = []
         try:
             super().dataReceived(data)
         finally:
             self._gathered = None
-        if gathered and self.wrapped is not None and not self._lost:
-            self.wrapped.dataReceived(gathered[0] if len(gathered) == 1 else b"".join(gathered))
+        return gathered
+
+    def _read_fast(self, reader: FrameReader, data: bytes) -> None:
+        """The data frames by the FrameReader; whatever else, by autobahn (websocket_frames.py)."""
+        payloads = []
+        for _ in range(len(data) + 1):  # each turn consumes at least one frame
+            got, stop, data = reader.read(data)
+            payloads += got
+            if stop is None:
+                break
+            kind, detail = stop
+            self._deliver(payloads)  # what came before the stop goes first (a close, say)
+            payloads = []
+            if kind == "control":
+                self._deliver(self._read_slow(detail))
+            elif kind == "handoff":
+                self._deliver(self._read_slow(data))
+                return
+            elif kind == "too_large":
+                self._max_message_size_exceeded(
+                    detail[0], detail[1], f"received WebSocket message size {detail[0]} exceeds payload limit of "
+                    f"{detail[1]} octets"
+                )
+                return
+            else:
+                self._fail_connection(WebSocketProtocol.CLOSE_STATUS_CODE_PROTOCOL_ERROR, detail)
+                return
+            if self._lost or self.state != _OPEN:
+                return
+        self._deliver(payloads)
+
+    def _deliver(self, payloads: list) -> None:
+        if payloads and self.wrapped is not None and not self._lost and not self.failedByMe:
+            self.wrapped.dataReceived(payloads[0] if len(payloads) == 1 else b"".join(payloads))
 
     def onMessageBegin(self, isBinary: bool) -> None:
         self.message_data_total_length = 0
@@ -176,6 +218,7 @@ class _Carrier:
 
     def onOpen(self) -> None:
         self._opened = True
+        self._reader = FrameReader(masked=self.factory.isServer, max_message=self.factory.config.ws_max_message_bytes)
         self.wrapped.makeConnection(self)
 
     def onClose(self, wasClean, code, reason) -> None:
@@ -236,7 +279,7 @@ class _Carrier:
             header = struct.pack("!BBQ", _BINARY, mask | 127, n)
         if mask:
             key = os.urandom(4)
-            self.transport.write(header + key + create_xor_masker(key, n).process(bytes(payload)))
+            self.transport.write(header + key + masker(key, n).process(bytes(payload)))
         else:
             self.transport.write(header + payload)
 

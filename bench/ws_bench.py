@@ -1,0 +1,306 @@
+"""WebSocket transports against TCP and TLS mconn, all in the same run (specs/websocket.md).
+
+    .venv/bin/python bench/ws_bench.py [--duration S] [--repeat N] [--rtt-count N]
+        [--scenarios bulk,small,rtt,handshake] [--impls mconn,mconn_ws,mconn_tls,mconn_wss]
+        [--json PATH]
+
+Four transports of mconn, the same measurements over each:
+
+* ``mconn``: plaintext mconn over TCP (default Config), the baseline of ``ws``;
+* ``mconn_ws``: the same over ws:// (binary WebSocket messages, the dialer masking);
+* ``mconn_tls``: mconn with TLS first (identity mode, TLS 1.3), the baseline of ``wss``;
+* ``mconn_wss``: the same TLS beneath a wss:// WebSocket.
+
+The measurements are bench/scenarios.py's (as bench/tls_bench.py's, whose receiver
+plumbing this file shares): ``bulk`` (1 MiB messages, MiB/s), ``small`` (100-byte
+messages, msg/s), ``rtt`` (one 100-byte echo at a time, p50 and p99), ``handshake``
+(sequential connect, one echo, close; connections/s, from 32 client Switches). Each round
+runs every transport against its own receiver process (this file, ``--role receiver``),
+the order reversed every other round; the table shows medians, and medians of the
+per-round ratios ws/tcp and wss/tls. CPU per unit of work of both processes is shown too:
+on a shared machine it is steadier than the rates.
+
+Targets (issue 16): ws bulk >= 0.8 of TCP mconn, small >= 0.7, round trip <= 1.3x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+from links import LinkReactor  # noqa: E402
+from scenarios import ROUND_TRIP, RTT_CHANNEL, SMALL_SIZE, Sender, Sink, padded  # noqa: E402
+from tls_bench import CHANNELS, CLIENTS, CONFIG, RECEIVER_CONFIG, _cpu_of, _Echoed, _StdinWatch, figures  # noqa: E402
+
+from mconn import NodeKey  # noqa: E402
+
+SCENARIOS = ("bulk", "small", "rtt", "handshake")
+IMPLS = ("mconn", "mconn_ws", "mconn_tls", "mconn_wss")
+PATH = "/mconn"
+#: impl -> (TLS options?, listen endpoint, dial address template)
+TRANSPORTS = {
+    "mconn": (False, "tcp:0:interface=127.0.0.1", "{id}@127.0.0.1:{port}"),
+    "mconn_ws": (False, f"ws:tcp:0:interface=127.0.0.1:path={PATH}", "{id}@ws://127.0.0.1:{port}" + PATH),
+    "mconn_tls": (True, "tcp:0:interface=127.0.0.1", "{id}@127.0.0.1:{port}"),
+    "mconn_wss": (True, f"wss:tcp:0:interface=127.0.0.1:path={PATH}", "{id}@wss://127.0.0.1:{port}" + PATH),
+}
+#: (row label, numerator, denominator) of the ratios shown.
+RATIOS = (("ws/tcp", "mconn_ws", "mconn"), ("wss/tls", "mconn_wss", "mconn_tls"), ("wss/tcp", "mconn_wss", "mconn"))
+
+
+def tls_options(impl: str, key: NodeKey):
+    if not TRANSPORTS[impl][0]:
+        return None
+    from mconn.tls import TLSOptions
+
+    return TLSOptions.identity(key)
+
+
+# -- the receiver --------------------------------------------------------------------
+
+
+def receiver(impl: str) -> int:
+    from twisted.internet import reactor
+
+    from mconn import Switch
+
+    def report(result: dict) -> None:
+        if "B" in result or "S" in result:
+            result["cpu_s"] = time.process_time()
+            print(json.dumps(result), flush=True)
+
+    def on_link(link) -> None:
+        link.handler = Sink(link, report)
+
+    key = NodeKey.generate()
+    switch = Switch([LinkReactor(CHANNELS, on_link)], node_key=key, tls=tls_options(impl, key),
+                    config=RECEIVER_CONFIG, clock=reactor)
+    switch.startService()
+    d = switch.listen(TRANSPORTS[impl][1])
+    d.addCallback(lambda port: print(port.getHost().port, switch.node_id, flush=True))
+    d.addErrback(lambda failure: (print(failure.getTraceback(), file=sys.stderr, flush=True), reactor.stop()))
+    reactor.addReader(_StdinWatch(reactor))
+    reactor.run()
+    return 0
+
+
+# -- the sender ------------------------------------------------------------------------
+
+
+class Connector:
+    """A client Switch of one transport; ``connect()`` fires with a new link to the receiver."""
+
+    def __init__(self, impl: str, port: int, node_id: str, clock) -> None:
+        from mconn import Switch
+
+        self.address = TRANSPORTS[impl][2].format(id=node_id, port=port)
+        key = NodeKey.generate()
+        self._pending = None
+        self.switch = Switch([LinkReactor(CHANNELS, self._on_link)], node_key=key, tls=tls_options(impl, key),
+                             config=CONFIG, clock=clock)
+        self.switch.startService()
+
+    def _on_link(self, link) -> None:
+        d, self._pending = self._pending, None
+        d.callback(link)
+
+    def connect(self):
+        from twisted.internet import defer
+
+        self._pending = d = defer.Deferred()
+        self.switch.dial(self.address).addErrback(d.errback)
+        return d
+
+    def stop(self):
+        return self.switch.stopService()
+
+
+class Receiver:
+    """A receiver process of this file; its stdout lines arrive on ``lines``."""
+
+    def __init__(self, impl: str, clock) -> None:
+        from twisted.internet import defer, protocol
+
+        self.impl = impl
+        self.lines = defer.DeferredQueue()
+        self.ended = defer.Deferred()
+        owner = self
+
+        class Watch(protocol.ProcessProtocol):
+            buffer = b""
+
+            def outReceived(self, data: bytes) -> None:
+                self.buffer += data
+                while b"\n" in self.buffer:
+                    line, _, self.buffer = self.buffer.partition(b"\n")
+                    owner.lines.put(line.decode())
+
+            def errReceived(self, data: bytes) -> None:
+                sys.stderr.write(f"[{impl} receiver] {data.decode(errors='replace')}")
+
+            def processEnded(self, reason) -> None:
+                owner.ended.callback(None)
+
+        args = [sys.executable, os.path.abspath(__file__), "--role", "receiver", "--impl", impl]
+        self.process = clock.spawnProcess(Watch(), sys.executable, args, env=os.environ.copy())
+        self.pid = self.process.pid
+
+    async def start(self, clock) -> None:
+        line = (await self.lines.get().addTimeout(20, clock)).split()
+        if len(line) != 2:
+            raise RuntimeError(f"the {self.impl} receiver did not start (printed {line!r})")
+        self.port, self.node_id = int(line[0]), line[1]
+
+    async def stop(self, clock) -> None:
+        from twisted.internet import defer
+
+        self.process.closeStdin()
+        try:
+            await self.ended.addTimeout(5, clock)
+        except defer.TimeoutError:
+            print(f"[{self.impl} receiver] did not exit 5 s after its stdin closed: killed", file=sys.stderr)
+            self.process.signalProcess("KILL")  # by its PID: it has no children
+
+
+async def scenario_run(connector, receiver, scenario: str, args, clock) -> dict:
+    from twisted.internet import defer
+
+    link = await connector.connect().addTimeout(10, clock)
+    finished = defer.Deferred()
+    sender = Sender(link, scenario, args.duration, clock, finished.callback, rtt_count=args.rtt_count)
+    link.handler = sender
+    cpu, recv_cpu = time.process_time(), _cpu_of(receiver.pid)
+    sender.start()
+    result = {"send": await finished.addTimeout(args.duration + 30, clock)}
+    if scenario in ("bulk", "small"):
+        result["recv"] = json.loads(await receiver.lines.get().addTimeout(10, clock))
+    result["send_cpu_s"] = time.process_time() - cpu
+    result["recv_cpu_s"] = _cpu_of(receiver.pid) - recv_cpu
+    return result
+
+
+async def handshakes(impl: str, receiver, duration: float, clock) -> dict:
+    from twisted.internet import defer
+
+    connectors = [Connector(impl, receiver.port, receiver.node_id, clock) for _ in range(CLIENTS)]
+    message = padded(ROUND_TRIP, 0, SMALL_SIZE)
+    done = 0
+    cpu, recv_cpu = time.process_time(), _cpu_of(receiver.pid)
+    start = time.perf_counter()
+    try:
+        while time.perf_counter() - start < duration:
+            link = await connectors[done % len(connectors)].connect().addTimeout(10, clock)
+            echoed = defer.Deferred()
+            link.handler = _Echoed(echoed)
+            link.send_now(RTT_CHANNEL.id, message)
+            await echoed.addTimeout(10, clock)
+            link.close()
+            done += 1
+        return {"connections": done, "elapsed": time.perf_counter() - start,
+                "send_cpu_s": time.process_time() - cpu, "recv_cpu_s": _cpu_of(receiver.pid) - recv_cpu}
+    finally:
+        await defer.gatherResults([c.stop() for c in connectors])
+
+
+async def measure(impl: str, args, clock) -> dict:
+    receiver = Receiver(impl, clock)
+    results = {}
+    try:
+        await receiver.start(clock)
+        connector = Connector(impl, receiver.port, receiver.node_id, clock)
+        try:
+            for scenario in ("bulk", "small", "rtt"):
+                if scenario in args.scenarios:
+                    results[scenario] = await scenario_run(connector, receiver, scenario, args, clock)
+        finally:
+            await connector.stop()
+        if "handshake" in args.scenarios:
+            results["handshake"] = await handshakes(impl, receiver, args.duration, clock)
+    finally:
+        await receiver.stop(clock)
+    return results
+
+
+def table(rounds: list[dict], scenarios, impls) -> list[dict]:
+    rows = []
+    for scenario in scenarios:
+        per_round = [{impl: figures(scenario, r[impl][scenario]) for impl in impls} for r in rounds]
+        for name in per_round[0][impls[0]]:
+            row = {"scenario": scenario, "figure": name}
+            for impl in impls:
+                row[impl] = statistics.median(f[impl][name] for f in per_round)
+            for label, top, bottom in RATIOS:
+                if top in impls and bottom in impls:
+                    row[label] = statistics.median(f[top][name] / f[bottom][name] for f in per_round)
+            rows.append(row)
+    return rows
+
+
+def print_table(rows, impls) -> None:
+    columns = list(impls) + [label for label, top, bottom in RATIOS if top in impls and bottom in impls]
+    print(f"{'scenario':<10} {'figure':<12}" + "".join(f" {c:>11}" for c in columns))
+    for row in rows:
+        cells = [f" {row[c]:>11.3f}" if "/" in c else f" {row[c]:>11.1f}" for c in columns]
+        print(f"{row['scenario']:<10} {row['figure']:<12}" + "".join(cells))
+
+
+def sender(args) -> int:
+    from twisted.internet import defer, reactor
+
+    rounds, outcome = [], {}
+
+    async def run():
+        for n in range(args.repeat):
+            order = args.impls if n % 2 == 0 else args.impls[::-1]
+            results = {}
+            for impl in order:
+                print(f"round {n + 1}/{args.repeat}: {impl} ...", file=sys.stderr, flush=True)
+                results[impl] = await measure(impl, args, reactor)
+            rounds.append(results)
+
+    def done(result):
+        outcome["result"] = result
+        reactor.stop()
+
+    reactor.callWhenRunning(lambda: defer.ensureDeferred(run()).addBoth(done))
+    reactor.run()
+    if outcome.get("result") is not None:
+        outcome["result"].raiseException()
+    rows = table(rounds, args.scenarios, args.impls)
+    load = os.getloadavg()
+    print(f"ws_bench: {args.repeat} rounds, {args.duration}s each (medians); load average {load[0]:.1f} {load[1]:.1f}")
+    print_table(rows, args.impls)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "load": load, "rows": rows, "rounds": rounds}, f, indent=1, default=str)
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--role", choices=("sender", "receiver"), default="sender")
+    parser.add_argument("--impl", choices=IMPLS, default="mconn")
+    parser.add_argument("--duration", type=float, default=2.0)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--rtt-count", type=int, default=2000)
+    parser.add_argument("--scenarios", type=lambda s: s.split(","), default=list(SCENARIOS))
+    parser.add_argument("--impls", type=lambda s: tuple(s.split(",")), default=IMPLS)
+    parser.add_argument("--json")
+    args = parser.parse_args(argv)
+    unknown = set(args.scenarios) - set(SCENARIOS)
+    if unknown or set(args.impls) - set(IMPLS):
+        parser.error(f"choose scenarios from {SCENARIOS} and impls from {IMPLS}")
+    if args.role == "receiver":
+        return receiver(args.impl)
+    return sender(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

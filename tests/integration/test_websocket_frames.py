@@ -1,0 +1,155 @@
+"""mconn.websocket_frames.FrameReader, the hot path of reading an open WebSocket, fed bytes.
+
+No sockets: frames are built here (RFC 6455 section 5.2) and fed whole, split at every
+point, and one byte at a time; the payloads must come out unmasked and in order, and
+everything the reader does not take must stop it where it starts, or be refused from its
+header (too large, a binary frame inside a fragmented message).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mconn.websocket_frames import SMALL_MASKING, FrameReader, masker
+
+LIMIT = 1 << 20
+
+
+def frame(opcode: int, payload: bytes, *, masked: bool, fin: bool = True, rsv: int = 0, length=None) -> bytes:
+    n = len(payload) if length is None else length
+    first = (0x80 if fin else 0) | rsv | opcode
+    bit = 0x80 if masked else 0
+    if n < 126:
+        header = struct.pack("!BB", first, bit | n)
+    elif n < 65536:
+        header = struct.pack("!BBH", first, bit | 126, n)
+    else:
+        header = struct.pack("!BBQ", first, bit | 127, n)
+    if not masked:
+        return header + payload
+    key = os.urandom(4)
+    return header + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+def read_all(reader: FrameReader, parts) -> tuple[bytes, list]:
+    """Feed ``parts``; the joined payloads and every stop met."""
+    out, stops = [], []
+    for part in parts:
+        payloads, stop, rest = reader.read(part)
+        out += payloads
+        if stop is not None:
+            stops.append((stop, rest))
+    return b"".join(out), stops
+
+
+@pytest.mark.parametrize("masked", [True, False], ids=["masked", "unmasked"])
+def test_binary_frames_of_every_length_encoding_come_out_whole_split_anywhere(masked):
+    """Frames of 7-bit, 16-bit and 64-bit lengths (and an empty one), masked or not, give
+    their payloads in order, whether fed whole, in two parts at any point, or one byte at a
+    time (a small one: every split of the big ones would be slow)."""
+    payloads = [b"", b"a" * 5, os.urandom(300), os.urandom(70_000)]
+    stream = b"".join(frame(0x2, p, masked=masked) for p in payloads)
+    want = b"".join(payloads)
+    assert read_all(FrameReader(masked=masked, max_message=LIMIT), [stream]) == (want, [])
+    for cut in list(range(0, 40)) + [len(stream) // 2, len(stream) - 1]:
+        got = read_all(FrameReader(masked=masked, max_message=LIMIT), [stream[:cut], stream[cut:]])
+        assert got == (want, []), cut
+    small = b"".join(frame(0x2, p, masked=masked) for p in payloads[:3])
+    reader = FrameReader(masked=masked, max_message=LIMIT)
+    assert read_all(reader, [small[i : i + 1] for i in range(len(small))]) == (b"".join(payloads[:3]), [])
+    assert reader.idle
+
+
+def test_a_fragmented_message_is_read_as_its_frames_come():
+    """A binary message in three frames (FIN on the last) gives its bytes as they come."""
+    stream = frame(0x2, b"one ", masked=True, fin=False) + frame(0x0, b"two ", masked=True, fin=False)
+    stream += frame(0x0, b"three", masked=True)
+    assert read_all(FrameReader(masked=True, max_message=LIMIT), [stream]) == (b"one two three", [])
+
+
+def test_a_control_frame_stops_the_reader_after_the_data_before_it():
+    """A ping between two data frames: the first payload, then a stop handing over exactly
+    the ping frame, and the rest after it to read next."""
+    ping = frame(0x9, b"hi", masked=True)
+    stream = frame(0x2, b"before", masked=True) + ping + frame(0x2, b"after", masked=True)
+    reader = FrameReader(masked=True, max_message=LIMIT)
+    payloads, stop, rest = reader.read(stream)
+    assert payloads == [b"before"] and stop == ("control", ping)
+    payloads, stop, rest = reader.read(rest)
+    assert payloads == [b"after"] and stop is None and rest == b""
+
+
+def test_a_control_frame_split_across_reads_is_kept_until_whole():
+    """A ping whose bytes come in two reads is handed over once whole."""
+    ping = frame(0x9, b"x" * 100, masked=True)
+    reader = FrameReader(masked=True, max_message=LIMIT)
+    assert reader.read(ping[:50]) == ([], None, b"") and not reader.idle
+    assert reader.read(ping[50:]) == ([], ("control", ping), b"")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        frame(0x1, b"text", masked=True),
+        frame(0x2, b"x", masked=True, rsv=0x40),
+        frame(0x2, b"x", masked=False),
+        frame(0x3, b"x", masked=True),
+        frame(0x0, b"x", masked=True),
+        frame(0x9, b"x" * 126, masked=True),
+        frame(0x9, b"x", masked=True, fin=False),
+    ],
+    ids=["text", "rsv1", "unmasked-from-a-dialer", "reserved-opcode", "continuation-first", "long-ping", "fragmented-ping"],
+)
+def test_a_frame_the_reader_does_not_take_is_handed_over_from_its_header(bad):
+    """Text, reserved bits, a dialer's unmasked frame, a reserved opcode, a continuation
+    with no message, a control frame over 125 bytes or without FIN: the reader stops at
+    its first byte and hands the rest over (autobahn refuses each of them)."""
+    before = frame(0x2, b"ok", masked=True)
+    payloads, stop, rest = FrameReader(masked=True, max_message=LIMIT).read(before + bad + b"tail")
+    assert payloads == [b"ok"] and stop == ("handoff", None) and rest == bad + b"tail"
+
+
+def test_a_frame_over_the_limit_is_refused_from_its_header_before_its_payload():
+    """A frame (or a fragmented message) declaring more than max_message is refused as
+    soon as its header is complete, though none of its payload has come."""
+    header_only = frame(0x2, b"", masked=True, length=LIMIT + 1)[:14]
+    assert FrameReader(masked=True, max_message=LIMIT).read(header_only) == ([], ("too_large", (LIMIT + 1, LIMIT)), b"")
+    first = frame(0x2, b"a" * 600, masked=False, fin=False)
+    second = frame(0x0, b"", masked=False, length=LIMIT - 599)[:10]
+    got = FrameReader(masked=False, max_message=LIMIT).read(first + second)
+    assert got == ([b"a" * 600], ("too_large", (LIMIT + 1, LIMIT)), b"")
+
+
+def test_a_new_binary_frame_inside_a_fragmented_message_is_a_protocol_error():
+    """A binary frame where a continuation must come is refused with a reason."""
+    stream = frame(0x2, b"a", masked=True, fin=False) + frame(0x2, b"b", masked=True)
+    assert FrameReader(masked=True, max_message=LIMIT).read(stream) == (
+        [b"a"], ("protocol", "a binary frame inside a fragmented message"), b"")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.binary(max_size=600), min_size=1, max_size=6), st.lists(st.integers(0, 4000), max_size=8),
+       st.booleans())
+def test_any_frames_split_at_any_points_give_the_same_bytes(payloads, cuts, masked):
+    """Any binary frames, fed in parts cut anywhere, give the concatenation of their payloads."""
+    stream = b"".join(frame(0x2, p, masked=masked) for p in payloads)
+    points = sorted({min(c, len(stream)) for c in cuts})
+    parts = [stream[a:b] for a, b in zip([0] + points, points + [len(stream)])]
+    assert read_all(FrameReader(masked=masked, max_message=LIMIT), parts) == (b"".join(payloads), [])
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 1000, SMALL_MASKING - 1, SMALL_MASKING, 20_000])
+def test_the_masker_matches_rfc_6455_on_either_side_of_the_small_size_and_in_parts(n):
+    """Masking is the XOR with the key repeated, whichever masker the size picks, and the
+    same when the payload comes in three parts."""
+    data, key = os.urandom(n), os.urandom(4)
+    expected = bytes(b ^ key[i % 4] for i, b in enumerate(data))
+    assert masker(key, n).process(data) == expected
+    m = masker(key, n)
+    parts = [data[: n // 3], data[n // 3 : n // 2], data[n // 2 :]]
+    assert b"".join(m.process(p) for p in parts if p) == expected
