@@ -12,14 +12,14 @@ transport, peer set and switch):
 * ``mconn.authorize.Authorizer``: ``allowed_peers`` and the ``authorize`` hook;
 * ``mconn.sessions.SessionManager``: the peer table and the session lifecycle, by the
   transition table of ``mconn.session_table``;
-* ``mconn.persistent.PersistentDialing``: persistent peers and re-dials.
+* ``mconn.persistent.PersistentDialing``: persistent peers and re-dials;
+* ``mconn.routing.ReactorSet``: the reactors, their channels and names, their lifecycle,
+  and every call into them with the error policy (specs/reactor-api.md sections 2-4).
 
 ``_check_invariants`` asks each part to check its own; tests call it.
 """
 
 from __future__ import annotations
-
-import inspect
 
 from twisted.application.service import Service
 from twisted.internet import defer
@@ -30,16 +30,15 @@ from mconn import telemetry
 from mconn.address import PeerAddress, parse_address
 from mconn.admission import Admission
 from mconn.authorize import Authorizer
-from mconn.codec import typed_receiver
 from mconn.config import Config
 from mconn.connections import ConnectionSet
 from mconn.dialer import default_reconnect_delay
-from mconn.errors import ConnectionClosed, PeerRejected, ReactorError
+from mconn.errors import ConnectionClosed, PeerRejected
 from mconn.node_info import NodeInfo
 from mconn.node_key import NodeKey
 from mconn.persistent import PersistentDialing
 from mconn.protocol import IConnectionOwner, MConnectionFactory
-from mconn.reactor import reactor_name
+from mconn.routing import ReactorSet
 from mconn.session_table import PeerState
 from mconn.sessions import SessionManager
 from mconn.tls_transport import tls_client_endpoint, tls_server_factory
@@ -99,29 +98,14 @@ class Switch(Service):
         self.node_key = node_key or tls_key or NodeKey.generate()
         self._node_id = node_id = self.node_key.node_id
         self.tls = tls
-        self.reactors, self._reactor_by_name = _named(reactors)
-        self._reactor_by_channel = {}
-        self.channels = []
-        for reactor in self.reactors:
-            for desc in reactor.get_channels():
-                owner = self._reactor_by_channel.get(desc.id)
-                if owner is not None:
-                    raise ValueError(
-                        f"channel {desc.id:#04x} is claimed by both {type(owner).__name__} and "
-                        f"{type(reactor).__name__}"
-                    )
-                self._reactor_by_channel[desc.id] = reactor
-                self.channels.append(desc)
-            reactor.switch = self
-        #: channel id -> the owning reactor's bound ``receive`` (the routing hot path).
-        self._receivers = {ch: reactor.receive for ch, reactor in self._reactor_by_channel.items()}
-        for desc in self.channels:  # a typed channel decodes before receive (mconn.codec)
-            if desc.codec is not None:
-                self._receivers[desc.id] = typed_receiver(self._receivers[desc.id], desc.codec, self._decode_failed)
-        #: Whether ``start_reactor`` ran (it runs once, before the first add_peer).
-        self._reactors_started = False
+        #: The reactors, their channel table and names, and every call into them.
+        self._reactor_set = reactor_set = ReactorSet(reactors, self, self._decode_failed)
+        self.reactors = reactor_set.reactors
+        self.channels = reactor_set.channels
         #: Exceptions that escaped reactors (and failed receive Deferreds), by reactor name.
-        self.reactor_errors: dict[str, int] = {}
+        self.reactor_errors: dict[str, int] = reactor_set.errors
+        self._route = reactor_set.route
+        self._notify = reactor_set.notify
         self.listen_address = ""
         self._ports = []
         self._stats_loop = None
@@ -239,7 +223,7 @@ class Switch(Service):
     def startService(self) -> None:
         super().startService()
         self._begin_run()
-        self._start_reactors()
+        self._reactor_set.start()
         if self.config.stats_interval:
             self._stats_loop = LoopingCall(self._emit_stats)
             self._stats_loop.clock = self.clock
@@ -264,35 +248,7 @@ class Switch(Service):
         # One reason per connection: the session's end records its undelivered counts on it.
         waits += self._connections.close_all(lambda: ConnectionClosed("shutdown", "the node is stopping"))
         d = defer.DeferredList(waits, consumeErrors=True)
-        return d.addCallback(lambda _: self._stop_reactors())
-
-    def _start_reactors(self) -> None:
-        """``start_reactor`` on every reactor, in order, once (specs/reactor-api.md 2.1)."""
-        if self._reactors_started:
-            return
-        self._reactors_started = True
-        for reactor in self.reactors:
-            self._call_hook(reactor, "start_reactor")
-
-    def _stop_reactors(self) -> None:
-        """``stop_reactor`` in reverse order, after the last remove_peer (stopService)."""
-        if not self._reactors_started:
-            return
-        self._reactors_started = False
-        for reactor in reversed(self.reactors):
-            self._call_hook(reactor, "stop_reactor")
-
-    def _call_hook(self, reactor, method: str) -> None:
-        try:
-            hook = getattr(reactor, method, None)
-            if hook is not None:
-                hook()
-        except Exception:
-            self._count_error(reactor)
-            telemetry.emit_failure(
-                "reactor_error", node_id=self.node_id, reactor=reactor_name(reactor), method=method, peer_id=None,
-                action="none",
-            )
+        return d.addCallback(lambda _: self._reactor_set.stop())
 
     # -- listening and dialing -----------------------------------------------------
 
@@ -302,7 +258,7 @@ class Switch(Service):
         :returns: a Deferred firing with the IListeningPort. ``node_started`` is logged
             once the port is bound: a node whose port is in use never started.
         """
-        self._start_reactors()
+        self._reactor_set.start()
         endpoint = serverFromString(self.clock, endpoint_description)
         factory = MConnectionFactory(self, is_outbound=False)
         if self.tls is not None:  # TLS first; a plaintext start gets a close packet (specs/tls.md)
@@ -361,7 +317,7 @@ class Switch(Service):
             if target.node_id is None:
                 return defer.fail(ValueError(f"an unconditional peer needs its node id (ID@host:port), got {address!r}"))
             self.config = self.config.replace(unconditional_peers=self.config.unconditional_peers | {target.node_id})
-        self._start_reactors()
+        self._reactor_set.start()
         retry = self.config.retry_initial_dial if retry_initial_dial is None else retry_initial_dial
         return self._dialing.dial(target, persistent=persistent, retry=retry)
 
@@ -443,21 +399,12 @@ class Switch(Service):
     def reactor(self, name: str):
         """The reactor called ``name`` (its ``name``, its key in a dict given to the
         Switch, or its class name). :raises KeyError: naming the known names."""
-        reactor = self._reactor_by_name.get(name)
-        if reactor is None:
-            why = "two reactors share that class name" if name in self._reactor_by_name else "no reactor has it"
-            raise KeyError(f"no reactor named {name!r} ({why}); names: {sorted(self._reactor_by_name)}")
-        return reactor
+        return self._reactor_set.reactor(name)
 
     def mark_good(self, peer) -> None:
         """Vouch for ``peer`` (CometBFT's MarkPeerAsGood): every reactor's ``mark_good``
         is called; the PEX reactor's moves it to its address book's tried table."""
-        for reactor in self.reactors:
-            hook = getattr(reactor, "mark_good", None)
-            if hook is not None:
-                hook(peer)
-
-    # -- routing and reactors --------------------------------------------------------
+        self._reactor_set.mark_good(peer)
 
     def _decode_failed(self, peer, error) -> None:
         """A message on a typed channel did not decode (a ``DecodeError``): the sender
@@ -468,74 +415,6 @@ class Switch(Service):
             protocol.fail(error)
         else:
             peer.close(error)
-
-    def _route(self, channel_id: int, peer, message: bytes):
-        """Hand a message to its reactor. Returns the Deferred its ``receive`` returned
-        if that has not fired yet (the Peer holds the channel until it does), else None."""
-        try:
-            result = self._receivers[channel_id](channel_id, peer, message)
-        except Exception as error:
-            self._reactor_failed(self._reactor_by_channel[channel_id], "receive", peer, channel_id, error)
-            return None
-        if result is None:
-            return None
-        if inspect.iscoroutine(result):
-            result = defer.Deferred.fromCoroutine(result)
-        elif not isinstance(result, defer.Deferred):
-            return None  # other return values are ignored
-        result.addErrback(self._receive_failed, channel_id, peer)
-        return None if result.called else result
-
-    def _receive_failed(self, failure, channel_id: int, peer) -> None:
-        try:
-            failure.raiseException()
-        except Exception as error:  # logged with its traceback, as a synchronous one
-            self._reactor_failed(self._reactor_by_channel[channel_id], "receive", peer, channel_id, error)
-
-    def _reactor_failed(self, reactor, method: str, peer, channel_id, error: Exception, *, drop_now=True):
-        """An exception escaped a reactor (inside its ``except``): count and log it, and
-        apply the reactor's ``on_error`` or ``Config.reactor_errors`` (specs/reactor-api.md
-        section 4). Returns the ReactorError if the peer is to be dropped."""
-        name = reactor_name(reactor)
-        self._count_error(reactor)
-        policy = "log"
-        if method in ("add_peer", "receive"):
-            try:
-                policy = reactor.on_error(peer, channel_id, error) or self.config.reactor_errors
-            except Exception:
-                policy = self.config.reactor_errors
-        telemetry.emit_failure(
-            "reactor_error", node_id=self.node_id, reactor=name, method=method, peer_id=peer.node_id,
-            action="dropped" if policy == "drop" else "kept" if method in ("add_peer", "receive") else "none",
-        )
-        if policy != "drop":
-            return None
-        reason = ReactorError(name, channel_id, error, method=method)
-        if drop_now:
-            peer.stop_for_error(reason)
-        return reason
-
-    def _count_error(self, reactor) -> None:
-        name = reactor_name(reactor)
-        self.reactor_errors[name] = self.reactor_errors.get(name, 0) + 1
-
-    def _notify(self, method: str, peer, *args) -> None:
-        """Call ``method`` on every reactor, in order. An exception is logged and the
-        others are still called; one from ``add_peer`` then drops the peer by the policy
-        (after every reactor had its ``add_peer``, so that each gets its ``remove_peer``)."""
-        if not self._reactors_started and method == "add_peer":
-            self._start_reactors()
-        drop = None
-        for reactor in self.reactors:
-            try:
-                callback = getattr(reactor, method, None)
-                if callback is not None:
-                    callback(*args)
-            except Exception as error:
-                reason = self._reactor_failed(reactor, method, peer, None, error, drop_now=False)
-                drop = drop or reason
-        if drop is not None:
-            peer.stop_for_error(drop)
 
     def _emit_stats(self) -> None:
         """One stats tick. Each peer whose sample changed since its last ``channel_stats``
@@ -582,27 +461,7 @@ class Switch(Service):
         """Assert that the Switch's parts agree (tests call this)."""
         self._sessions.check_invariants(self.connections)
         self._connections.check_invariants()
-        owned = {d.id for d in self.channels}
-        assert owned == set(self._reactor_by_channel), "channel table corrupt"
-        assert len(owned) == len(self.channels), "duplicate channel ids"
-
-
-def _named(reactors) -> tuple[list, dict]:
-    """The reactors in order, and by name; two reactors may not share a name."""
-    if isinstance(reactors, dict):
-        for name, reactor in reactors.items():
-            if getattr(reactor, "name", None) is None:
-                reactor.name = name
-        reactors = list(reactors.values())
-    else:
-        reactors = list(reactors)
-    by_name = {}
-    for reactor in reactors:
-        name = reactor_name(reactor)
-        if name in by_name and getattr(reactor, "name", None) is not None:
-            raise ValueError(f"two reactors are named {name!r}; give each its own Reactor.name (or pass a dict)")
-        by_name[name] = None if name in by_name else reactor  # two of one class: ambiguous
-    return reactors, by_name
+        self._reactor_set.check_invariants()
 
 
 def _address_of(port) -> str:

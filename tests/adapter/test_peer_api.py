@@ -445,7 +445,7 @@ def test_mark_good_reaches_every_reactors_hook(network):
 
 def test_close_flush_delivers_what_is_queued_before_closing():
     """close(flush=True) sends what was accepted before the close packet and waits for the
-    acks: the receiver gets every message and the reason's undelivered is empty; a plain
+    acks: the receiver gets every message and the reason's unconfirmed is empty; a plain
     close drops what is queued and counts it."""
     outcome = {}
     for flush in (True, False):
@@ -457,15 +457,15 @@ def test_close_flush_delivers_what_is_queued_before_closing():
         assert not peer.try_send(CH, b"late")
         network.advance(12, step=0.05)
         [(_, reason)] = closer.removed()
-        outcome[flush] = (accepted, len(receiver.received(CH)), reason.undelivered)
+        outcome[flush] = (accepted, len(receiver.received(CH)), reason.unconfirmed)
     assert outcome[True] == (30, 30, {})
-    accepted, delivered, undelivered = outcome[False]
-    assert delivered < accepted and undelivered[CH] >= accepted - delivered  # the queued ones were dropped
+    accepted, delivered, unconfirmed = outcome[False]
+    assert delivered < accepted and unconfirmed[CH] >= accepted - delivered  # the queued ones were dropped
 
 
 def test_close_flush_reason_counts_exactly_what_was_not_confirmed(network):
     """When the flush runs out of send_timeout (the receiver's reactor holds the channel and
-    reading stopped), the close reason's undelivered counts exactly the unconfirmed ones."""
+    reading stopped), the close reason's unconfirmed counts exactly the messages not confirmed."""
     slow = Slow()
     config = Config(send_timeout=1.0, reactor_backlog_bytes=100)
     _, theirs, theirs_reactor, _, _, sender = pair(network, slow, config=config)
@@ -475,4 +475,4 @@ def test_close_flush_reason_counts_exactly_what_was_not_confirmed(network):
     sender.close(flush=True)
     network.advance(2, step=0.05)
     [(_, reason)] = theirs_reactor.removed()
-    assert reason.undelivered == {CH: 5 - sender.session.acked(CH)} and sender.session.acked(CH) == 1
+    assert reason.unconfirmed == {CH: 5 - sender.session.acked(CH)} and sender.session.acked(CH) == 1
