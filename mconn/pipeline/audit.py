@@ -19,10 +19,18 @@ fate the logs do not tell.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pyspark.sql import DataFrame, functions as F
 
 #: specs/pipeline.md section 5.4.
 VERDICTS = ("lost", "duplicated", "one_sided", "unsettled", "ok")
+#: Seconds two ends of one session may disagree on its start before their clocks are
+#: called skewed: both log ``session_started`` within a round trip and the time the
+#: hello took to handle, far below this on any link worth auditing.
+CLOCK_SKEW_BOUND = 2.0
+#: Rows or sessions named at most, per finding.
+NAMED = 10
 
 
 def build(counters_df: DataFrame) -> DataFrame:
@@ -76,3 +84,71 @@ def _findings() -> list[F.Column]:
     )
     return [lost.alias("lost"), duplicated.alias("duplicated"), in_doubt.alias("in_doubt"),
             unsettled.alias("unsettled"), verdict.alias("verdict")]
+
+
+@dataclasses.dataclass
+class Findings:
+    """What the console and the report say beside the summary (specs/pipeline.md section 5.5).
+
+    ``problems``: the audit rows with a lost or duplicated message (at most NAMED; all
+    ``problem_rows`` of them counted). ``one_sided_killed``: one-sided rows whose silent
+    end is in the logs (its node was killed before it logged counters);
+    ``one_sided_missing``: those whose silent end is not (its logs are missing).
+    ``skews``: (session_id, node, peer, seconds node's start is after peer's) beyond
+    CLOCK_SKEW_BOUND, at most NAMED of ``skewed_sessions``. ``unstarted``: node -> its
+    sessions seen without their start (files missing before them, or ``--since``: then
+    ``starts_cut`` is True and none is counted, or None when not known).
+    """
+
+    problems: list[dict]
+    problem_rows: int
+    one_sided_killed: int
+    one_sided_missing: int
+    skews: list[tuple]
+    skewed_sessions: int
+    unstarted: dict[str, int]
+    starts_cut: bool | None = False
+    skew_bound: float = CLOCK_SKEW_BOUND
+
+
+def findings(audit_df: DataFrame, links_df: DataFrame, starts_cut: bool | None = False) -> Findings:
+    """The findings of a run's ``delivery_audit`` and ``links`` tables. ``starts_cut``:
+    ``--since`` was given (True: the sessions seen without their start are not counted),
+    or not known (None)."""
+    bad = audit_df.where((F.col("lost") > 0) | (F.col("duplicated") > 0))
+    problems = bad.orderBy(F.desc("lost"), F.desc("duplicated"), "sender", "receiver", "session_id", "channel_id")
+    problems = [r.asDict() for r in problems.select(
+        "sender", "receiver", "session_id", "channel_id", "lost", "duplicated").limit(NAMED).collect()]
+    killed, missing = _one_sided_causes(audit_df, links_df)
+    skews, skewed = _skews(links_df)
+    unstarted = {} if starts_cut else {
+        r["node_id"]: r["count"] for r in links_df.where(~F.col("start_seen")).groupBy("node_id").count().collect()
+    }
+    return Findings(problems, bad.count(), killed, missing, skews, skewed, unstarted, starts_cut)
+
+
+def _one_sided_causes(audit_df: DataFrame, links_df: DataFrame) -> tuple[int, int]:
+    """(silent end in the logs, silent end not in the logs) over the one-sided rows."""
+    silent = audit_df.where(F.col("verdict") == "one_sided").select(
+        F.when(F.col("accepted").isNull(), F.col("sender")).otherwise(F.col("receiver")).alias("node_id"),
+        F.when(F.col("accepted").isNull(), F.col("receiver")).otherwise(F.col("sender")).alias("peer_id"),
+        "session_id",
+    )
+    ends = links_df.select("node_id", "peer_id", "session_id", F.lit(True).alias("seen"))
+    row = silent.join(ends, ["node_id", "peer_id", "session_id"], "left").agg(
+        F.count(F.when(F.col("seen"), 1)).alias("killed"), F.count(F.when(F.col("seen").isNull(), 1)).alias("missing")
+    ).first()
+    return row["killed"], row["missing"]
+
+
+def _skews(links_df: DataFrame) -> tuple[list[tuple], int]:
+    """Sessions whose two ends logged their start more than CLOCK_SKEW_BOUND apart."""
+    started = links_df.where(F.col("start_seen")).select(
+        "node_id", "peer_id", "session_id", F.col("start").cast("double").alias("start"))
+    other = started.select(F.col("node_id").alias("peer_id"), F.col("peer_id").alias("node_id"), "session_id",
+                           F.col("start").alias("peer_start"))
+    pairs = started.join(other, ["node_id", "peer_id", "session_id"]).where(F.col("node_id") < F.col("peer_id"))
+    pairs = pairs.withColumn("seconds", F.col("start") - F.col("peer_start"))
+    skewed = pairs.where(F.abs("seconds") > CLOCK_SKEW_BOUND)
+    top = skewed.orderBy(F.desc(F.abs("seconds")), "session_id").limit(NAMED).collect()
+    return [(r["session_id"], r["node_id"], r["peer_id"], r["seconds"]) for r in top], skewed.count()

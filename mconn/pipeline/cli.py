@@ -72,29 +72,43 @@ def main(argv=None) -> int:
     if args.since is not None and args.until is not None and args.since >= args.until:
         print("mconn-pipeline: error: --since must be before --until", file=sys.stderr)
         return 2
+    from mconn.pipeline import inputs
+
+    try:  # before Spark starts: a missing path costs one line, not a JVM and a stack trace
+        selected = inputs.resolve(args.logs)
+    except inputs.InputError as error:
+        print(f"mconn-pipeline: error: {error}", file=sys.stderr)
+        return 1
+    for line in selected.warnings:
+        print(f"mconn-pipeline: warning: {line}", file=sys.stderr)
     from pyspark import SparkContext
 
-    from mconn.pipeline import console, job
+    from mconn.pipeline import audit, console, job
     from mconn.pipeline.spark import Progress, build_session, input_bytes
+    from mconn.pipeline.tables import table_path
 
     progress = Progress(len(job.STAGES), enabled=not args.quiet)
     ours = SparkContext._active_spark_context is None  # else a caller's session: leave it running
-    spark = build_session(args.master, dict(args.conf), input_size=input_bytes(args.logs))
+    spark = build_session(args.master, dict(args.conf), input_size=input_bytes(selected.paths))
     try:
         result = job.run(
-            spark, args.logs, args.out, since=args.since, until=args.until, report_path=args.report, progress=progress
+            spark, selected.paths, args.out, since=args.since, until=args.until, report_path=args.report,
+            progress=progress,
         )
-    except Exception as error:  # a missing path, an unwritable DIR, a lost cluster...
+        audit_df, links_df = (spark.read.parquet(table_path(args.out, n)) for n in ("delivery_audit", "links"))
+        found = audit.findings(audit_df, links_df, starts_cut=args.since is not None)
+    except Exception as error:  # an unwritable DIR, a lost cluster...
         print(f"mconn-pipeline: error: {console.describe(error)}", file=sys.stderr)
         return 1
     finally:
         if ours:
             spark.stop()
     if args.json:
-        record = {"summary": result.summary, "timings": result.timings, "report": result.report}
+        record = {"summary": result.summary, "timings": result.timings, "report": result.report,
+                  "findings": console.finding_lines(found), "warnings": selected.warnings}
         print(json.dumps(record, default=str))
     else:
-        print(console.summary_table(result.summary, result.report, args.out))
+        print(console.summary_table(result.summary, result.report, args.out, found))
     if args.check and (result.summary["lost"] or result.summary["duplicated"]):
         return 3
     return 0

@@ -16,7 +16,8 @@ def verdict(summary: dict) -> tuple[bool, str]:
     if summary["unsettled"]:
         notes.append(f"{summary['unsettled']:,} unsettled: a sender was killed or the logs stop before its session ended")
     if summary["one_sided_rows"]:
-        notes.append(f"{summary['one_sided_rows']:,} one-sided rows: one end's logs are missing")
+        notes.append(f"{summary['one_sided_rows']:,} one-sided rows: one end logged no counters for them "
+                     "(its node was killed before it logged any, or its logs are missing)")
     text = f"exactly-once holds: {summary['messages_audited']:,} messages audited, 0 lost, 0 duplicated"
     return True, text + (f" ({'; '.join(notes)})" if notes else "")
 

@@ -67,17 +67,33 @@ def log_histogram(ax, series: dict[str, list[float]], colors: dict, xlabel: str)
 
 
 def reconnects(delays: dict[str, list[float]], recovery: list[float]) -> bytes | None:
+    """Dial delays by result beside the recovery time of breaks; None when both are empty."""
     if not any(delays.values()) and not recovery:
         return None
+    return _png(reconnects_figure(delays, recovery))
+
+
+def reconnects_figure(delays: dict[str, list[float]], recovery: list[float]) -> Figure:
+    """The two panels of ``reconnects``; an empty one says "nothing to plot"."""
     fig = Figure(figsize=(10, 3.4))
     left, right = fig.subplots(1, 2)
     if any(delays.values()):
         log_histogram(left, delays, RESULT_COLORS, "delay before the attempt, s")
+    else:
+        nothing_to_plot(left)
     left.set_title("Dial attempts by delay and result")
     if recovery:
         log_histogram(right, {"breaks": recovery}, {"breaks": BLUE}, "break to data flowing again, s")
+    else:
+        nothing_to_plot(right)
     right.set_title("Time to recover from a break")
-    return _png(fig)
+    return fig
+
+
+def nothing_to_plot(ax) -> None:
+    """An empty panel says so instead of drawing empty axes."""
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, "nothing to plot", ha="center", va="center", transform=ax.transAxes, color=GREY)
 
 
 def round_trips(samples: list[float], p50: float | None, p99: float | None, source: str) -> bytes | None:

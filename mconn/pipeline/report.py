@@ -16,8 +16,9 @@ import os
 
 from pyspark.sql import functions as F
 
-from mconn.pipeline import headline, plots
+from mconn.pipeline import audit, console, headline, plots
 from mconn.pipeline.ingest import MALFORMED, UNKNOWN
+from mconn.pipeline.inputs import redact
 
 SAMPLE = 50_000
 LANES = 25
@@ -167,6 +168,7 @@ def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_coun
         "<h1>mconn fleet telemetry</h1>",
         f"<p class='note'>{html.escape(span)}</p>",
         f"<div class='verdict {'ok' if healthy else 'bad'}'>{html.escape(verdict)}</div>",
+        _notes(tables),
         _table(["figure", "value"], headline.rows(summary)),
         "<h2>Delivery audit findings</h2>",
         _findings(tables["delivery_audit"]),
@@ -180,6 +182,14 @@ def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_coun
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(parts))
+
+
+def _notes(tables: dict) -> str:
+    """The notes and warnings of the console (one-sided rows' causes, clock skew, sessions
+    seen without their start); the rows with a problem are in the findings table."""
+    found = audit.findings(tables["delivery_audit"], tables["links"], starts_cut=None)
+    lines = [line for line in console.finding_lines(found) if not line.startswith(" ")]
+    return "".join(f"<p class='note'>{html.escape(line)}</p>" for line in lines)
 
 
 def _findings(audit) -> str:
@@ -222,7 +232,8 @@ def _side_plots_and_tables(tables: dict) -> str:
         _table(["peer", "suspensions", "sessions lost", "sessions", "seen by nodes"],
                [(r["peer_id"], r["suspensions"], r["sessions_lost"], r["sessions"], r["seen_by"]) for r in peers]),
         "<h2>Errors</h2>",
-        _table(list(error_columns), [tuple(r[c] for c in error_columns) for r in errors]),
+        _table(list(error_columns), [tuple(redact(r[c]) if c == "example" else r[c] for c in error_columns)
+                                     for r in errors]),
     ])
 
 
@@ -235,7 +246,8 @@ def _input_section(event_counts: dict, everything) -> str:
         parts.append("<p>Malformed records by reason:</p>")
         parts.append(_table(["reason", "records"], [tuple(r) for r in reasons]))
         examples = rejects.select("source_file", "record").limit(5).collect()
-        parts.append("<p>Examples:</p>" + _table(["file", "record"], [tuple(r) for r in examples]))
+        # A key-like run in a record (a key pasted into a log) is not repeated here.
+        parts.append("<p>Examples:</p>" + _table(["file", "record"], [(f, redact(r)) for f, r in examples]))
     if event_counts.get(UNKNOWN):
         names = everything.where(F.col("event") == UNKNOWN).groupBy("unknown_event").count().orderBy(F.desc("count"))
         parts.append("<p>Unknown events:</p>")

@@ -106,9 +106,14 @@ def build_session(
     :param input_size: bytes of input (``input_bytes``), if known: below ``SMALL_INPUT``
         a local run gets ``SMALL_DEFAULTS`` and ``SMALL_JAVA_OPTIONS``.
     """
-    from pyspark import SparkConf
+    from pyspark import SparkConf, SparkContext
     from pyspark.sql import SparkSession
 
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Launched by spark-submit: its JVM holds --master and --conf, and a SparkConf
+        # sees them only once the gateway to that JVM is up (else spark-submit's
+        # --master was ignored for local[*]).
+        SparkContext._ensure_initialized()
     existing = SparkConf()  # holds spark-submit's settings when launched by it
     master = master or existing.get("spark.master", None) or "local[*]"
     if master.startswith("local"):
@@ -133,8 +138,10 @@ def session_settings(
         if input_size is not None and input_size < SMALL_INPUT:
             settings.update(SMALL_DEFAULTS)
             java_options = f"{SMALL_JAVA_OPTIONS} {java_options}"
-        options = f"-Dlog4j2.configurationFile=file:{_log4j_file()} {java_options}"
-        settings["spark.driver.extraJavaOptions"] = options.strip()
+    # The driver JVM started here (any master: the driver runs here, client mode) logs
+    # warnings only from its first line; spark-submit's own JVM is already running.
+    options = f"-Dlog4j2.configurationFile=file:{_log4j_file()} {java_options}"
+    settings["spark.driver.extraJavaOptions"] = options.strip()
     settings = {k: v for k, v in settings.items() if not is_set(k)}
     settings.update(conf or {})
     return settings

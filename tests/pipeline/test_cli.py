@@ -74,7 +74,7 @@ def test_input_size_counts_local_files_and_gives_up_on_remote_ones(tmp_path):
 
 def test_only_a_small_local_input_gets_the_small_input_settings():
     """Only a small input on a local master gets the small-input Spark settings; large, unknown-size and
-    cluster runs and spark-submit's own values are left alone."""
+    cluster runs and spark-submit's own values are left alone; every driver started here logs quietly."""
     def settings(master, size, is_set=lambda key: False):
         return spark_settings.session_settings(master, is_set, {"spark.driver.memory": "1g"}, "", size)
 
@@ -88,6 +88,9 @@ def test_only_a_small_local_input_gets_the_small_input_settings():
         assert "spark.sql.codegen.wholeStage" not in large
         assert "TieredStopAtLevel" not in large["spark.driver.extraJavaOptions"]
     cluster = settings("spark://host:7077", 3 * 2**20)
-    assert "spark.sql.shuffle.partitions" not in cluster and "spark.driver.extraJavaOptions" not in cluster
+    assert "spark.sql.shuffle.partitions" not in cluster and "spark.sql.codegen.wholeStage" not in cluster
+    # The driver runs here (client mode): only its quiet log configuration, no JIT flag.
+    assert cluster["spark.driver.extraJavaOptions"].startswith("-Dlog4j2.configurationFile=file:")
+    assert "TieredStopAtLevel" not in cluster["spark.driver.extraJavaOptions"]
     submitted = settings("local[2]", 3 * 2**20, is_set=lambda key: key == "spark.sql.shuffle.partitions")
     assert "spark.sql.shuffle.partitions" not in submitted  # spark-submit's own value wins

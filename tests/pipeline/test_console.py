@@ -1,5 +1,7 @@
-"""The console's one-sentence verdict says why the audit is incomplete, not just that it is."""
+"""What the console says: the verdict says why the audit is incomplete, and the findings name the rows."""
 
+from mconn.pipeline.audit import Findings
+from mconn.pipeline.console import finding_lines
 from mconn.pipeline.headline import verdict
 
 BASE = {"messages_audited": 3647, "lost": 0, "duplicated": 0, "unsettled": 0, "one_sided_rows": 0}
@@ -17,7 +19,8 @@ def test_unsettled_and_one_sided_rows_say_where_they_come_from():
     assert healthy
     assert text.endswith(
         "(66 unsettled: a sender was killed or the logs stop before its session ended; "
-        "2 one-sided rows: one end's logs are missing)"
+        "2 one-sided rows: one end logged no counters for them (its node was killed before it logged any, "
+        "or its logs are missing))"
     )
 
 
@@ -26,3 +29,57 @@ def test_lost_or_duplicated_is_a_problem():
     assert verdict(dict(BASE, lost=1, duplicated=2)) == (
         False, "PROBLEM: 1 lost, 2 duplicated (see delivery_audit)"
     )
+
+
+A, B, C = "a" * 40, "b" * 40, "c" * 40
+NONE = Findings(problems=[], problem_rows=0, one_sided_killed=0, one_sided_missing=0, skews=[], skewed_sessions=0,
+                unstarted={})
+
+
+def test_the_rows_with_a_problem_are_named():
+    """Each audit row with a lost or duplicated message gets a line: the counts, sender, receiver, session and
+    channel; rows beyond those named are counted."""
+    problems = [
+        {"sender": A, "receiver": B, "session_id": "s1", "channel_id": 0x20, "lost": 2, "duplicated": 0},
+        {"sender": C, "receiver": A, "session_id": "s2", "channel_id": 0x21, "lost": 0, "duplicated": 1},
+    ]
+    lines = finding_lines(Findings(**{**NONE.__dict__, "problems": problems, "problem_rows": 12}))
+    assert lines == [
+        f"  2 lost: sender {A} receiver {B} session s1 channel 0x20",
+        f"  1 duplicated: sender {C} receiver {A} session s2 channel 0x21",
+        "  ... and 10 more rows in delivery_audit",
+    ]
+
+
+def test_one_sided_rows_say_whether_the_silent_end_was_killed_or_is_missing():
+    """One-sided rows whose silent end is in the logs are put down to a killed node, the others to missing
+    logs; each count gets its own line."""
+    lines = finding_lines(Findings(**{**NONE.__dict__, "one_sided_killed": 3, "one_sided_missing": 1}))
+    assert lines == [
+        "note: 3 one-sided rows: the silent end is in the logs but logged no counters for the channel (its node "
+        "was killed before it logged them)",
+        "note: 1 one-sided rows: the silent end's logs are missing from the input",
+    ]
+
+
+def test_clock_skew_names_the_session_and_says_the_audit_does_not_depend_on_clocks():
+    """A session whose ends logged its start seconds apart is named with the later node; the summary line
+    gives the bound and says the audit compares counters, not times."""
+    lines = finding_lines(Findings(**{**NONE.__dict__, "skews": [("s1", A, B, -7.25)], "skewed_sessions": 3}))
+    assert lines[0] == f"warning: clock skew: session s1: {B} logged its start 7.25 s after {A}"
+    assert lines[1] == (
+        "warning: 3 sessions (2 not shown) whose two ends disagree on the time by more than 2 s: times in the "
+        "tables mix the nodes' clocks; the delivery audit compares counters, not times, and does not depend on "
+        "clocks"
+    )
+
+
+def test_sessions_seen_without_their_start_point_at_missing_files():
+    """A node with sessions seen without their start is told its earlier files are missing (or, when the
+    report cannot know about --since, that they may be before it)."""
+    assert finding_lines(Findings(**{**NONE.__dict__, "unstarted": {A: 2}})) == [
+        f"warning: node {A}: 2 sessions seen without their start: its earlier telemetry is missing from the input"
+    ]
+    unknown = Findings(**{**NONE.__dict__, "unstarted": {A: 2}, "starts_cut": None})
+    assert finding_lines(unknown)[0].endswith("is missing, or before --since")
+    assert finding_lines(NONE) == []

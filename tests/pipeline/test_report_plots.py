@@ -1,0 +1,26 @@
+"""The report's plots draw no empty axes: an empty panel says "nothing to plot" (operators' issue, item 12)."""
+
+from mconn.pipeline import plots
+
+
+def test_recovery_panel_without_breaks_says_nothing_to_plot():
+    """Dial delays without any break: the recovery panel is blank with the words, the delay panel is drawn."""
+    fig = plots.reconnects_figure({"connected": [0.0, 0.5], "failed": [1.0]}, [])
+    delays, recovery = fig.axes[:2]
+    assert [t.get_text() for t in recovery.texts] == ["nothing to plot"] and not recovery.axison
+    assert recovery.get_title() == "Time to recover from a break"
+    assert delays.axison and delays.patches and not delays.texts
+
+
+def test_delay_panel_without_dial_delays_says_nothing_to_plot():
+    """Recovery times without a dial delay: the delay panel is the blank one."""
+    fig = plots.reconnects_figure({}, [1.5, 2.5])
+    delays, recovery = fig.axes[:2]
+    assert [t.get_text() for t in delays.texts] == ["nothing to plot"] and not delays.axison
+    assert recovery.axison and recovery.patches
+
+
+def test_no_reconnects_at_all_is_no_figure():
+    """With neither, there is no figure: the report prints its own "nothing to plot" line."""
+    assert plots.reconnects({}, []) is None
+    assert plots.reconnects({"connected": [0.1]}, [])[:8] == b"\x89PNG\r\n\x1a\n"
