@@ -78,9 +78,9 @@ def resolve(logs: list[str]) -> Inputs:
             remote.append(log)
             continue
         candidates += _expand(log, warnings)
-    paths, seen = [], set()
+    paths, seen, listings = [], set(), {}
     for path in candidates:
-        for file in [path] + _rotations(path):
+        for file in [path] + _rotations(path, listings):
             key = os.path.realpath(file)
             if key in seen:
                 continue
@@ -139,17 +139,22 @@ def _walk(directory: str) -> tuple[list[str], list[str]]:
     return files, [os.path.relpath(o, directory) for o in others]
 
 
-def _rotations(path: str) -> list[str]:
-    """``PATH.1``, ``PATH.2``, ... that exist, for a file that is not itself rotated."""
+def _rotations(path: str, listings: dict) -> list[str]:
+    """``PATH.1``, ``PATH.2``, ... that exist, for a file that is not itself rotated.
+
+    ``listings`` caches each directory's rotated files by base name (one listing per directory)."""
     if _ROTATED.match(path) or os.path.splitext(path)[1] in _COMPRESSED:
         return []
     directory, name = os.path.split(path)
-    prefix = name + "."
-    indices = []
-    for entry in os.listdir(directory or "."):
-        if entry.startswith(prefix) and entry[len(prefix):].isdigit():
-            indices.append(int(entry[len(prefix):]))
-    return [f"{path}.{n}" for n in sorted(indices)[:MAX_ROTATIONS]]
+    if directory not in listings:
+        rotated: dict[str, list[int]] = {}
+        for entry in os.listdir(directory or "."):
+            match = _ROTATED.match(entry)
+            if match:
+                rotated.setdefault(match.group(1), []).append(int(match.group(2)))
+        listings[directory] = rotated
+    indices = sorted(listings[directory].get(name, []))[:MAX_ROTATIONS]
+    return [f"{path}.{n}" for n in indices]
 
 
 def first_record_verdict(path: str) -> str | None:
@@ -188,10 +193,15 @@ def rotation_gaps(paths: list[str]) -> list[str]:
         indices.setdefault(base, set()).add(int(match.group(2) or 0))
     warnings = []
     for base, present in sorted(indices.items()):
-        missing = sorted(set(range(max(present) + 1)) - present)
-        if missing:
-            names = ", ".join(base if n == 0 else f"{base}.{n}" for n in missing[:5])
-            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        ordered = sorted(present)
+        count = ordered[-1] + 1 - len(ordered)  # indices 0 .. max not present
+        if count:
+            missing, expected = [], 0  # the first five, without listing a range sized by a file name
+            for index in ordered:
+                missing += range(expected, min(index, expected + 5 - len(missing)))
+                expected = index + 1
+            names = ", ".join(base if n == 0 else f"{base}.{n}" for n in missing)
+            more = f" and {count - len(missing)} more" if count > len(missing) else ""
             warnings.append(f"gap in the rotated files of {base}: {names}{more} missing; their records are not read")
     return warnings
 

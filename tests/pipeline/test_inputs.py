@@ -99,7 +99,11 @@ def test_a_missing_path_or_a_glob_matching_nothing_is_an_error_naming_it(tmp_pat
 
 def test_a_gap_in_the_rotation_indices_is_a_warning(tmp_path):
     """PATH, PATH.1 and PATH.3 without PATH.2 warn that PATH.2 is missing; rotated files without PATH warn
-    that PATH is missing; a complete rotation warns nothing."""
+    that PATH is missing; a complete rotation warns nothing; a huge index is counted, not listed."""
+    assert inputs.rotation_gaps(["/x/d.json", f"/x/d.json.{10**12}"]) == [
+        "gap in the rotated files of /x/d.json: /x/d.json.1, /x/d.json.2, /x/d.json.3, /x/d.json.4, /x/d.json.5 "
+        f"and {10**12 - 6} more missing; their records are not read"
+    ]
     line = record("listening", 0, node_id="a" * 40)
     for name in ("a.json", "a.json.1", "a.json.3", "b.json.1", "c.json", "c.json.1", "c.json.2"):
         (tmp_path / name).write_text(line)
