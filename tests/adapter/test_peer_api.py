@@ -10,6 +10,7 @@ from twisted.internet import defer
 from helpers import RecordingReactor
 from mconn import ChannelDescriptor, Config, PeerClosed, ReactorError, Reactor
 from mconn.testing import FakePeer, MemoryNetwork
+from reactors.pex import PexReactor
 
 CH = 0x40
 OTHER = 0x41
@@ -441,6 +442,20 @@ def test_mark_good_reaches_every_reactors_hook(network):
     peer = network.connect(spoke, hub).peer_of(hub)
     hub.mark_good(peer)
     assert marked == [spoke.node_id]
+
+
+def test_mark_good_moves_the_peer_to_the_pex_address_books_tried_table(network):
+    """With the PEX reactor, switch.mark_good(peer) of an inbound peer (whose address is in
+    the book's new table) moves its entry to the tried table."""
+    config = Config(allow_discovered_private=True)  # the memory network's hosts are 10.0.0.x
+    pex = PexReactor()
+    hub = network.switch([pex], config=config)
+    spoke = network.switch([PexReactor()], config=config)
+    spoke.listen("tcp:26656")
+    peer = network.connect(spoke, hub).peer_of(hub)
+    assert pex.address_book.get(spoke.node_id).tried is False
+    hub.mark_good(peer)
+    assert pex.address_book.get(spoke.node_id).tried is True
 
 
 def test_close_flush_delivers_what_is_queued_before_closing():
