@@ -143,7 +143,7 @@ def test_an_exception_in_add_peer_drops_after_every_reactor_had_add_peer(network
 
 def test_stop_for_error_names_the_reason():
     """peer.stop_for_error(reason) ends the session with a ReactorError carrying reason;
-    FakePeer does the same."""
+    FakePeer does the same, and has the Peer's data, get, set and is_persistent."""
     network = MemoryNetwork()
     rec = RecordingReactor(CHANNELS)
     ours, _, theirs_reactor, _, peer, _ = pair(network, rec)
@@ -152,10 +152,12 @@ def test_stop_for_error_names_the_reason():
     [(_, reason)] = rec.removed()
     assert isinstance(reason, ReactorError) and reason.error == "sent a block we did not ask for"
     assert "sent a block we did not ask for" in theirs_reactor.removed()[0][1].text
-    fake = FakePeer()
+    fake = FakePeer(is_persistent=True)
+    fake.set("height", 7)
+    assert (fake.get("height"), fake.get("nope", 0), fake.data, fake.is_persistent) == (7, 0, {"height": 7}, True)
     fake.stop_for_error(ValueError("bad"))
     assert fake.state == "closed" and isinstance(fake.close_reason, ReactorError)
-    assert not fake.try_send(CH, b"x")
+    assert "ValueError: bad" in str(fake.close_reason) and not fake.try_send(CH, b"x")
 
 
 # -- receive returning a Deferred (section 4.1) ------------------------------------
