@@ -300,30 +300,87 @@ def decode_hello(body: bytes) -> Hello:
 
     Beyond the layout, a hello must announce max_packet_payload >= 1 and at most 256
     channels, each once, each with priority >= 1 (specs/handshake.md section 2).
+
+    Read by hand (``_hello_parts``: construct took ~0.45 ms per hello, a handshake's
+    largest cost, issue 13 part 3); a body the hand-written reader does not take is
+    parsed with ``HelloBody``, so every error (and its message) is the declaration's.
+    tests/core/test_fast_hello.py proves the two identical on valid and malformed bodies.
     """
-    c = _parse(HelloBody, body, "hello")
-    if c.max_packet_payload < 1:
-        raise MalformedPacket(f"hello announces max_packet_payload {c.max_packet_payload}; it must be >= 1")
-    if len(c.channels) > MAX_CHANNELS:
-        raise MalformedPacket(f"hello lists {len(c.channels)} channels; at most {MAX_CHANNELS} exist")
+    parts = _hello_parts(body)
+    if parts is None:
+        parts = hello_parts_declared(body)
+    version, node_id, max_packet_payload, channels, listen_address, fields = parts
+    if max_packet_payload < 1:
+        raise MalformedPacket(f"hello announces max_packet_payload {max_packet_payload}; it must be >= 1")
+    if len(channels) > MAX_CHANNELS:
+        raise MalformedPacket(f"hello lists {len(channels)} channels; at most {MAX_CHANNELS} exist")
     seen = set()
-    for entry in c.channels:
-        if entry.id in seen:
-            raise MalformedPacket(f"hello lists channel {entry.id:#04x} twice")
-        seen.add(entry.id)
-        if entry.priority < 1:
-            raise MalformedPacket(f"hello gives channel {entry.id:#04x} priority {entry.priority}; priorities are >= 1")
+    for channel_id, priority, _ in channels:
+        if channel_id in seen:
+            raise MalformedPacket(f"hello lists channel {channel_id:#04x} twice")
+        seen.add(channel_id)
+        if priority < 1:
+            raise MalformedPacket(f"hello gives channel {channel_id:#04x} priority {priority}; priorities are >= 1")
     return Hello(
-        version=c.version,
-        node_id=c.node_id.hex(),
-        max_packet_payload=c.max_packet_payload,
-        channels=tuple(
-            ChannelInfo(id=e.id, priority=e.priority, recv_message_capacity=e.recv_message_capacity)
-            for e in c.channels
-        ),
-        listen_address=c.listen_address,
-        fields=tuple((f.tag, f.value) for f in c.fields),
+        version=version,
+        node_id=node_id.hex(),
+        max_packet_payload=max_packet_payload,
+        channels=tuple(ChannelInfo(id=i, priority=p, recv_message_capacity=r) for i, p, r in channels),
+        listen_address=listen_address,
+        fields=tuple(fields),
     )
+
+
+def hello_parts_declared(body: bytes) -> tuple:
+    """``HelloBody``'s parse of a hello body, as the tuple ``_hello_parts`` returns."""
+    c = _parse(HelloBody, body, "hello")
+    return (
+        c.version,
+        c.node_id,
+        c.max_packet_payload,
+        [(e.id, e.priority, e.recv_message_capacity) for e in c.channels],
+        c.listen_address,
+        [(f.tag, f.value) for f in c.fields],
+    )
+
+
+def _hello_parts(body: bytes) -> tuple | None:
+    """A hello body read by hand, as ``(version, node id bytes, max_packet_payload,
+    [(id, priority, recv_message_capacity)], listen address, [(tag, value)])``; None
+    for anything ``HelloBody`` might refuse (or list more than MAX_CHANNELS channels):
+    the declaration then decides and says why."""
+    try:
+        end = len(body)
+        version, at = _read_uvarint(body, 0)
+        if at + NODE_ID_BYTES > end:
+            return None
+        node_id = body[at : at + NODE_ID_BYTES]
+        max_packet_payload, at = _read_uvarint(body, at + NODE_ID_BYTES)
+        count, at = _read_uvarint(body, at)
+        if count > MAX_CHANNELS:
+            return None
+        channels = []
+        for _ in range(count):
+            channel_id = body[at]
+            priority, at = _read_uvarint(body, at + 1)
+            capacity, at = _read_uvarint(body, at)
+            channels.append((channel_id, priority, capacity))
+        size, at = _read_uvarint(body, at)
+        if at + size > end:
+            return None
+        listen_address = body[at : at + size].decode("utf8")
+        at += size
+        fields = []
+        while at < end:
+            tag = body[at]
+            size, at = _read_uvarint(body, at + 1)
+            if at + size > end:
+                return None
+            fields.append((tag, bytes(body[at : at + size])))
+            at += size
+    except (IndexError, UnicodeDecodeError):
+        return None
+    return version, bytes(node_id), max_packet_payload, channels, listen_address, fields
 
 
 def encode_close(code: str, text: str = "") -> bytes:
@@ -424,11 +481,46 @@ def encode_session_request(request: SessionRequest) -> bytes:
 
 
 def decode_session_request(value: bytes) -> SessionRequest:
+    """Hand-written like decode_ack (a handshake's cost); anything it does not take is
+    parsed with ``SessionRequestBody``, whose error is raised."""
+    try:
+        resume = value[SESSION_ID_BYTES]
+        delivered, at = _read_counts(value, SESSION_ID_BYTES + 1)
+        if resume <= 1 and delivered is not None and at == len(value):
+            return SessionRequest(session_id=bytes(value[:SESSION_ID_BYTES]), resume=bool(resume), delivered=delivered)
+    except IndexError:
+        pass
     c = _parse(SessionRequestBody, value, "session request")
     return SessionRequest(session_id=c.session_id, resume=c.resume, delivered=_counts(c.delivered))
 
 
+def _read_counts(data: bytes, at: int) -> tuple[dict[int, int] | None, int]:
+    """``Counts`` read by hand from ``at``: (counts, next offset); None for a channel
+    listed twice (``_counts`` then says so); IndexError if they do not fit."""
+    n, at = _read_uvarint(data, at)
+    counts: dict[int, int] = {}
+    for _ in range(n):
+        channel_id = data[at]
+        count, at = _read_uvarint(data, at + 1)
+        if channel_id in counts:
+            return None, at
+        counts[channel_id] = count
+    return counts, at
+
+
 def encode_session_answer(answer: SessionAnswer) -> bytes:
+    """Hand-written like encode_ack (a handshake's cost); proven byte-identical to
+    ``SessionAnswerBody`` (tests/core/test_fast_hello.py); whatever it cannot encode is
+    built with the declaration, whose error is raised."""
+    session_id, reason, delivered = answer.session_id, answer.reason, answer.delivered
+    if (
+        type(session_id) is bytes and len(session_id) == SESSION_ID_BYTES and type(reason) is str
+        and all(type(c) is int and 0 <= c <= 0xFF and type(n) is int and 0 <= n < 1 << 64 for c, n in delivered.items())
+    ):
+        text = reason.encode("utf8")
+        return b"".join((
+            session_id, b"\x01" if answer.resumed else b"\x00", _uvarint_bytes(len(text)), text, encode_ack(delivered),
+        ))
     return SessionAnswerBody.build(
         dict(
             session_id=answer.session_id,
