@@ -417,8 +417,9 @@ class NodeService(MultiService):
             raise StartupError(f"{description}: {reason}")
 
     def _addresses(self) -> list[str]:
-        hosts = (p.getHost() for p in self.ports or ())
-        return [f"{h.host}:{h.port}" if hasattr(h, "port") else str(h) for h in hosts]
+        hosts = ((p.getHost(), getattr(p, "peer_address", None)) for p in self.ports or ())
+        # A WebSocket port names its URL (ws://host:port/path, specs/websocket.md).
+        return [url or (f"{h.host}:{h.port}" if hasattr(h, "port") else str(h)) for h, url in hosts]
 
     def _dial_failed(self, failure, address: str) -> None:
         if self.running:  # while stopping, the Switch fails the dials it drops

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
 import pathlib
 import pwd
@@ -23,6 +24,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import pytest
 import pytest_twisted
@@ -331,3 +333,38 @@ async def test_a_dialer_reaches_a_wss_listener_through_squid_with_connect(workdi
         await stop(listener)
         if squid is not None:
             squid.stop()
+
+
+# -- twistd ---------------------------------------------------------------------------------
+
+
+def test_twistd_nodes_listen_on_wss_and_dial_a_wss_peer(tmp_path):
+    """``twistd mconn --tls --listen wss:tcp:0:...:path=/mconn`` and a second node given
+    ``--peer ID@wss://127.0.0.1:PORT/mconn``: they connect over wss, the listening event
+    names the ws URL, telemetry's connection_made and the status page name the transport."""
+    from operators.twistd_nodes import Node, wait_until
+
+    nodes = []
+    try:
+        listener = Node(tmp_path, "listener").start(
+            "--tls", "--listen", f"wss:tcp:0:interface=127.0.0.1:path={PATH}", "--status", "tcp:0")
+        nodes.append(listener)
+        address = listener.address
+        assert "@wss://127.0.0.1:" in address and address.endswith(PATH), address
+        dialer = Node(tmp_path, "dialer").start("--tls", "--peer", address)
+        nodes.append(dialer)
+        made = dialer.wait_event("connection_made")
+        assert made["transport"] == "wss" and made["direction"] == "outbound"
+        status_url = listener.status_url
+
+        def status():
+            with urllib.request.urlopen(status_url + "status.json", timeout=5) as response:
+                return json.loads(response.read())
+
+        peers = wait_until(lambda: [p for p in status()["peers"] if p["state"] == "connected"] or None,
+                           "the status page's peer")
+        assert [p["transport"] for p in peers] == ["wss"]
+        assert status()["listen_addresses"] == [address.partition("@")[2]]
+    finally:
+        for node in nodes:
+            node.kill()
