@@ -66,14 +66,21 @@ class Typed:
         return [e for e in read_events(path) if e["event"] == name] if path.exists() else []
 
     def terminate(self) -> int:
-        self.wait_log(" started: listening on ")  # SIGTERM is orderly once the reactor runs
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=TIMEOUT)
+        return terminate_all(self)[0]
 
     def kill(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=TIMEOUT)
+
+
+def terminate_all(*nodes: Typed) -> list[int]:
+    """SIGTERM to each node once it runs (SIGTERM is orderly from then on), then their exit
+    statuses: they stop side by side."""
+    for node in nodes:
+        node.wait_log(" started: listening on ")
+        node.process.send_signal(signal.SIGTERM)
+    return [node.process.wait(timeout=TIMEOUT) for node in nodes]
 
 
 @pytest.fixture
@@ -128,11 +135,12 @@ def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
     a_id, b_id = keygen(tmp_path, "a"), keygen(tmp_path, "b")
     a = typed("a", "-n", "mconn", "--key", "a.key", "--listen", LOOPBACK, "--status", "tcp:0",
               "--telemetry", "a.json", "--reactor", "operators.sample_reactors:Chat")
-    url = STATUS_LINE.search(a.wait_log("mconn status page of node")).group(1)
-    address = wait_until(lambda: a.events("a.json", "listening"), "a's listening event")[0]["address"]
     with socket.socket() as closed:  # a port nobody listens on, for a dial that fails
         closed.bind(("127.0.0.1", 0))
         dead = f"{'cd' * 20}@127.0.0.1:{closed.getsockname()[1]}"
+    c = typed("c", "-n", "mconn", "--key", "c.key", "--create-key", "--peer", dead)  # starts while a does
+    url = STATUS_LINE.search(a.wait_log("mconn status page of node")).group(1)
+    address = wait_until(lambda: a.events("a.json", "listening"), "a's listening event")[0]["address"]
     b = typed("b", "-n", "mconn", "--key", "b.key", "--peer", f"{a_id}@{address}", "--peer", f"{b_id}@{address}",
               "--telemetry", "b.json", "--reactor", "operators.sample_reactors:Chat")
     b.wait_log(" started: listening on nothing, keeping 1 peer connected")
@@ -166,16 +174,14 @@ def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
     unread = run(["sh", "-c", f"'{MCONN}' status {url} | head -n 0; echo status=$?"], tmp_path)
     assert unread.stderr == "" and unread.stdout == "status=0\n"
 
-    c = typed("c", "-n", "mconn", "--key", "c.key", "--create-key", "--peer", dead)
     c.wait_log("dial 1 to ")
     created = re.search(r"\[mconn\.node#warn\] created a new node key (\S+): this is a new node identity, "
                         r"node id ([0-9a-f]{40})", c.log())
     assert created and created.group(1) == str(tmp_path / "c.key"), c.log()
     assert "created a new node key" not in a.log() + b.log()
     assert re.search(r"dial 1 to (?:cd)+@127\.0\.0\.1:\d+: failed \(ConnectionRefusedError: .*refused", c.log()), c.log()
-    assert_clean_stop(c, c.terminate())
-    for node in (b, a):
-        assert_clean_stop(node, node.terminate())
+    for node, status in zip((c, b, a), terminate_all(c, b, a)):
+        assert_clean_stop(node, status)
         assert not (tmp_path / f"{node.name}.pid").exists()
 
 
