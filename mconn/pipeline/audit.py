@@ -53,7 +53,8 @@ def _findings() -> list[F.Column]:
     undelivered = F.col("undelivered")
     both = F.col("sender_final") & F.col("receiver_final")
     zero = F.lit(0).cast("long")
-    # Counters from one end only, with something to audit: the other node's logs are missing.
+    # Counters from one end only, with something to audit: the other node's logs are missing,
+    # or it was killed before it logged counters for the channel (``findings`` tells which).
     one_sided = (accepted.isNull() & (delivered > 0)) | (delivered.isNull() & (accepted > 0))
     one_sided = F.coalesce(one_sided, F.lit(False))
     lost = (

@@ -4,6 +4,7 @@ The full run of the command is in test_known_truth.py; these need no output tabl
 """
 
 import argparse
+import sys
 
 import pytest
 
@@ -94,3 +95,36 @@ def test_only_a_small_local_input_gets_the_small_input_settings():
     assert "TieredStopAtLevel" not in cluster["spark.driver.extraJavaOptions"]
     submitted = settings("local[2]", 3 * 2**20, is_set=lambda key: key == "spark.sql.shuffle.partitions")
     assert "spark.sql.shuffle.partitions" not in submitted  # spark-submit's own value wins
+
+
+def test_submit_runs_the_installed_pysparks_spark_submit_with_what_it_needs(tmp_path):
+    """mconn-pipeline-submit's command: pyspark's own bin/spark-submit, SPARK_HOME and both Python variables
+    set to this installation, the quiet log4j2 configuration for the driver (unless the Spark configuration
+    directory has its own), then the spark-submit options, cli.py and the pipeline's arguments."""
+    import os
+
+    import pyspark
+
+    from mconn.pipeline import submit
+
+    home = os.path.dirname(os.path.abspath(pyspark.__file__))
+    argv, env = submit.command(["--master", "spark://h:7077"], ["logs", "--out", "t"], {"PATH": "/usr/bin"})
+    assert argv[:3] == [os.path.join(home, "bin", "spark-submit"), "--master", "spark://h:7077"]
+    assert argv[3] == os.path.abspath(cli.__file__) and argv[4:] == ["logs", "--out", "t"]
+    assert env["SPARK_HOME"] == home and env["PYSPARK_PYTHON"] == env["PYSPARK_DRIVER_PYTHON"] == sys.executable
+    assert env["SPARK_SUBMIT_OPTS"].startswith("-Dlog4j2.configurationFile=file:") and env["PATH"] == "/usr/bin"
+    (tmp_path / "log4j2.properties").write_text("rootLogger.level = info\n")
+    _, env = submit.command([], ["logs", "--out", "t"], {"SPARK_CONF_DIR": str(tmp_path)})
+    assert "SPARK_SUBMIT_OPTS" not in env  # the operator's own log configuration wins
+
+
+def test_submit_checks_its_arguments_before_any_jvm(tmp_path, capsys):
+    """Without -- it is a usage error (2) that shows the form; a missing input is exit 1 with one line; neither
+    starts spark-submit."""
+    from mconn.pipeline import submit
+
+    assert submit.main(["--master", "spark://h:7077", "logs", "--out", "t"]) == 2
+    assert "put -- between spark-submit's options and the pipeline's arguments" in capsys.readouterr().err
+    assert submit.main(["--master", "spark://h:7077", "--", str(tmp_path / "gone"), "--out", "t"]) == 1
+    assert capsys.readouterr().err == f"mconn-pipeline: error: {tmp_path / 'gone'}: no such file or directory\n"
+    assert submit.main(["--", str(tmp_path)]) == 2  # no --out: the pipeline's own usage error
