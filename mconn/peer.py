@@ -528,7 +528,7 @@ class Peer:
         The other side ends the session at once, without a grace window. With
         ``flush=True`` nothing new is accepted, and the close waits (up to
         ``Config.send_timeout``) until every message accepted so far, and every waiting
-        ``send``, is sent and confirmed delivered: the reason's ``undelivered`` is then
+        ``send``, is sent and confirmed delivered: the reason's ``unconfirmed`` is then
         empty, or counts exactly those the timeout cut off (specs/reactor-api.md 5.4).
         """
         text = "" if reason is None else str(reason)
@@ -542,7 +542,7 @@ class Peer:
         self._check_flushed()
 
     def _check_flushed(self) -> None:
-        if self._flush_timer is not None and not self._waiting and not self.session.undelivered():
+        if self._flush_timer is not None and not self._waiting and not self.session.unconfirmed():
             self._flushed()
 
     def _flushed(self) -> None:
