@@ -105,9 +105,13 @@ class _Carrier:
         if reader is not None and self.state == _OPEN and self.current_frame is None and not self.data:
             self._read_fast(reader, data)
             return
+        if self.state == _CONNECTING and not self.data and data[:1] and not data[:1].isalpha():
+            hint = "a tcp:// mconn dialer at a ws listener?" if self.factory.isServer else "a tcp mconn listener?"
+            self._refuse_upgrade(f"not HTTP: the first byte is {data[0]:#04x} ({hint})", 400)
+            return
         if self.state == _CONNECTING and len(self.data) + len(data) > MAX_UPGRADE_BYTES:
             if (self.data + data).find(b"\r\n\r\n", 0, MAX_UPGRADE_BYTES + 4) < 0:
-                self._refuse_upgrade(f"the HTTP upgrade is over {MAX_UPGRADE_BYTES} bytes")
+                self._refuse_upgrade(f"the HTTP upgrade is over {MAX_UPGRADE_BYTES} bytes", 431)
                 return
         self._deliver(self._read_slow(data))
 
@@ -362,8 +366,8 @@ class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
         self._refuse_noted(f"bad HTTP upgrade ({code}): {reason}")
         super().failHandshake(reason, code, responseHeaders)
 
-    def _refuse_upgrade(self, why: str) -> None:
-        self.failHandshake(why, 431)
+    def _refuse_upgrade(self, why: str, code: int) -> None:
+        self.failHandshake(why, code)
 
     def _refuse_noted(self, message: str) -> None:
         self._note(message)
@@ -401,8 +405,8 @@ class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):
         self._note(f"the listener refused the WebSocket upgrade: {reason}")
         super().failHandshake(reason)
 
-    def _refuse_upgrade(self, why: str) -> None:
-        self._note(f"the listener's answer to the upgrade is over {MAX_UPGRADE_BYTES} bytes")
+    def _refuse_upgrade(self, why: str, code: int) -> None:
+        self._note(f"the listener's answer to the upgrade: {why}")
         self.dropConnection(abort=True)
 
     def onOpen(self) -> None:

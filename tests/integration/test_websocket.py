@@ -341,3 +341,21 @@ async def test_backpressure_flows_through_the_websocket_layer_which_buffers_noth
         assert rb.received(0x20) == sent
     finally:
         await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_scheme_mismatch_fails_at_once_saying_what_the_other_side_speaks():
+    """A ws:// dial to a tcp listener fails with a WebSocketError saying the answer is not
+    HTTP; a tcp dial to a ws listener is answered 400 at once (not after a timeout)."""
+    (a, _), (b, _) = node(), node()
+    try:
+        tcp_port = (await a.listen("tcp:0:interface=127.0.0.1")).getHost().port
+        ws_port = await ws_listen(a)
+        with pytest.raises(WebSocketError, match=r"not HTTP: the first byte is 0x.. \(a tcp mconn listener"):
+            await bounded(b.dial(f"{a.node_id}@ws://127.0.0.1:{tcp_port}{PATH}"), 5)
+        raw = await raw_client(ws_port, bytes([0x04]) + b"an mconn hello")
+        await until(lambda: raw.lost is not None, "the ws listener to refuse the tcp start", seconds=5)
+        assert bytes(raw.data).startswith(b"HTTP/1.1 400 not HTTP: the first byte is 0x04"), bytes(raw.data[:80])
+        assert not a.peers and not b.peers
+    finally:
+        await stop(a, b)
