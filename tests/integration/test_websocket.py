@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
 import struct
 
 import pytest
@@ -357,5 +358,26 @@ async def test_a_scheme_mismatch_fails_at_once_saying_what_the_other_side_speaks
         await until(lambda: raw.lost is not None, "the ws listener to refuse the tcp start", seconds=5)
         assert bytes(raw.data).startswith(b"HTTP/1.1 400 not HTTP: the first byte is 0x04"), bytes(raw.data[:80])
         assert not a.peers and not b.peers
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_address_pool_may_mix_tcp_and_ws_addresses():
+    """A persistent peer whose pool holds a dead tcp address and a live ws one is reached
+    over ws; the pool keeps both, each with its scheme."""
+    (a, _), (b, _) = node(), node()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed again: nothing listens there
+    try:
+        ws_port = await ws_listen(a)
+        tcp_address = f"{a.node_id}@127.0.0.1:{dead}"
+        ws_address = f"{a.node_id}@ws://127.0.0.1:{ws_port}{PATH}"
+        dialing = b.dial(tcp_address, persistent=True, retry_initial_dial=True)
+        b.set_address_pool(a.node_id, [tcp_address, ws_address])
+        peer = await bounded(dialing)
+        assert transport_kind(peer._protocol.transport) == "ws"
+        assert sorted(str(s.address) for s in b.address_pool(a.node_id)) == sorted([tcp_address, ws_address])
     finally:
         await stop(a, b)
