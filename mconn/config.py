@@ -84,7 +84,7 @@ class Config:
     #: into the transport at a time: the bytes committed below the scheduler (the
     #: transport's buffer, then the kernel's past tcp_notsent_lowat) stay within about
     #: two such writes, at least one packet each, at most write_batch_bytes
-    #: (specs/connection.md section 7). Plain TCP only: over TLS, and with None,
+    #: (specs/connection.md section 7). Plain TCP only: over TLS or WebSocket, and with None,
     #: write_batch_bytes per write and a pause only past the transport's own buffer
     #: size (64 KiB for Twisted's TCP).
     write_ahead_time: float | None = 0.001
