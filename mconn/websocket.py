@@ -3,15 +3,19 @@
 autobahn (``autobahn.twisted.websocket``) speaks RFC 6455; the classes here stand
 between it and the protocol above, which sees an ordinary Twisted transport. What is
 above is the mconn protocol, or mconn's TLS around it (``ws://`` on a Switch with TLS
-options). ``mconn.websocket_endpoints`` builds the endpoints that use them.
+options). mconn.websocket_factories builds them; mconn.websocket_endpoints the endpoints
+that use those.
 
 Theory of operation
 -------------------
-*Bytes in.* autobahn parses frames as bytes arrive and hands each frame's payload on as
-it is read (``onMessageFrameData``); the payloads of one network read are joined and
-given to the protocol above in one ``dataReceived``. Nothing is reassembled: a message
-or frame boundary means nothing to mconn's framing (specs/websocket.md section 3), so
-autobahn's per-message list is never filled. What autobahn itself holds is bounded: the
+*Bytes in.* Once the connection is open, a ``FrameReader`` (mconn.websocket_frames)
+takes the binary frames and streams their payloads as they are read; control frames,
+and any frame it does not take, go to autobahn, which parses the upgrade, answers pings,
+runs the closing handshake and fails every frame that breaks RFC 6455 (its
+``onMessageFrameData`` streams payloads the same way while it parses). The payloads of
+one network read are joined and given to the protocol above in one ``dataReceived``.
+Nothing is reassembled: a message or frame boundary means nothing to mconn's framing
+(specs/websocket.md section 3). What autobahn itself holds is bounded: the
 HTTP upgrade (at most ``MAX_UPGRADE_BYTES``, within ``Config.ws_handshake_timeout``), a
 frame header (14 bytes), a control frame (125 bytes). A text message, a message or frame
 over ``Config.ws_max_message_bytes``, a compressed frame (no extension is ever
@@ -39,8 +43,7 @@ import ipaddress
 import os
 import struct
 
-from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
-from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.twisted.websocket import WebSocketClientProtocol, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet import defer
@@ -437,70 +440,3 @@ def _forwarded_peer(headers: dict, trusted: frozenset, transport):
     except ValueError:
         return None
     return IPv6Address("TCP", str(ip), 0) if ip.version == 6 else IPv4Address("TCP", str(ip), 0)
-
-
-def _set_options(factory, config) -> None:
-    factory.setProtocolOptions(
-        maxFramePayloadSize=config.ws_max_message_bytes,
-        maxMessagePayloadSize=config.ws_max_message_bytes,
-        openHandshakeTimeout=config.ws_handshake_timeout,
-        closeHandshakeTimeout=config.close_linger,
-        autoPingInterval=0,  # mconn's own pings keep the link alive (specs/connection.md 3)
-        failByDrop=False,
-        utf8validateIncoming=False,
-        tcpNoDelay=config.tcp_nodelay,
-    )
-
-
-class WebSocketServerCarrierFactory(WebSocketServerFactory):
-    """Wraps the factory above (mconn's, or mconn's TLS): one WebSocket connection per
-    TCP connection, upgraded at ``path``."""
-
-    protocol = WebSocketServerCarrier
-    noisy = False
-
-    def __init__(self, wrapped_factory, *, path: str, secure: bool, config, clock) -> None:
-        scheme = "wss" if secure else "ws"
-        super().__init__(url=f"{scheme}://localhost{path}", protocols=[SUBPROTOCOL], reactor=clock)
-        self.wrapped_factory = wrapped_factory
-        self.path = path
-        self.config = config
-        self.clock = clock
-        #: Connections whose upgrade is under way (bounded by max_pending_handshakes).
-        self.pending = 0
-        _set_options(self, config)
-        # Origins are checked in onConnect against Config.ws_allowed_origins (autobahn's own
-        # check is a browser's same-origin rule, which a node's listener has no use for).
-        self.setProtocolOptions(webStatus=False, requireMaskedClientFrames=True)
-
-    def buildProtocol(self, addr):
-        carrier = super().buildProtocol(addr)
-        carrier.wrapped = self.wrapped_factory.buildProtocol(addr)
-        return carrier
-
-    def startFactory(self) -> None:
-        self.wrapped_factory.doStart()
-        super().startFactory()
-
-    def stopFactory(self) -> None:
-        self.wrapped_factory.doStop()
-        super().stopFactory()
-
-
-class WebSocketClientCarrierFactory(WebSocketClientFactory):
-    """A dialer's factory: upgrades at ``url`` (its host and port name the Host header)."""
-
-    protocol = WebSocketClientCarrier
-    noisy = False
-
-    def __init__(self, wrapped_factory, *, url: str, config, clock) -> None:
-        super().__init__(url=url, protocols=[SUBPROTOCOL], reactor=clock)
-        self.wrapped_factory = wrapped_factory
-        self.config = config
-        self.clock = clock
-        _set_options(self, config)
-
-    def buildProtocol(self, addr):
-        carrier = super().buildProtocol(addr)
-        carrier.wrapped = self.wrapped_factory.buildProtocol(addr)
-        return carrier

@@ -83,7 +83,7 @@ class WebSocketServerEndpoint:
         self.secure = secure
 
     def listen(self, factory):
-        from mconn.websocket import WebSocketServerCarrierFactory  # autobahn, imported when first used
+        from mconn.websocket_factories import WebSocketServerCarrierFactory  # autobahn, imported when first used
 
         config = _config_of(factory)
         if not self.secure:
@@ -198,7 +198,7 @@ class WebSocketClientEndpoint:
         self.clock = clock
 
     def connect(self, factory):
-        from mconn.websocket import WebSocketClientCarrierFactory  # autobahn, imported when first used
+        from mconn.websocket_factories import WebSocketClientCarrierFactory  # autobahn, imported when first used
 
         carriers = WebSocketClientCarrierFactory(factory, url=self.url, config=self.config, clock=self.clock)
         return self.endpoint.connect(carriers).addCallback(lambda carrier: carrier.opened)
