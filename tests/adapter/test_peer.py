@@ -221,7 +221,7 @@ def test_waiting_send_callback_may_send_on_another_channel():
 def test_sends_between_a_keepalive_failure_and_the_suspension_are_held_for_the_resume():
     """From the moment the transport fails (here a pong timeout, before connectionLost has
     come) until the session is suspended, send and try_send accept messages into the
-    session as while suspended; after the break they are the session's undelivered
+    session as while suspended; after the break they are the session's unconfirmed
     messages, to be re-sent on resume, and the session is suspended, not ended."""
     h = connection(config=Config(send_timeout=5, ping_interval=10, pong_timeout=5))
     peer = h.peer
@@ -234,7 +234,7 @@ def test_sends_between_a_keepalive_failure_and_the_suspension_are_held_for_the_r
     assert messages_in(h.take()) == []  # nothing more goes out on the failing connection
     h.lose()
     assert peer.state == "suspended"
-    assert peer.stats.undelivered == {0x20: 1, 0x21: 1}
+    assert peer.stats.unconfirmed == {0x20: 1, 0x21: 1}
     assert h.reactor.removed() == []
 
 
