@@ -19,9 +19,13 @@ present before the session layer is used (commit 82a45f3 on).
 top functions by own time, with their calls per message.
 
 Prints one JSON line: ``{"bulk": {"send_us": ..., "deliver_us": ..., "total_us": ...},
-"small": {...}, "small_many": {...}, "mconn_file": ...}``, microseconds per message (bulk
-messages are 1 MiB). ``small_many`` sends each batch with one ``Peer.try_send_many`` call
-(one pump for the batch) and is left out for trees without it.
+"small": {...}, "small_many": {...}, "rtt": {"round_trip_us": ...}, "mconn_file": ...}``,
+microseconds per message (bulk messages are 1 MiB). ``small_many`` sends each batch with
+one ``Peer.try_send_many`` call (one pump for the batch) and is left out for trees
+without it. ``rtt`` is the CPU of one round trip: one 100-byte message sent with
+``try_send``, echoed by the other side's reactor with ``try_send``, both ways shuttled,
+as the socket benchmark's rtt scenario does it but without the sockets and the event
+loop (the smallest of 40 batches of 500, process time).
 """
 
 from __future__ import annotations
@@ -90,6 +94,47 @@ def connect(config: Config):
     return dialer, listener, ra, rb
 
 
+class Echo(Counter):
+    """Sends every message back on its channel (the rtt scenario's far side)."""
+
+    def receive(self, channel_id, peer, message) -> None:
+        self.received += 1
+        peer.try_send(channel_id, message)
+
+
+def measure_rtt(config: Config, batches: int = 40, batch: int = 500) -> dict:
+    """CPU per round trip of one 100-byte message (see the module docstring)."""
+    global Counter
+    plain = Counter
+    made = iter([plain, Echo])
+    Counter = lambda: next(made)()  # noqa: E731 -- connect() builds the dialer's reactor first
+    try:
+        dialer, listener, ra, rb = connect(config)
+    finally:
+        Counter = plain
+    peer, msg = ra.peer, bytes(100)
+
+    def one() -> None:
+        if not peer.try_send(CHANNEL.id, msg):
+            raise RuntimeError("rtt: try_send refused with nothing in flight")
+        for src, dst in ((dialer, listener), (listener, dialer)):
+            data = src.transport.value()
+            src.transport.clear()
+            dst.dataReceived(data)
+
+    for _ in range(200):
+        one()
+    best = float("inf")
+    for _ in range(batches):
+        t0 = time.process_time()
+        for _ in range(batch):
+            one()
+        best = min(best, time.process_time() - t0)
+    if ra.received != rb.received or ra.received < batches * batch:
+        raise RuntimeError(f"rtt: {rb.received} messages echoed, {ra.received} came back")
+    return {"round_trip_us": best * 1e6 / batch}
+
+
 def _supported(scenario: str) -> bool:
     """``small_many`` needs ``Peer.try_send_many`` (issue 13); older trees skip it."""
     from mconn.peer import Peer
@@ -150,6 +195,7 @@ def main(argv=None) -> int:
         profile(config, args.profile)
         return 0
     out = {scenario: measure(config, scenario) for scenario in WORK if _supported(scenario)}
+    out["rtt"] = measure_rtt(config)
     out["mconn_file"] = sys.modules["mconn"].__file__
     print(json.dumps(out))
     return 0
