@@ -1,6 +1,6 @@
 """Typed messages: a channel's codec, and the decoding step before ``Reactor.receive``. Pure.
 
-specs/reactor-api.md section 9 is the prose form. A ``ChannelDescriptor`` with
+specs/reactor-api.md section 11 is the prose form. A ``ChannelDescriptor`` with
 ``message_type`` or ``codec`` makes its channel typed:
 
 * ``message_type`` alone: a protobuf message class (the ``protobuf`` package's: the class

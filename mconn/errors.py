@@ -124,7 +124,7 @@ class ControlFlood(RemoteProtocolError):
 
 class DecodeError(RemoteProtocolError):
     """A message on a typed channel did not decode with the channel's codec
-    (specs/reactor-api.md section 9): the peer sent bytes its channel does not allow."""
+    (specs/reactor-api.md section 11): the peer sent bytes its channel does not allow."""
 
     def __init__(self, channel_id: int, codec, size: int, error: Exception) -> None:
         super().__init__(

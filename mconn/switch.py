@@ -409,7 +409,7 @@ class Switch(Service):
     def _decode_failed(self, peer, error) -> None:
         """A message on a typed channel did not decode (a ``DecodeError``): the sender
         broke its channel's contract and is dropped like a malformed packet (a
-        protocol_error, close code ``DecodeError``; specs/reactor-api.md section 9)."""
+        protocol_error, close code ``DecodeError``; specs/reactor-api.md section 11)."""
         protocol = peer._protocol
         if protocol is not None and protocol.end_reason is None:
             protocol.fail(error)
