@@ -7,14 +7,14 @@ from mconn.pipeline.tables import TABLES
 
 
 def summary_table(summary: dict, report: str | None, out: str, findings=None) -> str:
-    """The summary rows, the verdict, and (``findings``: an ``audit.Findings``) what
-    ``finding_lines`` says about it."""
+    """The summary rows, the verdict, and what ``finding_lines`` says about ``findings``
+    (an ``audit.Findings``, or its lines as ``--json`` gives them)."""
     width = max(len(label) for label, _ in rows(summary))
     lines = ["mconn fleet telemetry"]
     lines += [f"  {label:<{width}}  {value}" for label, value in rows(summary)]
     lines.append(verdict(summary)[1])
     if findings is not None:
-        lines += finding_lines(findings)
+        lines += findings if isinstance(findings, list) else finding_lines(findings)
     if report:
         lines.append(f"report: {report}")
     lines.append(f"tables: {out.rstrip('/')}/{{{','.join(TABLES)},events}}")

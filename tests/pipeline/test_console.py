@@ -1,7 +1,7 @@
 """What the console says: the verdict says why the audit is incomplete, and the findings name the rows."""
 
 from mconn.pipeline.audit import Findings
-from mconn.pipeline.console import finding_lines
+from mconn.pipeline.console import finding_lines, summary_table
 from mconn.pipeline.headline import verdict
 
 BASE = {"messages_audited": 3647, "lost": 0, "duplicated": 0, "unsettled": 0, "one_sided_rows": 0}
@@ -83,3 +83,21 @@ def test_sessions_seen_without_their_start_point_at_missing_files():
     unknown = Findings(**{**NONE.__dict__, "unstarted": {A: 2}, "starts_cut": None})
     assert finding_lines(unknown)[0].endswith("is missing, or before --since")
     assert finding_lines(NONE) == []
+
+
+def test_the_summary_table_takes_the_findings_or_their_json_lines():
+    """summary_table prints the findings after the verdict, from an audit.Findings or from the lines --json
+    gives (what a caller of the command has)."""
+    summary = dict(BASE, nodes=2, restarts=0, events=10, malformed_records=0, unknown_events=0, first_time="t0",
+                   last_time="t1", sessions=1, links=1, resumes=0, fresh_starts=0, expired_sessions=0,
+                   rejected_sessions=0, restarted_sessions=0, dial_attempts=0, failed_dials=0,
+                   recovery_p50_seconds=None, recovery_max_seconds=None, in_doubt=0, protocol_errors=0,
+                   refused_connections=0, gave_up_dials=0, loop_stalls=0, reactor_errors=0, rtt_p50_seconds=None,
+                   rtt_p99_seconds=None, rtt_source=None, lost=1)
+    found = Findings(**{**NONE.__dict__, "problems": [
+        {"sender": A, "receiver": B, "session_id": "s1", "channel_id": 0x20, "lost": 1, "duplicated": 0}],
+        "problem_rows": 1})
+    table = summary_table(summary, None, "out", found).splitlines()
+    assert table[table.index("PROBLEM: 1 lost (see delivery_audit)") + 1] == (
+        f"  1 lost: sender {A} receiver {B} session s1 channel 0x20")
+    assert summary_table(summary, None, "out", finding_lines(found)) == "\n".join(table)
