@@ -100,9 +100,10 @@ class FrameReader:
             left = self._left
             if left:
                 end = i + left if i + left < n else n
-                chunk = data if i == 0 and end == n else data[i:end]
-                if self._masker is not None:
-                    chunk = self._masker.process(chunk)
+                if self._masker is not None:  # the masker copies: a view is enough to read from
+                    chunk = self._masker.process(data if i == 0 and end == n else memoryview(data)[i:end])
+                else:
+                    chunk = data if i == 0 and end == n else data[i:end]
                 payloads.append(chunk)
                 self._left = left - (end - i)
                 i = end
