@@ -157,3 +157,15 @@ async def test_an_upgrade_that_never_comes_is_dropped_at_ws_handshake_timeout():
     finally:
         await stop(a)
         await silent.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_wss_listener_without_tls_options_is_refused_naming_what_is_missing():
+    """A Switch without TLS options cannot listen on wss: (it has no certificate to
+    present): the listen fails with a ValueError that says so and what to do instead."""
+    a, _ = node()
+    try:
+        with pytest.raises(ValueError, match="a wss listener .* needs TLS options.* listen on ws: behind a proxy"):
+            await bounded(a.listen(f"wss:tcp:0:interface=127.0.0.1:path={PATH}"))
+    finally:
+        await stop(a)
