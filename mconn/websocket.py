@@ -70,7 +70,7 @@ MAX_UPGRADE_BYTES = MAX_HTTP_HEAD_BYTES
 #: Largest message this side sends: the protocol above writes at most
 #: ``Config.write_batch_bytes`` (64 KiB) at a time; a larger write becomes several messages.
 SEND_MESSAGE_BYTES = 65536
-#: RFC 6455 close code "going away", sent when a listener stops.
+#: RFC 6455 close code "normal closure": the closing handshake of loseConnection.
 _NORMAL_CLOSE = 1000
 _OPEN = WebSocketProtocol.STATE_OPEN
 _CONNECTING = WebSocketProtocol.STATE_CONNECTING
