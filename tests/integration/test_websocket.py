@@ -381,3 +381,27 @@ async def test_an_address_pool_may_mix_tcp_and_ws_addresses():
         assert sorted(str(s.address) for s in b.address_pool(a.node_id)) == sorted([tcp_address, ws_address])
     finally:
         await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_wss_in_ca_mode_proves_node_ids_and_refuses_a_certificate_for_another_host(tmp_path):
+    """wss with CA-mode TLS options: two nodes with certificates from one CA connect, the
+    listener's certificate (beneath the WebSocket) is the CA's; a listener whose
+    certificate does not name 127.0.0.1 is refused with a TLSError saying so, as over TLS."""
+    from mconn import TLSError
+
+    from .test_tls import CA, ca_options
+
+    ca = CA()
+    (a, ra), (b, rb) = node(ca_options(tmp_path, ca, "a")), node(ca_options(tmp_path, ca, "b"))
+    (c, _) = node(ca_options(tmp_path, ca, "c", hosts=("node-c.example",)))
+    try:
+        port = await ws_listen(a, "wss")
+        peer, peer_a = await exchange(a, b, ra, rb, f"{a.node_id}@wss://127.0.0.1:{port}{PATH}")
+        certificate = b.tls.peer_certificate(peer._protocol.transport, a.node_id, inbound=False)
+        assert certificate.issuer == ca.certificate.subject
+        c_port = await ws_listen(c, "wss")
+        with pytest.raises(TLSError, match="does not name the IP address '127.0.0.1'"):
+            await bounded(b.dial(f"{c.node_id}@wss://127.0.0.1:{c_port}{PATH}"))
+    finally:
+        await stop(a, b, c)
