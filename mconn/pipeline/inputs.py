@@ -168,12 +168,12 @@ def first_record_verdict(path: str) -> str | None:
         return f"cannot read it ({error.strerror or type(error).__name__})" if isinstance(error, OSError) else (
             "a compressed file cut short")
     text = head.decode("utf-8", errors="replace")
-    line = next((piece for raw in text.splitlines() for piece in raw.split(RECORD_SEPARATOR) if piece.strip()), None)
+    line = next((piece for raw in text.split("\n") for piece in raw.split(RECORD_SEPARATOR) if piece.strip()), None)
     if line is None:
         return "" if not head.strip() else "not telemetry (no record in its first MiB)"
     try:
         record = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past Python's stack
         return "not telemetry (its first line is not a JSON object)"
     if not isinstance(record, dict):
         return "not telemetry (its first line is not a JSON object)"

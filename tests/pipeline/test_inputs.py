@@ -37,6 +37,7 @@ def test_a_directory_gives_its_telemetry_files_and_never_the_key_beside_them(tmp
     (tmp_path / "run" / "twistd.pid").write_text("4242\n")
     NodeKey.generate().save(tmp_path / "run" / "leaked.json")  # a key with a telemetry-like name
     (tmp_path / "run" / "notes.json").write_text(json.dumps(["not", "telemetry"]) + "\n")
+    (tmp_path / "run" / "deep.json").write_text("[" * 100_000 + "\n")  # past Python's recursion limit
     (tmp_path / "run" / "telemetry" / "empty.json").write_text("")
     selected = inputs.resolve([str(tmp_path / "run")])
     assert selected.paths == [str(paths["n0"]), str(paths["n1"])]
@@ -44,6 +45,7 @@ def test_a_directory_gives_its_telemetry_files_and_never_the_key_beside_them(tmp
     assert "skipped 2 file(s) in" in warnings and "n0.key" in warnings and "twistd.pid" in warnings
     assert f"skipped {tmp_path / 'run' / 'leaked.json'}: not telemetry" in warnings
     assert f"skipped {tmp_path / 'run' / 'notes.json'}: not telemetry" in warnings
+    assert f"skipped {tmp_path / 'run' / 'deep.json'}: not telemetry" in warnings
     assert "empty.json" not in warnings  # an empty file is nothing to read, not a problem
     assert "PRIVATE KEY" not in warnings and "4242" not in warnings
 
