@@ -19,14 +19,14 @@ channel; ``try_send`` never waits and never overtakes a waiting ``send``.
 from __future__ import annotations
 
 import collections
-import dataclasses
 
 from twisted.internet import defer
 
 from mconn.codec import encode_message
 from mconn.connection import State
-from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, warn_renamed, ReactorError
+from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, ReactorError
 from mconn.node_info import node_info_of
+from mconn.peer_stats import ChannelStatsSnapshot, PeerStats, snapshot
 from mconn.session_table import PeerState
 from mconn.wire import ChannelInfo, Hello
 
@@ -36,60 +36,7 @@ SUSPENDED = PeerState.SUSPENDED
 CLOSED = PeerState.CLOSED
 _OPEN = State.OPEN
 
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ChannelStatsSnapshot:
-    """One channel's counters at one moment."""
-
-    channel_id: int
-    priority: int
-    queue_depth: int
-    waiting_sends: int
-    bytes_sent: int
-    messages_sent: int
-    bytes_received: int
-    messages_received: int
-    #: Session-wide: messages accepted, confirmed delivered by the peer, delivered to us.
-    accepted: int = 0
-    acked: int = 0
-    delivered: int = 0
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PeerStats:
-    """A peer's counters at one moment (``peer.stats``)."""
-
-    node_id: str
-    is_outbound: bool
-    state: str
-    uptime: float
-    bytes_sent: int
-    bytes_received: int
-    round_trip: float | None
-    channels: tuple[ChannelStatsSnapshot, ...]
-    connects: int = 0
-    disconnects: int = 0
-    resumes: int = 0
-    messages_resent: int = 0
-    unacked_bytes: int = 0
-    #: Accepted for sending and not yet confirmed delivered, per channel id (some may be
-    #: with the peer's reactor, their acknowledgement on its way). ``undelivered`` is
-    #: its old name, deprecated.
-    unconfirmed: dict = dataclasses.field(default_factory=dict)
-    #: Per node, across sessions (``Switch.node_counters``): resumes refused, sessions
-    #: that outlived resume_grace, duplicate connections refused or that replaced a
-    #: dead one, simultaneous dials settled.
-    resume_rejections: int = 0
-    grace_expiries: int = 0
-    duplicates_refused: int = 0
-    duplicates_replaced: int = 0
-    simultaneous_dials: int = 0
-
-    @property
-    def undelivered(self) -> dict:
-        """Deprecated name of ``unconfirmed``."""
-        warn_renamed("PeerStats.undelivered", "PeerStats.unconfirmed")
-        return self.unconfirmed
+__all__ = ["ChannelStatsSnapshot", "Peer", "PeerStats"]
 
 
 class Peer:
@@ -585,44 +532,8 @@ class Peer:
 
     @property
     def stats(self) -> PeerStats:
-        protocol = self._protocol
-        core = protocol.core if protocol is not None else None
-        session = self.session
-        channels = []
-        for desc in self._sessions.channels:
-            c = core.channels[desc.id] if core is not None else None
-            channels.append(
-                ChannelStatsSnapshot(
-                    channel_id=desc.id,
-                    priority=desc.priority,
-                    queue_depth=c.queue_depth if c is not None else self._held.get(desc.id, 0),
-                    waiting_sends=len(self._waiting.get(desc.id, ())),
-                    bytes_sent=c.stats.bytes_sent if c is not None else 0,
-                    messages_sent=c.stats.messages_sent if c is not None else 0,
-                    bytes_received=c.stats.bytes_received if c is not None else 0,
-                    messages_received=c.stats.messages_received if c is not None else 0,
-                    accepted=session.accepted(desc.id) if desc.id in session.channel_ids else 0,
-                    acked=session.acked(desc.id) if desc.id in session.channel_ids else 0,
-                    delivered=session.delivered(desc.id) if desc.id in session.channel_ids else 0,
-                )
-            )
-        return PeerStats(
-            node_id=self.node_id,
-            is_outbound=self.is_outbound,
-            state=self.state.value,
-            uptime=self._clock.seconds() - self._connected_at,
-            bytes_sent=core.bytes_sent if core is not None else 0,
-            bytes_received=core.bytes_received if core is not None else 0,
-            round_trip=self.round_trip,
-            channels=tuple(channels),
-            connects=self.connects,
-            disconnects=self.disconnects,
-            resumes=self.resumes,
-            messages_resent=session.resent,
-            unacked_bytes=session.unacked_bytes,
-            unconfirmed=session.unconfirmed(),
-            **self._sessions.node_counters.get(self.node_id, {}),
-        )
+        """A ``PeerStats`` snapshot of the session's counters now (mconn.peer_stats)."""
+        return snapshot(self)
 
 
 def _as_bytes(message) -> bytes:
