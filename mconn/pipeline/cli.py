@@ -3,15 +3,18 @@
     mconn-pipeline LOGS... --out DIR [--master URL] [--since T] [--until T]
                    [--report FILE] [--conf KEY=VALUE]... [--check] [--json] [--quiet]
 
-LOGS are files, directories (read recursively), globs, or any URI Spark reads. Tables
-go to DIR as Parquet, the report to DIR/report.html (or FILE). Progress lines go to
-stderr, the summary table to stdout. Exit status: 0 done, 1 the run failed, 2 bad
-usage, 3 with ``--check`` when the audit found a lost or duplicated message.
+LOGS are files, directories, globs (rotated files come along), or any URI Spark reads;
+local ones are resolved to telemetry files before Spark starts (inputs.py: a missing
+path is one line, a file that is not telemetry is skipped and named). Tables go to DIR
+as Parquet, the report to DIR/report.html (or FILE). Progress lines and warnings go to
+stderr, the summary table and the audit's findings to stdout. Exit status: 0 done, 1
+the run failed, 2 bad usage, 3 with ``--check`` when the audit found a lost or
+duplicated message.
 
-On a cluster, submit this file with spark-submit; the master then comes from it::
+On a cluster, ``mconn-pipeline-submit`` (submit.py) submits this file with the installed
+pyspark's spark-submit; the master then comes from it::
 
-    spark-submit --master spark://host:7077 --driver-memory 2g \\
-        "$(python -c 'import mconn.pipeline.cli as m; print(m.__file__)')" \\
+    mconn-pipeline-submit --master spark://host:7077 --driver-memory 2g -- \\
         hdfs:///fleet/logs --out hdfs:///fleet/tables --report fleet.html
 """
 
