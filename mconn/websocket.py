@@ -54,10 +54,9 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mconn.errors import ConnectionLost
-from mconn.websocket_endpoints import WebSocketError
 from mconn.tls_transport import tls_error_of
+from mconn.websocket_common import MAX_HTTP_HEAD_BYTES, WebSocketError
 from mconn.websocket_frames import FrameReader, masker
-from mconn.websocket_endpoints import MAX_HTTP_HEAD_BYTES
 
 log = Logger(namespace="mconn.websocket")
 

@@ -35,18 +35,9 @@ from mconn.address import LOOPBACK, PeerAddress, host_scope
 from mconn.config import Config
 from mconn.errors import ConnectionLost
 from mconn.tls_transport import tls_client_endpoint
+from mconn.websocket_common import MAX_HTTP_HEAD_BYTES
 
 log = Logger(namespace="mconn.websocket")
-
-
-#: Largest HTTP head (an upgrade request or answer, a proxy's answer to CONNECT) read
-#: before its end: nginx's default header buffers are 8 KiB; a node's own upgrade is a
-#: few hundred bytes.
-MAX_HTTP_HEAD_BYTES = 16384
-
-
-class WebSocketError(ConnectionLost):
-    """The WebSocket layer ended a connection; the message says which rule and values."""
 
 
 class ProxyError(ConnectionLost):

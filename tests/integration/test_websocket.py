@@ -22,7 +22,8 @@ from helpers import RawPeer, sleep, the_reactor, until
 from mconn import CertificateMismatch, Config, NodeKey, PeerIdMismatch, Switch
 from mconn.tls import TLSOptions
 from mconn.websocket import MAX_UPGRADE_BYTES
-from mconn.websocket_endpoints import WebSocketError, transport_kind
+from mconn.websocket_common import WebSocketError
+from mconn.websocket_endpoints import transport_kind
 
 from .test_loopback import CHANNELS, Collector, bounded, stop
 
