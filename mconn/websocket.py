@@ -74,6 +74,8 @@ _NORMAL_CLOSE = 1000
 _OPEN = WebSocketProtocol.STATE_OPEN
 _CONNECTING = WebSocketProtocol.STATE_CONNECTING
 _CLOSED = WebSocketProtocol.STATE_CLOSED
+#: The states in which the FrameReader reads (once closing, frames may still be on the way).
+_READING = (_OPEN, WebSocketProtocol.STATE_CLOSING)
 _BINARY = 0x82  # FIN | opcode 2
 _MASKED = 0x80
 
@@ -104,7 +106,7 @@ class _Carrier:
         if self._lost:
             return
         reader = self._reader
-        if reader is not None and self.state == _OPEN and self.current_frame is None and not self.data:
+        if reader is not None and self.state in _READING and self.current_frame is None and not self.data:
             self._read_fast(reader, data)
             return
         if self.state == _CONNECTING and not self.data and data[:1] and not data[:1].isalpha():
@@ -151,7 +153,7 @@ class _Carrier:
             else:
                 self._fail_connection(WebSocketProtocol.CLOSE_STATUS_CODE_PROTOCOL_ERROR, detail)
                 return
-            if self._lost or self.state != _OPEN:
+            if self._lost or self.state == _CLOSED:
                 return
         self._deliver(payloads)
 
