@@ -406,3 +406,29 @@ async def test_wss_in_ca_mode_proves_node_ids_and_refuses_a_certificate_for_anot
             await bounded(b.dial(f"{c.node_id}@wss://127.0.0.1:{c_port}{PATH}"))
     finally:
         await stop(a, b, c)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_frame_begun_before_the_listener_closes_is_read_whole_during_the_closing_handshake():
+    """The listener starts its closing handshake (the node stops) while half a binary
+    frame has arrived; the other half and the close reply follow: the frame is read as a
+    frame, not as garbage, and the closing handshake ends cleanly (close 1000, no
+    WebSocket error recorded)."""
+    (a, _) = node()
+    try:
+        port = await ws_listen(a)
+        raw = await upgraded(port)
+        await until(lambda: len(a.connections) == 1, "the listener's mconn connection")
+        carrier = next(iter(a.connections)).transport
+        frame = client_frame(0x2, b"p" * 100)
+        raw.send(frame[:60])
+        await until(lambda: carrier.data == b"" and not carrier._reader.idle, "the first half to be read")
+        stopping = a.stopService()
+        await until(lambda: close_frame_in(bytes(raw.data)) is not None, "the listener's close frame")
+        assert close_frame_in(bytes(raw.data))[0] == 1000
+        raw.send(frame[60:] + client_frame(0x8, struct.pack("!H", 1000)))
+        await until(lambda: raw.lost is not None, "the end of the closing handshake")
+        await bounded(stopping)
+        assert carrier.error is None, carrier.error
+    finally:
+        await stop(a)
