@@ -4,9 +4,9 @@ LOGS are files, directories, globs and remote URIs. Before Spark starts, each lo
 is resolved to concrete files, and only telemetry files are kept:
 
 * a directory is walked recursively; a file in it is a candidate when its name looks
-  like telemetry (``TELEMETRY_NAME``: ``.json``, ``.jsonl``, ``.ndjson`` or ``.log``, then
+  like telemetry (``TELEMETRY_NAME``: ``.json``, ``.jsonl`` or ``.ndjson``, then
   an optional rotation index ``.N``, then an optional ``.gz`` or ``.bz2``). Other names
-  (``n0.key``, ``twistd.pid``) are skipped and only counted; names starting with ``.``
+  (``n0.key``, ``twistd.log``) are skipped and named in one warning; names starting with ``.``
   or ``_`` are skipped as Spark skips them;
 * a glob (``*``, ``?``, ``[``; ``**`` crosses directories) selects what it matches, a
   directory it matches as above;
@@ -43,7 +43,7 @@ import re
 
 #: Names a telemetry file may have inside a directory: a JSON suffix, a rotation index,
 #: a compression suffix (groups: base, rotation index).
-TELEMETRY_NAME = re.compile(r"^(.+\.(?:json|jsonl|ndjson|log))(?:\.(\d+))?(?:\.(?:gz|bz2))?$")
+TELEMETRY_NAME = re.compile(r"^(.+\.(?:json|jsonl|ndjson))(?:\.(\d+))?(?:\.(?:gz|bz2))?$")
 #: Bytes read at most to find a file's first record (records are a few KB).
 FIRST_RECORD_BYTES = 1 << 20
 RECORD_SEPARATOR = "\x1e"

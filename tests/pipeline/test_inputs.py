@@ -30,11 +30,12 @@ def fleet_files(directory):
 
 
 def test_a_directory_gives_its_telemetry_files_and_never_the_key_beside_them(tmp_path):
-    """A directory is walked recursively for telemetry only: the node key, a pid file and a .json file that is
-    not telemetry are skipped, with warnings that name the files and never quote them."""
+    """A directory is walked recursively for telemetry only: the node key, twistd's pid and text log, and .json
+    files that are not telemetry are skipped, with warnings that name the files and never quote them."""
     paths = fleet_files(tmp_path / "run" / "telemetry")
     NodeKey.generate().save(tmp_path / "run" / "n0.key")
     (tmp_path / "run" / "twistd.pid").write_text("4242\n")
+    (tmp_path / "run" / "twistd.log").write_text("2026-11-24T10:00:00+0000 [-] Log opened.\n")
     NodeKey.generate().save(tmp_path / "run" / "leaked.json")  # a key with a telemetry-like name
     (tmp_path / "run" / "notes.json").write_text(json.dumps(["not", "telemetry"]) + "\n")
     (tmp_path / "run" / "deep.json").write_text("[" * 100_000 + "\n")  # past Python's recursion limit
@@ -42,7 +43,8 @@ def test_a_directory_gives_its_telemetry_files_and_never_the_key_beside_them(tmp
     selected = inputs.resolve([str(tmp_path / "run")])
     assert selected.paths == [str(paths["n0"]), str(paths["n1"])]
     warnings = "\n".join(selected.warnings)
-    assert "skipped 2 file(s) in" in warnings and "n0.key" in warnings and "twistd.pid" in warnings
+    assert f"skipped 3 file(s) in {tmp_path / 'run'} not named like telemetry: n0.key, twistd.log, twistd.pid" \
+        in selected.warnings
     assert f"skipped {tmp_path / 'run' / 'leaked.json'}: not telemetry" in warnings
     assert f"skipped {tmp_path / 'run' / 'notes.json'}: not telemetry" in warnings
     assert f"skipped {tmp_path / 'run' / 'deep.json'}: not telemetry" in warnings
