@@ -15,7 +15,8 @@ from twisted.internet import defer
 
 from faultproxy import FaultProxy
 from helpers import message_packets, sleep, the_reactor
-from mconn import ChannelDescriptor, Config, Switch
+from mconn import ChannelDescriptor, Config, NodeKey, Switch
+from mconn.tls import TLSOptions
 from mconn.websocket_endpoints import transport_kind
 
 from .test_loopback import bounded, stop
@@ -27,21 +28,23 @@ TIMEOUT = 20.0
 PATH = "/mconn"
 
 
-async def ws_pair_through_proxy(config, channels=CHANNELS):
-    """Listener ``a`` on ws://, dialer ``b`` through a FaultProxy in front of it."""
+async def ws_pair_through_proxy(config, channels=CHANNELS, scheme="ws"):
+    """Listener ``a`` on ws:// (or wss://, identity-mode TLS), dialer ``b`` through a
+    FaultProxy in front of it."""
     ra, rb = Tally(channels), Tally(channels)
-    a = Switch([ra], clock=the_reactor(), config=config)
-    b = Switch([rb], clock=the_reactor(), config=config)
+    tls = (lambda: TLSOptions.identity(NodeKey.generate())) if scheme == "wss" else (lambda: None)
+    a = Switch([ra], clock=the_reactor(), config=config, tls=tls())
+    b = Switch([rb], clock=the_reactor(), config=config, tls=tls())
     a.startService()
     b.startService()
     proxy = None
     try:
-        port = await a.listen(f"ws:tcp:0:interface=127.0.0.1:path={PATH}")
+        port = await a.listen(f"{scheme}:tcp:0:interface=127.0.0.1:path={PATH}")
         proxy = FaultProxy("127.0.0.1", port.getHost().port)
         proxy_port = await proxy.start()
-        peer = await bounded(b.dial(f"{a.node_id}@ws://127.0.0.1:{proxy_port}{PATH}"), TIMEOUT)
+        peer = await bounded(b.dial(f"{a.node_id}@{scheme}://127.0.0.1:{proxy_port}{PATH}"), TIMEOUT)
         await eventually(lambda: b.node_id in a.peers, "the listener's side of the session")
-        assert transport_kind(peer._protocol.transport) == "ws"
+        assert transport_kind(peer._protocol.transport) == scheme
     except BaseException:
         if proxy is not None:
             await proxy.stop()
@@ -194,5 +197,28 @@ async def test_a_black_hole_over_ws_healed_within_grace_resumes_and_delivers_eve
         for r in (p.ra, p.rb):
             assert r.names() == ["add_peer", "peer_suspended", "peer_resumed"]
         assert_one_session(p, 1)
+    finally:
+        await p.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_resets_over_wss_resume_with_every_message_once():
+    """Over wss (identity-mode TLS beneath the WebSocket) five resets during a burst
+    stream: each is resumed, every message arrives once and in order, one session."""
+    config = Config(stats_interval=0, resume_grace=10.0, max_reconnect_delay=0.05)
+    p = await ws_pair_through_proxy(config, scheme="wss")
+    try:
+        sent = {c: [] for c in IDS}
+        for round_ in range(5):
+            before = p.ra.total
+            burst(p.peer, sent, b"r%d" % round_, dict.fromkeys(IDS, 20))
+            await eventually(lambda: p.ra.total >= before + 10, "part of the burst")
+            assert p.proxy.reset_all()
+            await eventually(lambda: p.connected() and p.peer.resumes == round_ + 1, "the resume")
+        total = sum(len(m) for m in sent.values())
+        await eventually(lambda: p.ra.total == total, "every message")
+        await sleep(0.05)
+        assert p.ra.messages == sent
+        assert_one_session(p, 5)
     finally:
         await p.close()
