@@ -118,7 +118,9 @@ class Channel:
         self.priority = desc.priority
         self.capacity = desc.send_queue_capacity
         self.recv_capacity = desc.recv_message_capacity
-        self.queue: collections.deque[bytes] = collections.deque()
+        #: The messages waiting: ``()`` until the first one (an empty deque costs ~760
+        #: bytes, per channel and peer: much of an idle peer's memory), then a deque.
+        self.queue: collections.deque[bytes] | tuple = ()
         self.sending: memoryview | None = None
         self.offset = 0
         self.stored_sent = 0.0
@@ -141,8 +143,15 @@ class Channel:
         """Queue a whole message; False when ``send_queue_capacity`` are already waiting."""
         if len(self.queue) >= self.capacity:
             return False
-        self.queue.append(message)
+        self.writable_queue().append(message)
         return True
+
+    def writable_queue(self) -> collections.deque:
+        """The queue as a deque (made on the first message)."""
+        queue = self.queue
+        if type(queue) is tuple:
+            queue = self.queue = collections.deque()
+        return queue
 
     def emit(self, parts: list, payload: int, budget: int) -> tuple[int, int]:
         """Append packets of the current message to ``parts`` until ``budget`` wire bytes.

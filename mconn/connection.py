@@ -359,7 +359,7 @@ class Connection:
         """
         if self.state is not _OPEN:
             raise LocalProtocolError(f"cannot requeue on channel {channel_id:#04x}: connection is {self.state.value}")
-        self.channels[channel_id].queue.extend(messages)
+        self.channels[channel_id].writable_queue().extend(messages)
 
     def send_ack(self, delivered: dict[int, int]) -> None:
         """Queue an ack packet (control: it goes out before data).

@@ -200,7 +200,7 @@ class Peer:
         if not self._accepts(channel_id, b"") or self._waiting.get(channel_id):
             return 0
         limit = self._limits[channel_id]
-        queue = self._queues[channel_id].queue
+        queue = self._queues[channel_id].writable_queue()
         capacity = self._queues[channel_id].capacity
         admit = self.session.admit
         accepted = pending = 0

@@ -151,3 +151,19 @@ def test_write_ahead_pauses_once_the_writes_since_a_resume_reach_its_size(writes
         since_resume += count
         assert paused == (full or since_resume >= ahead.size)
         assert since_resume < 2 * ahead.size + 1040
+
+
+def test_an_idle_channel_holds_no_deque_until_its_first_message():
+    """Memory per peer (issue 13 part 3): an empty deque costs ~760 bytes, so a channel
+    makes its queue on its first message; enqueue, requeue and emit work from there."""
+    channel = Channel(ChannelDescriptor(0x42, send_queue_capacity=2))
+    assert channel.queue == () and not channel.is_pending and channel.queue_depth == 0
+    assert channel.enqueue(b"a") and channel.enqueue(b"b") and not channel.enqueue(b"c")
+    assert list(channel.queue) == [b"a", b"b"]
+    other = Channel(ChannelDescriptor(0x43))
+    other.writable_queue().extend([b"x", b"y"])  # Connection.requeue: past the capacity
+    parts: list = []
+    other.emit(parts, 64, 1 << 20)
+    assert b"".join(parts) == b"".join(
+        wire.encode_packet(PacketType.MSG, channel_id=0x43, eof=True, data=m) for m in (b"x", b"y")
+    )
