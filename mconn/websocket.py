@@ -56,7 +56,7 @@ from zope.interface import implementer
 from mconn.errors import ConnectionLost
 from mconn.tls_transport import tls_error_of
 from mconn.websocket_common import MAX_HTTP_HEAD_BYTES, WebSocketError
-from mconn.websocket_frames import FrameReader, masker
+from mconn.websocket_frames import FrameReader, masked_frame
 
 log = Logger(namespace="mconn.websocket")
 
@@ -286,8 +286,7 @@ class _Carrier:
         else:
             header = struct.pack("!BBQ", _BINARY, mask | 127, n)
         if mask:
-            key = os.urandom(4)
-            self.transport.write(header + key + masker(key, n).process(bytes(payload)))
+            self.transport.write(masked_frame(header, os.urandom(4), payload))
         else:
             self.transport.write(header + payload)
 

@@ -31,6 +31,11 @@ from __future__ import annotations
 
 from autobahn.websocket.xormasker import create_xor_masker
 
+try:  # autobahn's native (SIMD) XOR routine, called on our own buffers
+    from _nvx_xormasker import ffi as _ffi, lib as _lib
+except ImportError:  # no native routine: autobahn's own maskers
+    _ffi = _lib = None
+
 #: Opcodes of RFC 6455 section 5.2.
 CONTINUATION, BINARY = 0x0, 0x2
 #: A control frame's payload is at most this long (RFC 6455 section 5.5).
@@ -64,9 +69,47 @@ class _SmallMasker:
         return (int.from_bytes(data, "little") ^ int.from_bytes(pattern, "little")).to_bytes(n, "little")
 
 
+class _NativeMasker:
+    """RFC 6455 masking of a large payload by autobahn's native SIMD routine, run in place
+    on our own copy: autobahn's wrapper allocates a zeroed buffer, copies in, masks and
+    copies out for every call, which cost more than the masking itself."""
+
+    __slots__ = ("_key", "_masker")
+
+    def __init__(self, key: bytes) -> None:
+        self._key = _ffi.new("uint8_t[4]", key)  # the native masker keeps a pointer to it
+        self._masker = _ffi.gc(_lib.nvx_xormask_new(self._key), _lib.nvx_xormask_free)
+        _lib.nvx_xormask_set_impl(self._masker, 2)  # SSE2, as autobahn's XorMaskerShifted1
+
+    def process(self, data) -> bytes:
+        buffer = bytearray(data)
+        _lib.nvx_xormask_process(self._masker, _ffi.from_buffer("uint8_t[]", buffer), len(buffer))
+        return bytes(buffer)
+
+    def process_into(self, buffer: bytearray, start: int) -> None:
+        """Mask ``buffer[start:]`` in place."""
+        _lib.nvx_xormask_process(self._masker, _ffi.from_buffer("uint8_t[]", buffer) + start, len(buffer) - start)
+
+
 def masker(key: bytes, length: int):
     """A masker for a payload of ``length`` bytes with this 4-byte ``key``."""
-    return _SmallMasker(key) if length < SMALL_MASKING else create_xor_masker(key, length)
+    if length < SMALL_MASKING:
+        return _SmallMasker(key)
+    return _NativeMasker(key) if _lib is not None else create_xor_masker(key, length)
+
+
+def masked_frame(header: bytes, key: bytes, payload) -> bytes:
+    """``header``, ``key`` and ``payload`` masked with ``key``: one client frame."""
+    n = len(payload)
+    m = masker(key, n)
+    if not isinstance(m, _NativeMasker):
+        return header + key + m.process(payload)
+    start = len(header) + 4
+    frame = bytearray(start + n)
+    frame[:start] = header + key
+    frame[start:] = payload
+    m.process_into(frame, start)
+    return bytes(frame)
 
 
 class FrameReader:
