@@ -81,7 +81,8 @@ class Config:
     #: IPushProducer pause stops it earlier); 64 KiB is Twisted's TCP buffer size.
     write_batch_bytes: int = 65536
     #: Seconds of sending, at the link's measured drain rate, that the protocol writes
-    #: into the transport at a time: the bytes committed below the scheduler (the
+    #: into the transport before it waits for the transport to take them (a write that
+    #: empties the queues does not wait): the bytes committed below the scheduler (the
     #: transport's buffer, then the kernel's past tcp_notsent_lowat) stay within about
     #: two such writes, at least one packet each, at most write_batch_bytes
     #: (specs/connection.md section 7). Plain TCP only: over TLS or WebSocket, and with None,
