@@ -35,6 +35,7 @@ CONNECTED = PeerState.CONNECTED
 SUSPENDED = PeerState.SUSPENDED
 CLOSED = PeerState.CLOSED
 _OPEN = State.OPEN
+_BYTES_ONLY = {bytes}
 
 __all__ = ["ChannelStatsSnapshot", "Peer", "PeerStats"]
 
@@ -190,7 +191,9 @@ class Peer:
         While connected, what does not depend on the message (the session's state, the
         channel, waiting sends) is checked once per batch and again after each write,
         not once per message; each message is then one size test, one ``Session.admit``
-        and one append to the channel's queue (issue 13's per-message cost).
+        and one append to the channel's queue (issue 13's per-message cost). A list of
+        bytes that fits the queue and the recovery buffer whole is taken in one step
+        (``Session.admit_many``).
 
         :returns: how many were accepted (a prefix of ``messages``: the rest were not).
         """
@@ -202,6 +205,14 @@ class Peer:
         limit = self._limits[channel_id]
         queue = self._queues[channel_id].writable_queue()
         capacity = self._queues[channel_id].capacity
+        if (
+            type(messages) is list and messages and len(messages) <= capacity - len(queue)
+            and set(map(type, messages)) == _BYTES_ONLY and max(map(len, messages)) <= limit
+            and self.session.admit_many(channel_id, messages, sum(map(len, messages))) is not None
+        ):
+            queue.extend(messages)
+            self._protocol.pump()
+            return len(messages)
         admit = self.session.admit
         accepted = pending = 0
         for message in messages:

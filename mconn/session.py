@@ -141,6 +141,23 @@ class Session:
         budget.used += size
         return stream.acked + len(unacked) - 1
 
+    def admit_many(self, channel_id: int, messages: list, total: int) -> int | None:
+        """``admit`` of all of ``messages`` (``total`` bytes) in one step, when the
+        session-wide bounds take them all: the first one's sequence number. Then ``admit``
+        one at a time would have taken each (the counts it tests only grow, and it
+        refuses only past ``recovery_buffer_bytes`` or the node's budget). None, with
+        nothing recorded, when they do not: the caller admits them one by one."""
+        budget = self._budget
+        if self.unacked_bytes + total > self.recovery_buffer_bytes or budget.used + total > budget.limit:
+            return None
+        stream = self._streams[channel_id]
+        first = stream.acked + len(stream.unacked)
+        stream.unacked.extend(messages)
+        stream.unacked_bytes += total
+        self.unacked_bytes += total
+        budget.used += total
+        return first
+
     def record_sent(self, channel_id: int, message: bytes) -> int:
         """Keep an accepted message until it is acknowledged; returns its sequence number."""
         stream = self._streams[channel_id]
