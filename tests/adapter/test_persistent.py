@@ -235,7 +235,7 @@ def test_a_duplicate_whose_old_connection_is_dead_replaces_it(network, telemetry
     assert old_peer.state == "closed"
     [(_, removed, reason)] = [c for c in b.reactor.calls if c[0] == "remove_peer"]
     assert removed is old_peer and isinstance(reason, SessionRejected)
-    assert "did not answer a probe" in str(reason) and reason.undelivered == {0x20: 1}
+    assert "did not answer a probe" in str(reason) and reason.unconfirmed == {0x20: 1}
     assert [e["outcome"] for e in telemetry.named("duplicate_connection")] == ["replaced"]
     assert b.switch.node_counters[a.switch.node_id]["duplicates_replaced"] == 1
     stats = fresh.stats

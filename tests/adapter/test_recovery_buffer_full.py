@@ -77,4 +77,4 @@ def test_admit_refuses_exactly_where_has_room_does_and_records_like_record_sent(
         expected = one.record_sent(channel_id, message) if one.has_room(channel_id, size) else None
         assert two.admit(channel_id, message) == expected, (channel_id, size)
         assert (two.unacked_bytes, two.accepted(channel_id)) == (one.unacked_bytes, one.accepted(channel_id))
-    assert two.undelivered() == one.undelivered() == {0x20: 1, 0x21: 2}
+    assert two.unconfirmed() == one.unconfirmed() == {0x20: 1, 0x21: 2}

@@ -457,7 +457,7 @@ def test_resume_sequence_resends_exactly_what_each_side_lacks(telemetry):
     for i in range(2):
         assert b.try_send(0x21, b"b%d" % i)
     world.network.flush()  # delivered; the clock has not moved, so no ack yet
-    assert a.session.undelivered() == {0x20: 3} and b.session.undelivered() == {0x21: 2}
+    assert a.session.unconfirmed() == {0x20: 3} and b.session.unconfirmed() == {0x21: 2}
 
     world.network.delay(world.dialer.switch, world.listener.switch, 1.0)
     world.link().reset()
@@ -471,10 +471,10 @@ def test_resume_sequence_resends_exactly_what_each_side_lacks(telemetry):
     [field] = [value for tag, value in world.link().inbound.hello.fields if tag == wire.HelloTag.SESSION]
     request = wire.decode_session_request(field)
     assert request == wire.SessionRequest(session_id=b.session.id, resume=True, delivered={0x21: 2})
-    assert b.session.acked(0x21) == 2 and b.session.undelivered() == {0x21: 1}  # only b2 is re-sent
+    assert b.session.acked(0x21) == 2 and b.session.unconfirmed() == {0x21: 1}  # only b2 is re-sent
     world.network.advance(1.0, step=0.25)  # the 07 answer, with the listener's counts, reaches the dialer
     assert a.state == "connected"
-    assert a.session.acked(0x20) == 3 and a.session.undelivered() == {0x20: 1}  # only a3 is re-sent
+    assert a.session.acked(0x20) == 3 and a.session.unconfirmed() == {0x20: 1}  # only a3 is re-sent
 
     resumed = {e["node_id"]: e["resent"] for e in telemetry.named("session_resumed")}
     assert resumed == {world.dialer.switch.node_id: 1, world.listener.switch.node_id: 1}
@@ -482,7 +482,7 @@ def test_resume_sequence_resends_exactly_what_each_side_lacks(telemetry):
     assert world.listener.reactor.received(0x20) == [b"a0", b"a1", b"a2", b"a3"]
     assert world.dialer.reactor.received(0x21) == [b"b0", b"b1", b"b2"]
     world.network.advance(1.0 + CONFIG.ack_interval, step=0.05)
-    assert a.session.undelivered() == {} and b.session.undelivered() == {}
+    assert a.session.unconfirmed() == {} and b.session.unconfirmed() == {}
     assert a.resumes == b.resumes == 1
 
 

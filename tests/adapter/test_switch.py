@@ -518,5 +518,5 @@ def test_stop_service_reports_each_sessions_own_undelivered_counts(network):
     network.flush()
     reasons = {peer.node_id: reason for peer, reason in hub.blocks.removed()}
     assert reasons[left.switch.node_id] is not reasons[right.switch.node_id]
-    assert reasons[left.switch.node_id].undelivered == {0x20: 2}
-    assert reasons[right.switch.node_id].undelivered == {0x20: 1}
+    assert reasons[left.switch.node_id].unconfirmed == {0x20: 2}
+    assert reasons[right.switch.node_id].unconfirmed == {0x20: 1}

@@ -259,7 +259,7 @@ def test_kill_silences_a_node_and_restart_brings_it_back_with_its_key():
     network.run(5)
     assert rb.calls == calls_before  # the dead process saw nothing, timers included
     [(old, reason)] = ra.removed()
-    assert isinstance(reason, SessionRejected) and reason.undelivered == {0x41: 1}
+    assert isinstance(reason, SessionRejected) and reason.unconfirmed == {0x41: 1}
     assert a.peers[b.node_id] is not old and a.peers[b.node_id].state == "connected"
     assert [c[0] for c in rb2.calls] == ["add_peer"]
 

@@ -289,7 +289,7 @@ def test_ack_check(case):
     if case["error"] is None:
         session.on_ack(ack)
         assert {c: session.acked(c) for c in case["channels"]} == _counts(case["acked_after"])
-        assert session.undelivered() == _counts(case["undelivered_after"])
+        assert session.unconfirmed() == _counts(case["undelivered_after"])
     else:
         assert case["error"] == AckError.__name__
         with pytest.raises(AckError, match=re.escape(case["message"])):

@@ -49,7 +49,7 @@ def test_acks_drop_confirmed_messages_in_order():
     assert s.accepted(0x20) == 4 and s.unacked_bytes == 8
     assert s.on_ack({0x20: 3}) == [(0x20, 0, 3)]
     assert s.acked(0x20) == 3 and s.unacked_bytes == 2
-    assert s.undelivered() == {0x20: 1}
+    assert s.unconfirmed() == {0x20: 1}
     assert s.on_ack({0x20: 3}) == []  # repeated: no change
 
 

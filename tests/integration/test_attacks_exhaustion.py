@@ -152,7 +152,7 @@ async def test_made_up_identities_that_never_acknowledge_cannot_pin_unbounded_me
         evicted = [(p, r) for p, r in pusher.removed if r.reason.startswith("evicted:")]
         assert evicted, "nothing gave way"
         for _, reason in evicted:
-            assert reason.undelivered.get(0x20, 0) > 0  # counted, never dropped silently
+            assert reason.unconfirmed.get(0x20, 0) > 0  # counted, never dropped silently
         assert len(pusher.added) == 12
         victim._check_invariants()
     finally:

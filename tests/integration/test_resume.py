@@ -108,7 +108,7 @@ async def test_grace_expiry_ends_the_session_with_undelivered_counts():
         assert peer.try_send(0x21, b"queued while suspended")
         reason = await bounded(rb.removed_d)
         assert isinstance(reason, SessionExpired)
-        assert reason.undelivered == {0x21: 1}
+        assert reason.unconfirmed == {0x21: 1}
         assert peer.state == "closed" and a.node_id not in b.peers
         assert not peer.try_send(0x21, b"too late")
         # The listener waited as long, then ended its side of the session too.

@@ -388,7 +388,7 @@ async def test_a_black_hole_healed_after_grace_ends_the_session_with_counts_then
         for r, peer, sent, receiver in ((p.rb, p.peer, to_a, p.ra), (p.ra, p.peer_a, to_b, p.rb)):
             [(removed, reason)] = r.removed()
             assert removed is peer and isinstance(reason, SessionExpired), reason
-            assert reason.undelivered == expected_undelivered(sent, receiver.counts())
+            assert reason.unconfirmed == expected_undelivered(sent, receiver.counts())
             assert r.names() == ["add_peer", "peer_suspended", "remove_peer"]
             assert peer.state == "closed"
         assert p.ra.counts() == dict.fromkeys(IDS, 4) and p.rb.counts() == dict.fromkeys(IDS, 4)
@@ -508,7 +508,7 @@ async def test_a_restarted_node_process_knows_no_session_so_a_fresh_one_starts_w
         await eventually(lambda: rb.removed(), "the resume to be refused")
         [(removed, reason)] = rb.removed()
         assert removed is peer and isinstance(reason, SessionRejected), reason
-        assert reason.undelivered == expected_undelivered(sent, delivered) == {0x20: 3, 0x21: 1, 0x30: 1}
+        assert reason.unconfirmed == expected_undelivered(sent, delivered) == {0x20: 3, 0x21: 1, 0x30: 1}
         assert peer.state == "closed"
         await eventually(lambda: key.node_id in b.peers, "the fresh session")
         fresh = b.peers[key.node_id]
@@ -595,7 +595,7 @@ async def test_send_confirmed_fires_true_when_the_reset_fell_between_delivery_an
         p.proxy.reset_all()
         await eventually(lambda: p.peer.resumes == 1 and p.connected(), "the resume")
         # The resume told the sender that all four were delivered...
-        assert p.peer.stats.channels[IDS.index(0x21)].acked == 4 and p.peer.session.undelivered() == {}
+        assert p.peer.stats.channels[IDS.index(0x21)].acked == 4 and p.peer.session.unconfirmed() == {}
         # ...so their confirmations are due now, not after some later ack.
         await eventually(lambda: all(d.called for d in confirmed), "the confirmations", timeout=2.0)
         assert await bounded(defer.gatherResults(confirmed), TIMEOUT) == [True] * 4
@@ -642,7 +642,7 @@ async def test_send_confirmed_fails_with_delivery_not_confirmed_when_grace_expir
         while_suspended = [p.peer.send_confirmed(0x21, b"while suspended %d" % i) for i in range(2)]
         await eventually(lambda: p.rb.removed(), "grace expiry")
         [(_, reason)] = p.rb.removed()
-        assert isinstance(reason, SessionExpired) and reason.undelivered == {0x20: 3, 0x21: 2}
+        assert isinstance(reason, SessionExpired) and reason.unconfirmed == {0x20: 3, 0x21: 2}
         failures, confirmed = [], []
         for d in on_the_wire + while_suspended:
             assert d.called
