@@ -246,7 +246,7 @@ class Simulation:
         but not yet acknowledged when the session ended is counted too (the sender cannot
         know); a message accepted and neither delivered nor counted is a silent loss.
         """
-        undelivered = getattr(reason, "undelivered", None)
+        undelivered = getattr(reason, "unconfirmed", None)
         if not isinstance(undelivered, dict):
             self.violations.append(f"{self.serial[peer]} ended with {reason!r}, which has no undelivered counts")
             return
