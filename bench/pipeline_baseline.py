@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/pipeline_baseline.py LOGS_DIR
 
-The straightforward implementation: read every line of every file, parse it with
-``json.loads``, keep the per-channel counters of each ``session_ended``, then join the
+The straightforward implementation: read every line of every file (version 2 records are
+one a line; version 1 lines are split on the record separator, specs/telemetry.md
+section 2), parse each record with ``json.loads``, keep the per-channel counters of each ``session_ended``, then join the
 two ends of every session and apply the formulas of specs/pipeline.md section 5 (both
 ends final; the synthetic fleet has no crashed nodes, so the ``channel_stats`` fallback
 of the real pipeline is not needed here). Prints one JSON object: events, sessions

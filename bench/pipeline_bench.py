@@ -2,24 +2,36 @@
 
     .venv/bin/python bench/pipeline_bench.py [--nodes 1000] [--events 2000000,4000000]
         [--lost 5] [--duplicated 5] [--master local[2]] [--driver-memory 1g]
-        [--data DIR] [--keep] [--no-baseline] [--compare-settings]
+        [--data DIR] [--keep] [--no-baseline] [--compare-settings] [--before REF]
+        [--event-log DIR]
 
 For each size in ``--events`` (approximate event counts) the bench generates a fleet's
-telemetry (generate() below: one file per node, lines exactly as jsonFileLogObserver
-writes them, following specs/telemetry.md), then, in the same run and on the same
-files, times:
+telemetry (generate() below: one file per node, version 2 records exactly as mconn's
+telemetry file writes them, specs/telemetry.md section 2), then, in the same run and on
+the same files, times:
 
 * ``mconn-pipeline`` end to end (a fresh process: Spark start-up, every table, the
   report), with ``spark.driver.memory`` capped (1g by default);
 * bench/pipeline_baseline.py: a straightforward single-process Python delivery audit.
 
+With ``--before REF`` it also writes the same fleet in version 1 records (what
+Twisted's jsonFileLogObserver wrote before, log_flattened and all) and times the pipeline
+of git commit REF on them (its ``mconn`` exported with ``git archive``; the working tree
+is not touched), and the baseline on them: before and after in one run.
+
+With ``--event-log DIR`` the version 2 run writes Spark's event log there, and the bench
+prints what each pipeline stage cost according to it (tasks, executor run and CPU
+seconds, GC, bytes read, shuffled and written; ``profile``): what bounds each figure.
+
 With ``--compare-settings`` it also runs ``mconn-pipeline`` a second time on the same files
 with the settings the command did not pick forced by ``--conf`` (``other_settings``: those of
 a large input for a small one, and the other way round; specs/pipeline.md section 6), and
-prints the ratio: whether the size threshold picked the faster settings. Both must find exactly the injected losses and duplicates. It prints events/s for both,
-the time ratio between consecutive sizes against the event ratio (the linearity
-target: 2x events, at most 2.2x time), and the input size against the driver memory.
-Results go to stdout and bench/out/pipeline-<time>.json.
+prints the ratio: whether the size threshold picked the faster settings. Every run must
+find exactly the injected losses and duplicates. It prints events/s for both, the
+baseline's time over Spark's (the target: at least 1.0), the time ratio between
+consecutive sizes against the event ratio (the linearity target: 2x events, at most 2.2x
+time), and the input size against the driver memory. Results go to stdout and
+bench/out/pipeline-<time>.json.
 
 The synthetic fleet: every node logs ``node_started``, then has ``--degree`` peers; each
 link carries three channels (priorities 1, 5 and 10) in both directions, has a
@@ -68,6 +80,16 @@ _FIELD = __import__("re").compile(r"{(\w+)}")
 
 
 def line(event: str, t: float, fields: dict) -> str:
+    """One record in the format of ``--format``: 2, as mconn's telemetry file writes it
+    (specs/telemetry.md section 2), or 1, as Twisted's jsonFileLogObserver wrote it."""
+    if FORMAT == 2:
+        body = {"v": 2, "event": event, "node_id": fields["node_id"], "log_time": ORIGIN + t, "level": "info"}
+        body.update(fields)
+        return json.dumps(body, separators=(",", ":")) + "\n"
+    return line_v1(event, t, fields)
+
+
+def line_v1(event: str, t: float, fields: dict) -> str:
     """One record as jsonFileLogObserver writes it (log_flattened included)."""
     fmt = FORMATS[event]
     body = {"event": event, **fields}
@@ -82,6 +104,16 @@ def line(event: str, t: float, fields: dict) -> str:
     )
     return "\x1e" + json.dumps(body) + "\n"
 
+
+#: The record format written: 2 (mconn's lean JSON Lines) or 1 (Twisted's); set by --format.
+FORMAT = 2
+
+_STATS_V2 = (
+    '{{"v":2,"event":"channel_stats","node_id":"{n}","log_time":{t!r},"level":"info","peer_id":"{p}",'
+    '"channel_id":{c},"priority":{pr},"queue_depth":{q},"bytes_sent":{bs},"messages_sent":{ms},'
+    '"bytes_received":{br},"messages_received":{mr},"accepted":{a},"acked":{k},"delivered":{d},'
+    '"session_id":"{s}","connection":{cn},"round_trip":{rt}}}\n'
+)
 
 _STATS = (
     '\x1e{{"event": "channel_stats", "node_id": "{n}", "peer_id": "{p}", "channel_id": {c}, "priority": {pr}, '
@@ -210,7 +242,7 @@ def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
             d = counts_at(s, j, c, t)
             ms = int(s["rates"][(i, c)] * (min(t, stop) - since)) if t < stop else 0
             mr = int(s["rates"][(j, c)] * (min(t, stop) - since)) if t < stop else 0
-            out.append((t + k * 1e-5, _STATS.format(
+            out.append((t + k * 1e-5, (_STATS_V2 if FORMAT == 2 else _STATS).format(
                 n=me, p=peer, c=c, pr=priority, q=(k * 7 + int(t)) % 4 if t < stop else 0, bs=ms * 400, ms=ms,
                 br=mr * 380, mr=mr, a=a, k=max(0, a - 1), d=max(0, d), s=sid, cn=1 + len(resumed), rt=rtt,
                 t=ORIGIN + t + k * 1e-5)))
@@ -287,11 +319,13 @@ def _write_node(job) -> int:
     return len(lines)
 
 
-def generate(args, directory: str) -> tuple[int, list]:
-    """Write the fleet's files under ``directory``; returns (events, injected faults)."""
+def generate(args, directory: str, record_format: int = 2) -> tuple[int, list]:
+    """Write the fleet's files under ``directory`` in record version ``record_format``;
+    returns (events, injected faults). The same fleet, whatever the format."""
     import multiprocessing
 
-    global _PLANS
+    global _PLANS, FORMAT
+    FORMAT = record_format
     _PLANS = make_plans(args)
     faults = inject(_PLANS, args.lost, args.duplicated, args.seed)
     os.makedirs(directory, exist_ok=True)
@@ -308,44 +342,51 @@ def du(directory: str) -> int:
     return sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
 
 
-def timed(command: list[str], env=None) -> tuple[float, str, int, str]:
+def timed(command: list[str], env=None, cwd=None) -> tuple[float, str, int, str, float]:
     """Run a command; returns (seconds, stdout, peak RSS in bytes of its process tree,
-    the -Xmx flag of a JVM in the tree, if any)."""
+    the -Xmx flag of a JVM in the tree, if any, CPU seconds of the tree). The CPU seconds
+    (user + system of every process of the tree, last seen every 0.5 s) say more than
+    the wall time on a machine shared with other work."""
     started = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    peak, heap = 0, ""
+                            start_new_session=True, cwd=cwd)
+    peak, heap, cpu = 0, "", {}
     import threading
 
     out = {}
     reader = threading.Thread(target=lambda: out.update(zip(("stdout", "stderr"), proc.communicate())))
     reader.start()
     while reader.is_alive():
-        rss, flags = tree_rss(proc.pid)
+        rss, flags = tree_rss(proc.pid, cpu)
         peak, heap = max(peak, rss), heap or flags
         reader.join(0.5)
     seconds = time.monotonic() - started
     if proc.returncode != 0:
         sys.stderr.write(out.get("stderr", "")[-4000:])
         raise SystemExit(f"{command[:3]} failed with exit code {proc.returncode}")
-    return seconds, out["stdout"], peak, heap
+    return seconds, out["stdout"], peak, heap, sum(cpu.values())
 
 
-def tree_rss(pid: int) -> tuple[int, str]:
-    """Resident bytes of a process and its descendants (Linux /proc), and the Spark driver's -Xmx."""
-    children = {}
+def tree_rss(pid: int, cpu: dict | None = None) -> tuple[int, str]:
+    """Resident bytes of a process and its descendants (Linux /proc), and the Spark driver's
+    -Xmx; ``cpu`` gets each process's CPU seconds so far, by pid."""
+    children, used = {}, {}
+    tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
                 children.setdefault(int(fields[1]), []).append(int(entry))
+                used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
             except OSError:
                 continue
     total, todo, heap = 0, [pid], ""
     while todo:
         p = todo.pop()
         todo += children.get(p, [])
+        if cpu is not None and p in used:
+            cpu[p] = used[p]
         try:
             with open(f"/proc/{p}/statm") as f:
                 total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
@@ -376,26 +417,39 @@ def other_settings(nbytes: int) -> tuple[str, dict[str, str]]:
     }
 
 
-def run_spark(args, data: str, out: str, conf: dict[str, str] | None = None) -> dict:
+def run_spark(args, data: str, out: str, conf: dict[str, str] | None = None, code: str = REPO) -> dict:
+    """``mconn-pipeline`` on ``data`` in a fresh process, from the mconn sources at ``code``."""
     command = [
         sys.executable, "-m", "mconn.pipeline", data, "--out", out, "--master", args.master,
         "--conf", f"spark.driver.memory={args.driver_memory}", "--json",
     ]
     for key, value in (conf or {}).items():
         command += ["--conf", f"{key}={value}"]
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    seconds, stdout, peak, heap = timed(command, env)
+    env = dict(os.environ, PYTHONPATH=code + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    seconds, stdout, peak, heap, cpu = timed(command, env, cwd=code)
     result = json.loads(stdout.strip().splitlines()[-1])
-    return {"seconds": seconds, "peak_rss": peak, "heap": heap, "summary": result["summary"],
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss": peak, "heap": heap, "summary": result["summary"],
             "stages": result["timings"]}
 
 
 def run_baseline(data: str) -> dict:
-    seconds, stdout, peak, _ = timed([sys.executable, os.path.join(HERE, "pipeline_baseline.py"), data])
-    return {"seconds": seconds, "peak_rss": peak, **json.loads(stdout)}
+    seconds, stdout, peak, _, cpu = timed([sys.executable, os.path.join(HERE, "pipeline_baseline.py"), data])
+    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss": peak, **json.loads(stdout)}
+
+
+def export_tree(ref: str, workdir: str) -> str:
+    """The ``mconn`` package of git commit ``ref``, exported under ``workdir`` (the
+    working tree is not touched); the directory to put on PYTHONPATH."""
+    target = os.path.join(workdir, f"code-{ref}")
+    os.makedirs(target, exist_ok=True)
+    archive = subprocess.run(["git", "-C", REPO, "archive", ref, "mconn"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", target], input=archive, check=True)
+    return target
 
 
 def measure(args, size: int, workdir: str) -> dict:
+    """One size: the fleet in version 2 records (and version 1 with ``--before``), the
+    pipeline and the baseline on each, in the same run."""
     args.events_target = size
     data = os.path.join(workdir, f"logs-{size}")
     started = time.monotonic()
@@ -404,7 +458,15 @@ def measure(args, size: int, workdir: str) -> dict:
     nbytes = du(data)
     print(f"  generated {events:,} events, {nbytes / 1e9:.2f} GB in {args.nodes} files ({generated:.0f} s)",
           file=sys.stderr, flush=True)
-    spark = run_spark(args, data, os.path.join(workdir, f"out-{size}"))
+    log_conf = None
+    if args.event_log:
+        log_dir = os.path.join(os.path.abspath(args.event_log), f"events-{size}")
+        os.makedirs(log_dir, exist_ok=True)
+        log_conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": "file://" + log_dir,
+                    "spark.eventLog.compress": "false"}
+    spark = run_spark(args, data, os.path.join(workdir, f"out-{size}"), log_conf)
+    if args.event_log:
+        spark["profile"] = profile(log_dir)
     print(f"  spark: {spark['seconds']:.1f} s", file=sys.stderr, flush=True)
     forced = None
     if args.compare_settings:
@@ -414,14 +476,84 @@ def measure(args, size: int, workdir: str) -> dict:
     baseline = run_baseline(data) if args.baseline else None
     if baseline:
         print(f"  baseline: {baseline['seconds']:.1f} s", file=sys.stderr, flush=True)
+    before = measure_before(args, size, workdir) if args.before else None
     if not args.keep:
         shutil.rmtree(data, ignore_errors=True)
         shutil.rmtree(os.path.join(workdir, f"out-{size}"), ignore_errors=True)
     lost = sum(1 for f in faults if f[4] < 0)
     return {
         "events": events, "bytes": nbytes, "lost_injected": lost, "duplicated_injected": len(faults) - lost,
-        "spark": spark, "baseline": baseline, "spark_other_settings": forced,
+        "spark": spark, "baseline": baseline, "spark_other_settings": forced, "before": before,
     }
+
+
+def measure_before(args, size: int, workdir: str) -> dict:
+    """The same fleet in version 1 records (what nodes wrote before), the pipeline of
+    ``--before`` on them, and the baseline on them."""
+    data = os.path.join(workdir, f"logs-v1-{size}")
+    events, _ = generate(args, data, record_format=1)
+    nbytes = du(data)
+    print(f"  before: {events:,} events in version 1 records, {nbytes / 1e9:.2f} GB", file=sys.stderr, flush=True)
+    code = export_tree(args.before, workdir)
+    spark = run_spark(args, data, os.path.join(workdir, f"out-v1-{size}"), code=code)
+    print(f"  before: spark {spark['seconds']:.1f} s ({args.before})", file=sys.stderr, flush=True)
+    baseline = run_baseline(data) if args.baseline else None
+    if baseline:
+        print(f"  before: baseline {baseline['seconds']:.1f} s", file=sys.stderr, flush=True)
+    if not args.keep:
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(os.path.join(workdir, f"out-v1-{size}"), ignore_errors=True)
+    return {"events": events, "bytes": nbytes, "spark": spark, "baseline": baseline, "ref": args.before}
+
+
+def _account(event: dict, stage_of_job: dict, totals: dict) -> None:
+    """Add one event log record to ``totals`` (per job description: tasks, run s, CPU s,
+    GC s, bytes read, shuffled, written)."""
+    kind = event.get("Event")
+    if kind == "SparkListenerJobStart":
+        name = (event.get("Properties") or {}).get("spark.job.description") or "(no stage)"
+        for stage in event.get("Stage IDs", []):
+            stage_of_job[stage] = name
+    elif kind == "SparkListenerTaskEnd" and event.get("Task Metrics"):
+        m = event["Task Metrics"]
+        t = totals.setdefault(stage_of_job.get(event["Stage ID"], "(no stage)"), [0, 0.0, 0.0, 0.0, 0, 0, 0])
+        shuffle_read = m.get("Shuffle Read Metrics", {})
+        t[0] += 1
+        t[1] += m.get("Executor Run Time", 0) / 1e3
+        t[2] += m.get("Executor CPU Time", 0) / 1e9
+        t[3] += m.get("JVM GC Time", 0) / 1e3
+        t[4] += m.get("Input Metrics", {}).get("Bytes Read", 0)
+        t[5] += shuffle_read.get("Remote Bytes Read", 0) + shuffle_read.get("Local Bytes Read", 0)
+        t[6] += m.get("Output Metrics", {}).get("Bytes Written", 0)
+
+
+def profile(directory: str) -> list[str]:
+    """What the Spark event log under ``directory`` says each pipeline stage cost: its
+    jobs' tasks summed (the job description is the stage's name, mconn/pipeline/job.py):
+    executor run and CPU seconds, GC seconds, bytes read from files, shuffled, written."""
+    names = [os.path.join(directory, n) for n in os.listdir(directory)]
+    if not names:
+        return ["no event log written"]
+    latest = max(names, key=os.path.getmtime)
+    if os.path.isdir(latest):  # Spark 4's rolling layout: eventlog_v2_APP/events_N_APP
+        parts = [n for n in os.listdir(latest) if n.startswith("events_")]
+        files = [os.path.join(latest, n) for n in sorted(parts, key=lambda n: int(n.split("_")[1]))]
+    else:
+        files = [latest]
+    stage_of_job, totals = {}, {}
+    for name in files:
+        with open(name) as f:
+            for text in f:
+                _account(json.loads(text), stage_of_job, totals)
+    lines = [f"{'stage (event log)':<18} {'tasks':>6} {'run s':>8} {'cpu s':>8} {'gc s':>6} {'read MB':>9} "
+             f"{'shuffle MB':>10} {'written MB':>10}"]
+    for name, t in totals.items():
+        lines.append(f"{name[:18]:<18} {t[0]:>6} {t[1]:>8.1f} {t[2]:>8.1f} {t[3]:>6.1f} {t[4] / 1e6:>9.1f} "
+                     f"{t[5] / 1e6:>10.1f} {t[6] / 1e6:>10.1f}")
+    every = [sum(t[k] for t in totals.values()) for k in range(7)]
+    lines.append(f"{'all tasks':<18} {every[0]:>6} {every[1]:>8.1f} {every[2]:>8.1f} {every[3]:>6.1f} "
+                 f"{every[4] / 1e6:>9.1f} {every[5] / 1e6:>10.1f} {every[6] / 1e6:>10.1f}")
+    return lines
 
 
 # -- the table -----------------------------------------------------------------------
@@ -429,23 +561,45 @@ def measure(args, size: int, workdir: str) -> dict:
 
 def table(args, rows: list[dict]) -> str:
     lines = [
-        f"{'events':>12} {'input GB':>9} {'spark s':>8} {'events/s':>10} {'base s':>8} {'base ev/s':>10} "
-        f"{'spark/base':>10} {'lost':>9} {'dup':>9} {'JVM peak':>9}",
-        "-" * 105,
+        f"{'events':>12} {'records':>8} {'input GB':>9} {'spark s':>8} {'cpu s':>7} {'events/s':>10} {'base s':>8} "
+        f"{'cpu s':>7} {'base ev/s':>10} {'base/spark':>10} {'lost':>9} {'dup':>9} {'JVM peak':>9}",
+        "-" * 130,
     ]
     for r in rows:
-        s, b = r["spark"], r["baseline"]
-        found = (f"{s['summary']['lost']}/{r['lost_injected']}",
-                 f"{s['summary']['duplicated']}/{r['duplicated_injected']}")
-        lines.append(
-            f"{r['events']:>12,} {r['bytes'] / 1e9:>9.2f} {s['seconds']:>8.1f} {r['events'] / s['seconds']:>10,.0f} "
-            + (f"{b['seconds']:>8.1f} {r['events'] / b['seconds']:>10,.0f} {s['seconds'] / b['seconds']:>10.2f} "
-               if b else f"{'-':>8} {'-':>10} {'-':>10} ")
-            + f"{found[0]:>9} {found[1]:>9} {s['peak_rss'] / 1e9:>8.2f}G"
-        )
+        lines.append(_line(r, "v2", r))
+        if r.get("before"):
+            lines.append(_line(r["before"], f"v1@{r['before']['ref'][:7]}", r))
+    return "\n".join(lines + [""] + _checks(args, rows))
+
+
+def _line(r: dict, label: str, truth: dict) -> str:
+    """One table line: a pipeline run and the baseline on the same files."""
+    s, b = r["spark"], r["baseline"]
+    found = (f"{s['summary']['lost']}/{truth['lost_injected']}",
+             f"{s['summary']['duplicated']}/{truth['duplicated_injected']}")
+    return (
+        f"{r['events']:>12,} {label:>8} {r['bytes'] / 1e9:>9.2f} {s['seconds']:>8.1f} {s['cpu_seconds']:>7.1f} "
+        f"{r['events'] / s['seconds']:>10,.0f} "
+        + (f"{b['seconds']:>8.1f} {b['cpu_seconds']:>7.1f} {r['events'] / b['seconds']:>10,.0f} "
+           f"{b['seconds'] / s['seconds']:>10.2f} "
+           if b else f"{'-':>8} {'-':>7} {'-':>10} {'-':>10} ")
+        + f"{found[0]:>9} {found[1]:>9} {s['peak_rss'] / 1e9:>8.2f}G"
+    )
+
+
+def _checks(args, rows: list[dict]) -> list[str]:
     checks = []
     rate = rows[-1]["events"] / rows[-1]["spark"]["seconds"]
     checks.append(f"throughput {rate:,.0f} events/s (largest run) >= 100,000: {'PASS' if rate >= 1e5 else 'FAIL'}")
+    for r in rows:
+        if r["baseline"]:
+            ratio = r["baseline"]["seconds"] / r["spark"]["seconds"]
+            checks.append(f"{r['events']:,} events: baseline time / spark time {ratio:.2f} (>= 1.0): "
+                          f"{'PASS' if ratio >= 1.0 else 'FAIL'}")
+        if r.get("before"):
+            b = r["before"]
+            checks.append(f"{r['events']:,} events: before ({b['ref'][:7]}, version 1 records) {b['spark']['seconds']:.1f} s, "
+                          f"now {r['spark']['seconds']:.1f} s: {b['spark']['seconds'] / r['spark']['seconds']:.2f}x faster")
     for small, large in zip(rows, rows[1:]):
         er = large["events"] / small["events"]
         tr = large["spark"]["seconds"] / small["spark"]["seconds"]
@@ -459,8 +613,14 @@ def table(args, rows: list[dict]) -> str:
         f"{'input larger: PASS' if big['bytes'] > _bytes(args.driver_memory) else 'input smaller: not shown'}"
     )
     for r in rows:
+        if r["spark"].get("profile"):
+            checks += [f"profile of {r['events']:,} events (Spark event log; JVM CPU of the whole run "
+                       f"{r['spark']['cpu_seconds']:.1f} s):"] + ["    " + p for p in r["spark"]["profile"]]
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r["spark"]["stages"].items())
         checks.append(f"stages of {r['events']:,} events, seconds: {stages}")
+        if r.get("before"):
+            stages = ", ".join(f"{k} {v:.1f}" for k, v in r["before"]["spark"]["stages"].items())
+            checks.append(f"  before: {stages}")
     for r in rows:
         forced = r.get("spark_other_settings")
         if forced:
@@ -473,8 +633,11 @@ def table(args, rows: list[dict]) -> str:
         ok = (s["lost"], s["duplicated"]) == (r["lost_injected"], r["duplicated_injected"])
         if b:
             ok = ok and (b["lost"], b["duplicated"]) == (r["lost_injected"], r["duplicated_injected"])
+        if r.get("before"):
+            runs = (r["before"]["spark"]["summary"], r["before"]["baseline"] or r["before"]["spark"]["summary"])
+            ok = ok and all((x["lost"], x["duplicated"]) == (r["lost_injected"], r["duplicated_injected"]) for x in runs)
         checks.append(f"audit of {r['events']:,} events finds exactly the injected faults: {'PASS' if ok else 'FAIL'}")
-    return "\n".join(lines + [""] + checks)
+    return checks
 
 
 def _bytes(size: str) -> int:
@@ -496,6 +659,12 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=None, help="where to write the logs (a temporary directory by default)")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs and tables")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false")
+    parser.add_argument("--before", default=None, metavar="REF",
+                        help="also run the pipeline of git commit REF on the same fleet in version 1 records "
+                             "(what nodes wrote before), with the baseline on them")
+    parser.add_argument("--event-log", default=None, metavar="DIR",
+                        help="write the Spark event log of the version 2 run under DIR and print what each "
+                             "pipeline stage cost from it")
     parser.add_argument("--compare-settings", action="store_true",
                         help="also run with the other input size's settings forced, and print the ratio")
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ share (sessions, breaks, counters, round-trip samples) are cached for the run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -41,7 +42,7 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
     shared = _Shared(events)
     try:
         written, rows = _tables(spark, events, shared, out, progress)
-        with progress.stage("summary") as stage:
+        with _stage(spark, progress, "summary") as stage:
             row = summary.build(
                 spark, counts, events, links=written["links"], reconnects=written["reconnects"],
                 audit=written["delivery_audit"], errors=written["errors"], latency=written["latency"],
@@ -49,7 +50,7 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
             row.write.mode("overwrite").parquet(table_path(out, "summary"))
             headline = spark.read.parquet(table_path(out, "summary")).first().asDict()
             stage.detail = f"lost {headline['lost']}, duplicated {headline['duplicated']}"
-        with progress.stage("report") as stage:
+        with _stage(spark, progress, "report") as stage:
             report_path = report_path or _default_report(out)
             if report_path is not None:
                 from mconn.pipeline import report  # matplotlib: only when a report is made
@@ -65,7 +66,7 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
 
 def _read(spark, inputs: list[str], out: str, since, until, progress):
     """The read stage: the events table written, read back; and its records per event."""
-    with progress.stage("read telemetry") as stage:
+    with _stage(spark, progress, "read telemetry") as stage:
         events_path = table_path(out, "events")
         ingest.write_events(ingest.parse(ingest.read_records(spark, inputs), since, until), events_path)
         everything = ingest.load_events(spark, events_path)
@@ -90,12 +91,24 @@ def _tables(spark, events, shared, out: str, progress) -> tuple[dict, dict]:
     }
     written, rows = {}, {}
     for name, build in builders.items():
-        with progress.stage(name) as stage:
+        with _stage(spark, progress, name) as stage:
             build().write.mode("overwrite").parquet(table_path(out, name))
             written[name] = spark.read.parquet(table_path(out, name))
             rows[name] = written[name].count()
             stage.detail = f"{rows[name]:,} rows"
     return written, rows
+
+
+@contextlib.contextmanager
+def _stage(spark, progress, name: str):
+    """A progress stage whose Spark jobs carry its name as their description (the Spark
+    UI and event log group the work by stage: bench/pipeline_bench.py --event-log)."""
+    spark.sparkContext.setJobDescription(name)
+    try:
+        with progress.stage(name) as stage:
+            yield stage
+    finally:
+        spark.sparkContext.setJobDescription(None)
 
 
 def _default_report(out: str) -> str | None:
