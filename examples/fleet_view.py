@@ -232,7 +232,10 @@ def print_summary(result: PipelineResult, fleet) -> int:
     try:
         from mconn.pipeline.console import summary_table
 
-        print(summary_table(summary, result.record.get("report"), str(fleet.run_dir / "pipeline")))
+        # The --json record's findings name the problem rows (sender, receiver, session,
+        # channel, count), the clock-skew and one-sided notes, as mconn-pipeline prints them.
+        findings = result.record.get("findings")
+        print(summary_table(summary, result.record.get("report"), str(fleet.run_dir / "pipeline"), findings))
     except ImportError:
         pass
     s = summary

@@ -8,6 +8,7 @@ names this run directory), whatever the outcome.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import pathlib
@@ -168,3 +169,19 @@ def test_telemetry_tail_reads_only_whole_records(tmp_path):
     assert tail.messages() == 7
     tail.forget(a)
     assert tail.links() == 0
+
+
+def test_the_fleet_summary_names_the_problem_rows(capsys):
+    """`make run`'s summary prints the findings of the pipeline's --json record under the table: the lost
+    row named by sender, receiver, session and channel, as mconn-pipeline prints it."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    from fleet_view import PipelineResult, print_summary
+
+    # The --json summary's other figures (nodes, events, time span...) read as 0.
+    summary = collections.defaultdict(int, sessions=4, resumes=1, fresh_starts=1, messages_audited=10, lost=2)
+    row = "  2 lost: sender aa receiver bb session cc channel 0x20"
+    result = PipelineResult(3, {"summary": summary, "report": None, "findings": [row]}, "")
+    fleet = type("Fleet", (), {"run_dir": pathlib.Path("/nonexistent")})()
+    assert print_summary(result, fleet) == 3
+    out = capsys.readouterr().out
+    assert row in out and "fleet summary: sessions 4" in out
