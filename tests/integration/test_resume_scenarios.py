@@ -6,6 +6,11 @@ runs the listening node as a separate process (node_proc.py) and kills it. Each 
 checks every message it sent: delivered exactly once and in order per channel while the
 session lives, or counted in the ``undelivered`` of the reason that ended it.
 
+``pair_through_proxy`` builds the pair over TCP, ws or wss; the bodies of the scenarios
+that test_websocket_resume.py runs again over ws (``a_cut_message_resumes``,
+``a_transfer_through_resets``, ``a_black_hole_healed_within_grace``) live here, so the
+two transports run one scenario each.
+
 Every wait is bounded (``eventually``, ``bounded``); every Switch, proxy and process a test
 starts is stopped in its ``finally``.
 """
@@ -37,6 +42,8 @@ from mconn import (
     SessionRejected,
     Switch,
 )
+
+from mconn.tls import TLSOptions
 
 from .test_loopback import bounded, stop
 
@@ -125,18 +132,33 @@ class Pair:
         await stop(self.a, self.b)
 
 
-async def pair_through_proxy(config, channels=CHANNELS):
+#: The path of the ws:// and wss:// listeners.
+WS_PATH = "/mconn"
+
+
+def addresses(scheme):
+    """(the listener's endpoint, the dial address after "<node id>@" with {port} left to fill) for a scheme."""
+    if scheme == "tcp":
+        return "tcp:0:interface=127.0.0.1", "127.0.0.1:{port}"
+    return f"{scheme}:tcp:0:interface=127.0.0.1:path={WS_PATH}", f"{scheme}://127.0.0.1:{{port}}{WS_PATH}"
+
+
+async def pair_through_proxy(config, channels=CHANNELS, scheme="tcp"):
+    """Listener ``a`` and dialer ``b``, started; b dialed a through a FaultProxy. ``scheme``: "tcp", "ws", or
+    "wss" (identity-mode TLS beneath the WebSocket); a WebSocket listener is on WS_PATH."""
     ra, rb = Tally(channels), Tally(channels)
-    a = Switch([ra], clock=the_reactor(), config=config)
-    b = Switch([rb], clock=the_reactor(), config=config)
+    tls = (lambda: TLSOptions.identity(NodeKey.generate())) if scheme == "wss" else (lambda: None)
+    a = Switch([ra], clock=the_reactor(), config=config, tls=tls())
+    b = Switch([rb], clock=the_reactor(), config=config, tls=tls())
     a.startService()
     b.startService()
     proxy = None
+    listen, dial = addresses(scheme)
     try:
-        port = await a.listen("tcp:0:interface=127.0.0.1")
+        port = await a.listen(listen)
         proxy = FaultProxy("127.0.0.1", port.getHost().port)
         proxy_port = await proxy.start()
-        peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{proxy_port}"), TIMEOUT)
+        peer = await bounded(b.dial(f"{a.node_id}@" + dial.format(port=proxy_port)), TIMEOUT)
         await eventually(lambda: b.node_id in a.peers, "the listener's side of the session")
     except BaseException:
         if proxy is not None:
@@ -175,6 +197,19 @@ def fully_acked(peer):
     return all(c.acked == c.accepted for c in peer.stats.channels)
 
 
+def assert_one_session(p, resumes=None):
+    """The same Peer objects throughout, never removed, each side told of each of its resumes (``resumes`` of them
+    on both sides, if given)."""
+    assert p.a.peers[p.b.node_id] is p.peer_a and p.b.peers[p.a.node_id] is p.peer
+    for r, peer in ((p.ra, p.peer_a), (p.rb, p.peer)):
+        assert "remove_peer" not in r.names()
+        assert {e[1] for e in r.events} == {peer}
+        assert r.names().count("peer_resumed") == peer.resumes
+        assert resumes is None or peer.resumes == resumes, (peer.resumes, resumes)
+    p.a._check_invariants()
+    p.b._check_invariants()
+
+
 # -- 1. a reset in the middle of a message ----------------------------------------------
 
 PAYLOAD = 1024
@@ -190,6 +225,27 @@ CUTS = {
 }
 
 
+async def a_cut_message_resumes(p, cut, direction):
+    """Cut p's link after exactly ``cut`` more bytes ``direction`` ("up": dialer to listener) while BIG crosses it on
+    0x21, then send b"after" on 0x30: one resume on both sides, each message arrives once and whole."""
+    sender, receiver = (p.peer, p.ra) if direction == "up" else (p.peer_a, p.rb)
+    [link] = p.proxy.links
+    before = link.bytes_up if direction == "up" else link.bytes_down
+    link.cut_after(cut, direction)
+    assert sender.try_send(0x21, BIG)
+    await eventually(lambda: p.peer.resumes == 1 and p.peer_a.resumes == 1 and p.connected(), "the resume")
+    assert link.closed
+    assert (link.bytes_up if direction == "up" else link.bytes_down) - before == cut
+    assert sender.try_send(0x30, b"after")
+    await eventually(lambda: receiver.total >= 2, "both messages")
+    await sleep(0.05)  # room for a duplicate to show up
+    assert receiver.messages[0x21] == [BIG]
+    assert receiver.messages[0x30] == [b"after"]
+    for r in (p.ra, p.rb):
+        assert r.names() == ["add_peer", "peer_suspended", "peer_resumed"]
+    assert_one_session(p, 1)
+
+
 @pytest.mark.parametrize("direction", ["up", "down"])
 @pytest.mark.parametrize("cut", list(CUTS))
 @pytest_twisted.ensureDeferred
@@ -198,23 +254,7 @@ async def test_a_reset_in_the_middle_of_a_message_delivers_it_once_and_whole(cut
     config = Config(stats_interval=0, resume_grace=10.0, max_packet_payload=PAYLOAD)
     p = await pair_through_proxy(config)
     try:
-        sender, receiver = (p.peer, p.ra) if direction == "up" else (p.peer_a, p.rb)
-        [link] = p.proxy.links
-        before = link.bytes_up if direction == "up" else link.bytes_down
-        link.cut_after(CUTS[cut], direction)
-        assert sender.try_send(0x21, BIG)
-        await eventually(lambda: p.peer.resumes == 1 and p.peer_a.resumes == 1 and p.connected(), "the resume")
-        assert link.closed
-        assert (link.bytes_up if direction == "up" else link.bytes_down) - before == CUTS[cut]
-        assert sender.try_send(0x30, b"after")
-        await eventually(lambda: receiver.total >= 2, "both messages")
-        await sleep(0.05)  # room for a duplicate to show up
-        assert receiver.messages[0x21] == [BIG]
-        assert receiver.messages[0x30] == [b"after"]
-        for r in (p.ra, p.rb):
-            assert r.names() == ["add_peer", "peer_suspended", "peer_resumed"]
-        p.a._check_invariants()
-        p.b._check_invariants()
+        await a_cut_message_resumes(p, CUTS[cut], direction)
     finally:
         await p.close()
 
@@ -229,7 +269,6 @@ BULK_CHANNELS = [
 PER_CHANNEL = {0x20: 33_334, 0x21: 33_333, 0x30: 33_333}
 TOTAL = sum(PER_CHANNEL.values())  # 100,000
 MIN_RESETS = 100
-RESET_EVERY = TOTAL // (MIN_RESETS + 50)  # messages received between two resets
 WINDOW = 200  # unacked messages per channel the sender allows itself
 MAX_ROUNDS = 500_000  # sender rounds (bursts, or 1 ms waits for acks)
 
@@ -237,21 +276,22 @@ MAX_ROUNDS = 500_000  # sender rounds (bursts, or 1 ms waits for acks)
 class Transfer:
     """Three senders on b's Peer, and a breaker that resets the link as the receiver progresses.
 
-    The senders try_send in bursts, keeping at most WINDOW messages of their channel
-    unacked. Without the window the sender runs thousands of messages ahead (socket
-    buffers), the receiver reads them in 64 KiB chunks of ~3,000 messages and resets, which
-    strike between reads, come too seldom (~40 in the transfer). The breaker resets the
-    link just after a burst was written, so that the burst is in flight.
+    The senders try_send ``per_channel[c]`` messages on each channel c in bursts, keeping at
+    most WINDOW messages of their channel unacked. Without the window the sender runs
+    thousands of messages ahead (socket buffers), the receiver reads them in 64 KiB chunks
+    of ~3,000 messages and resets, which strike between reads, come too seldom (~40 in the
+    transfer). The breaker resets the link just after a burst was written, so that the
+    burst is in flight, once the receiver has passed the next ``reset_every`` messages.
     """
 
-    def __init__(self, pair):
-        self.p = pair
-        self.sent = {c: [b"%02x:%06d" % (c, i) + b"." * (i % 17) for i in range(n)] for c, n in PER_CHANNEL.items()}
+    def __init__(self, pair, per_channel, reset_every):
+        self.p, self.per_channel, self.reset_every = pair, per_channel, reset_every
+        self.sent = {c: [b"%02x:%06d" % (c, i) + b"." * (i % 17) for i in range(n)] for c, n in per_channel.items()}
         self.resets = []  # messages received when each reset struck
 
     def maybe_reset(self):
         p = self.p
-        due = (len(self.resets) + 1) * RESET_EVERY
+        due = (len(self.resets) + 1) * self.reset_every
         if p.ra.total >= due and p.connected() and p.proxy.reset_all():
             self.resets.append(p.ra.total)
 
@@ -273,7 +313,24 @@ class Transfer:
         raise AssertionError(f"sender of {channel_id:#04x} did not finish in {MAX_ROUNDS} rounds")
 
     def run(self):
-        return defer.gatherResults([defer.ensureDeferred(self.sender(c)) for c in PER_CHANNEL], consumeErrors=True)
+        senders = [defer.ensureDeferred(self.sender(c)) for c in self.per_channel]
+        return defer.gatherResults(senders, consumeErrors=True)
+
+
+async def a_transfer_through_resets(p, per_channel, min_resets, timeout):
+    """Run a Transfer of ``per_channel`` messages with a reset every total / (min_resets + 50%) received; every
+    message arrives once and in order, at least ``min_resets`` resets struck. Returns the Transfer."""
+    total = sum(per_channel.values())
+    transfer = Transfer(p, per_channel, reset_every=total // (min_resets * 3 // 2))
+    await bounded(transfer.run(), timeout)
+    await eventually(lambda: p.ra.total >= total and p.connected(), "every message", timeout=timeout)
+    await sleep(0.1)  # room for a late duplicate
+    assert len(transfer.resets) >= min_resets, f"only {len(transfer.resets)} resets: the transfer outran the breaker"
+    assert p.ra.total == total
+    for c in per_channel:
+        mismatch = first_mismatch(p.ra.messages[c], transfer.sent[c])
+        assert mismatch is None, f"channel {c:#04x}: {mismatch}"
+    return transfer
 
 
 @pytest_twisted.ensureDeferred
@@ -285,31 +342,16 @@ async def test_a_hundred_resets_during_a_hundred_thousand_messages_lose_and_dupl
     )
     p = await pair_through_proxy(config, BULK_CHANNELS)
     try:
-        transfer = Transfer(p)
         started = time.monotonic()
-        await bounded(transfer.run(), 120)
-        await eventually(lambda: p.ra.total >= TOTAL, "every message", timeout=120)
+        transfer = await a_transfer_through_resets(p, PER_CHANNEL, MIN_RESETS, timeout=120)
         elapsed = time.monotonic() - started
-        await sleep(0.1)  # room for a late duplicate
         resets, resent = len(transfer.resets), p.peer.stats.messages_resent
         print(f"\n{TOTAL} messages, {resets} resets, {p.peer.resumes} resumes, {resent} re-sent in {elapsed:.1f}s")
-        assert resets >= MIN_RESETS, f"only {resets} resets: the transfer outran the breaker"
-        assert p.ra.total == TOTAL
-        for c in PER_CHANNEL:
-            mismatch = first_mismatch(p.ra.messages[c], transfer.sent[c])
-            assert mismatch is None, f"channel {c:#04x}: {mismatch}"
         assert p.peer.resumes >= MIN_RESETS and p.peer_a.resumes >= MIN_RESETS
         assert resent >= resets, "the resets did not catch messages in flight"
         assert p.connected()
-        # The same Peer objects throughout, never removed.
-        assert p.a.peers[p.b.node_id] is p.peer_a and p.b.peers[p.a.node_id] is p.peer
         assert p.ra.senders == {p.peer_a}
-        for r, peer in ((p.ra, p.peer_a), (p.rb, p.peer)):
-            assert "remove_peer" not in r.names()
-            assert {e[1] for e in r.events} == {peer}
-            assert r.names().count("peer_resumed") == peer.resumes
-        p.a._check_invariants()
-        p.b._check_invariants()
+        assert_one_session(p)
     finally:
         await p.close()
 
@@ -325,46 +367,47 @@ HOLE_CONFIG = dict(
 )
 
 
+async def a_black_hole_healed_within_grace(p, telemetry):
+    """Messages both ways before, into and after a black hole that the keepalive finds on both sides and two
+    redials go into; healed, one resume delivers every one of them once, in order, in one session."""
+    to_a, to_b = {c: [] for c in IDS}, {c: [] for c in IDS}
+    five = dict.fromkeys(IDS, 5)
+
+    def both(tag):
+        burst(p.peer, to_a, tag, five)
+        burst(p.peer_a, to_b, tag, five)
+
+    both(b"before")
+    await eventually(lambda: p.ra.total == p.rb.total == 15, "the first messages")
+    p.proxy.blackhole_all()
+    both(b"into the hole")
+    await eventually(
+        lambda: "peer_suspended" in p.ra.names() and "peer_suspended" in p.rb.names(),
+        "the keepalive to find the hole on both sides",
+    )
+    assert p.peer_a.state == "suspended" and p.peer.state in ("suspended", "connecting")
+    assert [e["reason_type"] for e in telemetry.named("session_suspended")] == ["PongTimeout"] * 2
+    both(b"while suspended")
+    await eventually(lambda: p.proxy.connections_accepted > 2, "redials into the hole")
+    assert p.peer.resumes == 0 and p.ra.total == p.rb.total == 15
+    p.proxy.heal()
+    await eventually(p.connected, "the resume after the heal")
+    both(b"after")
+    await eventually(lambda: p.ra.total == p.rb.total == 60, "every message")
+    await sleep(0.05)
+    assert p.ra.messages == to_a and p.rb.messages == to_b
+    for r in (p.ra, p.rb):
+        assert r.names() == ["add_peer", "peer_suspended", "peer_resumed"]
+    assert_one_session(p, 1)
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_black_hole_healed_within_grace_resumes_and_delivers_everything_once(telemetry):
     """A black hole found by the keepalive suspends both sides; healed within grace, one resume delivers every
     message once, in order."""
     p = await pair_through_proxy(Config(resume_grace=20.0, **HOLE_CONFIG))
     try:
-        to_a, to_b = {c: [] for c in IDS}, {c: [] for c in IDS}
-        five = dict.fromkeys(IDS, 5)
-
-        def both(tag):
-            burst(p.peer, to_a, tag, five)
-            burst(p.peer_a, to_b, tag, five)
-
-        both(b"before")
-        await eventually(lambda: p.ra.total == p.rb.total == 15, "the first messages")
-        p.proxy.blackhole_all()
-        both(b"into the hole")
-        await eventually(
-            lambda: "peer_suspended" in p.ra.names() and "peer_suspended" in p.rb.names(),
-            "the keepalive to find the hole on both sides",
-        )
-        assert p.peer_a.state == "suspended" and p.peer.state in ("suspended", "connecting")
-        assert [e["reason_type"] for e in telemetry.named("session_suspended")] == ["PongTimeout"] * 2
-        both(b"while suspended")
-        await sleep(0.3)  # redials go into the hole meanwhile
-        assert p.peer.resumes == 0 and p.ra.total == p.rb.total == 15
-        assert p.proxy.connections_accepted > 1, "no redial"
-        p.proxy.heal()
-        await eventually(p.connected, "the resume after the heal")
-        both(b"after")
-        await eventually(lambda: p.ra.total == p.rb.total == 60, "every message")
-        await sleep(0.05)
-        assert p.ra.messages == to_a and p.rb.messages == to_b
-        for r, peer in ((p.ra, p.peer_a), (p.rb, p.peer)):
-            assert r.names() == ["add_peer", "peer_suspended", "peer_resumed"]
-            assert {e[1] for e in r.events} == {peer}
-        assert p.peer.resumes == p.peer_a.resumes == 1
-        assert p.a.peers[p.b.node_id] is p.peer_a and p.b.peers[p.a.node_id] is p.peer
-        p.a._check_invariants()
-        p.b._check_invariants()
+        await a_black_hole_healed_within_grace(p, telemetry)
     finally:
         await p.close()
 
