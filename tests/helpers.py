@@ -343,6 +343,26 @@ async def until(condition, what: str = "the condition", seconds: float = 10.0, s
     raise AssertionError(f"timed out after {seconds} s waiting for {what}")
 
 
+async def listening_switches(reactors, node_infos=None, **kwargs) -> tuple[list, int]:
+    """One started Switch per reactor on the real reactor (``node_infos[i]`` for the i-th if given, ``kwargs`` for
+    all); the first listens on 127.0.0.1. Returns (the switches, the first one's port number)."""
+    infos = node_infos if node_infos is not None else [None] * len(reactors)
+    switches = [Switch([r], clock=the_reactor(), node_info=ni, **kwargs) for r, ni in zip(reactors, infos)]
+    for s in switches:
+        s.startService()
+    try:
+        port = await switches[0].listen("tcp:0:interface=127.0.0.1")
+    except BaseException:
+        await stop_switches(*switches)
+        raise
+    return switches, port.getHost().port
+
+
+async def stop_switches(*switches) -> None:
+    """Stop every switch, bounded."""
+    await bounded(defer.gatherResults([defer.maybeDeferred(s.stopService) for s in switches]))
+
+
 # -- recorded dials ------------------------------------------------------------------
 
 

@@ -6,10 +6,9 @@ Every wait is bounded (helpers.bounded / until) and every Switch started is stop
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer
 
-from helpers import RecordingReactor, bounded, sleep, the_reactor, until
-from mconn import ChannelDescriptor, IncompatibleNode, NodeInfo, PeerClosed, ProtocolVersion, Switch
+from helpers import RecordingReactor, bounded, listening_switches, sleep, stop_switches, until
+from mconn import ChannelDescriptor, IncompatibleNode, NodeInfo, PeerClosed, ProtocolVersion
 from mconn.dialer import is_not_retried
 
 pytestmark = pytest.mark.integration
@@ -40,15 +39,8 @@ async def _nodes(*specs, **kwargs):
     """One started Switch per (node_info, channels) spec; the first listens. Returns
     (switches, reactors, port)."""
     reactors = [InfoReactor(channels) for _, channels in specs]
-    switches = [Switch([r], clock=the_reactor(), node_info=ni, **kwargs) for (ni, _), r in zip(specs, reactors)]
-    for s in switches:
-        s.startService()
-    port = await switches[0].listen("tcp:0:interface=127.0.0.1")
-    return switches, reactors, port.getHost().port
-
-
-async def _stop(*switches):
-    await bounded(defer.gatherResults([defer.maybeDeferred(s.stopService) for s in switches]))
+    switches, port = await listening_switches(reactors, [ni for ni, _ in specs], **kwargs)
+    return switches, reactors, port
 
 
 CH20 = (ChannelDescriptor(0x20),)
@@ -68,7 +60,7 @@ async def test_compatible_nodes_connect_and_see_each_others_node_info():
         assert ra.seen_at_add == [beta] and rb.seen_at_add == [CHAIN_A]
         assert a.node_info == CHAIN_A and a.refusals == {} and b.refusals == {}
     finally:
-        await _stop(a, b)
+        await stop_switches(a, b)
 
 
 @pytest_twisted.ensureDeferred
@@ -81,7 +73,7 @@ async def test_nodes_without_node_info_still_connect():
         await until(lambda: ra.seen_at_add, "a's add_peer")
         assert ra.seen_at_add == [None]
     finally:
-        await _stop(a, b)
+        await stop_switches(a, b)
 
 
 @pytest.mark.parametrize(
@@ -115,7 +107,7 @@ async def test_incompatible_peer_is_refused_on_both_sides(telemetry, theirs, cha
             assert says in events[node.node_id]["message"]
         assert ra.calls == [] and rb.calls == [] and a.peers == {} and b.peers == {}
     finally:
-        await _stop(a, b)
+        await stop_switches(a, b)
 
 
 @pytest_twisted.ensureDeferred
@@ -132,7 +124,7 @@ async def test_a_node_without_node_info_is_refused_by_one_that_requires_it(telem
         assert a.refusals == {"node_info_missing": 1} and b.refusals == {}
         assert ra.calls == [] and rb.calls == []
     finally:
-        await _stop(a, b)
+        await stop_switches(a, b)
 
 
 @pytest_twisted.ensureDeferred
@@ -151,7 +143,7 @@ async def test_persistent_dialer_does_not_retry_an_incompatible_node(telemetry):
         assert [e["result"] for e in attempts] == ["not_retried"], attempts
         assert a.refusals == {"network_mismatch": 1}
     finally:
-        await _stop(a, b)
+        await stop_switches(a, b)
 
 
 @pytest_twisted.ensureDeferred
@@ -172,4 +164,4 @@ async def test_a_dialer_with_node_info_refuses_a_listener_without(telemetry):
             reason = ra.calls[1][2]
             assert isinstance(reason, PeerClosed) and reason.code == "node_info_missing"
     finally:
-        await _stop(a, b)
+        await stop_switches(a, b)

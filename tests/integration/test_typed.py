@@ -9,10 +9,9 @@ import json
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer
 
-from helpers import RecordingReactor, bounded, the_reactor, until
-from mconn import ChannelDescriptor, DecodeError, PeerClosed, Switch
+from helpers import RecordingReactor, bounded, listening_switches, stop_switches, until
+from mconn import ChannelDescriptor, DecodeError, PeerClosed
 from typed_messages import NOT_PROTOBUF, Tx
 
 pytestmark = pytest.mark.integration
@@ -39,16 +38,10 @@ def channels():
 
 
 async def _nodes(n):
+    """``n`` started Switches with the typed channels; the first listens. Returns (switches, reactors, port)."""
     reactors = [RecordingReactor(channels()) for _ in range(n)]
-    switches = [Switch([r], clock=the_reactor()) for r in reactors]
-    for s in switches:
-        s.startService()
-    port = await switches[0].listen("tcp:0:interface=127.0.0.1")
-    return switches, reactors, port.getHost().port
-
-
-async def _stop(*switches):
-    await bounded(defer.gatherResults([defer.maybeDeferred(s.stopService) for s in switches]))
+    switches, port = await listening_switches(reactors)
+    return switches, reactors, port
 
 
 @pytest_twisted.ensureDeferred
@@ -71,7 +64,7 @@ async def test_typed_messages_arrive_decoded():
         assert ra.received(JSON) == [{"height": 7, "round": [0, 1]}]
         assert ra.received(RAW) == [b"\x08\xff\xff"]
     finally:
-        await _stop(a, b)
+        await stop_switches(a, b)
 
 
 @pytest_twisted.ensureDeferred
@@ -88,7 +81,7 @@ async def test_wrong_object_type_is_refused_at_send():
         await until(lambda: ra.received(), "the good message")
         assert ra.received() == [Tx(nonce=9)]
     finally:
-        await _stop(a, b)
+        await stop_switches(a, b)
 
 
 @pytest_twisted.ensureDeferred
@@ -119,4 +112,4 @@ async def test_garbage_on_a_typed_channel_drops_the_sender_only(telemetry):
         assert ra.received()[-1] == Tx(nonce=2, sender="good")
         assert list(a.peers) == [good.node_id]
     finally:
-        await _stop(a, bad, good)
+        await stop_switches(a, bad, good)
