@@ -13,6 +13,8 @@ import json
 import pathlib
 import re
 
+from hypothesis import strategies as st
+
 from mconn import wire
 from mconn.channel import ChannelDescriptor
 from mconn.config import Config
@@ -320,3 +322,24 @@ def parse_session_table(text: str, marker: str) -> list[SessionRow]:
         )
     assert rows, f"{marker}: no rows"
     return rows
+
+
+# -- malformed input for the codec properties -----------------------------------------
+
+
+@st.composite
+def edited(draw, data: bytes, edits: tuple[int, int], values: list[int]) -> bytes:
+    """``data`` after ``edits`` (min, max) drawn edits, each a byte set, the tail cut off or a byte inserted; the
+    byte is one of ``values`` (lengths, types and varint edges that matter to the codec) or any byte."""
+    out = bytearray(data)
+    for _ in range(draw(st.integers(*edits))):
+        op = draw(st.sampled_from(["set", "cut", "insert"]))
+        at = draw(st.integers(0, len(out)))
+        value = draw(st.sampled_from(values) | st.integers(0, 255))
+        if op == "set" and at < len(out):
+            out[at] = value
+        elif op == "cut":
+            del out[at:]
+        else:
+            out.insert(at, value)
+    return bytes(out)

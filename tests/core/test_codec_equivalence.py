@@ -13,7 +13,7 @@ from mconn.channel import Channel, ChannelDescriptor, Scheduler, msg_header
 from mconn.errors import MalformedPacket, PacketTooLarge
 from mconn.frame_buffer import FrameBuffer
 from mconn.wire import PacketType
-from tests.helpers_core import decode_stream, feed_whole
+from tests.helpers_core import decode_stream, edited, feed_whole
 
 #: Modest example counts keep tests/core fast; no deadline (CI machines vary).
 CORE = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -62,18 +62,8 @@ def malformed_bytes(draw) -> bytes:
     """Mostly packet-shaped bytes with a few edits (flip, cut, insert), or pure noise."""
     if draw(st.integers(0, 4)) == 0:
         return draw(st.binary(min_size=1, max_size=24))
-    data = bytearray(b"".join(draw(st.lists(any_packets(), min_size=1, max_size=2))))
-    for _ in range(draw(st.integers(0, 3))):
-        op = draw(st.sampled_from(["set", "cut", "insert"]))
-        at = draw(st.integers(0, len(data)))
-        value = draw(st.sampled_from([0, 1, 2, 3, 4, 5, 8, 9, 0x7F, 0x80, 0xF1, 0xFF]) | st.integers(0, 255))
-        if op == "set" and at < len(data):
-            data[at] = value
-        elif op == "cut":
-            del data[at:]
-        else:
-            data.insert(at, value)
-    return bytes(data) or b"\x00"
+    packets = b"".join(draw(st.lists(any_packets(), min_size=1, max_size=2)))
+    return draw(edited(packets, (0, 3), [0, 1, 2, 3, 4, 5, 8, 9, 0x7F, 0x80, 0xF1, 0xFF])) or b"\x00"
 
 
 def _split(data: bytes, cuts: list[int]) -> list[bytes]:

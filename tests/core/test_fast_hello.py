@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from mconn import wire
 from mconn.errors import MalformedPacket
+from tests.helpers_core import edited
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -40,18 +41,7 @@ def hellos(draw) -> bytes:
 @st.composite
 def mutated(draw, valid) -> bytes:
     """A valid body with a few bytes set, cut off, inserted, or a length made non-minimal."""
-    data = bytearray(draw(valid))
-    for _ in range(draw(st.integers(1, 3))):
-        op = draw(st.sampled_from(["set", "cut", "insert"]))
-        at = draw(st.integers(0, len(data)))
-        value = draw(st.sampled_from([0, 1, 2, 8, 9, 0x14, 0x7F, 0x80, 0xC3, 0xFF]) | st.integers(0, 255))
-        if op == "set" and at < len(data):
-            data[at] = value
-        elif op == "cut":
-            del data[at:]
-        else:
-            data.insert(at, value)
-    return bytes(data)
+    return draw(edited(draw(valid), (1, 3), [0, 1, 2, 8, 9, 0x14, 0x7F, 0x80, 0xC3, 0xFF]))
 
 
 def _declared(parse, body):
