@@ -79,9 +79,10 @@ def shuttle(a, b) -> None:
     raise RuntimeError("the two sides never went quiet")
 
 
-def connect(config: Config):
+def connect(config: Config, reactor_type=Counter):
+    """(dialer, listener, their reactors): two Switches running a ``reactor_type()`` each, past the handshake."""
     clock = Clock()
-    ra, rb = Counter(), Counter()
+    ra, rb = reactor_type(), reactor_type()
     a = Switch([ra], config=config, clock=clock)
     b = Switch([rb], config=config, clock=clock)
     dialer = MConnectionFactory(a, is_outbound=True, expected_node_id=b.node_id).buildProtocol(None)

@@ -33,19 +33,14 @@ import subprocess
 import sys
 import time
 
-from twisted.internet.address import IPv4Address
-from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from msgcost import shuttle  # noqa: E402
+from msgcost import connect, shuttle  # noqa: E402
 from typed_messages import Tx  # noqa: E402
 
-from mconn import ChannelDescriptor, Config, Reactor, Switch  # noqa: E402
-from mconn.protocol import MConnectionFactory  # noqa: E402
+from mconn import ChannelDescriptor, Config, Reactor  # noqa: E402
 
 RAW, TYPED = 0x10, 0x11
 BATCH, BATCHES = 1000, 40
@@ -73,26 +68,12 @@ class Counter(Reactor):
         self.last = message
 
 
-def connect():
-    clock, config = Clock(), Config(stats_interval=0)
-    ra, rb = Counter(), Counter()
-    a, b = Switch([ra], config=config, clock=clock), Switch([rb], config=config, clock=clock)
-    dialer = MConnectionFactory(a, is_outbound=True, expected_node_id=b.node_id).buildProtocol(None)
-    listener = MConnectionFactory(b, is_outbound=False).buildProtocol(None)
-    dialer.makeConnection(StringTransport(IPv4Address("TCP", "127.0.0.1", 1), IPv4Address("TCP", "127.0.0.1", 2)))
-    listener.makeConnection(StringTransport(IPv4Address("TCP", "127.0.0.1", 2), IPv4Address("TCP", "127.0.0.1", 1)))
-    shuttle(dialer, listener)
-    if ra.peer is None or rb.peer is None:
-        raise RuntimeError("the handshake did not complete in memory")
-    return dialer, listener, ra, rb
-
-
 SCENARIOS = {"raw": (RAW, ENCODED, bytes), "typed": (TYPED, MESSAGE, Tx), "typed_bytes": (TYPED, ENCODED, Tx)}
 
 
 def measure(scenario: str) -> dict:
     channel, message, received_type = SCENARIOS[scenario]
-    dialer, listener, ra, rb = connect()
+    dialer, listener, ra, rb = connect(Config(stats_interval=0), Counter)
     send, deliver = [], []
     for _ in range(BATCHES):
         t0 = time.process_time()
