@@ -66,6 +66,14 @@ def pair(network, reactor, *, config=None):
     return ours, theirs, theirs_reactor, link, link.peer_of(ours), link.peer_of(theirs)
 
 
+def hub_and_two(network, reactor):
+    """A hub Switch with ``reactor`` and two Switches with RecordingReactors connected to it; returns the hub and,
+    for each of the two, (its Switch, its Peer of the hub)."""
+    hub = network.switch([reactor])
+    spokes = [network.switch([RecordingReactor(CHANNELS)]) for _ in range(2)]
+    return hub, *((spoke, network.connect(spoke, hub).peer_of(spoke)) for spoke in spokes)
+
+
 # -- the error policy (section 4) ----------------------------------------------------
 
 
@@ -108,10 +116,7 @@ def test_on_error_log_keeps_the_peer_and_config_log_does_too(network):
 def test_other_peers_carry_on_when_one_is_dropped(network):
     """Dropping the garbage sender leaves a second peer's session and messages alone."""
     picky = Picky()
-    hub = network.switch([picky])
-    good_sw, bad_sw = network.switch([RecordingReactor(CHANNELS)]), network.switch([RecordingReactor(CHANNELS)])
-    good = network.connect(good_sw, hub).peer_of(good_sw)
-    bad = network.connect(bad_sw, hub).peer_of(bad_sw)
+    hub, (good_sw, good), (_, bad) = hub_and_two(network, picky)
     bad.try_send(CH, b"bad")
     good.try_send(CH, b"fine")
     network.flush()
@@ -190,10 +195,7 @@ def test_a_pending_receive_for_one_peer_does_not_hold_another(network):
     """Two senders on the same channel: one's pending receive does not stop the other's
     messages from being delivered."""
     slow = Slow()
-    hub = network.switch([slow])
-    a_sw, b_sw = network.switch([RecordingReactor(CHANNELS)]), network.switch([RecordingReactor(CHANNELS)])
-    a = network.connect(a_sw, hub).peer_of(a_sw)
-    b = network.connect(b_sw, hub).peer_of(b_sw)
+    _, (_, a), (_, b) = hub_and_two(network, slow)
     a.try_send(CH, b"a0")
     a.try_send(CH, b"a1")
     network.flush()

@@ -127,11 +127,16 @@ async def test_an_origin_check_when_configured_refuses_other_origins_and_accepts
         await stop(a)
 
 
+def silent_listener():
+    """A listening port on 127.0.0.1 (a Deferred of it) that accepts connections and never says a word."""
+    return TCP4ServerEndpoint(the_reactor(), 0, interface="127.0.0.1").listen(Factory.forProtocol(RawPeer))
+
+
 @pytest_twisted.ensureDeferred
 async def test_a_proxy_that_never_answers_connect_fails_the_dial_at_ws_handshake_timeout():
     """A 'proxy' that accepts and says nothing: the dial fails with a ProxyError naming the
     timeout, after ws_handshake_timeout."""
-    silent = await TCP4ServerEndpoint(the_reactor(), 0, interface="127.0.0.1").listen(Factory.forProtocol(RawPeer))
+    silent = await silent_listener()
     dialer, _ = node(config=Config(
         stats_interval=0, http_proxy=f"http://127.0.0.1:{silent.getHost().port}", ws_handshake_timeout=0.3
     ))
@@ -148,7 +153,7 @@ async def test_an_upgrade_that_never_comes_is_dropped_at_ws_handshake_timeout():
     """A client that connects and sends nothing is dropped after ws_handshake_timeout; a
     dial to a 'listener' that never answers the upgrade fails with a WebSocketError."""
     a, _ = node(config=Config(stats_interval=0, ws_handshake_timeout=0.3))
-    silent = await TCP4ServerEndpoint(the_reactor(), 0, interface="127.0.0.1").listen(Factory.forProtocol(RawPeer))
+    silent = await silent_listener()
     try:
         port = await ws_listen(a)
         raw = await raw_client(port, b"")
