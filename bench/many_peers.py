@@ -22,6 +22,9 @@ line):
    answer. The listener times its sessions (first connection made to the last session
    up): handshakes per second, and their ratio to 1. The wall time from the order to the
    last session is the connect-storm time; refused and failed connections are counted.
+   The listener's CPU time (user + system) from the order to half a second after the
+   last dialer is done, per session: the steadier figure on a shared machine, where the
+   raw accept rate moves 2x between runs.
 3. ``rss``: the listener's VmRSS after ``gc.collect()`` and ``malloc_trim(0)``, less the
    same before the storm, over the peers connected.
 4. ``idle``: the listener's CPU time (user + system) over ``--idle`` seconds of wall with
@@ -185,6 +188,7 @@ def listener(args) -> None:
     owner.connection_made = connection_made
     base_rss = [0]
     profiler = [None]
+    storm_cpu = [0.0]  # the listener's CPU seconds when the storm began
 
     def handle(command):
         name = command["do"]
@@ -195,6 +199,7 @@ def listener(args) -> None:
             stamps = times["raw"]
             Commands.reply(accepted=len(stamps), seconds=(stamps[-1] - stamps[0]) if stamps else None)
         elif name == "profile_storm":
+            storm_cpu[0] = cpu_seconds()
             if args.profile:
                 import cProfile
 
@@ -202,6 +207,7 @@ def listener(args) -> None:
                 profiler[0].enable()
             Commands.reply(profiling=bool(args.profile))
         elif name == "storm_span":
+            cpu = cpu_seconds() - storm_cpu[0]
             if profiler[0] is not None:
                 profiler[0].disable()
                 profiler[0].dump_stats(args.profile + ".storm")
@@ -211,6 +217,7 @@ def listener(args) -> None:
                 sessions=len(up), connected=connected_count(), first_made=first[0] if first else None,
                 last_up=up[-1] if up else None, refusals=dict(switch.refusals),
                 seconds=(up[-1] - first[0]) if up and first else None,
+                cpu_seconds=cpu, cpu_us_per_session=cpu / len(up) * 1e6 if up else None,
             )
         elif name == "rss":
             peers = connected_count()
@@ -566,6 +573,7 @@ def summary(name: str, r: dict) -> list[str]:
         f"  storm: {s['connected']} connected, {s['answered']} answered, refused {s['refused']}, failed {s['failed']}, "
         f"wall {f(s['wall'])} s, handshakes/s {f(s['rate'], '{:.0f}')}, ratio {f(r['handshake_ratio'], '{:.3f}')}, "
         f"listener refusals {s['refusals']}",
+        f"  storm CPU of the listener {f(s.get('cpu_seconds'))} s, {f(s.get('cpu_us_per_session'), '{:.0f}')} us per handshake",
         f"  RSS/peer {f(r['rss']['per_peer'] and r['rss']['per_peer'] / 1024)} KiB over {r['rss']['peers']} peers",
         f"  idle CPU {f(idle['cpu_share'] * 100)}% ({f(idle['cpu_seconds'])} s over {f(idle['wall'])} s), "
         f"pings answered {idle['pings_answered']}, DelayedCalls {idle['delayed_calls']}",

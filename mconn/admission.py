@@ -27,12 +27,19 @@ to be stalled, and has had the most time to finish.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 
 from mconn.config import Config
 from mconn.errors import PeerRejected
 
 
+#: How many hosts' groups ``address_group`` remembers: parsing an address costs tens of
+#: microseconds, and a connect storm asks for the same few hosts again and again.
+ADDRESS_GROUP_CACHE = 4096
+
+
+@functools.lru_cache(maxsize=ADDRESS_GROUP_CACHE)
 def address_group(host: str | None, prefix_v4: int = 24, prefix_v6: int = 64) -> str | None:
     """The address group of ``host``, as a network (``"198.51.100.0/24"``).
 
@@ -43,6 +50,7 @@ def address_group(host: str | None, prefix_v4: int = 24, prefix_v6: int = 64) ->
     cheaper ways than address farming; the addresses of 127.0.0.0/8 then keep standing
     for distinct hosts, as local tests and demos use them. A host that is not an IP
     address is its own group; None (a transport without a host) is the group None.
+    The last ``ADDRESS_GROUP_CACHE`` answers are remembered (a bounded LRU cache).
     """
     if host is None:
         return None

@@ -11,7 +11,7 @@ import os
 import secrets
 import time
 
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 
 log = Logger(namespace="mconn")
 
@@ -43,12 +43,32 @@ FORMATS = {
 }
 
 _LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "connection_refused": "warn", "loop_stalled": "warn", "dial_gave_up": "warn"}
+_LEVEL_OBJECTS = {name: LogLevel.levelWithName(level) for name, level in _LEVELS.items()}
+#: format_for's answers by (event, peer_id None, an error to append): at most three per event.
+_FORMAT_CACHE: dict = {}
 
 
 def emit(event: str, **fields) -> None:
-    """Log one telemetry event with its fields."""
-    level = _LEVELS.get(event, "info")
-    getattr(log, level)(format_for(event, fields), event=event, **fields)
+    """Log one telemetry event with its fields.
+
+    The event is the one ``Logger.info`` (or ``warn``) would emit, built here: the
+    Logger's check of its level and keyword plumbing cost a connection storm more than
+    the record's own fields (bench/RESULTS.md, handshakes round 3).
+    """
+    key = (event, "peer_id" in fields and fields["peer_id"] is None, bool(fields.get("error")))
+    text = _FORMAT_CACHE.get(key)
+    if text is None:
+        text = _FORMAT_CACHE[key] = format_for(event, fields)
+    fields["event"] = event
+    fields["log_logger"] = log
+    fields["log_level"] = _LEVEL_OBJECTS.get(event, LogLevel.info)
+    fields["log_namespace"] = log.namespace
+    fields["log_source"] = log.source
+    fields["log_format"] = text
+    fields["log_time"] = time.time()
+    if "log_trace" in fields:
+        fields["log_trace"].append((log, log.observer))
+    log.observer(fields)
 
 
 def format_for(event: str, fields: dict) -> str:

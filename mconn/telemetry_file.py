@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from json.encoder import encode_basestring_ascii as _quote
 
 from twisted.application.service import Service
 from twisted.logger import FilteringLogObserver, PredicateResult, eventFromJSON, globalLogPublisher
@@ -73,6 +74,41 @@ def lean_record(event: dict) -> dict:
     return record
 
 
+#: json.dumps(record, separators=(",", ":"), allow_nan=False), without building an encoder
+#: per call (a connection storm writes three records per connection).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_INT = int.__repr__
+_FLOAT = float.__repr__
+
+
+def _encode_value(value) -> str:
+    kind = type(value)
+    if kind is str:
+        return _quote(value)
+    if kind is int:
+        return _INT(value)
+    if value is None:
+        return "null"
+    if kind is float and value - value == 0:  # finite
+        return _FLOAT(value)
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return _ENCODE(value)
+
+
+def encode_record(record: dict) -> str:
+    """``json.dumps(record, separators=(",", ":"), allow_nan=False)``, the same text and
+    the same errors, about twice as fast for a flat record of strings and numbers: the
+    top level is joined here, and only what is not a str, int, float, bool or None goes
+    through the encoder (tests/operators/test_fast_record.py proves them equal)."""
+    for key in record:
+        if type(key) is not str:
+            return _ENCODE(record)
+    return "{" + ",".join([_quote(key) + ":" + _encode_value(value) for key, value in record.items()]) + "}"
+
+
 def format_record(event: dict) -> bytes:
     """One line of a telemetry file: the event's lean record as compact JSON and a newline.
 
@@ -81,7 +117,7 @@ def format_record(event: dict) -> bytes:
     """
     record = lean_record(event)
     try:
-        text = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        text = encode_record(record)
     except (TypeError, ValueError):
         text = json.dumps(_strict(record), separators=(",", ":"), allow_nan=False, default=str)
     return text.encode("ascii") + b"\n"
