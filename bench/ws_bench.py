@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ws_bench.py [--duration S] [--repeat N] [--rtt-count N]
         [--scenarios bulk,small,rtt,handshake] [--impls mconn,mconn_ws,mconn_tls,mconn_wss]
-        [--json PATH]
+        [--json PATH] [--profile DIR]
 
 Four transports of mconn, the same measurements over each:
 
@@ -19,6 +19,10 @@ runs every transport against its own receiver process (this file, ``--role recei
 the order reversed every other round; the table shows medians, and medians of the
 per-round ratios ws/tcp and wss/tls. CPU per unit of work of both processes is shown too:
 on a shared machine it is steadier than the rates.
+
+``--profile DIR`` runs each receiver under cProfile (DIR/<impl>-<round>-receiver.prof)
+and profiles the sender's side of each transport too (DIR/<impl>-<round>-sender.prof);
+profiled figures are not the real ones.
 
 Targets (issue 16): ws bulk >= 0.8 of TCP mconn, small >= 0.7, round trip <= 1.3x.
 """
@@ -125,7 +129,7 @@ class Connector:
 class Receiver:
     """A receiver process of this file; its stdout lines arrive on ``lines``."""
 
-    def __init__(self, impl: str, clock) -> None:
+    def __init__(self, impl: str, clock, profile: str | None = None) -> None:
         from twisted.internet import defer, protocol
 
         self.impl = impl
@@ -148,7 +152,8 @@ class Receiver:
             def processEnded(self, reason) -> None:
                 owner.ended.callback(None)
 
-        args = [sys.executable, os.path.abspath(__file__), "--role", "receiver", "--impl", impl]
+        args = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
+        args += [os.path.abspath(__file__), "--role", "receiver", "--impl", impl]
         self.process = clock.spawnProcess(Watch(), sys.executable, args, env=os.environ.copy())
         self.pid = self.process.pid
 
@@ -209,8 +214,15 @@ async def handshakes(impl: str, receiver, duration: float, clock) -> dict:
         await defer.gatherResults([c.stop() for c in connectors])
 
 
-async def measure(impl: str, args, clock) -> dict:
-    receiver = Receiver(impl, clock)
+async def measure(impl: str, args, clock, n: int = 0) -> dict:
+    profile = sender_profile = None
+    if args.profile:
+        import cProfile
+
+        os.makedirs(args.profile, exist_ok=True)
+        profile = os.path.join(args.profile, f"{impl}-{n + 1}-receiver.prof")
+        sender_profile = cProfile.Profile()
+    receiver = Receiver(impl, clock, profile)
     results = {}
     try:
         await receiver.start(clock)
@@ -218,9 +230,17 @@ async def measure(impl: str, args, clock) -> dict:
         try:
             for scenario in ("bulk", "small", "rtt"):
                 if scenario in args.scenarios:
-                    results[scenario] = await scenario_run(connector, receiver, scenario, args, clock)
+                    if sender_profile is not None:
+                        sender_profile.enable()
+                    try:
+                        results[scenario] = await scenario_run(connector, receiver, scenario, args, clock)
+                    finally:
+                        if sender_profile is not None:
+                            sender_profile.disable()
         finally:
             await connector.stop()
+        if sender_profile is not None:
+            sender_profile.dump_stats(os.path.join(args.profile, f"{impl}-{n + 1}-sender.prof"))
         if "handshake" in args.scenarios:
             results["handshake"] = await handshakes(impl, receiver, args.duration, clock)
     finally:
@@ -262,7 +282,7 @@ def sender(args) -> int:
             results = {}
             for impl in order:
                 print(f"round {n + 1}/{args.repeat}: {impl} ...", file=sys.stderr, flush=True)
-                results[impl] = await measure(impl, args, reactor)
+                results[impl] = await measure(impl, args, reactor, n)
             rounds.append(results)
 
     def done(result):
@@ -293,6 +313,7 @@ def main(argv=None) -> int:
     parser.add_argument("--scenarios", type=lambda s: s.split(","), default=list(SCENARIOS))
     parser.add_argument("--impls", type=lambda s: tuple(s.split(",")), default=IMPLS)
     parser.add_argument("--json")
+    parser.add_argument("--profile", metavar="DIR")
     args = parser.parse_args(argv)
     unknown = set(args.scenarios) - set(SCENARIOS)
     if unknown or set(args.impls) - set(IMPLS):

@@ -13,7 +13,10 @@ takes the binary frames and streams their payloads as they are read; control fra
 and any frame it does not take, go to autobahn, which parses the upgrade, answers pings,
 runs the closing handshake and fails every frame that breaks RFC 6455 (its
 ``onMessageFrameData`` streams payloads the same way while it parses). The payloads of
-one network read are joined and given to the protocol above in one ``dataReceived``.
+one network read are given to the protocol above in one ``dataReceived``, as one bytes
+object: the reader copies the payload bytes of every frame in the read into one buffer,
+unmasks them there in place and hands over its bytes (two copies per read, however many
+frames it holds).
 Nothing is reassembled: a message or frame boundary means nothing to mconn's framing
 (specs/websocket.md section 3). What autobahn itself holds is bounded: the
 HTTP upgrade (at most ``MAX_UPGRADE_BYTES``, within ``Config.ws_handshake_timeout``), a
@@ -24,8 +27,9 @@ every RFC 6455 violation end only that connection, with a ``WebSocketError`` tha
 which rule and values, as the reason the protocol above sees.
 
 *Bytes out.* ``write`` frames the data as one binary message (split at
-``SEND_MESSAGE_BYTES``; a client masks it, as RFC 6455 requires) and writes it straight
-to the transport beneath; autobahn's own send queue is used only for its chopped writes,
+``SEND_MESSAGE_BYTES``; a client masks it, as RFC 6455 requires, in place in the one
+buffer its frames are built in) and writes it straight to the transport beneath, in one
+``write`` however many frames it took; autobahn's own send queue is used only for its chopped writes,
 which are never asked for. Backpressure flows through: ``registerProducer`` registers the
 protocol above as the producer of the transport beneath, so a full TCP buffer pauses
 mconn's scheduler directly, and the WebSocket layer holds no bytes of its own. Pausing
@@ -41,7 +45,6 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import os
-import struct
 
 from autobahn.twisted.websocket import WebSocketClientProtocol, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
@@ -56,7 +59,7 @@ from zope.interface import implementer
 from mconn.errors import ConnectionLost
 from mconn.tls_transport import tls_error_of
 from mconn.websocket_common import MAX_HTTP_HEAD_BYTES, WebSocketError
-from mconn.websocket_frames import FrameReader, masked_frame
+from mconn.websocket_frames import FrameReader, binary_frames
 
 log = Logger(namespace="mconn.websocket")
 
@@ -76,8 +79,6 @@ _CONNECTING = WebSocketProtocol.STATE_CONNECTING
 _CLOSED = WebSocketProtocol.STATE_CLOSED
 #: The states in which the FrameReader reads (once closing, frames may still be on the way).
 _READING = (_OPEN, WebSocketProtocol.STATE_CLOSING)
-_BINARY = 0x82  # FIN | opcode 2
-_MASKED = 0x80
 
 
 @implementer(ITransport, IPushProducer)
@@ -266,29 +267,11 @@ class _Carrier:
     def write(self, data: bytes) -> None:
         if self.state != _OPEN:
             return  # closing: nothing more goes out (the close packet went before)
-        if len(data) <= SEND_MESSAGE_BYTES:
-            self._send_binary(data)
-            return
-        view = memoryview(data)
-        for start in range(0, len(data), SEND_MESSAGE_BYTES):
-            self._send_binary(view[start : start + SEND_MESSAGE_BYTES])
+        keys = None if self.factory.isServer else os.urandom
+        self.transport.write(binary_frames(data, limit=SEND_MESSAGE_BYTES, keys=keys))
 
     def writeSequence(self, parts) -> None:
         self.write(b"".join(parts))
-
-    def _send_binary(self, payload) -> None:
-        n = len(payload)
-        mask = 0 if self.factory.isServer else _MASKED
-        if n < 126:
-            header = struct.pack("!BB", _BINARY, mask | n)
-        elif n < 65536:
-            header = struct.pack("!BBH", _BINARY, mask | 126, n)
-        else:
-            header = struct.pack("!BBQ", _BINARY, mask | 127, n)
-        if mask:
-            self.transport.write(masked_frame(header, os.urandom(4), payload))
-        else:
-            self.transport.write(header + payload)
 
     def loseConnection(self) -> None:
         if self.state == _OPEN:

@@ -1,4 +1,5 @@
-"""FrameReader: the hot path of reading an open WebSocket (RFC 6455 section 5), sans I/O.
+"""The hot paths of an open WebSocket (RFC 6455 section 5), sans I/O: FrameReader reads
+frames, ``binary_frames`` builds them.
 
 mconn's WebSocket peers send binary frames, one per write. autobahn parses every frame
 through a chain of a dozen Python calls and debug-log arguments built on every read;
@@ -10,9 +11,11 @@ and failing every frame that breaks a rule (text, reserved bits, masking, opcode
 Theory of operation
 -------------------
 ``read(data)`` returns ``(payloads, stop, rest)``. While ``stop`` is None every byte was
-taken: payloads of data frames (a frame may span reads: ``_left`` bytes of it are still
-to come, unmasked with the same masker), and at most one incomplete frame header (14
-bytes) or control frame (131 bytes) kept for the next read. Otherwise ``stop`` says why
+taken: the payloads of data frames, as one bytes object in a list (empty if none: the
+payload parts of the read are copied into one buffer and unmasked there in place; a
+frame may span reads: ``_left`` bytes of it are still to come, unmasked with the same
+masker), and at most one incomplete frame header (14 bytes) or control frame (131
+bytes) kept for the next read. Otherwise ``stop`` says why
 reading stopped at ``rest``:
 
 * ``("control", frame)``: a complete control frame, to be handled by autobahn before the
@@ -25,9 +28,16 @@ reading stopped at ``rest``:
 
 Limits before parsing: lengths are checked against ``max_message`` as soon as the header
 is complete; nothing but a header or a control frame is ever buffered.
+
+``binary_frames(data, limit=..., keys=...)`` is the sending side: the frames of one write
+as one bytes object. A dialer's are masked where they are built: its headers, keys and
+payload are joined into one buffer (one copy), each payload is masked there in place,
+and the buffer becomes bytes (a second copy), since Twisted's ``write`` takes only bytes.
 """
 
 from __future__ import annotations
+
+import struct
 
 from autobahn.websocket.xormasker import create_xor_masker
 
@@ -43,6 +53,7 @@ MAX_CONTROL_PAYLOAD = 125
 _RSV = 0x70
 _FIN = 0x80
 _MASK = 0x80
+_BINARY = _FIN | BINARY
 
 
 #: Below this many payload bytes a frame is (un)masked with Python's big integers: creating
@@ -71,24 +82,24 @@ class _SmallMasker:
 
 class _NativeMasker:
     """RFC 6455 masking of a large payload by autobahn's native SIMD routine, run in place
-    on our own copy: autobahn's wrapper allocates a zeroed buffer, copies in, masks and
+    on our own buffer: autobahn's wrapper allocates a zeroed buffer, copies in, masks and
     copies out for every call, which cost more than the masking itself."""
 
-    __slots__ = ("_key", "_masker")
+    __slots__ = ("_masker",)
 
     def __init__(self, key: bytes) -> None:
-        self._key = _ffi.new("uint8_t[4]", key)  # the native masker keeps a pointer to it
-        self._masker = _ffi.gc(_lib.nvx_xormask_new(self._key), _lib.nvx_xormask_free)
+        key = _ffi.from_buffer("uint8_t[]", key)
+        self._masker = _ffi.gc(_lib.nvx_xormask_new(key), _lib.nvx_xormask_free)  # it copies the key
         _lib.nvx_xormask_set_impl(self._masker, 2)  # SSE2, as autobahn's XorMaskerShifted1
 
     def process(self, data) -> bytes:
         buffer = bytearray(data)
-        _lib.nvx_xormask_process(self._masker, _ffi.from_buffer("uint8_t[]", buffer), len(buffer))
+        self.process_into(buffer, 0, len(buffer))
         return bytes(buffer)
 
-    def process_into(self, buffer: bytearray, start: int) -> None:
-        """Mask ``buffer[start:]`` in place."""
-        _lib.nvx_xormask_process(self._masker, _ffi.from_buffer("uint8_t[]", buffer) + start, len(buffer) - start)
+    def process_into(self, buffer: bytearray, start: int, length: int) -> None:
+        """Mask ``buffer[start:start + length]`` in place."""
+        _lib.nvx_xormask_process(self._masker, _ffi.from_buffer("uint8_t[]", buffer) + start, length)
 
 
 def masker(key: bytes, length: int):
@@ -98,18 +109,60 @@ def masker(key: bytes, length: int):
     return _NativeMasker(key) if _lib is not None else create_xor_masker(key, length)
 
 
-def masked_frame(header: bytes, key: bytes, payload) -> bytes:
-    """``header``, ``key`` and ``payload`` masked with ``key``: one client frame."""
-    n = len(payload)
-    m = masker(key, n)
-    if not isinstance(m, _NativeMasker):
-        return header + key + m.process(payload)
-    start = len(header) + 4
-    frame = bytearray(start + n)
-    frame[:start] = header + key
-    frame[start:] = payload
-    m.process_into(frame, start)
-    return bytes(frame)
+def mask_into(m, buffer: bytearray, start: int, length: int) -> None:
+    """Mask ``buffer[start:start + length]`` in place with the masker ``m``."""
+    if type(m) is _NativeMasker:
+        m.process_into(buffer, start, length)
+    else:  # a short payload (or no native routine): the masker's copy goes back in place
+        part = memoryview(buffer)[start : start + length]
+        masked = m.process(part if type(m) is _SmallMasker else bytes(part))
+        part.release()
+        buffer[start : start + length] = masked
+
+
+def _header(first: int, mask_bit: int, n: int) -> bytes:
+    if n < 126:
+        return struct.pack("!BB", first, mask_bit | n)
+    if n < 65536:
+        return struct.pack("!BBH", first, mask_bit | 126, n)
+    return struct.pack("!BBQ", first, mask_bit | 127, n)
+
+
+def binary_frames(data, *, limit: int, keys=None) -> bytes:
+    """``data`` as binary WebSocket messages of one frame each, at most ``limit`` bytes
+    of payload apiece, ready to write (RFC 6455 section 5.2): one bytes object, so the
+    transport beneath gets one write whatever the number of frames.
+
+    ``keys`` (a dialer's): a function of ``n`` giving ``n`` random bytes (``os.urandom``),
+    4 per frame for its masking key; the frames are then masked, in place in the one
+    buffer they are built in. None (a listener's): unmasked, one copy of ``data``.
+    """
+    n = len(data)
+    view = memoryview(data)
+    count = (n + limit - 1) // limit or 1  # b"" is one empty message
+    if keys is None:
+        if count == 1:
+            return _header(_BINARY, 0, n) + data
+        parts = []
+        for start in range(0, n, limit):
+            chunk = view[start : start + limit]
+            parts += (_header(_BINARY, 0, len(chunk)), chunk)
+        return b"".join(parts)
+    all_keys = keys(4 * count)
+    parts, regions, at = [], [], 0
+    for k in range(count):
+        chunk = view[k * limit : (k + 1) * limit]
+        key = all_keys[4 * k : 4 * k + 4]
+        head = _header(_BINARY, _MASK, len(chunk)) + key
+        at += len(head)
+        parts += (head, chunk)
+        regions.append((at, len(chunk), key))
+        at += len(chunk)
+    frames = bytearray().join(parts)  # one copy, no zero fill
+    for start, length, key in regions:
+        if length:
+            mask_into(masker(key, length), frames, start, length)
+    return bytes(frames)
 
 
 class FrameReader:
@@ -135,7 +188,7 @@ class FrameReader:
 
     def read(self, data: bytes):
         """``(payloads, stop, rest)``; see the module docstring."""
-        payloads = []
+        regions = []  # (start, end, masker) of the payload bytes in ``data``
         if self._head:
             data, self._head = self._head + data, b""
         i, n = 0, len(data)
@@ -143,11 +196,7 @@ class FrameReader:
             left = self._left
             if left:
                 end = i + left if i + left < n else n
-                if self._masker is not None:  # the masker copies: a view is enough to read from
-                    chunk = self._masker.process(data if i == 0 and end == n else memoryview(data)[i:end])
-                else:
-                    chunk = data if i == 0 and end == n else data[i:end]
-                payloads.append(chunk)
+                regions.append((i, end, self._masker))
                 self._left = left - (end - i)
                 i = end
                 continue
@@ -166,24 +215,49 @@ class FrameReader:
                 length = int.from_bytes(data[i + 2 : i + 10], "big")
             if opcode & 0x8:
                 if b0 & _RSV or not b0 & _FIN or length > MAX_CONTROL_PAYLOAD or bool(masked) != self.masked:
-                    return payloads, ("handoff", None), data[i:]
+                    return _payloads(data, regions), ("handoff", None), data[i:]
                 end = i + header + length
                 if end > n:
                     self._head = data[i:]
                     break
-                return payloads, ("control", data[i:end]), data[end:]
+                return _payloads(data, regions), ("control", data[i:end]), data[end:]
             if b0 & _RSV or opcode not in (CONTINUATION, BINARY) or bool(masked) != self.masked:
-                return payloads, ("handoff", None), data[i:]
+                return _payloads(data, regions), ("handoff", None), data[i:]
             if opcode == CONTINUATION and not self._fragmented:
-                return payloads, ("handoff", None), data[i:]  # autobahn refuses it
+                return _payloads(data, regions), ("handoff", None), data[i:]  # autobahn refuses it
             if opcode == BINARY and self._fragmented:
-                return payloads, ("protocol", "a binary frame inside a fragmented message"), b""
+                return _payloads(data, regions), ("protocol", "a binary frame inside a fragmented message"), b""
             total = length + (self._message if opcode == CONTINUATION else 0)
             if total > self.max_message:
-                return payloads, ("too_large", (total, self.max_message)), b""
+                return _payloads(data, regions), ("too_large", (total, self.max_message)), b""
             fin = b0 & _FIN
             self._fragmented, self._message = not fin, 0 if fin else total
             self._masker = masker(data[i + header - 4 : i + header], length) if masked and length else None
             self._left = length
             i += header
-        return payloads, None, b""
+        return _payloads(data, regions), None, b""
+
+
+def _payloads(data: bytes, regions: list) -> list:
+    """The payload bytes of ``regions`` of ``data``, unmasked, as one bytes object (in a
+    list; empty if none): a masked read costs two copies (into one buffer unmasked in
+    place, out as bytes) whatever the number of frames in it, an unmasked one at most one."""
+    if not regions:
+        return []
+    if len(regions) == 1:
+        start, end, m = regions[0]
+        if m is None:
+            return [data if start == 0 and end == len(data) else data[start:end]]
+        buffer = bytearray(memoryview(data)[start:end])
+        mask_into(m, buffer, 0, end - start)
+        return [bytes(buffer)]
+    view = memoryview(data)
+    if all(m is None for _, _, m in regions):
+        return [b"".join([view[start:end] for start, end, _ in regions])]
+    buffer = bytearray().join([view[start:end] for start, end, _ in regions])
+    at = 0
+    for start, end, m in regions:
+        if m is not None:
+            mask_into(m, buffer, at, end - start)
+        at += end - start
+    return [bytes(buffer)]

@@ -9,18 +9,20 @@ header (too large, a binary frame inside a fragmented message).
 from __future__ import annotations
 
 import os
+import random
 import struct
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn.websocket_frames import SMALL_MASKING, FrameReader, masker
+from mconn.websocket_frames import SMALL_MASKING, FrameReader, binary_frames, masker
 
 LIMIT = 1 << 20
 
 
-def frame(opcode: int, payload: bytes, *, masked: bool, fin: bool = True, rsv: int = 0, length=None) -> bytes:
+def frame(opcode: int, payload: bytes, *, masked: bool, fin: bool = True, rsv: int = 0, length=None,
+          key: bytes | None = None) -> bytes:
     n = len(payload) if length is None else length
     first = (0x80 if fin else 0) | rsv | opcode
     bit = 0x80 if masked else 0
@@ -32,7 +34,7 @@ def frame(opcode: int, payload: bytes, *, masked: bool, fin: bool = True, rsv: i
         header = struct.pack("!BBQ", first, bit | 127, n)
     if not masked:
         return header + payload
-    key = os.urandom(4)
+    key = os.urandom(4) if key is None else key
     return header + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
 
 
@@ -153,3 +155,77 @@ def test_the_masker_matches_rfc_6455_on_either_side_of_the_small_size_and_in_par
     m = masker(key, n)
     parts = [data[: n // 3], data[n // 3 : n // 2], data[n // 2 :]]
     assert b"".join(m.process(p) for p in parts if p) == expected
+
+
+class _Keys:
+    """A stand-in for ``os.urandom`` that hands out given bytes and records each call."""
+
+    def __init__(self, pool: bytes) -> None:
+        self.pool = pool
+        self.calls = []
+
+    def __call__(self, n: int) -> bytes:
+        self.calls.append(n)
+        return (self.pool * (n // len(self.pool) + 1))[:n]
+
+
+_SIZES = st.one_of(st.integers(0, 300), st.sampled_from([SMALL_MASKING - 1, SMALL_MASKING, SMALL_MASKING + 5]),
+                   st.integers(0, 3 * SMALL_MASKING))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_SIZES, st.sampled_from([1, 125, 126, 200, SMALL_MASKING, 65536]), st.binary(min_size=4, max_size=64),
+       st.booleans(), st.integers(0, 2**32))
+def test_binary_frames_are_byte_identical_to_frames_built_one_at_a_time(n, limit, pool, masked, seed):
+    """binary_frames (one buffer, payloads masked in place, by the native routine past
+    SMALL_MASKING bytes) gives exactly the bytes of the frames built one by one the plain
+    RFC 6455 way (header, key, payload XOR the key repeated), each with the next 4 key
+    bytes, split at ``limit``; it asks for all the keys in one call, 4 per frame."""
+    data = random.Random(seed).randbytes(n)  # drawn outside hypothesis: its buffer refuses large data
+    keys = _Keys(pool) if masked else None
+    got = binary_frames(data, limit=limit, keys=keys)
+    chunks = [data[i : i + limit] for i in range(0, n, limit)] or [b""]
+    all_keys = keys(4 * len(chunks)) if masked else None
+    want = b"".join(
+        frame(0x2, chunk, masked=masked, key=all_keys[4 * k : 4 * k + 4] if masked else None)
+        for k, chunk in enumerate(chunks)
+    )
+    assert got == want
+    if masked:
+        assert keys.calls == [4 * len(chunks), 4 * len(chunks)]  # binary_frames', then ours
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(_SIZES, min_size=1, max_size=4), st.lists(st.integers(0, 80_000), max_size=6), st.booleans(),
+       st.integers(0, 2**32))
+def test_frames_of_any_size_read_back_as_one_payload_per_read(sizes, cuts, masked, seed):
+    """Frames built the plain way, cut anywhere, read back by a FrameReader: the payload
+    bytes come out in order, as at most one bytes object per read, whichever masker each frame
+    takes (a native one past SMALL_MASKING) and however a frame spans reads."""
+    rnd = random.Random(seed)
+    payloads = [rnd.randbytes(n) for n in sizes]
+    stream = b"".join(frame(0x2, p, masked=masked, key=rnd.randbytes(4)) for p in payloads)
+    points = sorted({min(c, len(stream)) for c in cuts})
+    reader = FrameReader(masked=masked, max_message=LIMIT)
+    out = []
+    for a, b in zip([0] + points, points + [len(stream)]):
+        got, stop, rest = reader.read(stream[a:b])
+        assert stop is None and rest == b"" and len(got) <= 1
+        assert all(type(p) is bytes for p in got)
+        out += got
+    assert b"".join(out) == b"".join(payloads) and reader.idle
+
+
+def test_a_write_over_the_message_size_is_several_whole_messages():
+    """70,000 bytes with the 64 KiB limit: two binary messages of one frame each (FIN set,
+    opcode 2), 65,536 and 4,464 bytes, each with its own masking key."""
+    data = os.urandom(70_000)
+    keys = _Keys(bytes(range(8)))
+    wire = binary_frames(data, limit=65536, keys=keys)
+    assert wire[:2] == bytes((0x82, 0x80 | 127)) and struct.unpack("!Q", wire[2:10])[0] == 65536
+    assert wire[10:14] == bytes(range(4))
+    second = 14 + 65536
+    assert wire[second : second + 4] == bytes((0x82, 0x80 | 126)) + struct.pack("!H", 4464)
+    assert wire[second + 4 : second + 8] == bytes(range(4, 8)) and len(wire) == second + 8 + 4464
+    reader = FrameReader(masked=True, max_message=LIMIT)
+    assert reader.read(wire) == ([data], None, b"")
