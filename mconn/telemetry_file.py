@@ -51,6 +51,11 @@ ENVELOPE = ("v", "event", "node_id", "log_time", "level")
 _LEGACY_KEYS = frozenset({"time", "system", "format", "isError", "failure", "why"})
 #: ASCII record separator: Twisted's version 1 records each start with one (RFC 7464).
 RECORD_SEPARATOR = "\x1e"
+#: Keys that are never a record's own fields: the envelope's, the legacy bridge's, and
+#: the ``log_*`` keys Twisted's Logger sets (others starting ``log_`` are skipped too).
+_NOT_FIELDS = frozenset(ENVELOPE) | _LEGACY_KEYS | {
+    "log_logger", "log_level", "log_namespace", "log_source", "log_format", "log_time", "log_failure",
+}
 
 
 def lean_record(event: dict) -> dict:
@@ -63,7 +68,7 @@ def lean_record(event: dict) -> dict:
         "log_time": event.get("log_time"), "level": getattr(level, "name", level),
     }
     for key, value in event.items():
-        if key in record or key.startswith("log_") or key in _LEGACY_KEYS:
+        if key in _NOT_FIELDS or key.startswith("log_"):
             continue
         if key == "message" and not isinstance(value, str):
             continue
@@ -81,7 +86,8 @@ _INT = int.__repr__
 _FLOAT = float.__repr__
 
 
-def _encode_value(value) -> str:
+def _scalar(value) -> str | None:
+    """The JSON of a str, int, finite float, bool or None; None for anything else."""
     kind = type(value)
     if kind is str:
         return _quote(value)
@@ -95,6 +101,17 @@ def _encode_value(value) -> str:
         return "true"
     if value is False:
         return "false"
+    return None
+
+
+def _encode_value(value) -> str:
+    text = _scalar(value)
+    if text is not None:
+        return text
+    if type(value) is list:  # a list of scalars (handshake_done's channels), else the encoder
+        items = [_scalar(item) for item in value]
+        if None not in items:
+            return "[" + ",".join(items) + "]"
     return _ENCODE(value)
 
 
