@@ -169,7 +169,7 @@ class _Keys:
         return (self.pool * (n // len(self.pool) + 1))[:n]
 
 
-_SIZES = st.one_of(st.integers(0, 300), st.sampled_from([SMALL_MASKING - 1, SMALL_MASKING, SMALL_MASKING + 5]),
+_SIZES = st.one_of(st.integers(0, 300), st.sampled_from([SMALL_MASKING - 1, SMALL_MASKING, SMALL_MASKING + 5, 70_000]),
                    st.integers(0, 3 * SMALL_MASKING))
 
 
