@@ -1,7 +1,7 @@
 """CPU per message of two Switches in one process, without sockets: a steadier view.
 
     PYTHONPATH=<tree> .venv/bin/python bench/msgcost.py [--ack-every-messages N ...]
-        [--profile bulk|small|small_many]
+        [--profile bulk|small|small_many|rtt]
 
 run.py's ``acks`` scenario runs this once per variant and round, with the variant's mconn
 on PYTHONPATH. A dialing and a listening Switch are joined by two Twisted
@@ -105,14 +105,8 @@ class Echo(Counter):
 
 def measure_rtt(config: Config, batches: int = 40, batch: int = 500) -> dict:
     """CPU per round trip of one 100-byte message (see the module docstring)."""
-    global Counter
-    plain = Counter
-    made = iter([plain, Echo])
-    Counter = lambda: next(made)()  # noqa: E731 -- connect() builds the dialer's reactor first
-    try:
-        dialer, listener, ra, rb = connect(config)
-    finally:
-        Counter = plain
+    made = iter([Counter, Echo])  # connect() builds the dialer's reactor first
+    dialer, listener, ra, rb = connect(config, reactor_type=lambda: next(made)())
     peer, msg = ra.peer, bytes(100)
 
     def one() -> None:
@@ -172,8 +166,12 @@ def measure(config: Config, scenario: str) -> dict:
 def profile(config: Config, scenario: str, top: int = 25) -> None:
     """``measure`` under cProfile; the top functions by own time, per message."""
     profiler = cProfile.Profile()
-    profiler.runcall(measure, config, scenario)
-    size, batch, batches = WORK[scenario]
+    if scenario == "rtt":  # n is round trips here
+        batch, batches = 500, 10
+        profiler.runcall(measure_rtt, config, batches, batch)
+    else:
+        profiler.runcall(measure, config, scenario)
+        size, batch, batches = WORK[scenario]
     n = batch * batches
     stats = pstats.Stats(profiler).stats
     rows = sorted(stats.items(), key=lambda item: -item[1][2])[:top]
@@ -188,7 +186,7 @@ def main(argv=None) -> int:
     for name in ("ack_every_messages", "ack_every_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int)
     p.add_argument("--ack-interval", type=float)
-    p.add_argument("--profile", choices=sorted(WORK), help="print a cProfile of one scenario instead")
+    p.add_argument("--profile", choices=sorted(WORK) + ["rtt"], help="print a cProfile of one scenario instead")
     args = p.parse_args(argv)
     fields = {k: v for k, v in vars(args).items() if k.startswith("ack_") and v is not None}
     config = Config(stats_interval=0, **fields)
