@@ -31,7 +31,7 @@ import os
 from json.encoder import encode_basestring_ascii as _quote
 
 from twisted.application.service import Service
-from twisted.logger import FilteringLogObserver, PredicateResult, eventFromJSON, globalLogPublisher
+from twisted.logger import eventFromJSON, globalLogPublisher
 from twisted.python.logfile import LogFile
 
 #: Default size at which a telemetry file rotates (10 MiB).
@@ -312,14 +312,21 @@ class TelemetryFileService(Service):
     def _open(self) -> RetainingLogFile:
         return open_log_file(self.path, self.rotate_bytes, keep_files=self.keep_files, keep_bytes=self.keep_bytes)
 
-    def _is_ours(self, event: dict) -> PredicateResult:
-        namespace = event.get("log_namespace") or ""
-        ours = (
-            (namespace == "mconn" or namespace.startswith("mconn."))
-            and "event" in event
-            and event.get("node_id") == self.node_id
-        )
-        return PredicateResult.yes if ours else PredicateResult.no
+    def _write_ours(self, write):
+        """An observer passing ``write`` this node's mconn events (namespace ``mconn`` or
+        ``mconn.*``, an ``event`` name, our ``node_id``) and nothing else; one function,
+        not a ``FilteringLogObserver`` and its predicate loop, per event."""
+
+        def observe(event: dict) -> None:
+            namespace = event.get("log_namespace") or ""
+            if (
+                (namespace == "mconn" or namespace.startswith("mconn."))
+                and "event" in event
+                and event.get("node_id") == self.node_id
+            ):
+                write(event)
+
+        return observe
 
     def privilegedStartService(self) -> None:
         super().privilegedStartService()
@@ -341,5 +348,5 @@ class TelemetryFileService(Service):
             return
         if self.log_file.closed:  # started again after a stop
             self.log_file = self._open()
-        self._observer = FilteringLogObserver(JsonLinesObserver(self.log_file), [self._is_ours])
+        self._observer = self._write_ours(JsonLinesObserver(self.log_file))
         self.publisher.addObserver(self._observer)

@@ -85,3 +85,29 @@ def test_emit_is_the_loggers_event(event, peer_id, error, number):
     assert fast["log_level"] is LogLevel.levelWithName(level)
     fast["log_time"] = plain["log_time"] = 1.5
     assert format_record(fast) == format_record(plain)
+
+
+def test_the_file_keeps_only_this_nodes_mconn_events(tmp_path):
+    """The service's one-function observer writes exactly what its filter promises: mconn
+    and mconn.* events with an event name and this node's id; not another node's, not
+    another namespace's (``mconnx`` included), not an mconn message without an event."""
+    from mconn.telemetry_file import TelemetryFileService, read_events
+
+    publisher = LogPublisher()
+    service = TelemetryFileService(tmp_path / "t.jsonl", "n1", publisher=publisher)
+    service.startService()
+    try:
+        for namespace, fields in [
+            ("mconn", {"event": "listening", "node_id": "n1", "address": "a"}),
+            ("mconn.dialer", {"event": "dial_attempt", "node_id": "n1", "attempt": 1}),
+            ("mconn", {"event": "listening", "node_id": "n2", "address": "b"}),
+            ("mconnx", {"event": "listening", "node_id": "n1", "address": "c"}),
+            ("other", {"event": "listening", "node_id": "n1", "address": "d"}),
+            ("mconn", {"node_id": "n1", "note": "no event name"}),
+        ]:
+            Logger(namespace=namespace, observer=publisher).info("x", **fields)
+    finally:
+        service.stopService()
+    assert [(e["event"], e.get("address")) for e in read_events(tmp_path / "t.jsonl")] == [
+        ("listening", "a"), ("dial_attempt", None),
+    ]
