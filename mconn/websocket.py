@@ -14,9 +14,9 @@ and any frame it does not take, go to autobahn, which parses the upgrade, answer
 runs the closing handshake and fails every frame that breaks RFC 6455 (its
 ``onMessageFrameData`` streams payloads the same way while it parses). The payloads of
 one network read are given to the protocol above in one ``dataReceived``, as one bytes
-object: the reader copies the payload bytes of every frame in the read into one buffer,
-unmasks them there in place and hands over its bytes (two copies per read, however many
-frames it holds).
+object: a listener's reader copies the payload bytes of every frame in the read into one
+buffer, unmasks them there in place and hands over its bytes (two copies per read,
+however many frames it holds); a dialer's joins the unmasked parts (one copy at most).
 Nothing is reassembled: a message or frame boundary means nothing to mconn's framing
 (specs/websocket.md section 3). What autobahn itself holds is bounded: the
 HTTP upgrade (at most ``MAX_UPGRADE_BYTES``, within ``Config.ws_handshake_timeout``), a
