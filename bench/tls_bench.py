@@ -256,8 +256,11 @@ async def handshakes(impl: str, receiver, duration: float, clock) -> dict:
 
 
 class Receiver:
-    """A receiver process (``--role receiver``), spawned by Twisted; its stdout lines
-    arrive on ``lines`` (a DeferredQueue)."""
+    """A receiver process (``--role receiver`` of ``script``), spawned by Twisted; its
+    stdout lines arrive on ``lines`` (a DeferredQueue)."""
+
+    #: The benchmark file whose ``--role receiver`` this runs (bench/ws_bench.py sets its own).
+    script = os.path.abspath(__file__)
 
     def __init__(self, impl: str, clock, profile: str | None = None) -> None:
         from twisted.internet import defer, protocol
@@ -283,7 +286,7 @@ class Receiver:
                 receiver.ended.callback(None)
 
         args = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
-        args += [os.path.abspath(__file__), "--role", "receiver", "--impl", impl]
+        args += [self.script, "--role", "receiver", "--impl", impl]
         self.process = clock.spawnProcess(Watch(), sys.executable, args, env=os.environ.copy())
         self.pid = self.process.pid
 

@@ -40,8 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 from links import LinkReactor  # noqa: E402
-from scenarios import ROUND_TRIP, RTT_CHANNEL, SMALL_SIZE, Sender, Sink, padded  # noqa: E402
+from scenarios import ROUND_TRIP, RTT_CHANNEL, SMALL_SIZE, Sink, padded  # noqa: E402
 from tls_bench import CHANNELS, CLIENTS, CONFIG, RECEIVER_CONFIG, _cpu_of, _Echoed, _StdinWatch, figures  # noqa: E402
+from tls_bench import Receiver as TlsReceiver, scenario_run  # noqa: E402
 
 from mconn import NodeKey  # noqa: E402
 
@@ -126,69 +127,10 @@ class Connector:
         return self.switch.stopService()
 
 
-class Receiver:
+class Receiver(TlsReceiver):
     """A receiver process of this file; its stdout lines arrive on ``lines``."""
 
-    def __init__(self, impl: str, clock, profile: str | None = None) -> None:
-        from twisted.internet import defer, protocol
-
-        self.impl = impl
-        self.lines = defer.DeferredQueue()
-        self.ended = defer.Deferred()
-        owner = self
-
-        class Watch(protocol.ProcessProtocol):
-            buffer = b""
-
-            def outReceived(self, data: bytes) -> None:
-                self.buffer += data
-                while b"\n" in self.buffer:
-                    line, _, self.buffer = self.buffer.partition(b"\n")
-                    owner.lines.put(line.decode())
-
-            def errReceived(self, data: bytes) -> None:
-                sys.stderr.write(f"[{impl} receiver] {data.decode(errors='replace')}")
-
-            def processEnded(self, reason) -> None:
-                owner.ended.callback(None)
-
-        args = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
-        args += [os.path.abspath(__file__), "--role", "receiver", "--impl", impl]
-        self.process = clock.spawnProcess(Watch(), sys.executable, args, env=os.environ.copy())
-        self.pid = self.process.pid
-
-    async def start(self, clock) -> None:
-        line = (await self.lines.get().addTimeout(20, clock)).split()
-        if len(line) != 2:
-            raise RuntimeError(f"the {self.impl} receiver did not start (printed {line!r})")
-        self.port, self.node_id = int(line[0]), line[1]
-
-    async def stop(self, clock) -> None:
-        from twisted.internet import defer
-
-        self.process.closeStdin()
-        try:
-            await self.ended.addTimeout(5, clock)
-        except defer.TimeoutError:
-            print(f"[{self.impl} receiver] did not exit 5 s after its stdin closed: killed", file=sys.stderr)
-            self.process.signalProcess("KILL")  # by its PID: it has no children
-
-
-async def scenario_run(connector, receiver, scenario: str, args, clock) -> dict:
-    from twisted.internet import defer
-
-    link = await connector.connect().addTimeout(10, clock)
-    finished = defer.Deferred()
-    sender = Sender(link, scenario, args.duration, clock, finished.callback, rtt_count=args.rtt_count)
-    link.handler = sender
-    cpu, recv_cpu = time.process_time(), _cpu_of(receiver.pid)
-    sender.start()
-    result = {"send": await finished.addTimeout(args.duration + 30, clock)}
-    if scenario in ("bulk", "small"):
-        result["recv"] = json.loads(await receiver.lines.get().addTimeout(10, clock))
-    result["send_cpu_s"] = time.process_time() - cpu
-    result["recv_cpu_s"] = _cpu_of(receiver.pid) - recv_cpu
-    return result
+    script = os.path.abspath(__file__)
 
 
 async def handshakes(impl: str, receiver, duration: float, clock) -> dict:
