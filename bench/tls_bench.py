@@ -231,11 +231,13 @@ async def scenario_run(connector: Connector, receiver, scenario: str, args, cloc
     return result
 
 
-async def handshakes(impl: str, receiver, duration: float, clock) -> dict:
+async def handshakes(impl: str, receiver, duration: float, clock, connector_type=None) -> dict:
+    """Sequential connect + echo + close for ``duration`` s, over ``connector_type``
+    (this file's Connector unless given: bench/ws_bench.py passes its own)."""
     from twisted.internet import defer
 
     count = CLIENTS if "mconn" in impl else 1
-    connectors = [Connector(impl, receiver.port, receiver.node_id, clock) for _ in range(count)]
+    connectors = [(connector_type or Connector)(impl, receiver.port, receiver.node_id, clock) for _ in range(count)]
     message = padded(ROUND_TRIP, 0, SMALL_SIZE)
     done = 0
     cpu, recv_cpu = time.process_time(), _cpu_of(receiver.pid)

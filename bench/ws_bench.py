@@ -40,9 +40,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 
 from links import LinkReactor  # noqa: E402
-from scenarios import ROUND_TRIP, RTT_CHANNEL, SMALL_SIZE, Sink, padded  # noqa: E402
-from tls_bench import CHANNELS, CLIENTS, CONFIG, RECEIVER_CONFIG, _cpu_of, _Echoed, _StdinWatch, figures  # noqa: E402
-from tls_bench import Receiver as TlsReceiver, scenario_run  # noqa: E402
+from scenarios import Sink  # noqa: E402
+from tls_bench import CHANNELS, CONFIG, RECEIVER_CONFIG, _StdinWatch, figures  # noqa: E402
+from tls_bench import Receiver as TlsReceiver, handshakes as tls_handshakes, scenario_run  # noqa: E402
 
 from mconn import NodeKey  # noqa: E402
 
@@ -134,26 +134,8 @@ class Receiver(TlsReceiver):
 
 
 async def handshakes(impl: str, receiver, duration: float, clock) -> dict:
-    from twisted.internet import defer
-
-    connectors = [Connector(impl, receiver.port, receiver.node_id, clock) for _ in range(CLIENTS)]
-    message = padded(ROUND_TRIP, 0, SMALL_SIZE)
-    done = 0
-    cpu, recv_cpu = time.process_time(), _cpu_of(receiver.pid)
-    start = time.perf_counter()
-    try:
-        while time.perf_counter() - start < duration:
-            link = await connectors[done % len(connectors)].connect().addTimeout(10, clock)
-            echoed = defer.Deferred()
-            link.handler = _Echoed(echoed)
-            link.send_now(RTT_CHANNEL.id, message)
-            await echoed.addTimeout(10, clock)
-            link.close()
-            done += 1
-        return {"connections": done, "elapsed": time.perf_counter() - start,
-                "send_cpu_s": time.process_time() - cpu, "recv_cpu_s": _cpu_of(receiver.pid) - recv_cpu}
-    finally:
-        await defer.gatherResults([c.stop() for c in connectors])
+    """tls_bench's handshake measurement over this file's Connector (every scheme)."""
+    return await tls_handshakes(impl, receiver, duration, clock, connector_type=Connector)
 
 
 async def measure(impl: str, args, clock, n: int = 0) -> dict:
