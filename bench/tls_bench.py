@@ -437,25 +437,30 @@ def sender(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv, description: str, impls: tuple, scenarios: tuple):
+    """The command line of this benchmark and of bench/ws_bench.py (same options, their own
+    implementations and scenarios)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--role", choices=("sender", "receiver"), default="sender")
-    parser.add_argument("--impl", choices=IMPLS, default="mconn")
+    parser.add_argument("--impl", choices=impls, default="mconn")
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--rtt-count", type=int, default=2000)
-    parser.add_argument("--scenarios", type=lambda s: s.split(","), default=list(SCENARIOS))
-    parser.add_argument("--impls", type=lambda s: tuple(s.split(",")), default=IMPLS)
+    parser.add_argument("--scenarios", type=lambda s: s.split(","), default=list(scenarios))
+    parser.add_argument("--impls", type=lambda s: tuple(s.split(",")), default=impls)
     parser.add_argument("--json")
     parser.add_argument("--profile", metavar="DIR")
     args = parser.parse_args(argv)
-    unknown = set(args.scenarios) - set(SCENARIOS)
-    if unknown:
-        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {SCENARIOS}")
+    if set(args.scenarios) - set(scenarios) or set(args.impls) - set(impls):
+        parser.error(f"choose scenarios from {scenarios} and impls from {impls}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv, __doc__, IMPLS, SCENARIOS)
     if args.role == "receiver":
         return receiver(args.impl)
     return sender(args)
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -29,7 +29,6 @@ Targets (issue 16): ws bulk >= 0.8 of TCP mconn, small >= 0.7, round trip <= 1.3
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -42,7 +41,7 @@ sys.path[:0] = [os.path.dirname(HERE), HERE]
 from links import LinkReactor  # noqa: E402
 from scenarios import Sink  # noqa: E402
 from tls_bench import CHANNELS, CONFIG, RECEIVER_CONFIG, _StdinWatch, figures  # noqa: E402
-from tls_bench import Receiver as TlsReceiver, handshakes as tls_handshakes, scenario_run  # noqa: E402
+from tls_bench import Receiver as TlsReceiver, handshakes as tls_handshakes, parse_args, scenario_run  # noqa: E402
 
 from mconn import NodeKey  # noqa: E402
 
@@ -228,24 +227,10 @@ def sender(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--role", choices=("sender", "receiver"), default="sender")
-    parser.add_argument("--impl", choices=IMPLS, default="mconn")
-    parser.add_argument("--duration", type=float, default=2.0)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--rtt-count", type=int, default=2000)
-    parser.add_argument("--scenarios", type=lambda s: s.split(","), default=list(SCENARIOS))
-    parser.add_argument("--impls", type=lambda s: tuple(s.split(",")), default=IMPLS)
-    parser.add_argument("--json")
-    parser.add_argument("--profile", metavar="DIR")
-    args = parser.parse_args(argv)
-    unknown = set(args.scenarios) - set(SCENARIOS)
-    if unknown or set(args.impls) - set(IMPLS):
-        parser.error(f"choose scenarios from {SCENARIOS} and impls from {IMPLS}")
+    args = parse_args(argv, __doc__, IMPLS, SCENARIOS)
     if args.role == "receiver":
         return receiver(args.impl)
     return sender(args)
-
 
 if __name__ == "__main__":
     sys.exit(main())
