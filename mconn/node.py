@@ -53,8 +53,9 @@ from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
 from twisted.logger import Logger
 
+from mconn.node_config_file import ConfigurationError, Setting
 from mconn.node_key import NodeKey
-from mconn.node_settings import ConfigurationError, NodeSettings, Options, Setting
+from mconn.node_settings import NodeSettings, Options
 from mconn.reactor import Reactor
 from mconn.status import StatusService
 from mconn.switch import Switch

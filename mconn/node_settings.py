@@ -1,4 +1,4 @@
-"""The settings of a node run by twistd: :class:`Options`, the TOML file, and their checks.
+"""The settings of a node run by twistd: :class:`Options`, merging with the TOML file, the checks.
 
 Every setting may come from the command line or from a TOML file (``--config FILE``):
 its keys are the long options without the leading dashes (``listen``, ``peer``, ``reactor``,
@@ -25,58 +25,40 @@ checks them as far as that is possible without I/O (types, Config's own checks, 
 addresses, ``MODULE:CLASS`` specs, TLS flags that agree with each other) and returns a
 :class:`NodeSettings`. A bad setting is a :class:`ConfigurationError` naming the option,
 or the file and key, and what is wrong. mconn/node.py builds the service from the result.
+The names and kinds of the settings, :class:`Setting`, :class:`ConfigurationError` and the
+reading of the TOML file and of command-line text are in mconn/node_config_file.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
-import types
-import typing
 
 from twisted.python import usage
 
 from mconn.address import PeerAddress, parse_address
 from mconn.config import Config
+from mconn.node_config_file import (
+    CONFIG_TYPES,
+    COUNTS,
+    FALSE_WORDS,
+    FLAGS,
+    NODE_SETTINGS,
+    PATHS,
+    REPEATABLE,
+    TRUE_WORDS,
+    ConfigurationError,
+    Setting,
+    from_text,
+    read_toml,
+)
 from mconn.node_help import CONFIG_FIELDS, NODE_CONFIG_DEFAULTS, config_option_help, describe_default
 from mconn.status import local_endpoint
 from mconn.telemetry_file import DEFAULT_KEEP_BYTES, DEFAULT_KEEP_FILES, DEFAULT_ROTATE_BYTES
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = None
-
 
 #: The key file used when neither the command line nor the config file names one.
 DEFAULT_KEY = "node.key"
-#: Settings that may be repeated; the rest take one value.
-REPEATABLE = ("listen", "peer", "reactor")
-PATHS = ("key", "telemetry", "tls_ca", "tls_cert")
-#: Settings that are on when given (``--tls``), true or false in TOML.
-FLAGS = ("create_key", "tls", "tls_no_client_cert", "tls_upgrade", "tls_accept_upgrade")
-#: Settings that are a number of bytes or files, 0 or more, and their defaults.
-COUNTS = {
-    "telemetry_rotate_bytes": DEFAULT_ROTATE_BYTES,
-    "telemetry_keep_files": DEFAULT_KEEP_FILES,
-    "telemetry_keep_bytes": DEFAULT_KEEP_BYTES,
-}
-NODE_SETTINGS = REPEATABLE + PATHS + tuple(COUNTS) + ("status",) + FLAGS
-_CONFIG_TYPES = typing.get_type_hints(Config)
-_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
-
-
-class ConfigurationError(usage.UsageError):
-    """A setting is wrong; the message says which (option, or file and key) and why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-    """A configured value and where it was set (``--listen``, ``node.toml: listen``)."""
-
-    value: object
-    where: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,7 +105,7 @@ def _option(name: str) -> str:
 
 
 def _is_bool_field(name: str) -> bool:
-    return _CONFIG_TYPES[name] is bool
+    return CONFIG_TYPES[name] is bool
 
 
 def _config_parameters() -> list:
@@ -236,7 +218,7 @@ class Options(usage.Options):
             raise ConfigurationError(f"unexpected argument {args[0]!r}: every setting is an option (--help)")
 
     def postOptions(self) -> None:
-        given = _read_toml(self["config"]) if self["config"] else {}
+        given = read_toml(self["config"]) if self["config"] else {}
         for name in REPEATABLE:
             if self[name]:
                 given[name] = Setting(list(self[name]), f"--{name}")
@@ -255,7 +237,7 @@ class Options(usage.Options):
                 continue
             text = self[_option(name)]
             if text is not None:
-                value = os.path.abspath(text) if name in PATHS else _from_text(name, text, f"--{_option(name)}")
+                value = os.path.abspath(text) if name in PATHS else from_text(name, text, f"--{_option(name)}")
                 given[name] = Setting(value, f"--{_option(name)}")
         self.settings = resolve(given)
         twistd = getattr(self, "parent", None)
@@ -269,7 +251,8 @@ def _check_flag_values(arguments) -> None:
     arguments = list(arguments or ())
     for flag, value in zip(arguments, arguments[1:]):
         name = flag[2:].replace("-", "_")
-        if flag.startswith("--") and name in CONFIG_FIELDS and _is_bool_field(name) and value.lower() in _TRUE + _FALSE:
+        words = TRUE_WORDS + FALSE_WORDS
+        if flag.startswith("--") and name in CONFIG_FIELDS and _is_bool_field(name) and value.lower() in words:
             raise ConfigurationError(
                 f"{flag} {value}: {flag} is a flag and takes no value; give {flag} or --no-{flag[2:]}"
             )
@@ -313,92 +296,6 @@ def running_pid(pidfile: str) -> int | None:
         return pid
     return pid if pid != os.getpid() else None
 
-
-def _from_text(name: str, text: str, where: str):
-    """A command-line value, converted to the type of its setting."""
-    base, optional = _setting_type(name)
-    if optional and text.lower() == "none":
-        return None
-    if base is bool:
-        if text.lower() in _TRUE + _FALSE:
-            return text.lower() in _TRUE
-        raise ConfigurationError(f"{where}: {text!r} is not true or false")
-    if base in (frozenset, tuple, list):
-        return frozenset(item.strip() for item in text.split(",") if item.strip())
-    if base in (int, float):
-        try:
-            return base(text)
-        except ValueError:
-            kind = "an integer" if base is int else "a number"
-            raise ConfigurationError(f"{where}: {text!r} is not {kind}") from None
-    return text
-
-
-def _setting_type(name: str) -> tuple[type, bool]:
-    """(base type, whether None is allowed) of a Config field or node setting."""
-    if name in COUNTS:
-        return int, False
-    if name in FLAGS:
-        return bool, False
-    if name == "status":
-        return str, False
-    hint = _CONFIG_TYPES[name]
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return args[0], True
-    return hint, False
-
-
-def _read_toml(path: str) -> dict:
-    """{setting: Setting} from a TOML file; unknown keys are errors."""
-    if tomllib is None:
-        raise ConfigurationError(f"--config {path}: reading TOML needs Python 3.11 or later")
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as e:
-        raise ConfigurationError(f"--config {path}: cannot read it: {e.strerror or e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigurationError(f"--config {path}: not valid TOML: {e}") from None
-    base = os.path.dirname(os.path.abspath(path))
-    given = {}
-    for key, value in data.items():
-        name = key.replace("-", "_")  # dashes as on the command line are accepted
-        where = f"{path}: {key}"
-        if name not in NODE_SETTINGS and name not in CONFIG_FIELDS:
-            raise ConfigurationError(f"{where}: unknown setting; {_closest(name)}")
-        if name in given:
-            raise ConfigurationError(f"{where}: set twice, as {given[name].where.split(': ', 1)[1]} and {key}")
-        given[name] = Setting(_from_toml(name, value, where, base), where)
-    return given
-
-
-def _closest(name: str) -> str:
-    """What to say about an unknown key: the closest valid one, or where the list is."""
-    valid = list(NODE_SETTINGS) + list(CONFIG_FIELDS)
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
-    if close:
-        return f"did you mean {close[0]}?"
-    return "the valid keys are the long options of 'twistd mconn --help' without the leading '--'"
-
-
-def _from_toml(name: str, value, where: str, base: str):
-    """A TOML value as its setting's type: paths made absolute, ints accepted as floats."""
-    if name in REPEATABLE:
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-            raise ConfigurationError(f"{where}: {value!r} must be a string or a list of strings")
-        return items
-    if name in PATHS:
-        if not isinstance(value, str):
-            raise ConfigurationError(f"{where}: {value!r} must be a path (a string)")
-        return os.path.join(base, os.path.expanduser(value))
-    kind, optional = _setting_type(name)
-    if optional and value == "none":
-        return None
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)  # telemetry fields keep their documented type (specs/telemetry.md)
-    return value
 
 
 def resolve(given: dict) -> NodeSettings:

@@ -17,7 +17,8 @@ from twisted.logger import Logger, LogPublisher
 
 from helpers import Telemetry, the_reactor, until as poll
 from mconn.node import Options, build_service
-from mconn.node_settings import COUNTS, ConfigurationError, Setting, resolve
+from mconn.node_config_file import COUNTS, ConfigurationError, Setting
+from mconn.node_settings import resolve
 from mconn.telemetry_file import (
     DEFAULT_KEEP_BYTES,
     DEFAULT_KEEP_FILES,
