@@ -13,8 +13,8 @@ in reactors/pex_wire.py: a *request* naming how many addresses the asker accepts
 (its ``p2p/pex/pex_reactor.go`` and address book):
 
 * *Asking.* Every ``request_interval`` (the first round after a random part of it) a
-  round dials book entries until the node has ``target_outbound`` outbound peers, then
-  asks one random peer for addresses. A new outbound peer is asked at once. A peer is
+  round dials book entries until the node has ``target_outbound`` outbound peers
+  (reactors/pex_dial.py), then asks one random peer for addresses. A new outbound peer is asked at once. A peer is
   never asked while a request to it is unanswered, nor within half an interval of the
   last request to it or of its reply (so a request delayed by a resume cannot make the
   next one look like a flood).
@@ -49,11 +49,11 @@ import types
 
 from twisted.logger import Logger
 
-from mconn import ChannelDescriptor, PeerClosed, PeerIdMismatch, PeerRejected, Reactor
+from mconn import ChannelDescriptor, Reactor
 from mconn.address import PUBLIC, PeerAddress, announced_address, discovered_problem, host_of, host_scope
-from mconn.address import is_own_address, parse_address
-from mconn.rate import TokenBucket
+from mconn.address import parse_address
 from reactors.addrbook import AddressBook, BanTable, BookEntry, network_group
+from reactors.pex_dial import PexDialer
 from reactors.pex_wire import MAX_WIRE_ADDRESSES, PEX_CHANNEL, PEX_SCHEMES_CHANNEL, PexMisbehaved, PexType
 from reactors.pex_wire import decode_message
 from reactors.pex_wire import encode_addrs, encode_request, max_message_bytes
@@ -64,10 +64,6 @@ log = Logger(namespace="reactors.pex")
 
 #: The sender's own rule: never ask one peer twice within this part of request_interval.
 SEND_GAP = 0.5
-#: Errors of a dial that mean the node is connected anyway (specs/resume.md section 7).
-_CONNECTED_ANYWAY = frozenset({"duplicate", "simultaneous_dial"})
-#: Addresses that led to ourselves, remembered at most (CometBFT's "our addresses").
-MAX_OWN_ADDRESSES = 16
 
 
 @dataclasses.dataclass
@@ -160,11 +156,8 @@ class PexReactor(Reactor):
             new_buckets_per_group=new_buckets_per_group, per_source_cap=per_source_cap,
         )
         self._peers: dict[str, _PeerState] = {}
-        self._dialing: set[str] = set()
         self._bans = BanTable(max_bans)
-        #: Addresses that led to ourselves (dict as an ordered set).
-        self._own: dict[PeerAddress, None] = {}
-        self._dial_tokens: TokenBucket | None = None
+        self._dialer = PexDialer(self, self._book, self._rng)
         self._timer = None
         #: Rounds run so far.
         self.rounds = 0
@@ -290,7 +283,7 @@ class PexReactor(Reactor):
         self.rounds += 1
         now = self.switch.clock.seconds()
         self._bans.lift_ended(now)
-        self._dial_more(now)
+        self._dialer.dial_more(now)
         if self._needs_addresses():
             ready = [s for s in self._peers.values() if self._may_ask(s, now)]
             if ready:
@@ -311,76 +304,6 @@ class PexReactor(Reactor):
             state.asked, state.asked_for = True, self.max_addresses
             state.last_sent = self.switch.clock.seconds()
             self.counters["requests_sent"] += 1
-
-    # -- dialing --------------------------------------------------------------------
-
-    def _dial_more(self, now: float) -> None:
-        """Dial book entries until ``target_outbound`` outbound peers are up or being
-        dialed, as far as the dial budget (``dial_rate``, ``dial_burst``) allows."""
-        switch = self.switch
-        if not getattr(switch, "running", False):
-            return
-        target = self.target_outbound if self.target_outbound is not None else switch.config.max_outbound_peers
-        outbound = sum(1 for p in switch.peers.values() if p.is_outbound) + len(self._dialing)
-        if self._dial_tokens is None:
-            self._dial_tokens = TokenBucket(self.dial_rate, now, burst=self.dial_burst)
-        listening = self._listen_addresses()
-
-        def eligible(entry: BookEntry) -> bool:
-            node_id = entry.address.node_id
-            return (
-                node_id not in switch.peers
-                and node_id not in self._dialing
-                and entry.next_dial <= now
-                and switch.address_pool(node_id) is None  # the Switch dials it already
-                and not is_own_address(entry.address, listening)
-            )
-
-        for _ in range(max(0, target - outbound)):
-            if self._dial_tokens.available(now) < 1:
-                if self._book.pick(self._rng, eligible) is not None:
-                    self.counters["dials_deferred"] += 1
-                return
-            entry = self._book.pick(self._rng, eligible)
-            if entry is None:
-                return
-            self._dial_tokens.spend(1, now)
-            self._dial(entry)
-
-    def _dial(self, entry: BookEntry) -> None:
-        node_id = entry.address.node_id
-        self._dialing.add(node_id)
-        self.counters["dials"] += 1
-        d = self.switch.dial(str(entry.address), retry_initial_dial=False)
-        d.addCallbacks(self._dialed, self._dial_failed, callbackArgs=(node_id,), errbackArgs=(node_id, entry.address))
-
-    def _dialed(self, peer, node_id: str) -> None:
-        self._dialing.discard(node_id)
-
-    def _dial_failed(self, failure, node_id: str, address: PeerAddress) -> None:
-        self._dialing.discard(node_id)
-        error = failure.value
-        entry = self._book.get(node_id)
-        if not getattr(self.switch, "running", False) or entry is None:
-            return
-        word = getattr(error, "reason", None) if isinstance(error, PeerRejected) else None
-        word = error.code if isinstance(error, PeerClosed) else word
-        if word in _CONNECTED_ANYWAY:
-            return
-        self.counters["dial_failures"] += 1
-        entry.failures += 1
-        entry.last_error = f"{type(error).__name__}: {error}"
-        if word == "self":  # the address leads to ourselves: never again
-            self._own[address] = None
-            while len(self._own) > MAX_OWN_ADDRESSES:
-                del self._own[next(iter(self._own))]
-        if word == "self" or isinstance(error, PeerIdMismatch) or entry.failures >= self.max_dial_failures:
-            self._book.remove(node_id)
-            self.counters["addresses_forgotten"] += 1
-            log.info("pex forgets {address}: {error}", address=str(entry.address), error=entry.last_error)
-            return
-        backoff = min(self.dial_backoff * 2 ** min(entry.failures - 1, 30), self.max_dial_backoff)
-        entry.next_dial = self.switch.clock.seconds() + backoff
 
     # -- the book -------------------------------------------------------------------
 
@@ -422,15 +345,11 @@ class PexReactor(Reactor):
             address,
             source_host=source_host,
             allow_private=getattr(self.switch.config, "allow_discovered_private", False),
-            listen_addresses=self._listen_addresses(),
+            listen_addresses=self._dialer.listen_addresses(),
         )
         if problem is None and self.routable_only and host_scope(address.host) != PUBLIC:
             problem = "not_public"
         return problem
-
-    def _listen_addresses(self) -> list:
-        listening = getattr(self.switch, "listen_address", "")
-        return ([listening] if listening else []) + list(self._own)
 
     def _address_of(self, peer) -> PeerAddress | None:
         """Where ``peer`` can be dialed: the address we dialed, or the one it announced
@@ -481,7 +400,7 @@ class PexReactor(Reactor):
         source, source_host = state.peer.node_id, host_of(state.peer.remote_address)
         for address in addresses:
             self.add_address(address, source=source, source_host=source_host)
-        self._dial_more(self.switch.clock.seconds())
+        self._dialer.dial_more(self.switch.clock.seconds())
 
     def _penalise(self, state: _PeerState, error: PexMisbehaved) -> None:
         """Drop the message, close the peer with ``error``, count it, ban the node."""

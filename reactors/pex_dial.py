@@ -1,0 +1,115 @@
+"""PEX's dialing: the book entries a round dials, and what a failed dial does to its entry.
+
+specs/pex.md section 3.1 step 2 (dial book entries up to ``target_outbound`` outbound
+peers, within the dial budget, never a node that has a session, is being dialed, is
+dialed by the Switch already or is our own address) and the dial rules of section 3.4
+(a failed dial backs off exponentially; after ``max_dial_failures``, or at once for
+another node's address or one that led back to this node, the entry is forgotten; a dial
+refused as ``duplicate`` or ``simultaneous_dial`` is not a failure). A
+:class:`PexDialer` is a part of one ``reactors.pex.PexReactor``: it reads the reactor's
+Switch, counters and dial settings when it uses them, and shares its book and random
+generator.
+"""
+
+from __future__ import annotations
+
+import random
+
+from twisted.logger import Logger
+
+from mconn import PeerClosed, PeerIdMismatch, PeerRejected
+from mconn.address import PeerAddress, is_own_address
+from mconn.rate import TokenBucket
+from reactors.addrbook import AddressBook, BookEntry
+
+log = Logger(namespace="reactors.pex")
+
+#: Errors of a dial that mean the node is connected anyway (specs/resume.md section 7).
+_CONNECTED_ANYWAY = frozenset({"duplicate", "simultaneous_dial"})
+#: Addresses that led to ourselves, remembered at most (CometBFT's "our addresses").
+MAX_OWN_ADDRESSES = 16
+
+
+class PexDialer:
+    """The dials of one PexReactor: those in flight, the dial budget, our own addresses."""
+
+    def __init__(self, pex, book: AddressBook, rng: random.Random) -> None:
+        self._pex, self._book, self._rng = pex, book, rng
+        self._dialing: set[str] = set()
+        #: Addresses that led to ourselves (dict as an ordered set).
+        self._own: dict[PeerAddress, None] = {}
+        self._dial_tokens: TokenBucket | None = None
+
+    def listen_addresses(self) -> list:
+        """Our own addresses: the Switch's listen address and those that led to ourselves."""
+        listening = getattr(self._pex.switch, "listen_address", "")
+        return ([listening] if listening else []) + list(self._own)
+
+    def dial_more(self, now: float) -> None:
+        """Dial book entries until ``target_outbound`` outbound peers are up or being
+        dialed, as far as the dial budget (``dial_rate``, ``dial_burst``) allows."""
+        pex, switch = self._pex, self._pex.switch
+        if not getattr(switch, "running", False):
+            return
+        target = pex.target_outbound if pex.target_outbound is not None else switch.config.max_outbound_peers
+        outbound = sum(1 for p in switch.peers.values() if p.is_outbound) + len(self._dialing)
+        if self._dial_tokens is None:
+            self._dial_tokens = TokenBucket(pex.dial_rate, now, burst=pex.dial_burst)
+        listening = self.listen_addresses()
+
+        def eligible(entry: BookEntry) -> bool:
+            node_id = entry.address.node_id
+            return (
+                node_id not in switch.peers
+                and node_id not in self._dialing
+                and entry.next_dial <= now
+                and switch.address_pool(node_id) is None  # the Switch dials it already
+                and not is_own_address(entry.address, listening)
+            )
+
+        for _ in range(max(0, target - outbound)):
+            if self._dial_tokens.available(now) < 1:
+                if self._book.pick(self._rng, eligible) is not None:
+                    pex.counters["dials_deferred"] += 1
+                return
+            entry = self._book.pick(self._rng, eligible)
+            if entry is None:
+                return
+            self._dial_tokens.spend(1, now)
+            self._dial(entry)
+
+    def _dial(self, entry: BookEntry) -> None:
+        node_id = entry.address.node_id
+        self._dialing.add(node_id)
+        self._pex.counters["dials"] += 1
+        d = self._pex.switch.dial(str(entry.address), retry_initial_dial=False)
+        d.addCallbacks(self._dialed, self._dial_failed, callbackArgs=(node_id,), errbackArgs=(node_id, entry.address))
+
+    def _dialed(self, peer, node_id: str) -> None:
+        self._dialing.discard(node_id)
+
+    def _dial_failed(self, failure, node_id: str, address: PeerAddress) -> None:
+        pex = self._pex
+        self._dialing.discard(node_id)
+        error = failure.value
+        entry = self._book.get(node_id)
+        if not getattr(pex.switch, "running", False) or entry is None:
+            return
+        word = getattr(error, "reason", None) if isinstance(error, PeerRejected) else None
+        word = error.code if isinstance(error, PeerClosed) else word
+        if word in _CONNECTED_ANYWAY:
+            return
+        pex.counters["dial_failures"] += 1
+        entry.failures += 1
+        entry.last_error = f"{type(error).__name__}: {error}"
+        if word == "self":  # the address leads to ourselves: never again
+            self._own[address] = None
+            while len(self._own) > MAX_OWN_ADDRESSES:
+                del self._own[next(iter(self._own))]
+        if word == "self" or isinstance(error, PeerIdMismatch) or entry.failures >= pex.max_dial_failures:
+            self._book.remove(node_id)
+            pex.counters["addresses_forgotten"] += 1
+            log.info("pex forgets {address}: {error}", address=str(entry.address), error=entry.last_error)
+            return
+        backoff = min(pex.dial_backoff * 2 ** min(entry.failures - 1, 30), pex.max_dial_backoff)
+        entry.next_dial = pex.switch.clock.seconds() + backoff
