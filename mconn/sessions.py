@@ -5,7 +5,8 @@ the connections beneath it. The ``SessionManager`` holds one Peer per node id an
 only code that changes a Peer's state: every change is an input to the table of
 ``mconn.session_table``, and ``apply`` looks the (state, input) pair up, sets the next
 state and runs the row's effects in order (detach, notify, grace timer, re-dial, resume,
-end). A row that starts a fresh session is given the start as ``then``.
+end). A row that starts a fresh session is given the start as ``then``. The telemetry
+events of those steps are written by ``mconn.session_telemetry``.
 
 Where the inputs come from: a hello on a listening connection (``hello_authorized``:
 ``decide_hello`` says resume, after a takeover if the old connection is live; probe it,
@@ -23,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from mconn import telemetry
+from mconn import session_telemetry
 from mconn.errors import (
     AckError,
     ConnectionClosed,
@@ -143,15 +144,7 @@ class SessionManager:
 
     def _notify_suspended(self, peer: Peer, step_: _Step) -> None:
         reason = step_.reason if step_.reason is not None else step_.dropped
-        telemetry.emit(
-            "session_suspended",
-            node_id=self.node_id,
-            peer_id=peer.node_id,
-            session_id=peer.session.id.hex(),
-            reason_type=type(reason).__name__,
-            reason=str(reason),
-            grace=self.config.resume_grace,
-        )
+        session_telemetry.suspended(self.node_id, peer, reason, self.config.resume_grace)
         self._notify("peer_suspended", peer, peer)
 
     def _start_grace(self, peer: Peer, _) -> None:
@@ -177,15 +170,7 @@ class SessionManager:
             )
         peer._attach(proto, step_.resend)
         peer.resumes += 1
-        telemetry.emit(
-            "session_resumed",
-            node_id=self.node_id,
-            peer_id=peer.node_id,
-            session_id=peer.session.id.hex(),
-            remote_address=proto.remote_address,
-            resent=sum(len(messages) for messages in step_.resend.values()),
-            resumes=peer.resumes,
-        )
+        session_telemetry.resumed(self.node_id, peer, proto, step_.resend)
         self._notify("peer_resumed", peer, peer)
         proto.pump()
         if not proto.handshake.called:
@@ -207,19 +192,7 @@ class SessionManager:
         if self.peers.get(peer.node_id) is peer:
             del self.peers[peer.node_id]
             self._limits.counted(peer, -1)
-        telemetry.emit(
-            "session_ended",
-            node_id=self.node_id,
-            peer_id=peer.node_id,
-            session_id=peer.session.id.hex(),
-            reason_type=type(reason).__name__,
-            reason=str(reason),
-            # The telemetry field keeps its name (the pipeline reads it); it counts messages
-            # not confirmed delivered (specs/telemetry.md, session_ended).
-            undelivered=[{"channel_id": c, "count": n} for c, n in sorted(reason.unconfirmed.items())],
-            resumes=peer.resumes,
-            channels=telemetry.session_counters(peer.session),
-        )
+        session_telemetry.ended(self.node_id, peer, reason)
         self._notify("remove_peer", peer, peer, reason)
         if not self.stopping:
             self._dialing.session_ended(peer.node_id)  # a persistent peer gets a fresh session
@@ -275,15 +248,7 @@ class SessionManager:
         self.peers[peer.node_id] = peer
         self._limits.counted(peer, 1)
         proto.carry(peer)
-        telemetry.emit(
-            "session_started",
-            node_id=self.node_id,
-            peer_id=peer.node_id,
-            session_id=session_id.hex(),
-            remote_address=proto.remote_address,
-            direction="outbound" if peer.is_outbound else "inbound",
-            resume_refused=refusal,
-        )
+        session_telemetry.started(self.node_id, peer, proto, refusal)
         self._notify("add_peer", peer, peer)
         if not proto.handshake.called:
             proto.handshake.callback(peer)
