@@ -13,7 +13,7 @@ it survives transport breaks; while suspended, up to ``send_queue_capacity`` mes
 per channel are accepted and go out on resume. ``send`` waits up to
 ``Config.send_timeout`` for room, in FIFO order with other waiting sends on that
 channel; ``try_send`` never waits and never overtakes a waiting ``send``.
-``send_confirmed`` fires once the peer's reactor has the message.
+``send_confirmed`` fires once the peer's reactor has the message. Receiving: ``mconn.peer_delivery``.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from mconn.codec import encode_message
 from mconn.connection import State
 from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, ReactorError
 from mconn.node_info import node_info_of
+from mconn.peer_delivery import PeerDelivery
 from mconn.peer_stats import ChannelStatsSnapshot, PeerStats, snapshot
 from mconn.session_table import PeerState
 from mconn.wire import ChannelInfo, Hello
@@ -93,18 +94,16 @@ class Peer:
         self._queues = protocol.core.channels
         #: The connection's core while connected, else None (the per-message state check).
         self._core = protocol.core
-        self._route = sessions.route
         self._connected_at = self._clock.seconds()
         self._waiting: dict[int, collections.deque] = {}
         self._held: dict[int, int] = {}  # accepted while suspended, per channel
         self._confirms: dict[int, collections.deque] = {}
-        self._ack_timer = None
         #: Data the node's reactors share about this peer (CometBFT's peer.Set / Get).
         self.data: dict = {}
-        #: Busy channels (their reactor's receive returned a Deferred not yet fired), each
-        #: with the messages read since, waiting in order (specs/reactor-api.md 4.1).
-        self._busy: dict[int, collections.deque] = {}
-        self._backlog_bytes = 0
+        #: The receiving side: delivery to reactors, busy channels, acks (mconn.peer_delivery).
+        self._delivery = PeerDelivery(self, route=sessions.route, clock=self._clock, config=self._config)
+        #: ``_deliver(channel_id, message)``, called by the protocol for each whole message.
+        self._deliver = self._delivery.deliver
         #: While ``close(flush=True)`` waits for the peer's acks: its timeout, else None.
         self._flush_timer = None
         self._flush_reason = ""
@@ -343,78 +342,7 @@ class Peer:
             d.callback(True)
         return moved > 0
 
-    # -- receiving (called by the protocol) ------------------------------------------
-
-    def _deliver(self, channel_id: int, message: bytes) -> None:
-        """Hand a whole message to its reactor, count it, and acknowledge when due; on a
-        busy channel, hold it until the reactor's Deferred fires (specs/reactor-api.md 4.1)."""
-        if self._busy and channel_id in self._busy:
-            self._hold(channel_id, message)
-            return
-        pending = self._hand(channel_id, message)
-        if pending is not None:
-            self._busy[channel_id] = collections.deque()
-            pending.addBoth(self._receive_done, channel_id)
-
-    def _hand(self, channel_id: int, message: bytes):
-        """Route one message, count it delivered: the reactor has it (specs/resume.md 2.3).
-        Returns the Deferred its ``receive`` returned, if that has not fired yet."""
-        pending = self._route(channel_id, self, message)
-        if self.session.record_delivered(channel_id, len(message)):
-            self._send_ack()
-        elif self._ack_timer is None:
-            self._ack_timer = self._clock.callLater(self._config.ack_interval, self._send_ack)
-        return pending
-
-    def _hold(self, channel_id: int, message: bytes) -> None:
-        """Keep a message for a busy channel; past ``reactor_backlog_bytes`` stop reading.
-        It is not counted delivered (nor acknowledged) until its reactor has it."""
-        self._busy[channel_id].append(message)
-        self._backlog_bytes += len(message)
-        if self._backlog_bytes > self._config.reactor_backlog_bytes and self._protocol is not None:
-            self._protocol.stop_reading()
-
-    def _receive_done(self, _, channel_id: int) -> None:
-        """The reactor's Deferred fired: the channel's held messages go on, in order,
-        until one makes it busy again; reading resumes once the backlog is small."""
-        backlog = self._busy.get(channel_id)
-        if backlog is None:
-            return  # the session ended meanwhile
-        pending = None
-        while backlog and pending is None:
-            protocol = self._protocol
-            if protocol is None or protocol.end_reason is not None:
-                break  # not delivered: resent on a resume, or counted undelivered by the peer
-            message = backlog.popleft()
-            self._backlog_bytes -= len(message)
-            pending = self._hand(channel_id, message)
-        if self._busy.get(channel_id) is not backlog:
-            return  # the session ended inside that receive
-        if pending is not None:
-            pending.addBoth(self._receive_done, channel_id)  # busy again, with what is still held
-        else:
-            self._backlog_bytes -= sum(map(len, backlog))
-            del self._busy[channel_id]
-        if self._protocol is not None and self._backlog_bytes <= self._config.reactor_backlog_bytes:
-            self._protocol.resume_reading()
-
-    def _drop_backlog(self) -> None:
-        """The transport is gone: held messages were never counted delivered, so the peer
-        re-sends them on a resume; the channels stay busy until their Deferreds fire."""
-        for backlog in self._busy.values():
-            backlog.clear()
-        self._backlog_bytes = 0
-
-    def _cancel_ack_timer(self) -> None:
-        if self._ack_timer is not None and self._ack_timer.active():
-            self._ack_timer.cancel()
-        self._ack_timer = None
-
-    def _send_ack(self) -> None:
-        self._cancel_ack_timer()
-        if self.state is CONNECTED and self.session.ack_pending:
-            self._protocol.core.send_ack(self.session.take_ack())
-            self._protocol.pump()
+    # -- the peer's acks (called by the protocol) ------------------------------------
 
     def _on_ack(self, delivered: dict[int, int]) -> None:
         """The peer confirmed deliveries: drop them from the recovery buffer, confirm."""
@@ -440,8 +368,7 @@ class Peer:
         self._core = None
         self.disconnects += 1
         self._held = {}
-        self._cancel_ack_timer()
-        self._drop_backlog()
+        self._delivery.detach()
 
     def _attach(self, protocol, resend: dict[int, list[bytes]]) -> None:
         """A new transport carries the session on: re-send what the peer lacks
@@ -459,16 +386,14 @@ class Peer:
         for channel_id in list(self._confirms):  # to_resend applied the peer's counts
             self._confirm_up_to(channel_id, self.session.acked(channel_id))
         if self.session.ack_pending:
-            self._send_ack()
+            self._delivery.send_ack()
 
     def _end(self, reason: Exception) -> None:
         """The session is over: fail what waits on it."""
         self._protocol = None
         self._queues = None
         self._core = None
-        self._cancel_ack_timer()
-        self._drop_backlog()
-        self._busy = {}
+        self._delivery.end()
         self._cancel_flush()
         for waiting in self._waiting.values():
             while waiting:

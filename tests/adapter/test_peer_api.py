@@ -188,7 +188,7 @@ def test_a_pending_receive_holds_that_channel_only(network):
     slow.pending[2].callback(None)
     network.advance(1.0, step=0.1)
     assert sender.session.acked(CH) == 3
-    assert here._busy == {} and here._backlog_bytes == 0
+    assert here._delivery.busy == {} and here._delivery.backlog_bytes == 0
 
 
 def test_a_pending_receive_for_one_peer_does_not_hold_another(network):
@@ -257,11 +257,11 @@ def test_a_backlog_past_its_bound_stops_reading_until_it_drains():
     network.flush()
     protocol = here._protocol
     assert protocol._backlogged and not protocol.transport.reading
-    held = here._backlog_bytes
+    held = here._delivery.backlog_bytes
     assert held > 2000  # one read's worth (here everything in flight) is held
     assert sender.try_send_many(CH, messages[40:]) == 40
     network.advance(1, step=0.1)
-    assert here._backlog_bytes == held  # nothing more is read: the bytes wait in the pipe
+    assert here._delivery.backlog_bytes == held  # nothing more is read: the bytes wait in the pipe
     assert sender._protocol._paused  # and the sender's window is full
     assert len(slow.received(CH)) == 1
     for _ in range(100):  # each round: fire what is pending, let bytes move

@@ -71,7 +71,7 @@ def test_holds_and_resets_deliver_every_message_once_in_order(seed):
         assert moody.received(channel) == messages, f"seed {seed}, channel {channel:#04x}"
         assert sender.session.acked(channel) == len(messages)
     here = receiver.peers[sender_switch.node_id]
-    assert here is not None and here._busy == {} and here._backlog_bytes == 0
+    assert here is not None and here._delivery.busy == {} and here._delivery.backlog_bytes == 0
     assert sum(len(m) for m in sent.values()) > 20 and sender.resumes >= 1  # the schedule did reset the link
     receiver._check_invariants()
     sender_switch._check_invariants()
