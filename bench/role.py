@@ -109,7 +109,9 @@ class Role:
         # Experiments: MCONN_BENCH_CONFIG='{"write_batch_bytes": 262144}' sets any Config
         # field of both mconn roles (bench/RESULTS.md names it next to such figures).
         fields.update(json.loads(os.environ.get("MCONN_BENCH_CONFIG") or "{}"))
-        config = Config(max_packet_payload=self.args.max_packet_payload, **fields)
+        if self.args.max_packet_payload is not None:
+            fields["max_packet_payload"] = self.args.max_packet_payload
+        config = Config(**fields)
         reactor = LinkReactor(CHANNELS[self.args.scenario], self.on_link)
         switch = Switch([reactor], config=config, clock=self.clock)
         switch.startService()

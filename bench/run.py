@@ -6,7 +6,7 @@
         [--before REV] [--pair-before REV] [--one-by-one] [--resets N]
 
 Each of the first four scenarios runs over the raw baseline (4-byte big-endian length + payload,
-links.py) and over mconn (default Config: 1024-byte max_packet_payload), back to back,
+links.py) and over mconn (default Config), back to back,
 in each of ``--repeat`` rounds; the table shows medians and mconn/raw. The scenarios are
 described in scenarios.py. A measurement starts a receiver process (role.py), which
 listens on 127.0.0.1 port 0 and prints its port and node id, then a sender process.
@@ -113,7 +113,8 @@ def role_command(args, role: str, impl: str, scenario: str, extra: list[str], ta
     cmd += ["--one-by-one"] if args.one_by_one else []
     if args.notsent_lowat:
         cmd += ["--notsent-lowat", str(args.notsent_lowat)]
-    cmd += ["--max-packet-payload", str(args.max_packet_payload)]
+    if args.max_packet_payload is not None:
+        cmd += ["--max-packet-payload", str(args.max_packet_payload)]
     return cmd + extra
 
 
@@ -425,8 +426,8 @@ def main(argv=None) -> int:
     p.add_argument("--nodelay", action="store_true", help="experiment: TCP_NODELAY on every connection")
     p.add_argument("--notsent-lowat", type=int, metavar="BYTES",
                    help="experiment: TCP_NOTSENT_LOWAT on every connection (mconn: via a private attribute)")
-    p.add_argument("--max-packet-payload", type=int, default=1024, metavar="BYTES",
-                   help="experiment: mconn Config.max_packet_payload (default 1024, the target's setting)")
+    p.add_argument("--max-packet-payload", type=int, default=None, metavar="BYTES",
+                   help="experiment: mconn Config.max_packet_payload (default: Config's, the target's setting)")
     p.add_argument("--before", default="82a45f3", metavar="REV",
                    help="acks: the commit measured as 'before' (default 82a45f3, the core before sessions)")
     p.add_argument("--pair-before", metavar="REV",

@@ -4,8 +4,8 @@ The Twisted adapter (protocol.py) feeds ``receive_data``, writes ``data_to_send`
 calls ``handle_timeout`` at ``next_deadline()``. Nothing here reads a clock or touches a
 socket, as in h2 and h11: any event loop, or a test, can drive it.
 
-States and transitions are the table ``TRANSITIONS`` (specs/connection.md section 1 is
-derived from it); a (state, input) pair missing from it is a protocol error.
+States and transitions are the table ``TRANSITIONS`` (``mconn.states``; specs/connection.md
+section 1 is derived from it); a (state, input) pair missing from it is a protocol error.
 
 Keepalive (specs/connection.md section 3): after ``ping_interval`` with nothing received a
 ping goes out; if nothing at all arrives within ``pong_timeout`` after it, the connection
@@ -15,7 +15,6 @@ control packets go out before data.
 
 from __future__ import annotations
 
-import enum
 import functools
 import math
 
@@ -43,6 +42,7 @@ from mconn.events import (
 from mconn.frame_buffer import MSG, PING, PONG, RUN, FrameBuffer
 from mconn.handshake import check_hello
 from mconn.rate import TokenBucket
+from mconn.states import TRANSITIONS, Input, State  # State, Input, TRANSITIONS: also mconn.connection's names
 from mconn.wire import (
     FIRST_OPTIONAL_TYPE,
     Hello,
@@ -68,54 +68,6 @@ CLOSE_TEXT_LIMIT = 200
 PING_BYTES = bytes([PING])
 PONG_BYTES = bytes([PONG])
 
-
-class State(enum.Enum):
-    HANDSHAKING = "handshaking"  # our hello is out; waiting for theirs
-    OPEN = "open"
-    CLOSING = "closing"  # we sent a close packet
-    CLOSED = "closed"
-
-
-class Input(enum.Enum):
-    HELLO = "hello"
-    MSG = "msg"
-    PING = "ping"
-    PONG = "pong"
-    CLOSE_RECEIVED = "close received"
-    CLOSE_SENT = "close sent"
-    ACK = "ack"
-    SESSION = "session"
-    TRANSPORT_LOST = "transport lost"
-
-
-S, I = State, Input
-#: (state, input) -> next state. Anything missing is a protocol error.
-TRANSITIONS: dict[tuple[State, Input], State] = {
-    (S.HANDSHAKING, I.HELLO): S.OPEN,
-    (S.HANDSHAKING, I.CLOSE_RECEIVED): S.CLOSED,
-    (S.HANDSHAKING, I.CLOSE_SENT): S.CLOSING,
-    (S.OPEN, I.MSG): S.OPEN,
-    (S.OPEN, I.PING): S.OPEN,
-    (S.OPEN, I.PONG): S.OPEN,
-    (S.OPEN, I.CLOSE_RECEIVED): S.CLOSED,
-    (S.OPEN, I.CLOSE_SENT): S.CLOSING,
-    (S.OPEN, I.ACK): S.OPEN,
-    (S.OPEN, I.SESSION): S.OPEN,
-    # After our close, the peer's last packets are read and ignored.
-    (S.CLOSING, I.MSG): S.CLOSING,
-    (S.CLOSING, I.PING): S.CLOSING,
-    (S.CLOSING, I.PONG): S.CLOSING,
-    (S.CLOSING, I.HELLO): S.CLOSING,
-    (S.CLOSING, I.ACK): S.CLOSING,
-    (S.CLOSING, I.SESSION): S.CLOSING,
-    (S.CLOSING, I.CLOSE_RECEIVED): S.CLOSED,
-    # The transport beneath is gone, whatever was happening (the adapter says so).
-    (S.HANDSHAKING, I.TRANSPORT_LOST): S.CLOSED,
-    (S.OPEN, I.TRANSPORT_LOST): S.CLOSED,
-    (S.CLOSING, I.TRANSPORT_LOST): S.CLOSED,
-    (S.CLOSED, I.TRANSPORT_LOST): S.CLOSED,
-}
-del S, I
 
 #: The states as module constants: on Python 3.11 ``State.OPEN`` is a descriptor call
 #: (~0.3 us), and the per-message path tests the state several times.
@@ -163,6 +115,7 @@ class Connection:
                 PacketType.ACK: config.max_control_size + CHANNEL_COUNTS_LIMIT,
                 PacketType.SESSION: config.max_control_size + CHANNEL_COUNTS_LIMIT,
             },
+            stream_payloads=True,
         )
         self._control: list[bytes] = [_hello_packet(hello)]
         self._started = now
@@ -395,11 +348,13 @@ class Connection:
     def wants_to_send(self) -> bool:
         return bool(self._control) or (self.state is _OPEN and self._scheduler.pending())
 
-    def data_to_send(self, now: float, budget: int | None = None) -> bytes:
+    def data_to_send(self, now: float, budget: int | None = None, payload: int | None = None) -> bytes:
         """The next bytes for the transport: control packets first, then scheduled data.
 
         ``budget`` caps the data bytes (default ``config.write_batch_bytes``); send_rate
-        caps it further. Returns b"" when there is nothing to send now.
+        caps it further. ``payload`` caps the msg packets' payload below the negotiated
+        ``max_packet_payload`` (``mconn.packet_size``; None: the negotiated size).
+        Returns b"" when there is nothing to send now.
         """
         if not self._control:
             for channel in self._channel_list:
@@ -418,7 +373,10 @@ class Connection:
             if self._send_bucket is not None:
                 limit = min(limit, int(self._send_bucket.available(now)))
             if limit > 0:
-                data, sent = self._scheduler.next_packets(now, self.max_packet_payload, limit)
+                size = self.max_packet_payload
+                if payload is not None and payload < size:
+                    size = max(1, payload)
+                data, sent = self._scheduler.next_packets(now, size, limit)
                 if sent:
                     parts.extend(data)
                     if self._send_bucket is not None:

@@ -20,6 +20,16 @@ small one: passed on without another copy), otherwise a memoryview into the read
 RUN stands for consecutive msg packets of one channel that carry exactly max_payload
 bytes with eof 00 (the middle of a large message): one tuple for the lot, so that bulk
 transfers cost one step per run instead of one per packet.
+
+Streaming (``stream_payloads``, what a Connection uses): a msg packet of at least
+``STREAM_MIN`` payload bytes whose payload a read leaves incomplete is not kept until it
+is whole. The payload bytes that have arrived come out at once as a RUN of one view (bytes
+of the channel's message in progress, whatever packet they belong to), and the next feeds
+continue that payload: a RUN for each part, and the packet's end as a msg packet (eof 01:
+with the rest of the payload; eof 00: a RUN). Its header was checked in full before
+(length within max_payload), so nothing but the header of one packet is ever kept, and
+a large packet split by the reads is copied once, into the reassembly buffer, instead of
+kept, joined and copied again.
 """
 
 from __future__ import annotations
@@ -51,10 +61,15 @@ class FrameBuffer:
         max_payload: int,
         default_extension_limit: int,
         extension_limits: dict[int, int] | None = None,
+        stream_payloads: bool = False,
     ) -> None:
         self.max_payload = max_payload
         self.default_extension_limit = default_extension_limit
         self.extension_limits = dict(extension_limits or {})
+        self.stream_payloads = stream_payloads
+        #: The msg packet whose payload is being streamed: [channel id, eof, bytes still
+        #: to come, whether any came out], or None.
+        self._partial: list | None = None
         self._tail = b""
         #: True when the last ``feed`` stopped after an extension packet with bytes left.
         self.paused = False
@@ -82,6 +97,9 @@ class FrameBuffer:
     #: in place, instead of copying all of them behind it (a bulk stream leaves a tail
     #: after nearly every read). Tests set it to 0 to run that path on every feed.
     SPLICE_MIN = 4096
+    #: With ``stream_payloads``, a msg packet's payload is streamed once it declares at
+    #: least this many bytes (smaller ones are kept until whole, as without streaming).
+    STREAM_MIN = 4096
 
     def feed(self, data: bytes, *, stop_after_extension: bool = True) -> tuple[list, Exception | None]:
         """Decode as many whole packets as ``data`` completes.
@@ -92,6 +110,12 @@ class FrameBuffer:
         after each extension packet (the caller may change limits after a hello); call
         ``feed(b"")`` to go on.
         """
+        if self._partial is not None:
+            head, start = self._continue_payload(data)
+            if start == len(data):
+                return head, None
+            out, pos, error, stopped = self._decode(data, start, len(data), stop_after_extension, 0)
+            return head + out, self._keep(data, pos, error, stopped)
         tail = self._tail
         if tail:
             if len(data) > self.SPLICE_MIN:
@@ -105,6 +129,24 @@ class FrameBuffer:
             self._tail = b""
             return out, None
         return out, self._keep(data, pos, error, stopped)
+
+    def _continue_payload(self, data: bytes) -> tuple[list, int]:
+        """The next bytes of the payload being streamed: its packets, and where in
+        ``data`` the packets after it begin (``len(data)`` when it goes on past it)."""
+        partial = self._partial
+        channel_id, eof, left, streamed = partial
+        take = min(left, len(data))
+        if take < left:
+            partial[2] = left - take
+            partial[3] = streamed or take > 0
+            return ([(RUN, channel_id, [memoryview(data)])] if take else []), take
+        self._partial = None
+        if not eof:
+            return ([(RUN, channel_id, [memoryview(data)[:take]])] if take else []), take
+        # The message's last packet ends here: its first bytes are already in the
+        # reassembly buffer (a view of the rest), or none came out (bytes, whole).
+        rest = memoryview(data)[:take] if streamed else data[:take]
+        return [(MSG, channel_id, 1, rest)], take
 
     def _keep(self, data: bytes, pos: int, error: Exception | None, stopped: bool) -> Exception | None:
         """Keep what follows ``pos`` (an incomplete packet, or bytes after a pause)."""
@@ -204,6 +246,12 @@ class FrameBuffer:
                     break
                 end = start + length
                 if end > n:
+                    if self.stream_payloads and length >= self.STREAM_MIN:
+                        # Stream the payload (see the module docstring): out goes what is here.
+                        self._partial = [data[pos + 1], eof, end - n, n > start]
+                        if n > start:
+                            append((RUN, data[pos + 1], [mv[start:n]]))
+                        pos = n
                     break
                 # A message's last packet comes as bytes (usually the whole message: the
                 # connection hands it on as it is); others as a view, copied once later.

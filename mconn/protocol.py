@@ -42,6 +42,7 @@ from mconn.events import (
     SessionAnswered,
 )
 from mconn.owner import ConnectionContext, IConnectionOwner
+from mconn.packet_size import payload_for_rate
 from mconn.socket_options import bytes_acked, set_socket_options, socket_of
 from mconn.write_ahead import WriteAhead
 
@@ -262,10 +263,12 @@ class MConnectionProtocol(Protocol):
         now = self._clock.seconds()
         ahead = self._ahead if self._pause_after_write else None
         budget = None if ahead is None else ahead.budget()
+        # Packets sized from the measured drain rate (mconn/packet_size.py).
+        payload = payload_for_rate(None if ahead is None else ahead.rate, self._config.write_ahead_time)
         while True:
             while not self._paused or core.state is not _OPEN:
                 # Once closing, only the close packet is left, and it goes out even when paused.
-                data = core.data_to_send(now, budget)
+                data = core.data_to_send(now, budget, payload)
                 if not data:
                     break
                 write(data)

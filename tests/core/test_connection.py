@@ -95,7 +95,7 @@ def test_hello_is_the_first_thing_sent_without_waiting():
     assert kind == PacketType.HELLO
     hello = wire.decode_hello(body)
     assert hello == conn.hello
-    assert (hello.version, hello.node_id, hello.max_packet_payload) == (1, NODE_A, 1024)
+    assert (hello.version, hello.node_id, hello.max_packet_payload) == (1, NODE_A, 65536)  # Config's default
     assert [(c.id, c.priority) for c in hello.channels] == [(0x20, 3), (0x21, 1)]
     assert conn.data_to_send(0.0) == b""
 
@@ -104,8 +104,8 @@ def test_core_pair_handshake_opens_both_sides():
     """Two cores exchanging hellos both report HelloReceived and are OPEN."""
     pair = CorePair.make()
     events_a, events_b = pair.pump(0.0)
-    assert events_a == [HelloReceived(hello=pair.b.hello, max_packet_payload=1024)]
-    assert events_b == [HelloReceived(hello=pair.a.hello, max_packet_payload=1024)]
+    assert events_a == [HelloReceived(hello=pair.b.hello, max_packet_payload=65536)]
+    assert events_b == [HelloReceived(hello=pair.a.hello, max_packet_payload=65536)]
     assert pair.a.state is pair.b.state is State.OPEN
     assert pair.a.peer_hello.node_id == NODE_B and pair.b.peer_hello.node_id == NODE_A
 

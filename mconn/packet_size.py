@@ -1,0 +1,39 @@
+"""How large the msg packets of a connection are cut (specs/wire.md section 4,
+specs/connection.md section 7). Pure: the drain rate comes in as an argument.
+
+Theory of operation
+-------------------
+A packet is never split: once the scheduler has cut one, a message queued after it on a
+higher-priority channel waits for all of it. So the packet size is the grain of the
+priority guarantee, and large packets are what makes bulk cheap (the per-packet work of
+1 KiB packets bounded bulk throughput, bench/RESULTS.md). The sender therefore cuts
+packets of the link's drain rate times a small time budget (``write_ahead_time``, the
+same budget that sizes the writes), never below ``FLOOR`` and never above the size both
+hellos allow (the negotiated ``max_packet_payload``, which ``Connection.data_to_send``
+applies): on a 2 Mbit/s link that is ``FLOOR``, at 20 Mbit/s about 2.5 KB, on loopback
+the negotiated maximum. A receiver accepts any payload up to the negotiated maximum, so
+the sender may choose any size per write.
+
+Where the rate is not measured (TLS, WebSocket, ``write_ahead_time=None``) and on a
+plain TCP connection before its first rate sample, packets are ``UNMEASURED``: one TLS
+record's worth. Those transports write ``write_batch_bytes`` (64 KiB) at a time and
+keep up to their own buffer size (64 KiB for Twisted's TCP) below the scheduler, so a
+16 KiB packet adds at most a quarter of that ahead of a high-priority message.
+"""
+
+from __future__ import annotations
+
+#: The smallest payload the rate picks, in bytes: CometBFT's packet size. Below it the
+#: per-packet work dominates, and a link that slow is already one packet per write.
+FLOOR = 1024
+#: The payload where the drain rate is not known, in bytes: one TLS record's plaintext.
+UNMEASURED = 16384
+
+
+def payload_for_rate(rate: float | None, packet_time: float | None) -> int:
+    """The payload to cut packets at for a link draining ``rate`` bytes per second (None:
+    not measured), given a budget of ``packet_time`` seconds of sending per packet.
+    The caller caps it at the negotiated ``max_packet_payload``."""
+    if rate is None or packet_time is None:
+        return UNMEASURED
+    return max(FLOOR, int(rate * packet_time))
