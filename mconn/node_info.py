@@ -23,7 +23,8 @@ import types
 from collections.abc import Iterable, Mapping
 
 from mconn.errors import IncompatibleNode, MalformedPacket
-from mconn.wire import MAX_UVARINT_SIZE, HelloTag, NodeInfoBody, _parse
+from mconn.wire import HelloTag, NodeInfoBody
+from mconn.wire_primitives import MAX_UVARINT_SIZE, parse
 
 #: The network (chain id): 1..50 bytes (CometBFT's MaxChainIDLen), printable ASCII, no space.
 MAX_NETWORK_BYTES = 50
@@ -148,7 +149,7 @@ class NodeInfo:
         """
         if len(value) > MAX_NODE_INFO_BYTES:
             raise MalformedPacket(f"hello node info is {len(value)} bytes; at most {MAX_NODE_INFO_BYTES}")
-        c = _parse(NodeInfoBody, value, "hello node info")
+        c = parse(NodeInfoBody, value, "hello node info")
         other = {}
         for entry in c.other:
             if entry.key in other:

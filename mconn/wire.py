@@ -14,6 +14,8 @@ Packet types (specs/wire.md section 2)::
 
 Extension types 04..7F are critical (an unknown one is a protocol error); 80..FF are
 optional (an unknown one is stepped over). Every parse failure becomes MalformedPacket.
+The go-wire primitives the declarations are built of (uvarint, byte slice, string) are
+mconn/wire_primitives.py's.
 """
 
 from __future__ import annotations
@@ -22,33 +24,35 @@ import dataclasses
 import enum
 
 from construct import (
-    Adapter,
     Bytes,
     Const,
-    Construct,
     ConstructError,
     Error,
-    GreedyBytes,
     GreedyRange,
     Int8ub,
     OneOf,
     Pass,
-    PascalString,
-    Prefixed,
     PrefixedArray,
     Struct,
     Switch,
     Terminated,
-    stream_read,
-    stream_write,
     this,
 )
 
 from mconn.errors import MalformedPacket
+from mconn.wire_primitives import (  # also this module's names: wire.uvarint, wire._parse, ...
+    MAX_UVARINT_SIZE,
+    BoolByte,
+    ByteSlice,
+    String,
+    read_uvarint,
+    uvarint,
+    uvarint_bytes,
+)
+from mconn.wire_primitives import parse as _parse
 
 PROTOCOL_VERSION = 1
 NODE_ID_BYTES = 20
-MAX_UVARINT_SIZE = 8
 MAX_CHANNELS = 256
 
 
@@ -80,55 +84,10 @@ FIRST_EXTENSION_TYPE = 0x04
 FIRST_OPTIONAL_TYPE = 0x80
 
 
-class GoWireUvarint(Construct):
-    """go-wire's unsigned varint: one size byte N (0..8), then N big-endian bytes.
-
-    ``00`` is zero; ``02 01 2c`` is 300. A size byte over 8 (which includes go-wire's
-    negative forms ``F1``...) fails. Non-minimal forms such as ``02 00 05`` are accepted
-    on read, as go-wire does; writes are always minimal.
-    """
-
-    def _parse(self, stream, context, path):
-        size = stream_read(stream, 1, path)[0]
-        if size > MAX_UVARINT_SIZE:
-            raise MalformedPacket(f"varint size byte {size:#04x} is over {MAX_UVARINT_SIZE}")
-        if size == 0:
-            return 0
-        return int.from_bytes(stream_read(stream, size, path), "big")
-
-    def _build(self, obj, stream, context, path):
-        if not isinstance(obj, int) or obj < 0 or obj >= 1 << (8 * MAX_UVARINT_SIZE):
-            raise MalformedPacket(f"varint value {obj!r} is not an integer in 0..2**64-1")
-        size = (obj.bit_length() + 7) // 8
-        stream_write(stream, bytes([size]) + obj.to_bytes(size, "big"), size + 1, path)
-        return obj
-
-    def _sizeof(self, context, path):
-        raise NotImplementedError("a go-wire varint has a variable size")
-
-
-uvarint = GoWireUvarint()
-
-#: go-wire byte slice: uvarint length, then the bytes.
-ByteSlice = Prefixed(uvarint, GreedyBytes)
-#: go-wire string: a byte slice holding UTF-8.
-String = PascalString(uvarint, "utf8")
-
-
-class _BoolByte(Adapter):
-    """A byte that must be 00 or 01 (the msg packet's eof)."""
-
-    def _decode(self, obj, context, path):
-        return bool(obj)
-
-    def _encode(self, obj, context, path):
-        return 1 if obj else 0
-
-
 # 03 | channel id (1 byte) | eof (1 byte: 01 ends the message, 00 more follow) | ByteSlice
 MsgPacket = Struct(
     "channel_id" / Int8ub,
-    "eof" / _BoolByte(OneOf(Int8ub, [0, 1])),
+    "eof" / BoolByte(OneOf(Int8ub, [0, 1])),
     "data" / ByteSlice,
 )
 
@@ -196,7 +155,7 @@ AckBody = Struct("delivered" / Counts, Terminated)
 #   16 bytes session id | resume (1 byte: 00 fresh, 01 resume) | Counts (empty when fresh)
 SessionRequestBody = Struct(
     "session_id" / Bytes(SESSION_ID_BYTES),
-    "resume" / _BoolByte(OneOf(Int8ub, [0, 1])),
+    "resume" / BoolByte(OneOf(Int8ub, [0, 1])),
     "delivered" / Counts,
     Terminated,
 )
@@ -220,7 +179,7 @@ NodeInfoBody = Struct(
 #   16 bytes session id | resumed (1 byte: 00 fresh, 01 resumed) | String reason | Counts
 SessionAnswerBody = Struct(
     "session_id" / Bytes(SESSION_ID_BYTES),
-    "resumed" / _BoolByte(OneOf(Int8ub, [0, 1])),
+    "resumed" / BoolByte(OneOf(Int8ub, [0, 1])),
     "reason" / String,
     "delivered" / Counts,
     Terminated,
@@ -266,16 +225,6 @@ class Hello:
     listen_address: str = ""
     #: Optional fields by tag; unknown tags are kept and ignored (room for resumption).
     fields: tuple[tuple[int, bytes], ...] = ()
-
-
-def _parse(declaration, data: bytes, what: str):
-    """Parse ``data`` with a declaration; every failure becomes MalformedPacket."""
-    try:
-        return declaration.parse(data)
-    except MalformedPacket:
-        raise
-    except (ConstructError, IndexError, KeyError, ValueError, UnicodeDecodeError) as e:
-        raise MalformedPacket(f"malformed {what} ({len(data)} bytes): {e}") from None
 
 
 def encode_hello(hello: Hello) -> bytes:
@@ -351,21 +300,21 @@ def _hello_parts(body: bytes) -> tuple | None:
     the declaration then decides and says why."""
     try:
         end = len(body)
-        version, at = _read_uvarint(body, 0)
+        version, at = read_uvarint(body, 0)
         if at + NODE_ID_BYTES > end:
             return None
         node_id = body[at : at + NODE_ID_BYTES]
-        max_packet_payload, at = _read_uvarint(body, at + NODE_ID_BYTES)
-        count, at = _read_uvarint(body, at)
+        max_packet_payload, at = read_uvarint(body, at + NODE_ID_BYTES)
+        count, at = read_uvarint(body, at)
         if count > MAX_CHANNELS:
             return None
         channels = []
         for _ in range(count):
             channel_id = body[at]
-            priority, at = _read_uvarint(body, at + 1)
-            capacity, at = _read_uvarint(body, at)
+            priority, at = read_uvarint(body, at + 1)
+            capacity, at = read_uvarint(body, at)
             channels.append((channel_id, priority, capacity))
-        size, at = _read_uvarint(body, at)
+        size, at = read_uvarint(body, at)
         if at + size > end:
             return None
         listen_address = body[at : at + size].decode("utf8")
@@ -373,7 +322,7 @@ def _hello_parts(body: bytes) -> tuple | None:
         fields = []
         while at < end:
             tag = body[at]
-            size, at = _read_uvarint(body, at + 1)
+            size, at = read_uvarint(body, at + 1)
             if at + size > end:
                 return None
             fields.append((tag, bytes(body[at : at + size])))
@@ -422,23 +371,18 @@ def _count_list(counts: dict[int, int]) -> list:
     return [dict(channel_id=c, count=n) for c, n in sorted(counts.items())]
 
 
-def _uvarint_bytes(value: int) -> bytes:
-    size = (value.bit_length() + 7) // 8
-    return bytes((size,)) + value.to_bytes(size, "big")
-
-
 def encode_ack(delivered: dict[int, int]) -> bytes:
     """The ack body: per-channel delivered counts.
 
     Hand-written (acks are on the data path: the construct build costs ~80 us);
     tests/core/test_codec_equivalence.py proves it byte-identical to ``AckBody``.
     """
-    parts = [_uvarint_bytes(len(delivered))]
+    parts = [uvarint_bytes(len(delivered))]
     for channel_id, count in sorted(delivered.items()):
         if not 0 <= channel_id <= 0xFF or not 0 <= count < 1 << (8 * MAX_UVARINT_SIZE):
             return AckBody.build(dict(delivered=_count_list(delivered)))  # its error says why
         parts.append(bytes((channel_id,)))
-        parts.append(_uvarint_bytes(count))
+        parts.append(uvarint_bytes(count))
     return b"".join(parts)
 
 
@@ -449,11 +393,11 @@ def decode_ack(body: bytes) -> dict[int, int]:
     error raised (and its message) is the declaration's.
     """
     try:
-        n, at = _read_uvarint(body, 0)
+        n, at = read_uvarint(body, 0)
         counts: dict[int, int] = {}
         for _ in range(n):
             channel_id = body[at]
-            count, at = _read_uvarint(body, at + 1)
+            count, at = read_uvarint(body, at + 1)
             if channel_id in counts:
                 break
             counts[channel_id] = count
@@ -463,15 +407,6 @@ def decode_ack(body: bytes) -> dict[int, int]:
     except IndexError:
         pass
     return _counts(_parse(AckBody, body, "ack").delivered)
-
-
-def _read_uvarint(data: bytes, at: int) -> tuple[int, int]:
-    """(value, next offset) of the uvarint at ``at``; IndexError if it does not fit."""
-    size = data[at]
-    end = at + 1 + size
-    if size > MAX_UVARINT_SIZE or end > len(data):
-        raise IndexError(at)
-    return int.from_bytes(data[at + 1 : end], "big"), end
 
 
 def encode_session_request(request: SessionRequest) -> bytes:
@@ -497,11 +432,11 @@ def decode_session_request(value: bytes) -> SessionRequest:
 def _read_counts(data: bytes, at: int) -> tuple[dict[int, int] | None, int]:
     """``Counts`` read by hand from ``at``: (counts, next offset); None for a channel
     listed twice (``_counts`` then says so); IndexError if they do not fit."""
-    n, at = _read_uvarint(data, at)
+    n, at = read_uvarint(data, at)
     counts: dict[int, int] = {}
     for _ in range(n):
         channel_id = data[at]
-        count, at = _read_uvarint(data, at + 1)
+        count, at = read_uvarint(data, at + 1)
         if channel_id in counts:
             return None, at
         counts[channel_id] = count
@@ -519,7 +454,7 @@ def encode_session_answer(answer: SessionAnswer) -> bytes:
     ):
         text = reason.encode("utf8")
         return b"".join((
-            session_id, b"\x01" if answer.resumed else b"\x00", _uvarint_bytes(len(text)), text, encode_ack(delivered),
+            session_id, b"\x01" if answer.resumed else b"\x00", uvarint_bytes(len(text)), text, encode_ack(delivered),
         ))
     return SessionAnswerBody.build(
         dict(
@@ -544,7 +479,7 @@ def encode_extension(packet_type: int, body: bytes) -> bytes:
     """
     if not FIRST_EXTENSION_TYPE <= packet_type <= 0xFF:
         return Packet.build(dict(type=packet_type, payload=dict(body=body)))  # its error says why
-    return bytes((packet_type,)) + _uvarint_bytes(len(body)) + body
+    return bytes((packet_type,)) + uvarint_bytes(len(body)) + body
 
 
 def encode_packet(packet_type: int, **payload) -> bytes:
