@@ -16,7 +16,7 @@ A ``TLSOptions`` says how a Switch speaks TLS; build one with a class method:
 TLS comes first: the TLS handshake runs before any mconn byte, so the hello never travels
 in clear. A TLS listener refuses a plaintext mconn start with a plaintext close packet
 (code ``tls_required``) the dialer can read. A dialer built with ``upgrade=True`` starts
-in plaintext instead: it sends the 8-byte pre-hello (``mconn.wire.PreHello``, "TLS
+in plaintext instead: it sends the 8-byte pre-hello (``mconn.pre_hello.PreHello``, "TLS
 follows") and then its ClientHello on the same connection; a listener built with
 ``tls_required=False`` accepts that start as well as TLS first (specs/tls.md section 7).
 

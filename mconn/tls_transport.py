@@ -41,16 +41,9 @@ from zope.interface import implementer
 from mconn.config import Config
 from mconn.errors import MalformedPacket, PeerRejected, TLSError
 from mconn.frame_buffer import FrameBuffer
+from mconn.pre_hello import PRE_HELLO_SIZE, decode_pre_hello, encode_pre_hello
 from mconn.tls import REQUIRE_CERT, PeerCheck, TLSOptions, is_ip
-from mconn.wire import (
-    PRE_HELLO_SIZE,
-    PacketType,
-    decode_close,
-    decode_pre_hello,
-    encode_close,
-    encode_extension,
-    encode_pre_hello,
-)
+from mconn.wire import PacketType, decode_close, encode_close, encode_extension
 
 #: First byte of every TLS record that opens a connection (a handshake record).
 TLS_HANDSHAKE_RECORD = 0x16

@@ -15,7 +15,7 @@ Packet types (specs/wire.md section 2)::
 Extension types 04..7F are critical (an unknown one is a protocol error); 80..FF are
 optional (an unknown one is stepped over). Every parse failure becomes MalformedPacket.
 The go-wire primitives the declarations are built of (uvarint, byte slice, string) are
-mconn/wire_primitives.py's.
+mconn/wire_primitives.py's; the pre-hello sent before TLS is mconn/pre_hello.py's.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import enum
 
 from construct import (
     Bytes,
-    Const,
-    ConstructError,
     Error,
     GreedyRange,
     Int8ub,
@@ -128,21 +126,6 @@ HelloBody = Struct(
 
 # Close body (specs/wire.md section 3.2): String code | String text
 CloseBody = Struct("code" / String, "text" / String, Terminated)
-
-# Pre-hello (specs/tls.md section 7): 8 bytes a dialer sends in clear, before anything
-# else, when it starts in plaintext and upgrades; its TLS ClientHello follows at once.
-#   00 | "MCONN" (4D 43 4F 4E 4E) | version (1) = 01 | next (1) = 01: TLS follows
-# 00 is neither an mconn packet type nor a TLS record type (14..18), so a listener tells
-# the starts apart by the first byte: 16 TLS first, 00 pre-hello, anything else plaintext.
-PRE_HELLO_VERSION = 1
-PRE_HELLO_NEXT_TLS = 1
-PreHello = Struct(
-    "marker" / Const(b"\x00MCONN"),
-    "version" / OneOf(Int8ub, [PRE_HELLO_VERSION]),
-    "next" / OneOf(Int8ub, [PRE_HELLO_NEXT_TLS]),
-    Terminated,
-)
-PRE_HELLO_SIZE = 8
 
 # Per-channel counts of whole messages delivered to the reactor (specs/resume.md):
 #   uvarint n | n x (channel id (1) | uvarint count)
@@ -341,21 +324,6 @@ def decode_close(body: bytes) -> tuple[str, str]:
     """Decode a close body into (code, text)."""
     c = _parse(CloseBody, body, "close")
     return c.code, c.text
-
-
-def encode_pre_hello() -> bytes:
-    """The pre-hello (its only form: version 1, TLS follows)."""
-    return PreHello.build(dict(version=PRE_HELLO_VERSION, next=PRE_HELLO_NEXT_TLS))
-
-
-def decode_pre_hello(data: bytes) -> None:
-    """Check a pre-hello; MalformedPacket naming the bytes if ``data`` is not one."""
-    try:
-        PreHello.parse(data)
-    except (ConstructError, IndexError, ValueError) as e:
-        raise MalformedPacket(
-            f"malformed pre-hello {data.hex(' ')}: expected {encode_pre_hello().hex(' ')} ({' '.join(str(e).split())})"
-        ) from None
 
 
 def _counts(parsed) -> dict[int, int]:

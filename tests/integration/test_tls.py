@@ -38,7 +38,7 @@ from mconn import (
     TLSError,
 )
 import mconn.tls
-from mconn import wire
+from mconn import pre_hello, wire
 from mconn.dialer import is_not_retried
 from mconn.errors import MalformedPacket
 from mconn.protocol import MConnectionFactory
@@ -797,15 +797,15 @@ def test_the_pre_hello_is_the_golden_vector_and_no_mconn_packet_or_tls_record():
     """The pre-hello matches its golden vector, and its first byte is neither a TLS record type nor an mconn
     packet type."""
     vector = TLS_VECTORS["pre_hello"]
-    assert PRE_HELLO == wire.encode_pre_hello() == expand(vector["hex"])
-    assert len(PRE_HELLO) == wire.PRE_HELLO_SIZE == vector["size"]
-    parsed = wire.PreHello.parse(PRE_HELLO)
+    assert PRE_HELLO == pre_hello.encode_pre_hello() == expand(vector["hex"])
+    assert len(PRE_HELLO) == pre_hello.PRE_HELLO_SIZE == vector["size"]
+    parsed = pre_hello.PreHello.parse(PRE_HELLO)
     assert (parsed.marker, parsed.version, parsed.next) == (
         expand(vector["decoded"]["marker"]),
         vector["decoded"]["version"],
         vector["decoded"]["next"],
     )
-    wire.decode_pre_hello(PRE_HELLO)
+    pre_hello.decode_pre_hello(PRE_HELLO)
     first = TLS_VECTORS["first_bytes"]
     assert PRE_HELLO[:1] == expand(first["pre_hello"])
     assert {expand(b)[0] for b in first["tls_record_types"]} == TLS_RECORD_TYPES
@@ -820,7 +820,7 @@ def test_an_invalid_pre_hello_vector_is_refused_by_the_decoder(vector):
     and the bytes expected."""
     data = expand(vector["hex"])
     with pytest.raises(MalformedPacket, match=vector["error"]) as info:
-        wire.decode_pre_hello(data)
+        pre_hello.decode_pre_hello(data)
     assert data.hex(" ") in str(info.value) and PRE_HELLO.hex(" ") in str(info.value)
 
 
