@@ -14,11 +14,8 @@ from mconn import telemetry
 
 def started(node_id: str, peer, proto, refusal: str) -> None:
     """A fresh session on ``proto``; ``refusal`` says why a resume was refused, if one was."""
-    telemetry.emit(
-        "session_started",
-        node_id=node_id,
-        peer_id=peer.node_id,
-        session_id=peer.session.id.hex(),
+    _emit(
+        "session_started", node_id, peer,
         remote_address=proto.remote_address,
         direction="outbound" if peer.is_outbound else "inbound",
         resume_refused=refusal,
@@ -27,11 +24,8 @@ def started(node_id: str, peer, proto, refusal: str) -> None:
 
 def suspended(node_id: str, peer, reason: Exception, grace: float) -> None:
     """The transport of ``peer`` broke for ``reason``; it is held for ``grace`` seconds."""
-    telemetry.emit(
-        "session_suspended",
-        node_id=node_id,
-        peer_id=peer.node_id,
-        session_id=peer.session.id.hex(),
+    _emit(
+        "session_suspended", node_id, peer,
         reason_type=type(reason).__name__,
         reason=str(reason),
         grace=grace,
@@ -40,11 +34,8 @@ def suspended(node_id: str, peer, reason: Exception, grace: float) -> None:
 
 def resumed(node_id: str, peer, proto, resend: dict) -> None:
     """``peer`` carries on on ``proto``, re-sending ``resend`` (messages by channel)."""
-    telemetry.emit(
-        "session_resumed",
-        node_id=node_id,
-        peer_id=peer.node_id,
-        session_id=peer.session.id.hex(),
+    _emit(
+        "session_resumed", node_id, peer,
         remote_address=proto.remote_address,
         resent=sum(len(messages) for messages in resend.values()),
         resumes=peer.resumes,
@@ -53,11 +44,8 @@ def resumed(node_id: str, peer, proto, resend: dict) -> None:
 
 def ended(node_id: str, peer, reason: Exception) -> None:
     """The session of ``peer`` ended for ``reason`` (its ``unconfirmed`` counts are set)."""
-    telemetry.emit(
-        "session_ended",
-        node_id=node_id,
-        peer_id=peer.node_id,
-        session_id=peer.session.id.hex(),
+    _emit(
+        "session_ended", node_id, peer,
         reason_type=type(reason).__name__,
         reason=str(reason),
         # The telemetry field keeps its name (the pipeline reads it); it counts messages
@@ -66,3 +54,8 @@ def ended(node_id: str, peer, reason: Exception) -> None:
         resumes=peer.resumes,
         channels=telemetry.session_counters(peer.session),
     )
+
+
+def _emit(event: str, node_id: str, peer, **fields) -> None:
+    """One event of ``peer``'s session: node_id, peer_id and session_id, then ``fields``."""
+    telemetry.emit(event, node_id=node_id, peer_id=peer.node_id, session_id=peer.session.id.hex(), **fields)
