@@ -1,7 +1,7 @@
 """Many peers on one listening Switch (issue 13, part 3): connect storm, memory, idle CPU, broadcast.
 
     .venv/bin/python bench/many_peers.py [--peers 10000] [--dialers 4] [--idle 40]
-        [--before REV] [--telemetry file|none] [--profile FILE]
+        [--before REV] [--telemetry file|none] [--profile FILE] [--py-spy PREFIX]
 
 One listener process runs a Switch at the default Config with the admission limits
 raised as an operator would for this many peers (``limits``), writing its telemetry to
@@ -38,7 +38,9 @@ line):
 PYTHONPATH (bench/run.py's ``--before``; REV may also be a directory holding an
 ``mconn`` package), in the order ``--order`` gives (``before,now``). ``--profile
 FILE`` runs each listener under cProfile during the storm and during ``idle``, and
-writes the stats to FILE.<variant>.storm and FILE.<variant>. A summary table goes to stdout and the JSON to
+writes the stats to FILE.<variant>.storm and FILE.<variant>; ``--py-spy PREFIX`` records
+the listener with py-spy (400 Hz, raw folded stacks) from a second before the storm's
+order to its end, into PREFIX.<variant>.txt. A summary table goes to stdout and the JSON to
 bench/out/many-peers-<time>.json.
 """
 
@@ -135,6 +137,38 @@ class Commands:
 # -- the listener -------------------------------------------------------------------------
 
 
+def hello_template() -> bytes:
+    """A dialer's hello packet with a session request (node id ab.., session id cd..)."""
+    from mconn import ChannelDescriptor, wire
+    from mconn.handshake import make_hello
+    from mconn.wire import HelloTag, PacketType, SessionRequest
+
+    request = wire.encode_session_request(SessionRequest(session_id=b"\xcd" * 16, resume=False))
+    body = wire.encode_hello(
+        make_hello(node_id="ab" * 20, channels=[ChannelDescriptor(CHANNEL, priority=1)], max_packet_payload=1024,
+                   fields=((HelloTag.SESSION, request),))
+    )
+    return wire.encode_extension(PacketType.HELLO, body)
+
+
+def round_sizes(switch) -> dict:
+    """The raw round's bytes: the listener's hello packet and a fresh session's answer
+    packet (what the Switch sends a new dialer), and the size of a dialer's hello."""
+    from mconn import wire
+    from mconn.handshake import make_hello
+    from mconn.wire import PacketType, SessionAnswer
+
+    hello = make_hello(node_id=switch.node_id, channels=switch.channels,
+                       max_packet_payload=switch.config.max_packet_payload,
+                       listen_address=switch.listen_address, node_info=switch.node_info)
+    answer = wire.encode_session_answer(SessionAnswer(session_id=b"\x00" * 16, resumed=False))
+    return {
+        "hello_bytes": wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello)),
+        "answer_bytes": wire.encode_extension(PacketType.SESSION, answer),
+        "request": len(hello_template()),
+    }
+
+
 def listener(args) -> None:
     from twisted.internet import defer, protocol
     from twisted.internet import reactor as clock
@@ -160,13 +194,30 @@ def listener(args) -> None:
         telemetry = TelemetryFileService(os.path.join(args.tmp, "telemetry.jsonl"), switch.node_id)
         telemetry.startService()
     switch.startService()
-    times = {"raw": [], "made": []}
+    times = {"raw": [], "made": [], "round": [], "answered": []}
+    sizes = {}  # the bytes of the raw round (listening: the listener's hello needs the port)
 
     class RawServer(protocol.Protocol):
         def connectionMade(self):
             times["raw"].append(time.time())
 
+    class RawRound(protocol.Protocol):
+        """The socket work of a handshake without mconn: our hello's bytes at once, the
+        session answer's once the dialer's hello's bytes are in."""
+
+        def connectionMade(self):
+            times["round"].append(time.time())
+            self.got = 0
+            self.transport.write(sizes["hello_bytes"])
+
+        def dataReceived(self, data):
+            if self.got < sizes["request"] <= self.got + len(data):
+                self.transport.write(sizes["answer_bytes"])
+                times["answered"].append(time.time())
+            self.got += len(data)
+
     raw_factory = protocol.Factory.forProtocol(RawServer)
+    round_factory = protocol.Factory.forProtocol(RawRound)
 
     def connected_count():
         return sum(1 for p in switch.peers.values() if p.state == "connected")
@@ -198,6 +249,10 @@ def listener(args) -> None:
         elif name == "raw_span":
             stamps = times["raw"]
             Commands.reply(accepted=len(stamps), seconds=(stamps[-1] - stamps[0]) if stamps else None)
+        elif name == "round_span":
+            first, last = times["round"][:1], times["answered"][-1:]
+            Commands.reply(accepted=len(times["round"]), answered=len(times["answered"]),
+                           seconds=(last[0] - first[0]) if first and last else None)
         elif name == "profile_storm":
             storm_cpu[0] = cpu_seconds()
             if args.profile:
@@ -273,16 +328,19 @@ def listener(args) -> None:
         clock.callLater(0, clock.callLater, 0, settled)  # the turns after the call write its bytes
 
     def listening(ports):
-        mconn_port, raw = ports
+        mconn_port, raw, round_port = ports
+        sizes.update(round_sizes(switch))
         Commands.reply(
-            port=mconn_port.getHost().port, raw_port=raw.getHost().port, mconn_file=mconn.__file__,
+            port=mconn_port.getHost().port, raw_port=raw.getHost().port, round_port=round_port.getHost().port,
+            mconn_file=mconn.__file__, answer_size=len(sizes["hello_bytes"]) + len(sizes["answer_bytes"]),
             config={k: getattr(config, k) for k in limits(args.peers) if k in fields},
         )
 
     endpoint = f"tcp:0:interface=127.0.0.1:backlog={BACKLOG}"
     d1 = switch.listen(endpoint)
     d2 = serverFromString(clock, endpoint).listen(raw_factory)
-    defer.gatherResults([d1, d2]).addCallback(listening)
+    d3 = serverFromString(clock, endpoint).listen(round_factory)
+    defer.gatherResults([d1, d2, d3]).addCallback(listening)
     Commands(clock, handle)
     clock.run()
     if telemetry is not None:
@@ -299,21 +357,15 @@ def dialer(args) -> None:
     from twisted.internet import reactor as clock
     from twisted.internet.endpoints import TCP4ClientEndpoint
 
-    from mconn import ChannelDescriptor, wire
-    from mconn.handshake import make_hello
-    from mconn.wire import HelloTag, PacketType, SessionRequest
+    from mconn.wire import PacketType
 
     raise_nofile()
     rng = random.Random(args.index)
-    request = wire.encode_session_request(SessionRequest(session_id=b"\xcd" * 16, resume=False))
-    body = wire.encode_hello(
-        make_hello(node_id="ab" * 20, channels=[ChannelDescriptor(CHANNEL, priority=1)], max_packet_payload=1024,
-                   fields=((HelloTag.SESSION, request),))
-    )
-    template = wire.encode_extension(PacketType.HELLO, body)
+    template = hello_template()
     node_at, session_at = template.index(b"\xab" * 20), template.index(b"\xcd" * 16)
     pong = bytes([PacketType.PONG])
-    stats = {"pings": 0, "messages": 0, "closed": 0, "refused": 0, "failed": 0, "answered": 0}
+    stats = {"pings": 0, "messages": 0, "closed": 0, "refused": 0, "failed": 0, "answered": 0, "answer_at": None,
+             "round_failed": 0}
     held = []
 
     def hello() -> bytes:
@@ -329,12 +381,15 @@ def dialer(args) -> None:
         def __init__(self):
             self.buffer = b""
             self.answered = False
+            self.received = 0
 
         def connectionMade(self):
             self.transport.write(hello())
 
         def dataReceived(self, data):
             buffer = self.buffer + data
+            self.received += len(data)
+            offset = self.received - len(buffer)  # where the buffer begins in the stream
             at = 0
             while at < len(buffer):
                 kind = buffer[at]
@@ -359,6 +414,7 @@ def dialer(args) -> None:
                 elif kind == PacketType.SESSION and not self.answered:
                     self.answered = True
                     stats["answered"] += 1
+                    stats["answer_at"] = offset + end  # the bytes up to the session answer
                     storm.one_done()
                 elif kind == PacketType.CLOSE:
                     stats["refused"] += 1
@@ -373,6 +429,25 @@ def dialer(args) -> None:
     class Blank(protocol.Protocol):
         pass
 
+    class RoundPeer(protocol.Protocol):
+        """The raw round's dialer: a hello's bytes, done once the listener's hello and
+        session answer's bytes are in."""
+
+        def connectionMade(self):
+            self.got, self.done = 0, False
+            self.transport.write(hello())
+
+        def dataReceived(self, data):
+            self.got += len(data)
+            if not self.done and self.got >= storm.answer_size:
+                self.done = True
+                storm.one_done()
+
+        def connectionLost(self, reason):
+            if not self.done:
+                stats["round_failed"] += 1
+                storm.one_done()
+
     class Storm:
         """Opens ``count`` connections, at most CONCURRENCY under way."""
 
@@ -385,9 +460,9 @@ def dialer(args) -> None:
             self.t0 = time.time()
             self.finished = None
 
-        def start(self, kind, port, factory, count):
+        def start(self, kind, port, factory, count, answer_size=0):
             self.reset(kind, port, factory)
-            self.count = count
+            self.count, self.answer_size = count, answer_size
             clock.callLater(STORM_DEADLINE, self.report, True)
             self.fill()
 
@@ -432,6 +507,9 @@ def dialer(args) -> None:
         name = command["do"]
         if name == "raw":
             storm.start("raw", command["port"], protocol.Factory.forProtocol(Blank), command["count"])
+        elif name == "round":
+            storm.start("round", command["port"], protocol.Factory.forProtocol(RoundPeer), command["count"],
+                        command["answer_size"])
         elif name == "close_raw":
             for proto in held:
                 proto.transport.abortConnection()
@@ -514,8 +592,24 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         time.sleep(2.0)  # the listener sees the raw connections go
         result["raw"] = dict(raw, rate=raw["accepted"] / raw["seconds"] if raw["seconds"] else None,
                              dialers=raw_dialers)
+        # 1b. the raw round: the same socket work as a handshake, without mconn
+        for d, n in zip(dialers, counts):
+            d.send(do="round", port=hello["round_port"], count=n, answer_size=hello["answer_size"])
+        round_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
+        rounds = listener_role.ask(do="round_span")
+        for d in dialers:
+            d.ask(do="close_raw")
+        time.sleep(2.0)
+        result["round"] = dict(rounds, rate=rounds["answered"] / rounds["seconds"] if rounds["seconds"] else None,
+                               answer_size=hello["answer_size"], dialers=round_dialers)
         result["base_rss"] = listener_role.ask(do="base")["rss"]
         # 2. connect storm
+        spy = None
+        if args.py_spy:
+            spy = subprocess.Popen([args.py_spy_bin, "record", "-p", str(listener_role.proc.pid), "-r", "400", "-f",
+                                    "raw", "-o", f"{args.py_spy}.{name}.txt"], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL, start_new_session=True)
+            time.sleep(1.0)  # py-spy attaches
         listener_role.ask(do="profile_storm")
         t0 = time.time()
         for d, n in zip(dialers, counts):
@@ -523,14 +617,19 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         storm_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
         time.sleep(0.5)
         span = listener_role.ask(do="storm_span")
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spy.wait(30)
         result["storm"] = dict(
             span, wall=(span["last_up"] - t0) if span["last_up"] else None,
             rate=span["sessions"] / span["seconds"] if span["seconds"] else None,
             answered=sum(s["answered"] for s in storm_dialers), refused=sum(s["refused"] for s in storm_dialers),
             failed=sum(s["failed"] for s in storm_dialers), dialers=storm_dialers,
         )
-        rates = result["storm"]["rate"], result["raw"]["rate"]
-        result["handshake_ratio"] = rates[0] / rates[1] if all(rates) else None
+        rates = result["storm"]["rate"], result["raw"]["rate"], result["round"]["rate"]
+        result["accept_ratio"] = rates[0] / rates[1] if all(rates[:2]) else None
+        result["handshake_ratio"] = rates[0] / rates[2] if rates[0] and rates[2] else None
         # 3. memory, 4. idle CPU
         time.sleep(args.settle)
         result["rss"] = listener_role.ask(do="rss", timeout=120)
@@ -566,13 +665,16 @@ def summary(name: str, r: dict) -> list[str]:
     def f(value, fmt="{:.2f}"):
         return "-" if value is None else fmt.format(value)
 
-    s, idle, b = r["storm"], r["idle"], r["broadcast"]
+    s, idle, b, rd = r["storm"], r["idle"], r["broadcast"], r["round"]
     return [
         f"{name}: {r['mconn_file']}",
         f"  raw TCP accepts/s {f(r['raw']['rate'], '{:.0f}')} ({r['raw']['accepted']} in {f(r['raw']['seconds'])} s)",
+        f"  raw rounds/s {f(rd['rate'], '{:.0f}')} ({rd['answered']} of {rd['accepted']} in {f(rd['seconds'])} s, "
+        f"{rd['answer_size']} bytes answered, failed {sum(d['round_failed'] for d in rd['dialers'])})",
         f"  storm: {s['connected']} connected, {s['answered']} answered, refused {s['refused']}, failed {s['failed']}, "
-        f"wall {f(s['wall'])} s, handshakes/s {f(s['rate'], '{:.0f}')}, ratio {f(r['handshake_ratio'], '{:.3f}')}, "
-        f"listener refusals {s['refusals']}",
+        f"wall {f(s['wall'])} s, handshakes/s {f(s['rate'], '{:.0f}')}, ratio to raw rounds "
+        f"{f(r['handshake_ratio'], '{:.3f}')}, to raw accepts {f(r['accept_ratio'], '{:.3f}')}, "
+        f"bytes to the answer {[d['answer_at'] for d in s['dialers']]}, listener refusals {s['refusals']}",
         f"  storm CPU of the listener {f(s.get('cpu_seconds'))} s, {f(s.get('cpu_us_per_session'), '{:.0f}')} us per handshake",
         f"  RSS/peer {f(r['rss']['per_peer'] and r['rss']['per_peer'] / 1024)} KiB over {r['rss']['peers']} peers",
         f"  idle CPU {f(idle['cpu_share'] * 100)}% ({f(idle['cpu_seconds'])} s over {f(idle['wall'])} s), "
@@ -595,6 +697,9 @@ def main() -> None:
     parser.add_argument("--order", default="before,now")
     parser.add_argument("--telemetry", choices=["file", "none"], default="file")
     parser.add_argument("--profile", default=None)
+    parser.add_argument("--py-spy", default=None,
+                        help="record the listener with py-spy during the storm to PREFIX.<variant>.txt (raw)")
+    parser.add_argument("--py-spy-bin", default=os.path.join(os.path.dirname(sys.executable), "py-spy"))
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--tmp", default=None)
     args = parser.parse_args()

@@ -20,7 +20,7 @@ from mconn.handshake import make_hello
 from mconn.node_info import check_compatible, node_info_of
 from mconn.owner import IConnectionOwner
 from mconn.websocket_endpoints import transport_kind
-from mconn.wire import HelloTag, encode_session_request
+from mconn.wire import Hello, HelloTag, encode_session_request
 
 
 @implementer(IConnectionOwner)
@@ -52,6 +52,8 @@ class ConnectionSet:
         #: protocol -> the Deferreds of close_all waiting for it to be gone (a dict: a
         #: list scanned per lost connection made stopping 10,000 peers quadratic).
         self._closed_all: dict = {}
+        #: (what an inbound hello depends on, that hello), or None (_inbound_hello).
+        self._inbound = None
 
     # -- IConnectionOwner ------------------------------------------------------------
 
@@ -93,7 +95,13 @@ class ConnectionSet:
         if protocol.context.is_outbound:
             request = self.sessions.session_request(protocol.context.resuming)
             fields = ((HelloTag.SESSION, encode_session_request(request)),)
-        hello = make_hello(
+            hello = self._hello(fields)
+        else:
+            hello = self._inbound_hello()
+        return Connection(config=self.config, hello=hello, channels=self.channels, now=now), request
+
+    def _hello(self, fields) -> Hello:
+        return make_hello(
             node_id=self.node_id,
             channels=self.channels,
             max_packet_payload=self.config.max_packet_payload,
@@ -101,7 +109,17 @@ class ConnectionSet:
             fields=fields,
             node_info=self.node_info,
         )
-        return Connection(config=self.config, hello=hello, channels=self.channels, now=now), request
+
+    def _inbound_hello(self) -> Hello:
+        """The hello of an inbound connection: the same for all of them while the node id,
+        Config, listen address and node info stay (the channels are the Switch's, fixed
+        when it is built), so built once and shared (a Hello is frozen); the core encodes
+        the same object once too."""
+        key = (self.node_id, self.config, self.listen_address(), self.node_info)
+        cached = self._inbound
+        if cached is None or cached[0] != key:
+            cached = self._inbound = (key, self._hello(()))
+        return cached[1]
 
     def connection_made(self, protocol) -> None:
         self.live.add(protocol)

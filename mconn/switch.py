@@ -40,6 +40,7 @@ from mconn.persistent import PersistentDialing
 from mconn.protocol import IConnectionOwner, MConnectionFactory
 from mconn.routing import ReactorSet
 from mconn.session_table import PeerState
+from mconn.socket_options import prepare_listening
 from mconn.sessions import SessionManager
 from mconn.tls_transport import tls_client_endpoint, tls_server_factory
 from mconn.websocket_endpoints import dial_endpoint
@@ -273,6 +274,7 @@ class Switch(Service):
 
         def listening(port):
             self._begin_run()
+            prepare_listening(port, self.config)  # options its connections inherit need not be set again
             self._ports.append(port)
             address = _address_of(port)
             if not self.listen_address:
