@@ -18,13 +18,22 @@ line):
 1. ``raw``: every dialer opens its share of ``--peers`` plain TCP connections to a plain
    Twisted port of the listener, at most ``CONCURRENCY`` under way per dialer, then closes
    them. The listener times its accepts, first to last: raw TCP connects per second.
+   Nothing is read or written: the figure issue 13 first compared with (``accept_ratio``).
+1b. ``round``: the same with the socket work of a handshake, to another plain port: the
+   listener writes the bytes of its hello at once and those of a session answer once a
+   dialer's hello's worth has arrived; a dialer writes a hello's bytes and is done once
+   the listener's are in (both sizes as mconn's; the storm's dialers report the bytes
+   they read up to the answer, to check). The listener times first accept to last
+   answer: raw rounds per second, the baseline of ``handshake_ratio``; and its CPU time
+   per round, from the order to half a second after the last dialer is done.
 2. ``storm``: the same, to the Switch, each connection done at the listener's session
    answer. The listener times its sessions (first connection made to the last session
-   up): handshakes per second, and their ratio to 1. The wall time from the order to the
+   up): handshakes per second, and their ratio to 1b (and to 1). The wall time from the order to the
    last session is the connect-storm time; refused and failed connections are counted.
    The listener's CPU time (user + system) from the order to half a second after the
    last dialer is done, per session: the steadier figure on a shared machine, where the
-   raw accept rate moves 2x between runs.
+   raw accept rate moves 2x between runs; and the wall time of that span spent in the
+   garbage collector (``gc.callbacks``), with its collections by generation.
 3. ``rss``: the listener's VmRSS after ``gc.collect()`` and ``malloc_trim(0)``, less the
    same before the storm, over the peers connected.
 4. ``idle``: the listener's CPU time (user + system) over ``--idle`` seconds of wall with
@@ -240,6 +249,18 @@ def listener(args) -> None:
     base_rss = [0]
     profiler = [None]
     storm_cpu = [0.0]  # the listener's CPU seconds when the storm began
+    gc_time = {"seconds": 0.0, "collections": [0, 0, 0], "began": None}
+
+    def gc_watch(phase, info):
+        """Wall time spent in the garbage collector, and collections by generation."""
+        if phase == "start":
+            gc_time["began"] = time.perf_counter()
+        elif gc_time["began"] is not None:
+            gc_time["seconds"] += time.perf_counter() - gc_time["began"]
+            gc_time["collections"][info["generation"]] += 1
+            gc_time["began"] = None
+
+    gc.callbacks.append(gc_watch)
 
     def handle(command):
         name = command["do"]
@@ -249,12 +270,18 @@ def listener(args) -> None:
         elif name == "raw_span":
             stamps = times["raw"]
             Commands.reply(accepted=len(stamps), seconds=(stamps[-1] - stamps[0]) if stamps else None)
+        elif name == "mark_cpu":
+            storm_cpu[0] = cpu_seconds()
+            Commands.reply(cpu=storm_cpu[0])
         elif name == "round_span":
             first, last = times["round"][:1], times["answered"][-1:]
+            cpu = cpu_seconds() - storm_cpu[0]
             Commands.reply(accepted=len(times["round"]), answered=len(times["answered"]),
-                           seconds=(last[0] - first[0]) if first and last else None)
+                           seconds=(last[0] - first[0]) if first and last else None, cpu_seconds=cpu,
+                           cpu_us_per_round=cpu / len(times["answered"]) * 1e6 if times["answered"] else None)
         elif name == "profile_storm":
             storm_cpu[0] = cpu_seconds()
+            gc_time.update(seconds=0.0, collections=[0, 0, 0])
             if args.profile:
                 import cProfile
 
@@ -273,6 +300,7 @@ def listener(args) -> None:
                 last_up=up[-1] if up else None, refusals=dict(switch.refusals),
                 seconds=(up[-1] - first[0]) if up and first else None,
                 cpu_seconds=cpu, cpu_us_per_session=cpu / len(up) * 1e6 if up else None,
+                gc_seconds=gc_time["seconds"], gc_collections=list(gc_time["collections"]),
             )
         elif name == "rss":
             peers = connected_count()
@@ -593,9 +621,11 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         result["raw"] = dict(raw, rate=raw["accepted"] / raw["seconds"] if raw["seconds"] else None,
                              dialers=raw_dialers)
         # 1b. the raw round: the same socket work as a handshake, without mconn
+        listener_role.ask(do="mark_cpu")
         for d, n in zip(dialers, counts):
             d.send(do="round", port=hello["round_port"], count=n, answer_size=hello["answer_size"])
         round_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
+        time.sleep(0.5)  # as after the storm
         rounds = listener_role.ask(do="round_span")
         for d in dialers:
             d.ask(do="close_raw")
@@ -670,12 +700,14 @@ def summary(name: str, r: dict) -> list[str]:
         f"{name}: {r['mconn_file']}",
         f"  raw TCP accepts/s {f(r['raw']['rate'], '{:.0f}')} ({r['raw']['accepted']} in {f(r['raw']['seconds'])} s)",
         f"  raw rounds/s {f(rd['rate'], '{:.0f}')} ({rd['answered']} of {rd['accepted']} in {f(rd['seconds'])} s, "
-        f"{rd['answer_size']} bytes answered, failed {sum(d['round_failed'] for d in rd['dialers'])})",
+        f"{rd['answer_size']} bytes answered, failed {sum(d['round_failed'] for d in rd['dialers'])}), "
+        f"listener CPU {f(rd.get('cpu_us_per_round'), '{:.0f}')} us per round",
         f"  storm: {s['connected']} connected, {s['answered']} answered, refused {s['refused']}, failed {s['failed']}, "
         f"wall {f(s['wall'])} s, handshakes/s {f(s['rate'], '{:.0f}')}, ratio to raw rounds "
         f"{f(r['handshake_ratio'], '{:.3f}')}, to raw accepts {f(r['accept_ratio'], '{:.3f}')}, "
         f"bytes to the answer {[d['answer_at'] for d in s['dialers']]}, listener refusals {s['refusals']}",
-        f"  storm CPU of the listener {f(s.get('cpu_seconds'))} s, {f(s.get('cpu_us_per_session'), '{:.0f}')} us per handshake",
+        f"  storm CPU of the listener {f(s.get('cpu_seconds'))} s, {f(s.get('cpu_us_per_session'), '{:.0f}')} us per handshake"
+        f" (garbage collector {f(s.get('gc_seconds'))} s, collections by generation {s.get('gc_collections')})",
         f"  RSS/peer {f(r['rss']['per_peer'] and r['rss']['per_peer'] / 1024)} KiB over {r['rss']['peers']} peers",
         f"  idle CPU {f(idle['cpu_share'] * 100)}% ({f(idle['cpu_seconds'])} s over {f(idle['wall'])} s), "
         f"pings answered {idle['pings_answered']}, DelayedCalls {idle['delayed_calls']}",
