@@ -51,6 +51,8 @@ VARIANTS = {
     "mconn-before": {"write_ahead_time": None},
     "mconn": {},
     "mconn-lowat4k": {"tcp_notsent_lowat": 4096},
+    # The packet size before it followed the link (1 KiB packets at any rate).
+    "mconn-1k": {"max_packet_payload": 1024},
 }
 _PROBE = struct.Struct(">Id")
 SIOCOUTQNSD = 0x894B  # unsent bytes in a TCP socket's send queue (linux/sockios.h)
@@ -367,12 +369,19 @@ def role_main(args) -> None:
 
 def bound_ms(mbit: float, config_fields: dict | None) -> float:
     """The issue's bound on added p99: the kernel's unsent bound plus two packets'
-    serialization plus 5 ms (a packet: 1024 payload bytes and its header, on the wire)."""
+    serialization plus 5 ms (a packet: the payload the sender cuts at the shaped rate,
+    mconn.packet_size, and its header, on the wire)."""
     from mconn import Config
 
     config = Config(**(config_fields or {}))
     lowat = config.tcp_notsent_lowat or 0
-    packet = config.max_packet_payload + 6 + 52 * (config.max_packet_payload + 6) / 1448
+    try:
+        from mconn.packet_size import payload_for_rate
+    except ImportError:  # a tree before packets followed the link
+        payload = config.max_packet_payload
+    else:
+        payload = min(config.max_packet_payload, payload_for_rate(mbit * 1e6 / 8, config.write_ahead_time))
+    packet = payload + 6 + 52 * (payload + 6) / 1448
     return (lowat + 2 * packet) * 8 / (mbit * 1e6) * 1000 + 5
 
 

@@ -104,6 +104,9 @@ class Connection:
         self.state = _HANDSHAKING
         self.peer_hello: Hello | None = None
         self.max_packet_payload = config.max_packet_payload
+        #: What msg packets are cut at (set_packet_payload), and what was asked for.
+        self._payload_cap: int | None = None
+        self._payload = config.max_packet_payload
         self.channels: dict[int, Channel] = {d.id: Channel(d) for d in channels}
         self._channel_list = list(self.channels.values())
         self._scheduler = Scheduler(self._channel_list, now)
@@ -277,6 +280,7 @@ class Connection:
     def _open(self, hello: Hello, events: list) -> None:
         self.max_packet_payload = check_hello(self.hello, hello)
         self._buffer.max_payload = self.max_packet_payload
+        self.set_packet_payload(self._payload_cap)
         self.peer_hello = hello
         events.append(HelloReceived(hello=hello, max_packet_payload=self.max_packet_payload))
 
@@ -348,13 +352,20 @@ class Connection:
     def wants_to_send(self) -> bool:
         return bool(self._control) or (self.state is _OPEN and self._scheduler.pending())
 
-    def data_to_send(self, now: float, budget: int | None = None, payload: int | None = None) -> bytes:
+    def set_packet_payload(self, payload: int | None) -> None:
+        """Cut msg packets of at most ``payload`` bytes from the next ``data_to_send`` on
+        (``mconn.packet_size``; None: the negotiated ``max_packet_payload``), never above
+        the negotiated size (specs/wire.md section 4)."""
+        self._payload_cap = payload
+        limit = self.max_packet_payload
+        self._payload = limit if payload is None else max(1, min(payload, limit))
+
+    def data_to_send(self, now: float, budget: int | None = None) -> bytes:
         """The next bytes for the transport: control packets first, then scheduled data.
 
         ``budget`` caps the data bytes (default ``config.write_batch_bytes``); send_rate
-        caps it further. ``payload`` caps the msg packets' payload below the negotiated
-        ``max_packet_payload`` (``mconn.packet_size``; None: the negotiated size).
-        Returns b"" when there is nothing to send now.
+        caps it further. Msg packets are cut at ``set_packet_payload``'s size. Returns
+        b"" when there is nothing to send now.
         """
         if not self._control:
             for channel in self._channel_list:
@@ -373,10 +384,7 @@ class Connection:
             if self._send_bucket is not None:
                 limit = min(limit, int(self._send_bucket.available(now)))
             if limit > 0:
-                size = self.max_packet_payload
-                if payload is not None and payload < size:
-                    size = max(1, payload)
-                data, sent = self._scheduler.next_packets(now, size, limit)
+                data, sent = self._scheduler.next_packets(now, self._payload, limit)
                 if sent:
                     parts.extend(data)
                     if self._send_bucket is not None:

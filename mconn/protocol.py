@@ -172,6 +172,8 @@ class MConnectionProtocol(Protocol):
             type(self.transport), "producerPaused"
         )
         self._socket = socket_of(self.transport) if self._pause_after_write else None
+        # Packets of the unmeasured size until the write-ahead has measured the link.
+        self.core.set_packet_payload(payload_for_rate(None, self._config.write_ahead_time))
         self.transport.registerProducer(self, True)
         self.owner.connection_made(self)
         self.pump()
@@ -227,6 +229,8 @@ class MConnectionProtocol(Protocol):
         if self._pause_after_write:
             # The kernel took everything written: a measure of the link (write_ahead.py).
             self._ahead.resumed(self._clock.seconds(), self._bytes_acked)
+            # Packets follow the measured rate (mconn/packet_size.py).
+            self.core.set_packet_payload(payload_for_rate(self._ahead.rate, self._config.write_ahead_time))
         self.pump()
 
     def _bytes_acked(self) -> int | None:
@@ -263,12 +267,10 @@ class MConnectionProtocol(Protocol):
         now = self._clock.seconds()
         ahead = self._ahead if self._pause_after_write else None
         budget = None if ahead is None else ahead.budget()
-        # Packets sized from the measured drain rate (mconn/packet_size.py).
-        payload = payload_for_rate(None if ahead is None else ahead.rate, self._config.write_ahead_time)
         while True:
             while not self._paused or core.state is not _OPEN:
                 # Once closing, only the close packet is left, and it goes out even when paused.
-                data = core.data_to_send(now, budget, payload)
+                data = core.data_to_send(now, budget)
                 if not data:
                     break
                 write(data)

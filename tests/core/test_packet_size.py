@@ -15,7 +15,7 @@ from mconn.channel import ChannelDescriptor
 from mconn.config import Config
 from mconn.frame_buffer import RUN, FrameBuffer
 from mconn.write_ahead import WINDOW, WriteAhead
-from tests.helpers_core import CorePair, msg, msg_payloads, open_connection
+from tests.helpers_core import CorePair, hello_packet, make_connection, msg, msg_payloads, open_connection
 
 BULK, PROBE = 0x10, 0x30
 CHANNELS = [ChannelDescriptor(BULK, priority=1, send_queue_capacity=8),
@@ -40,6 +40,12 @@ def measured(rate: float, ahead_time: float = AHEAD) -> WriteAhead:
 
 def payload_at(rate: float) -> int:
     return packet_size.payload_for_rate(measured(rate).rate, AHEAD)
+
+
+def cut(conn, now: float, budget: int, payload: int) -> bytes:
+    """``data_to_send`` with packets cut at ``payload`` (as the adapter sets it)."""
+    conn.set_packet_payload(payload)
+    return conn.data_to_send(now, budget)
 
 
 def bulk_connection(peer_payload: int = 65536):
@@ -68,7 +74,7 @@ def test_packets_follow_the_measured_rate_floored_and_capped(rate, payload):
     """Cut at a measured rate, every packet but a message's last carries
     min(negotiated, max(1024, rate * write_ahead_time)) bytes."""
     conn = bulk_connection()
-    sent = conn.data_to_send(1.0, 1 << 20, payload_at(rate))
+    sent = cut(conn, 1.0, 1 << 20, payload_at(rate))
     (size,) = {len(data) for _, eof, data in msg_payloads(sent) if not eof}
     assert size == pytest.approx(payload, rel=0.001)
     assert 1024 <= size <= 65536
@@ -78,7 +84,7 @@ def test_a_peer_announcing_1024_gets_1024_whatever_the_rate():
     """The negotiated maximum (the smaller hello value) caps the rate's choice."""
     conn = bulk_connection(peer_payload=1024)
     assert conn.max_packet_payload == 1024
-    sent = conn.data_to_send(1.0, 1 << 20, payload_at(500_000_000))
+    sent = cut(conn, 1.0, 1 << 20, payload_at(500_000_000))
     assert max(len(data) for _, _, data in msg_payloads(sent)) == 1024
 
 
@@ -88,24 +94,39 @@ def test_an_unmeasured_link_gets_16_kib_packets():
     assert packet_size.payload_for_rate(5e8, None) == 16384
     assert WriteAhead(AHEAD, 65536).rate is None
     conn = bulk_connection()
-    sent = conn.data_to_send(1.0, 1 << 20, packet_size.payload_for_rate(None, AHEAD))
+    sent = cut(conn, 1.0, 1 << 20, packet_size.payload_for_rate(None, AHEAD))
     assert {len(data) for _, eof, data in msg_payloads(sent) if not eof} == {16384}
 
 
 def test_without_a_payload_the_core_cuts_at_the_negotiated_maximum():
-    """data_to_send without ``payload`` (a driver that does not size packets) cuts at
-    the negotiated max_packet_payload, as before."""
+    """A core whose driver does not size packets (no set_packet_payload, or None) cuts
+    at the negotiated max_packet_payload, as before."""
     conn = bulk_connection()
     sent = conn.data_to_send(1.0, 1 << 20)
     assert {len(data) for _, eof, data in msg_payloads(sent) if not eof} == {65536}
+    conn.set_packet_payload(2000)
+    conn.set_packet_payload(None)
+    sent = conn.data_to_send(2.0, 1 << 20)
+    assert {len(data) for _, eof, data in msg_payloads(sent) if not eof} == {65536}
+
+
+def test_a_payload_set_before_the_hello_is_capped_once_the_peer_announces_less():
+    """The adapter sets the payload when the transport connects, before the hellos:
+    the negotiated size, known only then, still caps it."""
+    conn = make_connection(channels=CHANNELS)
+    conn.set_packet_payload(16384)
+    conn.data_to_send(0.0)
+    conn.receive_data(hello_packet(channels=CHANNELS, max_packet_payload=1024), 0.0)
+    assert conn.queue_message(BULK, bytes(5000))
+    assert {len(d) for _, _, d in msg_payloads(conn.data_to_send(0.1))} == {1024, 904}
 
 
 def test_the_packet_size_follows_the_rate_as_it_changes():
     """A link that slows down gets smaller packets from the next write on: the payload
     is chosen per write, so one message's packets may differ in size."""
     conn = bulk_connection()
-    fast = conn.data_to_send(1.0, 200_000, payload_at(500_000_000))
-    slow = conn.data_to_send(1.1, 10_000, payload_at(250_000))
+    fast = cut(conn, 1.0, 200_000, payload_at(500_000_000))
+    slow = cut(conn, 1.1, 10_000, payload_at(250_000))
     assert {len(d) for _, _, d in msg_payloads(fast)} == {65536}
     assert {len(d) for _, _, d in msg_payloads(slow)} == {1024}
 
@@ -119,12 +140,12 @@ def test_a_priority_message_goes_out_within_one_packet_of_bulk(rate):
     ahead = measured(rate)
     payload = packet_size.payload_for_rate(ahead.rate, AHEAD)
     for turn in range(5):
-        written = conn.data_to_send(1.0 + turn, ahead.budget(), payload)
+        written = cut(conn, 1.0 + turn, ahead.budget(), payload)
         bulk = msg_payloads(written)
         # The budget is at most the payload: a write is exactly one bulk packet.
         assert len(bulk) == 1 and len(bulk[0][2]) == min(payload, 65536)
     assert conn.queue_message(PROBE, b"probe")
-    after = msg_payloads(conn.data_to_send(7.0, ahead.budget(), payload))
+    after = msg_payloads(cut(conn, 7.0, ahead.budget(), payload))
     assert after[0] == (PROBE, True, b"probe")
 
 
