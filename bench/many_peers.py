@@ -33,7 +33,10 @@ line):
    The listener's CPU time (user + system) from the order to half a second after the
    last dialer is done, per session: the steadier figure on a shared machine, where the
    raw accept rate moves 2x between runs; and the wall time of that span spent in the
-   garbage collector (``gc.callbacks``), with its collections by generation.
+   garbage collector (``gc.callbacks``), with its collections by generation. The stats
+   tick's LoopingCall is reset at the order, so that its next tick (``stats_interval``,
+   10 s, later) falls into a storm only if the storm is that long, in either tree (the
+   first tick of a peer logs and pings it); the ticks in the span are counted.
 3. ``rss``: the listener's VmRSS after ``gc.collect()`` and ``malloc_trim(0)``, less the
    same before the storm, over the peers connected.
 4. ``idle``: the listener's CPU time (user + system) over ``--idle`` seconds of wall with
@@ -246,10 +249,20 @@ def listener(args) -> None:
         return made(proto)
 
     owner.connection_made = connection_made
+    ticks = []  # when each stats tick began
+    if switch._stats_loop is not None:
+        emit_stats = switch._stats_loop.f
+
+        def stats_tick():
+            ticks.append(time.time())
+            return emit_stats()
+
+        switch._stats_loop.f = stats_tick
     base_rss = [0]
     profiler = [None]
     storm_cpu = [0.0]  # the listener's CPU seconds when the storm began
     gc_time = {"seconds": 0.0, "collections": [0, 0, 0], "began": None}
+    storm_began = [0.0]
 
     def gc_watch(phase, info):
         """Wall time spent in the garbage collector, and collections by generation."""
@@ -282,6 +295,9 @@ def listener(args) -> None:
         elif name == "profile_storm":
             storm_cpu[0] = cpu_seconds()
             gc_time.update(seconds=0.0, collections=[0, 0, 0])
+            storm_began[0] = time.time()
+            if switch._stats_loop is not None and switch._stats_loop.running:
+                switch._stats_loop.reset()  # the next tick one interval from now, whatever the tree
             if args.profile:
                 import cProfile
 
@@ -301,6 +317,7 @@ def listener(args) -> None:
                 seconds=(up[-1] - first[0]) if up and first else None,
                 cpu_seconds=cpu, cpu_us_per_session=cpu / len(up) * 1e6 if up else None,
                 gc_seconds=gc_time["seconds"], gc_collections=list(gc_time["collections"]),
+                ticks_in_storm=sum(1 for t in ticks if t >= storm_began[0]),
             )
         elif name == "rss":
             peers = connected_count()
@@ -707,7 +724,8 @@ def summary(name: str, r: dict) -> list[str]:
         f"{f(r['handshake_ratio'], '{:.3f}')}, to raw accepts {f(r['accept_ratio'], '{:.3f}')}, "
         f"bytes to the answer {[d['answer_at'] for d in s['dialers']]}, listener refusals {s['refusals']}",
         f"  storm CPU of the listener {f(s.get('cpu_seconds'))} s, {f(s.get('cpu_us_per_session'), '{:.0f}')} us per handshake"
-        f" (garbage collector {f(s.get('gc_seconds'))} s, collections by generation {s.get('gc_collections')})",
+        f" (garbage collector {f(s.get('gc_seconds'))} s, collections by generation {s.get('gc_collections')}; "
+        f"stats ticks in that span {s.get('ticks_in_storm')})",
         f"  RSS/peer {f(r['rss']['per_peer'] and r['rss']['per_peer'] / 1024)} KiB over {r['rss']['peers']} peers",
         f"  idle CPU {f(idle['cpu_share'] * 100)}% ({f(idle['cpu_seconds'])} s over {f(idle['wall'])} s), "
         f"pings answered {idle['pings_answered']}, DelayedCalls {idle['delayed_calls']}",
