@@ -227,7 +227,8 @@ class Channel:
         )
 
     def reassemble_run(self, payloads: list) -> None:
-        """Add the payloads of consecutive not-last packets (frame_buffer.RUN)."""
+        """Add the payloads of consecutive not-last packets, or the part of a streamed
+        packet's payload that has arrived (frame_buffer.RUN)."""
         size = self.receiving_size + sum(map(len, payloads))
         if size > self.recv_capacity:
             raise self._too_large(size)
