@@ -3,7 +3,7 @@
     .venv/bin/python bench/pipeline_bench.py [--nodes 1000] [--events 2000000,4000000]
         [--lost 5] [--duplicated 5] [--master local[2]] [--driver-memory 1g]
         [--data DIR] [--keep] [--no-baseline] [--compare-settings] [--before REF]
-        [--event-log DIR]
+        [--before-records {1,2}] [--event-log DIR]
 
 For each size in ``--events`` (approximate event counts) the bench generates a fleet's
 telemetry (generate() below: one file per node, version 2 records exactly as mconn's
@@ -17,11 +17,15 @@ the same files, times:
 With ``--before REF`` it also writes the same fleet in version 1 records (what
 Twisted's jsonFileLogObserver wrote before, log_flattened and all) and times the pipeline
 of git commit REF on them (its ``mconn`` exported with ``git archive``; the working tree
-is not touched), and the baseline on them: before and after in one run.
+is not touched), and the baseline on them: before and after in one run. With
+``--before-records 2`` the pipeline of REF runs on the same version 2 files instead (for a
+REF that reads them: a change of the pipeline alone, measured on the same input).
 
-With ``--event-log DIR`` the version 2 run writes Spark's event log there, and the bench
-prints what each pipeline stage cost according to it (tasks, executor run and CPU
-seconds, GC, bytes read, shuffled and written; ``profile``): what bounds each figure.
+With ``--event-log DIR`` each pipeline run writes Spark's event log there, and the bench
+prints what each pipeline stage cost according to it (Spark jobs, tasks, executor run and
+CPU seconds, GC, bytes read, shuffled and written; ``profile``): what bounds each figure.
+Each run's load average (1 minute, at its start and end) is printed beside it: the
+machine may be shared.
 
 With ``--compare-settings`` it also runs ``mconn-pipeline`` a second time on the same files
 with the settings the command did not pick forced by ``--conf`` (``other_settings``: those of
@@ -426,10 +430,11 @@ def run_spark(args, data: str, out: str, conf: dict[str, str] | None = None, cod
     for key, value in (conf or {}).items():
         command += ["--conf", f"{key}={value}"]
     env = dict(os.environ, PYTHONPATH=code + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    load = os.getloadavg()[0]
     seconds, stdout, peak, heap, cpu = timed(command, env, cwd=code)
     result = json.loads(stdout.strip().splitlines()[-1])
     return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss": peak, "heap": heap, "summary": result["summary"],
-            "stages": result["timings"]}
+            "stages": result["timings"], "load": (load, os.getloadavg()[0])}
 
 
 def run_baseline(data: str) -> dict:
@@ -458,14 +463,9 @@ def measure(args, size: int, workdir: str) -> dict:
     nbytes = du(data)
     print(f"  generated {events:,} events, {nbytes / 1e9:.2f} GB in {args.nodes} files ({generated:.0f} s)",
           file=sys.stderr, flush=True)
-    log_conf = None
-    if args.event_log:
-        log_dir = os.path.join(os.path.abspath(args.event_log), f"events-{size}")
-        os.makedirs(log_dir, exist_ok=True)
-        log_conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": "file://" + log_dir,
-                    "spark.eventLog.compress": "false"}
+    log_dir, log_conf = event_log(args, f"events-{size}")
     spark = run_spark(args, data, os.path.join(workdir, f"out-{size}"), log_conf)
-    if args.event_log:
+    if log_dir:
         spark["profile"] = profile(log_dir)
     print(f"  spark: {spark['seconds']:.1f} s", file=sys.stderr, flush=True)
     forced = None
@@ -476,7 +476,7 @@ def measure(args, size: int, workdir: str) -> dict:
     baseline = run_baseline(data) if args.baseline else None
     if baseline:
         print(f"  baseline: {baseline['seconds']:.1f} s", file=sys.stderr, flush=True)
-    before = measure_before(args, size, workdir) if args.before else None
+    before = measure_before(args, size, workdir, data if args.before_records == 2 else None) if args.before else None
     if not args.keep:
         shutil.rmtree(data, ignore_errors=True)
         shutil.rmtree(os.path.join(workdir, f"out-{size}"), ignore_errors=True)
@@ -487,23 +487,44 @@ def measure(args, size: int, workdir: str) -> dict:
     }
 
 
-def measure_before(args, size: int, workdir: str) -> dict:
-    """The same fleet in version 1 records (what nodes wrote before), the pipeline of
-    ``--before`` on them, and the baseline on them."""
-    data = os.path.join(workdir, f"logs-v1-{size}")
-    events, _ = generate(args, data, record_format=1)
-    nbytes = du(data)
-    print(f"  before: {events:,} events in version 1 records, {nbytes / 1e9:.2f} GB", file=sys.stderr, flush=True)
+def event_log(args, name: str) -> tuple[str | None, dict | None]:
+    """With ``--event-log``: a fresh directory for one run's event log, and the settings
+    that write it there; else (None, None)."""
+    if not args.event_log:
+        return None, None
+    log_dir = os.path.join(os.path.abspath(args.event_log), name)
+    os.makedirs(log_dir, exist_ok=True)
+    return log_dir, {"spark.eventLog.enabled": "true", "spark.eventLog.dir": "file://" + log_dir,
+                     "spark.eventLog.compress": "false"}
+
+
+def measure_before(args, size: int, workdir: str, same: str | None = None) -> dict:
+    """The pipeline of ``--before`` and the baseline on the same fleet: on the files at
+    ``same`` (version 2 records), or else written again in version 1 records (what nodes
+    wrote before)."""
+    if same is None:
+        data = os.path.join(workdir, f"logs-v1-{size}")
+        events, _ = generate(args, data, record_format=1)
+        nbytes = du(data)
+        print(f"  before: {events:,} events in version 1 records, {nbytes / 1e9:.2f} GB", file=sys.stderr, flush=True)
+    else:
+        data, events, nbytes = same, None, du(same)
     code = export_tree(args.before, workdir)
-    spark = run_spark(args, data, os.path.join(workdir, f"out-v1-{size}"), code=code)
+    log_dir, log_conf = event_log(args, f"events-before-{size}")
+    out = os.path.join(workdir, f"out-before-{size}")
+    spark = run_spark(args, data, out, log_conf, code=code)
+    if log_dir:
+        spark["profile"] = profile(log_dir)
     print(f"  before: spark {spark['seconds']:.1f} s ({args.before})", file=sys.stderr, flush=True)
-    baseline = run_baseline(data) if args.baseline else None
+    baseline = run_baseline(data) if args.baseline and same is None else None
     if baseline:
         print(f"  before: baseline {baseline['seconds']:.1f} s", file=sys.stderr, flush=True)
     if not args.keep:
-        shutil.rmtree(data, ignore_errors=True)
-        shutil.rmtree(os.path.join(workdir, f"out-v1-{size}"), ignore_errors=True)
-    return {"events": events, "bytes": nbytes, "spark": spark, "baseline": baseline, "ref": args.before}
+        if same is None:
+            shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+    return {"events": events, "bytes": nbytes, "spark": spark, "baseline": baseline, "ref": args.before,
+            "records": 1 if same is None else 2}
 
 
 def _account(event: dict, stage_of_job: dict, totals: dict) -> None:
@@ -514,9 +535,10 @@ def _account(event: dict, stage_of_job: dict, totals: dict) -> None:
         name = (event.get("Properties") or {}).get("spark.job.description") or "(no stage)"
         for stage in event.get("Stage IDs", []):
             stage_of_job[stage] = name
+        totals.setdefault(name, [0, 0.0, 0.0, 0.0, 0, 0, 0, 0])[7] += 1
     elif kind == "SparkListenerTaskEnd" and event.get("Task Metrics"):
         m = event["Task Metrics"]
-        t = totals.setdefault(stage_of_job.get(event["Stage ID"], "(no stage)"), [0, 0.0, 0.0, 0.0, 0, 0, 0])
+        t = totals.setdefault(stage_of_job.get(event["Stage ID"], "(no stage)"), [0, 0.0, 0.0, 0.0, 0, 0, 0, 0])
         shuffle_read = m.get("Shuffle Read Metrics", {})
         t[0] += 1
         t[1] += m.get("Executor Run Time", 0) / 1e3
@@ -529,8 +551,9 @@ def _account(event: dict, stage_of_job: dict, totals: dict) -> None:
 
 def profile(directory: str) -> list[str]:
     """What the Spark event log under ``directory`` says each pipeline stage cost: its
-    jobs' tasks summed (the job description is the stage's name, mconn/pipeline/job.py):
-    executor run and CPU seconds, GC seconds, bytes read from files, shuffled, written."""
+    Spark jobs counted and their tasks summed (the job description is the stage's name,
+    mconn/pipeline/job.py): executor run and CPU seconds, GC seconds, bytes read from
+    files, shuffled, written."""
     names = [os.path.join(directory, n) for n in os.listdir(directory)]
     if not names:
         return ["no event log written"]
@@ -545,13 +568,13 @@ def profile(directory: str) -> list[str]:
         with open(name) as f:
             for text in f:
                 _account(json.loads(text), stage_of_job, totals)
-    lines = [f"{'stage (event log)':<18} {'tasks':>6} {'run s':>8} {'cpu s':>8} {'gc s':>6} {'read MB':>9} "
-             f"{'shuffle MB':>10} {'written MB':>10}"]
+    lines = [f"{'stage (event log)':<18} {'jobs':>5} {'tasks':>6} {'run s':>8} {'cpu s':>8} {'gc s':>6} "
+             f"{'read MB':>9} {'shuffle MB':>10} {'written MB':>10}"]
     for name, t in totals.items():
-        lines.append(f"{name[:18]:<18} {t[0]:>6} {t[1]:>8.1f} {t[2]:>8.1f} {t[3]:>6.1f} {t[4] / 1e6:>9.1f} "
-                     f"{t[5] / 1e6:>10.1f} {t[6] / 1e6:>10.1f}")
-    every = [sum(t[k] for t in totals.values()) for k in range(7)]
-    lines.append(f"{'all tasks':<18} {every[0]:>6} {every[1]:>8.1f} {every[2]:>8.1f} {every[3]:>6.1f} "
+        lines.append(f"{name[:18]:<18} {t[7]:>5} {t[0]:>6} {t[1]:>8.1f} {t[2]:>8.1f} {t[3]:>6.1f} "
+                     f"{t[4] / 1e6:>9.1f} {t[5] / 1e6:>10.1f} {t[6] / 1e6:>10.1f}")
+    every = [sum(t[k] for t in totals.values()) for k in range(8)]
+    lines.append(f"{'all':<18} {every[7]:>5} {every[0]:>6} {every[1]:>8.1f} {every[2]:>8.1f} {every[3]:>6.1f} "
                  f"{every[4] / 1e6:>9.1f} {every[5] / 1e6:>10.1f} {every[6] / 1e6:>10.1f}")
     return lines
 
@@ -561,14 +584,15 @@ def profile(directory: str) -> list[str]:
 
 def table(args, rows: list[dict]) -> str:
     lines = [
-        f"{'events':>12} {'records':>8} {'input GB':>9} {'spark s':>8} {'cpu s':>7} {'events/s':>10} {'base s':>8} "
+        f"{'events':>12} {'records':>9} {'input GB':>9} {'spark s':>8} {'cpu s':>7} {'events/s':>10} {'base s':>8} "
         f"{'cpu s':>7} {'base ev/s':>10} {'base/spark':>10} {'lost':>9} {'dup':>9} {'JVM peak':>9}",
         "-" * 130,
     ]
     for r in rows:
         lines.append(_line(r, "v2", r))
         if r.get("before"):
-            lines.append(_line(r["before"], f"v1@{r['before']['ref'][:7]}", r))
+            b = r["before"]
+            lines.append(_line(dict(b, events=r["events"]), f"v{b['records']}@{b['ref'][:7]}", r))
     return "\n".join(lines + [""] + _checks(args, rows))
 
 
@@ -578,7 +602,7 @@ def _line(r: dict, label: str, truth: dict) -> str:
     found = (f"{s['summary']['lost']}/{truth['lost_injected']}",
              f"{s['summary']['duplicated']}/{truth['duplicated_injected']}")
     return (
-        f"{r['events']:>12,} {label:>8} {r['bytes'] / 1e9:>9.2f} {s['seconds']:>8.1f} {s['cpu_seconds']:>7.1f} "
+        f"{r['events']:>12,} {label:>9} {r['bytes'] / 1e9:>9.2f} {s['seconds']:>8.1f} {s['cpu_seconds']:>7.1f} "
         f"{r['events'] / s['seconds']:>10,.0f} "
         + (f"{b['seconds']:>8.1f} {b['cpu_seconds']:>7.1f} {r['events'] / b['seconds']:>10,.0f} "
            f"{b['seconds'] / s['seconds']:>10.2f} "
@@ -598,8 +622,11 @@ def _checks(args, rows: list[dict]) -> list[str]:
                           f"{'PASS' if ratio >= 1.0 else 'FAIL'}")
         if r.get("before"):
             b = r["before"]
-            checks.append(f"{r['events']:,} events: before ({b['ref'][:7]}, version 1 records) {b['spark']['seconds']:.1f} s, "
-                          f"now {r['spark']['seconds']:.1f} s: {b['spark']['seconds'] / r['spark']['seconds']:.2f}x faster")
+            checks.append(f"{r['events']:,} events: before ({b['ref'][:7]}, version {b['records']} records) "
+                          f"{b['spark']['seconds']:.1f} s, {b['spark']['cpu_seconds']:.1f} CPU s; now "
+                          f"{r['spark']['seconds']:.1f} s, {r['spark']['cpu_seconds']:.1f} CPU s: "
+                          f"{b['spark']['seconds'] / r['spark']['seconds']:.2f}x faster, "
+                          f"{b['spark']['cpu_seconds'] / r['spark']['cpu_seconds']:.2f}x less CPU")
     for small, large in zip(rows, rows[1:]):
         er = large["events"] / small["events"]
         tr = large["spark"]["seconds"] / small["spark"]["seconds"]
@@ -617,10 +644,14 @@ def _checks(args, rows: list[dict]) -> list[str]:
             checks += [f"profile of {r['events']:,} events (Spark event log; JVM CPU of the whole run "
                        f"{r['spark']['cpu_seconds']:.1f} s):"] + ["    " + p for p in r["spark"]["profile"]]
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r["spark"]["stages"].items())
-        checks.append(f"stages of {r['events']:,} events, seconds: {stages}")
+        checks.append(f"stages of {r['events']:,} events, seconds: {stages} (load {_load(r['spark'])})")
         if r.get("before"):
-            stages = ", ".join(f"{k} {v:.1f}" for k, v in r["before"]["spark"]["stages"].items())
-            checks.append(f"  before: {stages}")
+            b = r["before"]["spark"]
+            if b.get("profile"):
+                checks += [f"  before: profile (JVM CPU of the whole run {b['cpu_seconds']:.1f} s):"]
+                checks += ["    " + p for p in b["profile"]]
+            stages = ", ".join(f"{k} {v:.1f}" for k, v in b["stages"].items())
+            checks.append(f"  before: {stages} (load {_load(b)})")
     for r in rows:
         forced = r.get("spark_other_settings")
         if forced:
@@ -638,6 +669,11 @@ def _checks(args, rows: list[dict]) -> list[str]:
             ok = ok and all((x["lost"], x["duplicated"]) == (r["lost_injected"], r["duplicated_injected"]) for x in runs)
         checks.append(f"audit of {r['events']:,} events finds exactly the injected faults: {'PASS' if ok else 'FAIL'}")
     return checks
+
+
+def _load(run: dict) -> str:
+    """The 1-minute load average at a run's start and end."""
+    return " -> ".join(f"{x:.1f}" for x in run.get("load", ())) or "not recorded"
 
 
 def _bytes(size: str) -> int:
@@ -662,8 +698,11 @@ def main(argv=None) -> int:
     parser.add_argument("--before", default=None, metavar="REF",
                         help="also run the pipeline of git commit REF on the same fleet in version 1 records "
                              "(what nodes wrote before), with the baseline on them")
+    parser.add_argument("--before-records", type=int, choices=(1, 2), default=1,
+                        help="the records --before REF reads: 1 (the fleet written again in version 1, the "
+                             "default) or 2 (the same files as this tree's run)")
     parser.add_argument("--event-log", default=None, metavar="DIR",
-                        help="write the Spark event log of the version 2 run under DIR and print what each "
+                        help="write the Spark event log of each pipeline run under DIR and print what each "
                              "pipeline stage cost from it")
     parser.add_argument("--compare-settings", action="store_true",
                         help="also run with the other input size's settings forced, and print the ratio")

@@ -86,9 +86,8 @@ def main(argv=None) -> int:
         print(f"mconn-pipeline: warning: {line}", file=sys.stderr)
     from pyspark import SparkContext
 
-    from mconn.pipeline import audit, console, job
+    from mconn.pipeline import console, job
     from mconn.pipeline.spark import Progress, build_session, input_bytes
-    from mconn.pipeline.tables import table_path
 
     progress = Progress(len(job.STAGES), enabled=not args.quiet)
     ours = SparkContext._active_spark_context is None  # else a caller's session: leave it running
@@ -98,8 +97,7 @@ def main(argv=None) -> int:
             spark, selected.paths, args.out, since=args.since, until=args.until, report_path=args.report,
             progress=progress,
         )
-        audit_df, links_df = (spark.read.parquet(table_path(args.out, n)) for n in ("delivery_audit", "links"))
-        found = audit.findings(audit_df, links_df, starts_cut=args.since is not None)
+        found = result.console_findings(args.since)
     except Exception as error:  # an unwritable DIR, a lost cluster...
         print(f"mconn-pipeline: error: {console.describe(error)}", file=sys.stderr)
         return 1

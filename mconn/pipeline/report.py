@@ -11,6 +11,7 @@ from the written tables with bounded queries (top N, or a sample of at most
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import os
 
@@ -158,8 +159,10 @@ def _table(headers: list[str], rows) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_counts: dict, everything) -> None:
-    """Collect what the report shows from the tables (``rows``: their sizes), draw it, write it."""
+def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_counts: dict, everything,
+          findings: audit.Findings) -> None:
+    """Collect what the report shows from the tables (``rows``: their sizes) and the audit's
+    ``findings``, draw it, write it."""
     healthy, verdict = headline.verdict(summary)
     span = f"{summary['first_time']} to {summary['last_time']} UTC"
     parts = [
@@ -168,7 +171,7 @@ def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_coun
         "<h1>mconn fleet telemetry</h1>",
         f"<p class='note'>{html.escape(span)}</p>",
         f"<div class='verdict {'ok' if healthy else 'bad'}'>{html.escape(verdict)}</div>",
-        _notes(tables),
+        _notes(findings),
         _table(["figure", "value"], headline.rows(summary)),
         "<h2>Delivery audit findings</h2>",
         _findings(tables["delivery_audit"]),
@@ -184,10 +187,11 @@ def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_coun
         f.write("\n".join(parts))
 
 
-def _notes(tables: dict) -> str:
+def _notes(findings: audit.Findings) -> str:
     """The notes and warnings of the console (one-sided rows' causes, clock skew, sessions
-    seen without their start); the rows with a problem are in the findings table."""
-    found = audit.findings(tables["delivery_audit"], tables["links"], starts_cut=None)
+    seen without their start, which may also be before a --since); the rows with a problem
+    are in the findings table."""
+    found = dataclasses.replace(findings, starts_cut=None)
     lines = [line for line in console.finding_lines(found) if not line.startswith(" ")]
     return "".join(f"<p class='note'>{html.escape(line)}</p>" for line in lines)
 
