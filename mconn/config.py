@@ -26,8 +26,8 @@ class Config:
     #: is dead (CometBFT's 45 s).
     pong_timeout: float = 45.0
     #: Largest payload of one msg packet we send and accept, in bytes; both sides use the
-    #: smaller. Within it a sender cuts packets of write_ahead_time at the link's measured
-    #: drain rate, at least 1024 (16 KiB where the rate is not measured: TLS, WebSocket),
+    #: smaller. Within it a sender cuts packets of a quarter of write_ahead_time at the
+    #: link's measured drain rate, at least 1024 (16 KiB where it is not measured: TLS, WebSocket),
     #: so a slow link keeps small packets; 64 KiB lets fast links carry bulk with a
     #: fraction of the per-packet work of CometBFT's 1024 (bench/RESULTS.md).
     max_packet_payload: int = 65536

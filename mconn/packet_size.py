@@ -7,12 +7,14 @@ A packet is never split: once the scheduler has cut one, a message queued after 
 higher-priority channel waits for all of it. So the packet size is the grain of the
 priority guarantee, and large packets are what makes bulk cheap (the per-packet work of
 1 KiB packets bounded bulk throughput, bench/RESULTS.md). The sender therefore cuts
-packets of the link's drain rate times a small time budget (``write_ahead_time``, the
-same budget that sizes the writes), never below ``FLOOR`` and never above the size both
-hellos allow (the negotiated ``max_packet_payload``, which ``Connection.data_to_send``
-applies): on a 2 Mbit/s link that is ``FLOOR``, at 20 Mbit/s about 2.5 KB, on loopback
-the negotiated maximum. A receiver accepts any payload up to the negotiated maximum, so
-the sender may choose any size per write.
+packets of a quarter of what a write carries at the link's drain rate (``PER_WRITE``
+packets per ``write_ahead_time``, the budget that sizes the writes, so the packet that
+crosses a write's budget adds at most a quarter of it), never below ``FLOOR`` and never
+above the size both hellos allow (the negotiated ``max_packet_payload``, which
+``Connection.set_packet_payload`` applies): up to about 33 Mbit/s that is ``FLOOR``, as
+before; at 1 Gbit/s about 31 KB; on loopback the negotiated maximum. Per-packet work
+only matters at the rates where packets grow. A receiver accepts any payload up to the
+negotiated maximum, so the sender may choose any size per write.
 
 Where the rate is not measured (TLS, WebSocket, ``write_ahead_time=None``) and on a
 plain TCP connection before its first rate sample, packets are ``UNMEASURED``: one TLS
@@ -28,12 +30,15 @@ from __future__ import annotations
 FLOOR = 1024
 #: The payload where the drain rate is not known, in bytes: one TLS record's plaintext.
 UNMEASURED = 16384
+#: Packets per write-ahead: a packet is at most this fraction of a write's bytes.
+PER_WRITE = 4
 
 
-def payload_for_rate(rate: float | None, packet_time: float | None) -> int:
+def payload_for_rate(rate: float | None, ahead_time: float | None) -> int:
     """The payload to cut packets at for a link draining ``rate`` bytes per second (None:
-    not measured), given a budget of ``packet_time`` seconds of sending per packet.
-    The caller caps it at the negotiated ``max_packet_payload``."""
-    if rate is None or packet_time is None:
+    not measured) under a write-ahead of ``ahead_time`` seconds (None: none): a
+    ``PER_WRITE``-th of a write, at least ``FLOOR``. The caller caps it at the negotiated
+    ``max_packet_payload``."""
+    if rate is None or ahead_time is None:
         return UNMEASURED
-    return max(FLOOR, int(rate * packet_time))
+    return max(FLOOR, int(rate * ahead_time / PER_WRITE))
