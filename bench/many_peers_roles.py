@@ -1,0 +1,509 @@
+"""The processes of bench/many_peers.py: the listener (a Switch, a plain Twisted port for
+the raw accepts and one for the raw rounds) and a dialer (raw mconn peers from many
+loopback sources), each driven by one JSON command a line on stdin. The phases and what
+each measures are in bench/many_peers.py's docstring."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import resource
+import sys
+import time
+
+SOURCES = [f"127.0.{i // 250}.{2 + i % 250}" for i in range(200)]
+#: Connection attempts under way at once per dialer (the listener's backlog is BACKLOG).
+CONCURRENCY = 64
+BACKLOG = 1024
+CHANNEL = 0x20
+#: Seconds a dialer waits for its share of a storm before it reports what it has.
+STORM_DEADLINE = 150.0
+#: Seconds between the storm and the measurements: one stats tick (10 s) and a margin,
+#: so that the idle window holds no handshake and no tick's first ping of a new peer.
+SETTLE = 12.0
+
+
+def limits(peers: int) -> dict:
+    """The admission limits an operator raises for ``peers`` inbound peers."""
+    return {
+        "max_inbound_peers": peers,
+        "max_connections_per_ip": peers,
+        "max_pending_handshakes": BACKLOG,
+        "max_pending_per_group": BACKLOG,
+    }
+
+
+def raise_nofile() -> int:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def rss_bytes() -> int:
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Commands:
+    """Reads one JSON command a line from stdin, hands it to ``handle``, prints replies."""
+
+    def __init__(self, clock, handle) -> None:
+        from twisted.internet import stdio
+        from twisted.protocols.basic import LineReceiver
+
+        class Lines(LineReceiver):
+            delimiter = b"\n"
+
+            def lineReceived(self, line):
+                handle(json.loads(line))
+
+            def connectionLost(self, reason):
+                if clock.running:
+                    clock.stop()
+
+        self.stdio = stdio.StandardIO(Lines())
+
+    @staticmethod
+    def reply(**fields) -> None:
+        sys.stdout.write(json.dumps(fields) + "\n")
+        sys.stdout.flush()
+
+
+# -- the listener -------------------------------------------------------------------------
+
+
+def hello_template() -> bytes:
+    """A dialer's hello packet with a session request (node id ab.., session id cd..)."""
+    from mconn import ChannelDescriptor, wire
+    from mconn.handshake import make_hello
+    from mconn.wire import HelloTag, PacketType, SessionRequest
+
+    request = wire.encode_session_request(SessionRequest(session_id=b"\xcd" * 16, resume=False))
+    body = wire.encode_hello(
+        make_hello(node_id="ab" * 20, channels=[ChannelDescriptor(CHANNEL, priority=1)], max_packet_payload=1024,
+                   fields=((HelloTag.SESSION, request),))
+    )
+    return wire.encode_extension(PacketType.HELLO, body)
+
+
+def round_sizes(switch) -> dict:
+    """The raw round's bytes: the listener's hello packet and a fresh session's answer
+    packet (what the Switch sends a new dialer), and the size of a dialer's hello."""
+    from mconn import wire
+    from mconn.handshake import make_hello
+    from mconn.wire import PacketType, SessionAnswer
+
+    hello = make_hello(node_id=switch.node_id, channels=switch.channels,
+                       max_packet_payload=switch.config.max_packet_payload,
+                       listen_address=switch.listen_address, node_info=switch.node_info)
+    answer = wire.encode_session_answer(SessionAnswer(session_id=b"\x00" * 16, resumed=False))
+    return {
+        "hello_bytes": wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello)),
+        "answer_bytes": wire.encode_extension(PacketType.SESSION, answer),
+        "request": len(hello_template()),
+    }
+
+
+def listener(args) -> None:
+    from twisted.internet import defer, protocol
+    from twisted.internet import reactor as clock
+    from twisted.internet.endpoints import serverFromString
+    from twisted.logger import globalLogBeginner
+
+    import mconn
+    from mconn import ChannelDescriptor, Config, Reactor, Switch
+    from mconn.telemetry_file import TelemetryFileService
+
+    raise_nofile()
+    globalLogBeginner.beginLoggingTo([], discardBuffer=True, redirectStandardIO=False)
+    fields = {f for f in Config.__dataclass_fields__}
+    config = Config(**{k: v for k, v in limits(args.peers).items() if k in fields})
+
+    class Quiet(Reactor):
+        def get_channels(self):
+            return [ChannelDescriptor(CHANNEL, priority=1)]
+
+    switch = Switch([Quiet()], config=config, clock=clock)
+    telemetry = None
+    if args.telemetry == "file":
+        telemetry = TelemetryFileService(os.path.join(args.tmp, "telemetry.jsonl"), switch.node_id)
+        telemetry.startService()
+    switch.startService()
+    times = {"raw": [], "made": [], "round": [], "answered": []}
+    sizes = {}  # the bytes of the raw round (listening: the listener's hello needs the port)
+
+    class RawServer(protocol.Protocol):
+        def connectionMade(self):
+            times["raw"].append(time.time())
+
+    class RawRound(protocol.Protocol):
+        """The socket work of a handshake without mconn: our hello's bytes at once, the
+        session answer's once the dialer's hello's bytes are in."""
+
+        def connectionMade(self):
+            times["round"].append(time.time())
+            self.got = 0
+            self.transport.write(sizes["hello_bytes"])
+
+        def dataReceived(self, data):
+            if self.got < sizes["request"] <= self.got + len(data):
+                self.transport.write(sizes["answer_bytes"])
+                times["answered"].append(time.time())
+            self.got += len(data)
+
+    raw_factory = protocol.Factory.forProtocol(RawServer)
+    round_factory = protocol.Factory.forProtocol(RawRound)
+
+    def connected_count():
+        return sum(1 for p in switch.peers.values() if p.state == "connected")
+
+    sessions_up = []
+
+    class Watcher(Reactor):
+        def add_peer(self, peer):
+            sessions_up.append(time.time())
+
+    switch.reactors.append(Watcher())
+    owner = switch._connections  # every connection reports to it (IConnectionOwner)
+    made = owner.connection_made
+
+    def connection_made(proto):
+        times["made"].append(time.time())
+        return made(proto)
+
+    owner.connection_made = connection_made
+    ticks = []  # when each stats tick began
+    if switch._stats_loop is not None:
+        emit_stats = switch._stats_loop.f
+
+        def stats_tick():
+            ticks.append(time.time())
+            return emit_stats()
+
+        switch._stats_loop.f = stats_tick
+    base_rss = [0]
+    profiler = [None]
+    storm_cpu = [0.0]  # the listener's CPU seconds when the storm began
+    gc_time = {"seconds": 0.0, "collections": [0, 0, 0], "began": None}
+    storm_began = [0.0]
+
+    def gc_watch(phase, info):
+        """Wall time spent in the garbage collector, and collections by generation."""
+        if phase == "start":
+            gc_time["began"] = time.perf_counter()
+        elif gc_time["began"] is not None:
+            gc_time["seconds"] += time.perf_counter() - gc_time["began"]
+            gc_time["collections"][info["generation"]] += 1
+            gc_time["began"] = None
+
+    gc.callbacks.append(gc_watch)
+
+    def handle(command):
+        name = command["do"]
+        if name == "base":
+            base_rss[0] = rss_bytes()
+            Commands.reply(rss=base_rss[0])
+        elif name == "raw_span":
+            stamps = times["raw"]
+            Commands.reply(accepted=len(stamps), seconds=(stamps[-1] - stamps[0]) if stamps else None)
+        elif name == "mark_cpu":
+            storm_cpu[0] = cpu_seconds()
+            Commands.reply(cpu=storm_cpu[0])
+        elif name == "round_span":
+            first, last = times["round"][:1], times["answered"][-1:]
+            cpu = cpu_seconds() - storm_cpu[0]
+            Commands.reply(accepted=len(times["round"]), answered=len(times["answered"]),
+                           seconds=(last[0] - first[0]) if first and last else None, cpu_seconds=cpu,
+                           cpu_us_per_round=cpu / len(times["answered"]) * 1e6 if times["answered"] else None)
+        elif name == "profile_storm":
+            storm_cpu[0] = cpu_seconds()
+            gc_time.update(seconds=0.0, collections=[0, 0, 0])
+            storm_began[0] = time.time()
+            if switch._stats_loop is not None and switch._stats_loop.running:
+                switch._stats_loop.reset()  # the next tick one interval from now, whatever the tree
+            if args.profile:
+                import cProfile
+
+                profiler[0] = cProfile.Profile()
+                profiler[0].enable()
+            Commands.reply(profiling=bool(args.profile))
+        elif name == "storm_span":
+            cpu = cpu_seconds() - storm_cpu[0]
+            if profiler[0] is not None:
+                profiler[0].disable()
+                profiler[0].dump_stats(args.profile + ".storm")
+                profiler[0] = None
+            up, first = sessions_up, times["made"][:1]
+            Commands.reply(
+                sessions=len(up), connected=connected_count(), first_made=first[0] if first else None,
+                last_up=up[-1] if up else None, refusals=dict(switch.refusals),
+                seconds=(up[-1] - first[0]) if up and first else None,
+                cpu_seconds=cpu, cpu_us_per_session=cpu / len(up) * 1e6 if up else None,
+                gc_seconds=gc_time["seconds"], gc_collections=list(gc_time["collections"]),
+                ticks_in_storm=sum(1 for t in ticks if t >= storm_began[0]),
+            )
+        elif name == "rss":
+            peers = connected_count()
+            rss = rss_bytes()
+            Commands.reply(rss=rss, peers=peers, per_peer=(rss - base_rss[0]) / peers if peers else None)
+        elif name == "idle":
+            idle(command["seconds"])
+        elif name == "broadcast":
+            broadcast()
+        elif name == "quit":
+            d = switch.stopService()
+            d.addBoth(lambda _: clock.stop())
+
+    def idle(seconds):
+        if args.profile:
+            import cProfile
+
+            profiler[0] = cProfile.Profile()
+            profiler[0].enable()
+        cpu0, wall0 = cpu_seconds(), time.monotonic()
+        timers0 = len(clock.getDelayedCalls())
+
+        def done():
+            cpu, wall = cpu_seconds() - cpu0, time.monotonic() - wall0
+            if profiler[0] is not None:
+                profiler[0].disable()
+                profiler[0].dump_stats(args.profile)
+            Commands.reply(
+                cpu_seconds=cpu, wall=wall, cpu_share=cpu / wall, peers=connected_count(),
+                delayed_calls=[timers0, len(clock.getDelayedCalls())],
+            )
+
+        clock.callLater(seconds, done)
+
+    def broadcast():
+        timers0 = len(clock.getDelayedCalls())
+        cpu0, wall0 = cpu_seconds(), time.monotonic()
+        d = switch.broadcast(CHANNEL, b"x" * 100)
+        call_cpu, call_wall = cpu_seconds() - cpu0, time.monotonic() - wall0
+        results = []
+        d.addCallback(results.append)
+
+        def settled():
+            cpu, wall = cpu_seconds() - cpu0, time.monotonic() - wall0
+            peers = connected_count()
+            sent = sum(1 for ok in results[0].values() if ok) if results else None
+            Commands.reply(
+                peers=peers, sent=sent, call_cpu=call_cpu, call_wall=call_wall, cpu=cpu, wall=wall,
+                call_us_per_peer=call_cpu / peers * 1e6 if peers else None,
+                delayed_calls=[timers0, len(clock.getDelayedCalls())],
+            )
+
+        clock.callLater(0, clock.callLater, 0, settled)  # the turns after the call write its bytes
+
+    def listening(ports):
+        mconn_port, raw, round_port = ports
+        sizes.update(round_sizes(switch))
+        Commands.reply(
+            port=mconn_port.getHost().port, raw_port=raw.getHost().port, round_port=round_port.getHost().port,
+            mconn_file=mconn.__file__, answer_size=len(sizes["hello_bytes"]) + len(sizes["answer_bytes"]),
+            config={k: getattr(config, k) for k in limits(args.peers) if k in fields},
+        )
+
+    endpoint = f"tcp:0:interface=127.0.0.1:backlog={BACKLOG}"
+    d1 = switch.listen(endpoint)
+    d2 = serverFromString(clock, endpoint).listen(raw_factory)
+    d3 = serverFromString(clock, endpoint).listen(round_factory)
+    defer.gatherResults([d1, d2, d3]).addCallback(listening)
+    Commands(clock, handle)
+    clock.run()
+    if telemetry is not None:
+        telemetry.stopService()
+
+
+# -- a dialer -------------------------------------------------------------------------------
+
+
+def dialer(args) -> None:
+    import random
+
+    from twisted.internet import protocol
+    from twisted.internet import reactor as clock
+    from twisted.internet.endpoints import TCP4ClientEndpoint
+
+    from mconn.wire import PacketType
+
+    raise_nofile()
+    rng = random.Random(args.index)
+    template = hello_template()
+    node_at, session_at = template.index(b"\xab" * 20), template.index(b"\xcd" * 16)
+    pong = bytes([PacketType.PONG])
+    stats = {"pings": 0, "messages": 0, "closed": 0, "refused": 0, "failed": 0, "answered": 0, "answer_at": None,
+             "round_failed": 0}
+    held = []
+
+    def hello() -> bytes:
+        packet = bytearray(template)
+        packet[node_at : node_at + 20] = rng.randbytes(20)
+        packet[session_at : session_at + 16] = rng.randbytes(16)
+        return bytes(packet)
+
+    class RawPeer(protocol.Protocol):
+        """A peer that only says hello and answers pings (the listener sends no messages
+        unless asked to broadcast; those are counted, never acknowledged)."""
+
+        def __init__(self):
+            self.buffer = b""
+            self.answered = False
+            self.received = 0
+
+        def connectionMade(self):
+            self.transport.write(hello())
+
+        def dataReceived(self, data):
+            buffer = self.buffer + data
+            self.received += len(data)
+            offset = self.received - len(buffer)  # where the buffer begins in the stream
+            at = 0
+            while at < len(buffer):
+                kind = buffer[at]
+                if kind == PacketType.PING:
+                    self.transport.write(pong)
+                    stats["pings"] += 1
+                    at += 1
+                    continue
+                if kind == PacketType.PONG:
+                    at += 1
+                    continue
+                head = at + 3 if kind == PacketType.MSG else at + 1
+                if head >= len(buffer) or head + 1 + buffer[head] > len(buffer):
+                    break
+                width = buffer[head]
+                length = int.from_bytes(buffer[head + 1 : head + 1 + width], "big")
+                end = head + 1 + width + length
+                if end > len(buffer):
+                    break
+                if kind == PacketType.MSG:
+                    stats["messages"] += 1
+                elif kind == PacketType.SESSION and not self.answered:
+                    self.answered = True
+                    stats["answered"] += 1
+                    stats["answer_at"] = offset + end  # the bytes up to the session answer
+                    storm.one_done()
+                elif kind == PacketType.CLOSE:
+                    stats["refused"] += 1
+                at = end
+            self.buffer = buffer[at:]
+
+        def connectionLost(self, reason):
+            stats["closed"] += 1
+            if not self.answered:
+                storm.one_done()
+
+    class Blank(protocol.Protocol):
+        pass
+
+    class RoundPeer(protocol.Protocol):
+        """The raw round's dialer: a hello's bytes, done once the listener's hello and
+        session answer's bytes are in."""
+
+        def connectionMade(self):
+            self.got, self.done = 0, False
+            self.transport.write(hello())
+
+        def dataReceived(self, data):
+            self.got += len(data)
+            if not self.done and self.got >= storm.answer_size:
+                self.done = True
+                storm.one_done()
+
+        def connectionLost(self, reason):
+            if not self.done:
+                stats["round_failed"] += 1
+                storm.one_done()
+
+    class Storm:
+        """Opens ``count`` connections, at most CONCURRENCY under way."""
+
+        def __init__(self):
+            self.reset("", 0, None)
+
+        def reset(self, kind, port, factory):
+            self.kind, self.port, self.factory = kind, port, factory
+            self.started = self.done = self.under_way = 0
+            self.t0 = time.time()
+            self.finished = None
+
+        def start(self, kind, port, factory, count, answer_size=0):
+            self.reset(kind, port, factory)
+            self.count, self.answer_size = count, answer_size
+            clock.callLater(STORM_DEADLINE, self.report, True)
+            self.fill()
+
+        def fill(self):
+            while self.under_way < CONCURRENCY and self.started < self.count:
+                source = SOURCES[(args.index * 7919 + self.started) % len(SOURCES)]
+                endpoint = TCP4ClientEndpoint(clock, "127.0.0.1", self.port, timeout=30, bindAddress=(source, 0))
+                self.started += 1
+                self.under_way += 1
+                d = endpoint.connect(self.factory)
+                d.addCallbacks(self.connected, self.failed)
+
+        def connected(self, proto):
+            held.append(proto)
+            if self.kind == "raw":
+                self.one_done()
+
+        def failed(self, failure):
+            stats["failed"] += 1
+            self.one_done()
+
+        def one_done(self):
+            if self.finished is not None:
+                return
+            self.under_way -= 1
+            self.done += 1
+            if self.done >= self.count:
+                self.report(False)
+            else:
+                self.fill()
+
+        def report(self, timed_out):
+            if self.finished is not None:
+                return
+            self.finished = time.time()
+            Commands.reply(kind=self.kind, done=self.done, seconds=self.finished - self.t0, timed_out=timed_out,
+                           **stats)
+
+    storm = Storm()
+
+    def handle(command):
+        name = command["do"]
+        if name == "raw":
+            storm.start("raw", command["port"], protocol.Factory.forProtocol(Blank), command["count"])
+        elif name == "round":
+            storm.start("round", command["port"], protocol.Factory.forProtocol(RoundPeer), command["count"],
+                        command["answer_size"])
+        elif name == "close_raw":
+            for proto in held:
+                proto.transport.abortConnection()
+            held.clear()
+            Commands.reply(closed=True)
+        elif name == "storm":
+            storm.start("storm", command["port"], protocol.Factory.forProtocol(RawPeer), command["count"])
+        elif name == "report":
+            Commands.reply(held=len(held), **stats)
+        elif name == "quit":
+            clock.stop()
+
+    Commands(clock, handle)
+    Commands.reply(ready=True)
+    clock.run()
