@@ -7,9 +7,9 @@ share (sessions, breaks, counters, round-trip samples) are cached for the run.
 
 Fixed costs. At a million events most of a run's CPU is the driver's (planning, code
 generation, the JVM compiling both), paid per Spark query: so no query exists only to
-count. The records per event and the rows of each table are counted while they are
-written (``Observation``: metrics of the write's own job), and the audit's findings are
-collected once for the console and the report.
+count a table: the rows of each table are counted while it is written (``Observation``:
+metrics of the write's own job), and the audit's findings are collected once for the
+console and the report.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 
 from pyspark.sql import Observation, functions as F
 
-from mconn.pipeline import audit, channels, errors, ingest, latency, links, reconnects, schema, sessions, summary
+from mconn.pipeline import audit, channels, errors, ingest, latency, links, reconnects, sessions, summary
 from mconn.pipeline.spark import Progress
 from mconn.pipeline.tables import STAGES, local_path, table_path
 
@@ -85,17 +85,15 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
 
 
 def _read(spark, inputs: list[str], out: str, since, until, progress):
-    """The read stage: the events table written (its records per event counted on the
-    way), read back."""
+    """The read stage: the events table written, read back; and its records per event
+    (a count per partition of the table: Parquet's row counts, no column read. Counting
+    them while writing instead, one ``count_if`` per event name in an ``Observation``,
+    cost about 5 us of CPU an event: bench/PIPELINE_RESULTS.md)."""
     with _stage(spark, progress, "read telemetry") as stage:
         events_path = table_path(out, "events")
-        parsed = ingest.parse(ingest.read_records(spark, inputs), since, until)
-        names = (*schema.EVENTS, ingest.MALFORMED, ingest.UNKNOWN)
-        per_event = Observation("records per event")
-        parsed = parsed.observe(per_event, *[F.count_if(F.col("event") == name).alias(name) for name in names])
-        ingest.write_events(parsed, events_path)
-        counts = {name: n for name, n in per_event.get.items() if n}
+        ingest.write_events(ingest.parse(ingest.read_records(spark, inputs), since, until), events_path)
         everything = ingest.load_events(spark, events_path)
+        counts = {r["event"]: r["count"] for r in everything.groupBy("event").count().collect()}
         known = sum(n for e, n in counts.items() if e not in (ingest.MALFORMED, ingest.UNKNOWN))
         stage.detail = (
             f"{known:,} events, {counts.get(ingest.MALFORMED, 0):,} malformed, "
