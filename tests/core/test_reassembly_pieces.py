@@ -1,0 +1,89 @@
+"""How a large message's pieces are kept until it is whole (mconn/channel.py, "Receiving"):
+a piece that is a large part of the read it came in is kept as a view of that read and
+the pieces are joined once at eof; small pieces are copied, so that a partial message
+never keeps much more alive than its own bytes.
+
+Sans-I/O: a Connection fed reads with an explicit ``now``.
+"""
+
+import pytest
+
+from mconn.channel import KEEP_VIEW_MIN, Channel, ChannelDescriptor
+from tests.helpers_core import msg, open_connection
+
+CH, OTHER = 0x20, 0x21
+CHANNELS = [ChannelDescriptor(CH), ChannelDescriptor(OTHER)]
+
+
+def _stream(message: bytes, payload: int) -> bytes:
+    """``message`` as msg packets of ``payload`` bytes on channel CH."""
+    return b"".join(
+        msg(CH, message[start : start + payload], eof=start + payload >= len(message))
+        for start in range(0, len(message), payload)
+    )
+
+
+def test_large_pieces_are_kept_as_views_of_the_reads_they_came_in():
+    """A 1 MiB message in 64 KiB packets read 64 KiB at a time: until it is whole, the
+    channel holds views of the very read objects (no copy yet), and the message that comes
+    out equals what was sent. (A BytesIO copied every piece, and grew by reallocating.)"""
+    conn = open_connection(peer_payload=65536)
+    message = bytes(range(256)) * 4096
+    data = _stream(message, 65536)
+    reads = [data[start : start + 65536] for start in range(0, len(data), 65536)]
+    events = []
+    for read in reads[:-1]:
+        events += conn.receive_data(read, 1.0)
+    pieces = conn.channels[CH].receiving
+    assert events == [] and pieces
+    views = [p for p in pieces if type(p) is memoryview]
+    # The few bytes of a packet that end a read are copied; everything else is a view.
+    assert sum(map(len, views)) > 0.99 * conn.channels[CH].receiving_size
+    assert all(any(v.obj is r for r in reads) for v in views)
+    assert sum(map(len, pieces)) == conn.channels[CH].receiving_size
+    events += conn.receive_data(reads[-1], 1.0)
+    assert [e.message for e in events] == [message]
+    assert conn.channels[CH].receiving is None
+
+
+def test_small_pieces_are_copied_so_a_read_is_not_kept_for_a_few_bytes():
+    """Packets of 100 bytes of one message, each in a read with 8 KB of another
+    channel's message: no view is kept (a 100-byte view would keep the whole read
+    alive); the pieces are copied into one bytearray, and the message arrives whole."""
+    conn = open_connection(peer_payload=65536, channels=CHANNELS)
+    message = bytes(range(100)) * 30
+    events = []
+    for start in range(0, len(message), 100):
+        piece = message[start : start + 100]
+        other = msg(OTHER, bytes(8000))
+        events += conn.receive_data(msg(CH, piece, eof=start + 100 >= len(message)) + other, 1.0)
+        pieces = conn.channels[CH].receiving
+        if pieces is not None:
+            assert [type(p) for p in pieces] == [bytearray]
+    assert [e.message for e in events if e.channel_id == CH] == [message]
+
+
+@pytest.mark.parametrize("size, read_size, kept", [
+    (KEEP_VIEW_MIN, 2 * KEEP_VIEW_MIN, True),       # half of its read: a view
+    (KEEP_VIEW_MIN, 2 * KEEP_VIEW_MIN + 1, False),  # under half: copied
+    (KEEP_VIEW_MIN - 1, KEEP_VIEW_MIN - 1, False),  # the whole read, but small: copied
+])
+def test_a_piece_is_kept_as_a_view_only_when_large_and_at_least_half_its_read(size, read_size, kept):
+    """The rule's two thresholds, on a Channel directly: a kept view never holds more
+    than twice its own bytes, and pieces under KEEP_VIEW_MIN are always copied."""
+    channel = Channel(ChannelDescriptor(CH))
+    read = bytes(read_size)
+    channel.reassemble_run([memoryview(read)[:size]])
+    (piece,) = channel.receiving
+    assert (type(piece) is memoryview and piece.obj is read) is kept
+    assert channel.reassemble(1, memoryview(b"end")) == bytes(size) + b"end"
+
+
+def test_a_view_of_a_mutable_buffer_is_copied():
+    """A piece of a bytearray (a caller that reuses its buffer) is copied at once, so a
+    later change of that buffer does not change the message."""
+    channel = Channel(ChannelDescriptor(CH))
+    buffer = bytearray(b"a" * 2 * KEEP_VIEW_MIN)
+    channel.reassemble_run([memoryview(buffer)])
+    buffer[:] = b"b" * len(buffer)
+    assert channel.reassemble(1, memoryview(b"!")) == b"a" * 2 * KEEP_VIEW_MIN + b"!"
