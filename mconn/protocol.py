@@ -6,7 +6,8 @@ connection's peer is its owner's (``IConnectionOwner``, provided for a Switch by
 ``mconn.connections.ConnectionSet``), and its per-connection facts come in one frozen
 ``ConnectionContext``.
 
-``dataReceived`` hands bytes to the core and dispatches the events it returns;
+``dataReceived`` hands bytes to the core and dispatches the events it returns (and
+pumps only when the read left something to send: a bulk read delivers and returns);
 ``pump`` writes what the core has to send until the transport pauses us (we are the
 transport's IPushProducer, so a slow peer stops the scheduler instead of growing a
 buffer); one DelayedCall follows ``core.next_deadline()``. Data reaches the transport in
@@ -91,6 +92,7 @@ class MConnectionProtocol(Protocol):
         #: The TCP socket beneath the transport, asked for its acknowledged bytes (or None).
         self._socket = None
         self._rate_limited = owner.config.send_rate is not None
+        self._recv_limited = owner.config.recv_rate is not None
         self._timer = None
         self._timer_due = 0.0
         self._after_stall = False
@@ -187,12 +189,16 @@ class MConnectionProtocol(Protocol):
                 self._held.append(event)  # after the pending decision (decide)
             else:
                 handlers[type(event)](self, event)
-        self.pump()
+        if core.state is not _OPEN or core.wants_to_send():
+            # A pong, a close, a handshake step: something to write. A read that queued
+            # nothing skips the pump (a send queues through Peer, which pumps itself).
+            self.pump()
         self._rearm()
-        ready = core.receive_ready_at(now)
-        if ready > now and self.transport is not None and core.state is _OPEN:
-            self.transport.pauseProducing()
-            self._clock.callLater(ready - now, self._resume_reading)
+        if self._recv_limited:
+            ready = core.receive_ready_at(now)
+            if ready > now and self.transport is not None and core.state is _OPEN:
+                self.transport.pauseProducing()
+                self._clock.callLater(ready - now, self._resume_reading)
 
     def connectionLost(self, reason) -> None:
         if self.core is None:
@@ -219,9 +225,9 @@ class MConnectionProtocol(Protocol):
         self._paused = False
         if self._pause_after_write:
             # The kernel took everything written: a measure of the link (write_ahead.py).
-            self._ahead.resumed(self._clock.seconds(), self._bytes_acked)
-            # Packets follow the measured rate (mconn/packet_size.py).
-            self.core.set_packet_payload(payload_for_rate(self._ahead.rate, self._config.write_ahead_time))
+            if self._ahead.resumed(self._clock.seconds(), self._bytes_acked):
+                # Packets follow the measured rate (mconn/packet_size.py).
+                self.core.set_packet_payload(payload_for_rate(self._ahead.rate, self._config.write_ahead_time))
         self.pump()
 
     def _bytes_acked(self) -> int | None:

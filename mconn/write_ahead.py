@@ -76,10 +76,12 @@ class WriteAhead:
             self._gap = True
         return full or self._unconfirmed >= self.size
 
-    def resumed(self, now: float, acked) -> None:
+    def resumed(self, now: float, acked) -> bool:
         """The transport took everything written. ``acked()`` is the kernel's count of
         bytes the peer acknowledged on this connection (None: unknown); it is asked only
-        when a window starts or ends, not on every write."""
+        when a window starts or ends, not on every write. Returns whether ``rate``
+        changed (a window ended)."""
+        sampled = False
         if not self._full or self._gap:
             self._window = None
         elif self._window is None:
@@ -94,8 +96,10 @@ class WriteAhead:
                 self.rate = rate
                 self.size = max(1, min(self.batch, int(rate * self.ahead_time)))
                 self._window = (now, counter)
+                sampled = True
         self._full = self._gap = False
         self._unconfirmed = 0
+        return sampled
 
     def _counter(self, acked) -> int:
         count = acked()

@@ -1,0 +1,82 @@
+"""The per-read and per-write work of the protocol (specs/connection.md section 7): a read
+that queues nothing to send does not pump, and a resume that does not end a rate window
+does not recompute the packet size. Behaviour stays the same: a ping read is answered,
+a close read disconnects, and the packet size follows the rate once it is measured.
+
+StringTransport and a Clock (tests/helpers.py); the write-ahead with a fake clock.
+"""
+
+from helpers import open_switch_connection
+from mconn import ChannelDescriptor
+from mconn.write_ahead import WINDOW, WriteAhead
+from tests.helpers_core import msg
+
+CH = 0x10
+CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=8)]
+
+
+def counting_data_to_send(h) -> list:
+    """Count the core's ``data_to_send`` calls (each one is a pump's work)."""
+    calls = []
+    original = h.proto.core.data_to_send
+
+    def data_to_send(now, budget=None):
+        calls.append(now)
+        return original(now, budget)
+
+    h.proto.core.data_to_send = data_to_send
+    return calls
+
+
+def test_a_read_of_messages_only_does_not_pump():
+    """Bulk reads deliver messages and queue nothing: no data_to_send per read (it was a
+    pump, a budget and a scan of every channel per 64 KiB read); the messages arrive."""
+    h = open_switch_connection(channels=CHANNELS)
+    calls = counting_data_to_send(h)
+    for i in range(5):
+        h.feed(msg(CH, bytes([i]) * 1000))
+    assert calls == []
+    received = [call[3] for call in h.reactor.calls if call[0] == "receive"]
+    assert received == [bytes([i]) * 1000 for i in range(5)]
+
+
+def test_a_read_that_queues_a_pong_still_writes_it():
+    """A ping in a read queues a pong: that read pumps, and the pong is written at once."""
+    h = open_switch_connection(channels=CHANNELS)
+    calls = counting_data_to_send(h)
+    h.feed(msg(CH, b"x") + b"\x01")  # a message, then a ping
+    assert calls and h.take() == b"\x02"
+
+
+def test_a_read_that_closes_still_disconnects():
+    """A close packet read ends the connection (the core is no longer open, so that
+    read pumps, and the pump disconnects): the transport is told to disconnect."""
+    from mconn.connection import close_packet
+
+    h = open_switch_connection(channels=CHANNELS)
+    h.feed(close_packet("done", "bye"))
+    assert h.transport.disconnecting
+
+
+def test_resumed_says_when_the_rate_changed():
+    """``WriteAhead.resumed`` returns True only when a window ends and ``rate`` is
+    updated (the protocol then sets the packet size), False on every other resume."""
+    ahead = WriteAhead(0.001, 65536)
+    now, acked, changes = 0.0, 0, []
+    for i in range(4 * WINDOW):
+        ahead.wrote(ahead.budget(), True)
+        now += 0.001
+        acked += 1000 * (1 + i % 3)  # a rate that moves, so every sample changes it
+        before = ahead.rate
+        changed = ahead.resumed(now, lambda: acked)
+        assert changed == (ahead.rate != before)
+        changes.append(changed)
+    assert 2 <= sum(changes) <= 4  # one per WINDOW write-ahead times
+    assert 1_000_000 < ahead.rate < 3_000_000
+
+
+def test_a_short_write_cycle_is_not_a_sample():
+    """A cycle whose write ran out of data says nothing about the link: no change."""
+    ahead = WriteAhead(0.001, 65536)
+    ahead.wrote(100, False)
+    assert ahead.resumed(1.0, lambda: 100) is False and ahead.rate is None
