@@ -21,10 +21,10 @@ packets (section 8). What this guarantees, and what it does not, is section 6.
 
 Receiving. Payloads are collected per channel until eof, then joined once; a message
 is checked against ``recv_message_capacity`` before its bytes are kept. A payload piece of
-at least ``KEEP_VIEW_MIN`` bytes that is at least half of the read it came in is kept as
-a view of that read (no copy until the join); smaller pieces are copied into a bytearray
-between the views, so what a partial message holds is at most twice its bytes plus one
-read. (A BytesIO grew to the exact size at every 64 KiB write, each growth a realloc that
+at least ``KEEP_VIEW_MIN`` bytes that is at least half of the read it came in (or a run
+of such pieces from one read that add up to half of it) is kept as a view of that read,
+not copied until the join; other pieces are copied into a bytearray between the
+views, so what a partial message keeps alive is at most about twice its bytes. (A BytesIO grew to the exact size at every 64 KiB write, each growth a realloc that
 copied or faulted in the whole buffer: ~0.4 ms per 1 MiB message, bench/RESULTS.md.)
 """
 
@@ -243,9 +243,18 @@ class Channel:
         parts = self.receiving
         if parts is None:
             parts = self.receiving = []
-        for piece in payloads:
-            _collect(parts, piece)
-        self.stats.bytes_received += size - self.receiving_size
+        first = payloads[0] if payloads else None
+        whole = first.obj if type(first) is memoryview else None
+        added = size - self.receiving_size
+        if (
+            type(whole) is bytes and added >= KEEP_VIEW_MIN * len(payloads) and 2 * added >= len(whole)
+            and all(type(p) is memoryview and p.obj is whole for p in payloads)
+        ):
+            parts.extend(payloads)  # large views of one read, together at least half of it
+        else:
+            for piece in payloads:
+                _collect(parts, piece)
+        self.stats.bytes_received += added
         self.receiving_size = size
 
     def reassemble(self, eof: int, data: memoryview) -> bytes | None:
@@ -274,17 +283,21 @@ class Channel:
 
 def _collect(parts: list, piece) -> None:
     """Keep ``piece`` (bytes or a memoryview of a read) in ``parts``: as it is when it is
-    at least ``KEEP_VIEW_MIN`` bytes and half of the (immutable) read it views, so that a
-    kept view never holds more than twice its bytes; otherwise copied into a trailing
-    bytearray."""
+    at least ``KEEP_VIEW_MIN`` bytes and half of the (immutable) read it views (or of the
+    same read as the view before it, already kept alive), so that kept views never hold
+    more than twice their bytes; otherwise copied into a trailing
+    bytearray. (A run of views of one read that add up to half of it is kept whole by
+    ``reassemble_run``.)"""
     size = len(piece)
+    last = parts[-1] if parts else None
     if size >= KEEP_VIEW_MIN:
         whole = piece.obj if type(piece) is memoryview else piece
-        if type(whole) is bytes and 2 * size >= len(whole):  # immutable: safe to keep
+        kept_alive = type(last) is memoryview and last.obj is whole
+        if type(whole) is bytes and (2 * size >= len(whole) or kept_alive):  # bytes: immutable
             parts.append(piece)
             return
-    if parts and type(parts[-1]) is bytearray:
-        parts[-1] += piece
+    if type(last) is bytearray:
+        last += piece
     else:
         parts.append(bytearray(piece))
 

@@ -87,3 +87,26 @@ def test_a_view_of_a_mutable_buffer_is_copied():
     channel.reassemble_run([memoryview(buffer)])
     buffer[:] = b"b" * len(buffer)
     assert channel.reassemble(1, memoryview(b"!")) == b"a" * 2 * KEEP_VIEW_MIN + b"!"
+
+
+def test_the_packets_of_one_large_read_are_kept_as_views():
+    """A whole 1 MiB message in one read (16 packets of 64 KiB): every piece is a view of
+    that read (together far more than half of it), none is copied before the join."""
+    conn = open_connection(peer_payload=65536)
+    message = bytes(range(256)) * 4096
+    data = _stream(message, 65536)
+    events = conn.receive_data(data[:-100], 1.0)
+    pieces = conn.channels[CH].receiving
+    assert events == [] and pieces and all(type(p) is memoryview and p.obj is not None for p in pieces)
+    assert conn.receive_data(data[-100:], 1.0)[0].message == message
+
+
+def test_a_run_of_small_packets_is_copied_even_when_it_fills_its_read():
+    """Packets of 1024 bytes fill a read, but a view object per KiB would cost more than
+    a copy: a run is kept as views only when its pieces average KEEP_VIEW_MIN bytes."""
+    conn = open_connection(peer_payload=1024)
+    message = bytes(range(256)) * 64
+    data = _stream(message, 1024)
+    conn.receive_data(data[:-100], 1.0)
+    assert [type(p) for p in conn.channels[CH].receiving] == [bytearray]
+    assert conn.receive_data(data[-100:], 1.0)[0].message == message
