@@ -22,7 +22,6 @@ import collections
 
 from twisted.internet import defer
 
-from mconn.codec import encode_message
 from mconn.connection import State
 from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, ReactorError
 from mconn.node_info import node_info_of
@@ -46,7 +45,19 @@ class Peer:
 
     :param sessions: the ``SessionManager`` that owns it (clock, config, channels,
         routing, closing, node counters).
+
+    Slotted and light until used (a connect storm builds one per handshake): our
+    channels' facts are shared (``mconn.peer_shape``), the receiving side is built at the
+    first message received.
     """
+
+    __slots__ = (
+        "node_id", "is_outbound", "listen_address", "remote_address", "address", "channels", "node_info",
+        "state", "proven", "ip_key", "suspended_at", "round_trip", "session", "connects", "disconnects",
+        "resumes", "_sessions", "_protocol", "_clock", "_config", "_shape", "_limits", "_queues", "_core",
+        "_connected_at", "_waiting", "_held", "_confirms", "data", "_receiving", "_deliver", "_flush_timer",
+        "_flush_reason",
+    )
 
     def __init__(self, *, sessions, protocol, hello: Hello, session, is_outbound: bool, address=None) -> None:
         self.node_id = hello.node_id
@@ -79,17 +90,11 @@ class Peer:
         self._protocol = protocol
         self._clock = sessions.clock
         self._config = sessions.config
-        self._capacity = {d.id: d.send_queue_capacity for d in sessions.channels}
-        self._recv_capacity = {d.id: d.recv_message_capacity for d in sessions.channels}
-        #: Typed channels (mconn.codec): channel id -> (codec, message_type).
-        self._codecs = {d.id: (d.codec, d.message_type) for d in sessions.channels if d.codec is not None}
+        #: Our channels' send and receive capacities and codecs (``ChannelShape``, shared).
+        self._shape = sessions.shape
         #: Per channel both sides have: the largest message it accepts (the smaller
         #: recv_message_capacity). Channels outside it are refused.
-        self._limits = {
-            d.id: min(d.recv_message_capacity, self.channels[d.id].recv_message_capacity)
-            for d in sessions.channels
-            if d.id in self.channels
-        }
+        self._limits = self._shape.limits(self.channels)
         #: The connection's channels (its queues) while connected, else None.
         self._queues = protocol.core.channels
         #: The connection's core while connected, else None (the per-message state check).
@@ -100,13 +105,31 @@ class Peer:
         self._confirms: dict[int, collections.deque] = {}
         #: Data the node's reactors share about this peer (CometBFT's peer.Set / Get).
         self.data: dict = {}
-        #: The receiving side: delivery to reactors, busy channels, acks (mconn.peer_delivery).
-        self._delivery = PeerDelivery(self, route=sessions.route, clock=self._clock, config=self._config)
-        #: ``_deliver(channel_id, message)``, called by the protocol for each whole message.
-        self._deliver = self._delivery.deliver
+        #: The receiving side (``_delivery``), None until the first message comes.
+        self._receiving: PeerDelivery | None = None
+        #: ``_deliver(channel_id, message)``, called by the protocol for each whole message:
+        #: ``PeerDelivery.deliver`` once the receiving side exists.
+        self._deliver = self._first_delivery
         #: While ``close(flush=True)`` waits for the peer's acks: its timeout, else None.
         self._flush_timer = None
         self._flush_reason = ""
+
+    @property
+    def _delivery(self) -> PeerDelivery:
+        """The receiving side: delivery to reactors, busy channels, acks
+        (mconn.peer_delivery), built when first needed."""
+        delivery = self._receiving
+        if delivery is None:
+            delivery = self._receiving = PeerDelivery(
+                self, route=self._sessions.route, clock=self._clock, config=self._config
+            )
+            self._deliver = delivery.deliver
+        return delivery
+
+    def _first_delivery(self, channel_id: int, message: bytes) -> None:
+        """The first message received: build the receiving side, which takes this one
+        and every later one (``_deliver`` is then its ``deliver``)."""
+        self._delivery.deliver(channel_id, message)
 
     def __repr__(self) -> str:
         direction = "outbound" if self.is_outbound else "inbound"
@@ -142,7 +165,7 @@ class Peer:
         if len(message) > limit:
             raise ValueError(
                 f"message of {len(message)} bytes on channel {channel_id:#04x} is larger than its "
-                f"recv_message_capacity {limit} (ours {self._recv_capacity[channel_id]}, "
+                f"recv_message_capacity {limit} (ours {self._shape.recv_capacity[channel_id]}, "
                 f"peer's {self.channels[channel_id].recv_message_capacity})"
             )
         return True
@@ -163,7 +186,7 @@ class Peer:
                 channel.queue.pop()  # the recovery buffer is full: not accepted after all
             return sequence
         held = self._held.get(channel_id, 0)
-        if held >= self._capacity[channel_id]:
+        if held >= self._shape.send_capacity[channel_id]:
             return None
         sequence = self.session.admit(channel_id, message)
         if sequence is not None:
@@ -295,12 +318,7 @@ class Peer:
         return d
 
     def _bytes_of(self, channel_id: int, message) -> bytes:
-        """The bytes to send: a typed channel's objects encoded (mconn.codec), bytes as
-        they are. :raises TypeError: for an object a raw channel cannot carry."""
-        typed = self._codecs.get(channel_id)
-        if typed is None:
-            return _as_bytes(message)
-        return encode_message(typed[0], typed[1], channel_id, message)
+        return self._shape.bytes_of(channel_id, message)
 
     def _confirmation(self, channel_id: int, sequence: int) -> defer.Deferred:
         d = defer.Deferred()
@@ -368,7 +386,8 @@ class Peer:
         self._core = None
         self.disconnects += 1
         self._held = {}
-        self._delivery.detach()
+        if self._receiving is not None:
+            self._receiving.detach()
 
     def _attach(self, protocol, resend: dict[int, list[bytes]]) -> None:
         """A new transport carries the session on: re-send what the peer lacks
@@ -393,7 +412,8 @@ class Peer:
         self._protocol = None
         self._queues = None
         self._core = None
-        self._delivery.end()
+        if self._receiving is not None:
+            self._receiving.end()
         self._cancel_flush()
         for waiting in self._waiting.values():
             while waiting:
@@ -471,10 +491,3 @@ class Peer:
         """A ``PeerStats`` snapshot of the session's counters now (mconn.peer_stats)."""
         return snapshot(self)
 
-
-def _as_bytes(message) -> bytes:
-    if isinstance(message, bytes):
-        return message
-    if isinstance(message, (bytearray, memoryview)):
-        return bytes(message)
-    raise TypeError(f"messages are bytes, got {type(message).__name__}")

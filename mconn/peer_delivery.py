@@ -26,6 +26,8 @@ class PeerDelivery:
     """The receiving side of one ``mconn.peer.Peer``; it reads the Peer's current
     transport and state when it uses them."""
 
+    __slots__ = ("_peer", "_session", "_route", "_clock", "_config", "_ack_timer", "busy", "backlog_bytes")
+
     def __init__(self, peer, *, route, clock, config) -> None:
         self._peer = peer
         self._session = peer.session

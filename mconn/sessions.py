@@ -36,6 +36,7 @@ from mconn.errors import (
     UnexpectedPacket,
 )
 from mconn.peer import Peer
+from mconn.peer_shape import ChannelShape
 from mconn.session import Budget, Session
 from mconn.duplicates import DuplicateProbes
 from mconn.node_counters import NodeCounters
@@ -95,6 +96,8 @@ class SessionManager:
         self.clock = clock
         self.config = config
         self.channels = channels
+        #: What every Peer shares about our channels (mconn.peer_shape).
+        self.shape = ChannelShape(channels)
         self.route = route
         self._dialing = dialing
         self._notify = notify

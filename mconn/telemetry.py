@@ -44,7 +44,9 @@ FORMATS = {
 
 _LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "connection_refused": "warn", "loop_stalled": "warn", "dial_gave_up": "warn"}
 _LEVEL_OBJECTS = {name: LogLevel.levelWithName(level) for name, level in _LEVELS.items()}
-#: format_for's answers by (event, peer_id None, an error to append): at most three per event.
+#: The keys emit adds to an event (its name, Logger's log_* keys but the time, with
+#: format_for's answer), by (event, peer_id None, an error to append): at most three per
+#: event, set in one update.
 _FORMAT_CACHE: dict = {}
 
 
@@ -56,15 +58,13 @@ def emit(event: str, **fields) -> None:
     the record's own fields (bench/RESULTS.md, handshakes round 3).
     """
     key = (event, "peer_id" in fields and fields["peer_id"] is None, bool(fields.get("error")))
-    text = _FORMAT_CACHE.get(key)
-    if text is None:
-        text = _FORMAT_CACHE[key] = format_for(event, fields)
-    fields["event"] = event
-    fields["log_logger"] = log
-    fields["log_level"] = _LEVEL_OBJECTS.get(event, LogLevel.info)
-    fields["log_namespace"] = log.namespace
-    fields["log_source"] = log.source
-    fields["log_format"] = text
+    envelope = _FORMAT_CACHE.get(key)
+    if envelope is None:
+        envelope = _FORMAT_CACHE[key] = {
+            "event": event, "log_logger": log, "log_level": _LEVEL_OBJECTS.get(event, LogLevel.info),
+            "log_namespace": log.namespace, "log_source": log.source, "log_format": format_for(event, fields),
+        }
+    fields.update(envelope)
     fields["log_time"] = time.time()
     if "log_trace" in fields:
         fields["log_trace"].append((log, log.observer))

@@ -1,0 +1,50 @@
+"""What every Peer of a Switch shares about the Switch's own channels (``ChannelShape``).
+
+A Peer used to build these per session: three small dicts per handshake that never
+change once the Switch is built (its channels are fixed at construction). The
+``SessionManager`` builds one ``ChannelShape`` and every Peer refers to it
+(bench/RESULTS.md, connect storm round 5).
+"""
+
+from __future__ import annotations
+
+from mconn.codec import encode_message
+
+
+class ChannelShape:
+    """Our channels' send and receive capacities and codecs, by channel id.
+
+    :param channels: the Switch's ``ChannelDescriptor``s.
+    """
+
+    __slots__ = ("send_capacity", "recv_capacity", "codecs")
+
+    def __init__(self, channels) -> None:
+        #: ``send_queue_capacity`` per channel: sends held while suspended stop there.
+        self.send_capacity = {d.id: d.send_queue_capacity for d in channels}
+        #: ``recv_message_capacity`` per channel (ours; a session's limit is the smaller
+        #: of ours and the peer's, ``limits``).
+        self.recv_capacity = {d.id: d.recv_message_capacity for d in channels}
+        #: Typed channels (mconn.codec): channel id -> (codec, message_type).
+        self.codecs = {d.id: (d.codec, d.message_type) for d in channels if d.codec is not None}
+
+    def limits(self, theirs: dict) -> dict[int, int]:
+        """Per channel both sides have (``theirs``: the peer's ChannelInfo by id): the
+        largest message it accepts, the smaller recv_message_capacity of the two."""
+        return {
+            channel_id: min(ours, theirs[channel_id].recv_message_capacity)
+            for channel_id, ours in self.recv_capacity.items()
+            if channel_id in theirs
+        }
+
+    def bytes_of(self, channel_id: int, message) -> bytes:
+        """The bytes to send: a typed channel's objects encoded (mconn.codec), bytes as
+        they are. :raises TypeError: for an object a raw channel cannot carry."""
+        typed = self.codecs.get(channel_id)
+        if typed is None:
+            if isinstance(message, bytes):
+                return message
+            if isinstance(message, (bytearray, memoryview)):
+                return bytes(message)
+            raise TypeError(f"messages are bytes, got {type(message).__name__}")
+        return encode_message(typed[0], typed[1], channel_id, message)
