@@ -308,6 +308,8 @@ class Scheduler:
     def __init__(self, channels: list[Channel], now: float) -> None:
         self.channels = channels
         self._epoch = now
+        #: Messages taken off the channel queues so far (each made room for a send).
+        self.taken = 0
 
     def pending(self) -> bool:
         for c in self.channels:
@@ -348,7 +350,9 @@ class Scheduler:
                 # Bytes the chosen channel may send before its ratio passes the runner-up's.
                 room = (_ratio(runner_up) - _ratio(chosen)) * chosen.priority / scale
                 limit = max(1, min(budget - sent, int(room)))
+            queued = len(chosen.queue)
             wire, _ = chosen.emit(parts, payload, limit)
+            self.taken += queued - len(chosen.queue)
             chosen.stored_sent += wire * scale
             sent += wire
             if not chosen.is_pending:

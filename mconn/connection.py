@@ -349,6 +349,12 @@ class Connection:
         self.state = TRANSITIONS[(self.state, Input.CLOSE_SENT)]
         self._control.append(encode_extension(PacketType.CLOSE, encode_close(code, text[:CLOSE_TEXT_LIMIT])))
 
+    @property
+    def messages_taken(self) -> int:
+        """Messages ``data_to_send`` has taken off the channel queues so far: when it has
+        not grown, no queue has more room than before (the adapter's drain test)."""
+        return self._scheduler.taken
+
     def wants_to_send(self) -> bool:
         return bool(self._control) or (self.state is _OPEN and self._scheduler.pending())
 

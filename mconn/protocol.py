@@ -228,7 +228,7 @@ class MConnectionProtocol(Protocol):
             if self._ahead.resumed(self._clock.seconds(), self._bytes_acked):
                 # Packets follow the measured rate (mconn/packet_size.py).
                 self.core.set_packet_payload(payload_for_rate(self._ahead.rate, self._config.write_ahead_time))
-        self.pump()
+        self.pump(room_only=True)
 
     def _bytes_acked(self) -> int | None:
         return None if self._socket is None else bytes_acked(self._socket)
@@ -257,13 +257,19 @@ class MConnectionProtocol(Protocol):
 
     # -- sending -------------------------------------------------------------------
 
-    def pump(self) -> None:
-        """Write what the core has to send until it has nothing or the transport is full."""
+    def pump(self, room_only: bool = False) -> None:
+        """Write what the core has to send until it has nothing or the transport is full.
+
+        Sends waiting for room are then offered it; with ``room_only`` (the transport's
+        resume, which changes nothing else) only if a write took a message off a queue:
+        every other change that makes room (an ack, a new session) pumps without it.
+        """
         core = self.core
         write = self.transport.write
         now = self._clock.seconds()
         ahead = self._ahead if self._pause_after_write else None
         budget = None if ahead is None else ahead.budget()
+        taken = core.messages_taken if room_only else -1
         while True:
             while not self._paused or core.state is not _OPEN:
                 # Once closing, only the close packet is left, and it goes out even when paused.
@@ -279,7 +285,7 @@ class MConnectionProtocol(Protocol):
                 if not core.more_to_send:
                     break  # everything that could go out now went out
             # Sends waiting for room take the room just made, and go out too.
-            moved = self.peer is not None and self.peer._drain_waiting()
+            moved = self.peer is not None and taken != core.messages_taken and self.peer._drain_waiting()
             if not moved or self._paused:
                 break
         if core.state is _CLOSING or core.state is _CLOSED:

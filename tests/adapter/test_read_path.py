@@ -80,3 +80,38 @@ def test_a_short_write_cycle_is_not_a_sample():
     ahead = WriteAhead(0.001, 65536)
     ahead.wrote(100, False)
     assert ahead.resumed(1.0, lambda: 100) is False and ahead.rate is None
+
+
+def test_a_resume_that_takes_nothing_off_a_queue_offers_no_room_but_waiting_sends_still_go(monkeypatch):
+    """A bulk channel full of 256 KiB messages (four 64 KiB writes each) and a send
+    waiting for room: only the resumes whose write took a message off the queue offer
+    room to waiting sends (``_drain_waiting``), not the three in four that carry on a
+    message already started; the waiting send is accepted, and every message arrives
+    whole and in order."""
+    from tests.adapter.test_write_ahead import BULK, CHANNELS as BULK_CHANNELS, SocketLikeTransport
+
+    transport = SocketLikeTransport()
+    h = open_switch_connection(channels=BULK_CHANNELS, transport=transport)
+    transport.drain(len(transport.value()))
+    messages = [bytes([i]) * 262144 for i in range(9)]
+    for m in messages[:8]:
+        assert h.peer.try_send(BULK, m)
+    accepted = []
+    h.peer.send(BULK, messages[8]).addCallback(accepted.append)
+    drains = []
+    original = type(h.peer)._drain_waiting
+
+    def drain(peer):
+        drains.append(h.proto.core.messages_taken)
+        return original(peer)
+
+    monkeypatch.setattr(type(h.peer), "_drain_waiting", drain)
+    resumes = 0
+    while transport.value() and resumes < 1000:
+        transport.drain(len(transport.value()))  # the link takes the write: a resume
+        resumes += 1
+    assert accepted == [True]
+    assert resumes >= 32 and 0 < len(drains) <= 12  # one per message taken, not per resume
+    wire = transport.taken
+    positions = [wire.index(m[:1] * 10000) for m in messages]
+    assert positions == sorted(positions)
