@@ -26,7 +26,9 @@ Streaming (``stream_payloads``, what a Connection uses): a msg packet of at leas
 is whole. The payload bytes that have arrived come out at once as a RUN of one view (bytes
 of the channel's message in progress, whatever packet they belong to), and the next feeds
 continue that payload: a RUN for each part, and the packet's end as a msg packet (eof 01:
-with the rest of the payload; eof 00: a RUN). Its header was checked in full before
+with the rest of the payload; eof 00: a RUN, one with the next packet's streamed start
+when that is the same channel's, so that the reassembly sees both parts of the read
+together). Its header was checked in full before
 (length within max_payload), so nothing but the header of one packet is ever kept, and
 a large packet split by the reads is copied once, into the reassembly buffer, instead of
 kept, joined and copied again.
@@ -115,6 +117,11 @@ class FrameBuffer:
             if start == len(data):
                 return head, None
             out, pos, error, stopped = self._decode(data, start, len(data), stop_after_extension, 0)
+            if head and out and head[-1][0] == RUN and out[0][0] == RUN and head[-1][1] == out[0][1]:
+                # The end of one packet and the start of the next, of one channel, in one
+                # run: the reassembly sees how much of this read they are together.
+                head[-1][2].extend(out[0][2])
+                del out[0]
             return head + out, self._keep(data, pos, error, stopped)
         tail = self._tail
         if tail:

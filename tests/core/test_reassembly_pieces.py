@@ -110,3 +110,21 @@ def test_a_run_of_small_packets_is_copied_even_when_it_fills_its_read():
     conn.receive_data(data[:-100], 1.0)
     assert [type(p) for p in conn.channels[CH].receiving] == [bytearray]
     assert conn.receive_data(data[-100:], 1.0)[0].message == message
+
+
+def test_a_read_splitting_two_packets_keeps_both_parts_as_views():
+    """Reads of 50,000 bytes across 64 KiB packets: a read holds the end of one packet
+    and the start of the next, each often under half of the read; the frame buffer
+    hands them on as one run, so together they are kept as views (a copy of the first
+    part was about a quarter of the bytes), and the message arrives whole."""
+    conn = open_connection(peer_payload=65536)
+    message = bytes(range(256)) * 4096
+    data = _stream(message, 65536)
+    copied = 0
+    events = []
+    for start in range(0, len(data), 50_000):
+        pieces = conn.channels[CH].receiving or []
+        events += conn.receive_data(data[start : start + 50_000], 1.0)
+        copied = max(copied, sum(len(p) for p in pieces if type(p) is not memoryview))
+    assert copied < 200
+    assert [e.message for e in events] == [message]
