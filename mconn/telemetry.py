@@ -45,8 +45,8 @@ FORMATS = {
 _LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "connection_refused": "warn", "loop_stalled": "warn", "dial_gave_up": "warn"}
 _LEVEL_OBJECTS = {name: LogLevel.levelWithName(level) for name, level in _LEVELS.items()}
 #: The keys emit adds to an event (its name, Logger's log_* keys but the time, with
-#: format_for's answer), by (event, peer_id None, an error to append): at most three per
-#: event, set in one update.
+#: format_for's answer), by (event, peer_id None, an error to append, the Logger): at
+#: most three per event and Logger, set in one update.
 _FORMAT_CACHE: dict = {}
 
 
@@ -57,7 +57,7 @@ def emit(event: str, **fields) -> None:
     Logger's check of its level and keyword plumbing cost a connection storm more than
     the record's own fields (bench/RESULTS.md, handshakes round 3).
     """
-    key = (event, "peer_id" in fields and fields["peer_id"] is None, bool(fields.get("error")))
+    key = (event, "peer_id" in fields and fields["peer_id"] is None, bool(fields.get("error")), log)
     envelope = _FORMAT_CACHE.get(key)
     if envelope is None:
         envelope = _FORMAT_CACHE[key] = {

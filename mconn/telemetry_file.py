@@ -166,6 +166,32 @@ _PLANS: dict = {}
 _PLANS_MAX = 1024
 
 
+#: (event, node_id, level) -> the text of a record before its log_time and that of its
+#: level (``_head``); at most _PLANS_MAX of them.
+_HEADS: dict = {}
+
+
+def _head(name, node_id, level) -> tuple[str, str]:
+    """A record's text up to its ``log_time``, and its ``level`` part: the same for
+    every event of one name from one node, so kept when all three are str."""
+    if type(name) is str and type(node_id) is str and type(level) is str:
+        key = (name, node_id, level)
+        head = _HEADS.get(key)
+        if head is None:
+            head = _head_text(name, node_id, level)
+            if len(_HEADS) < _PLANS_MAX:
+                _HEADS[key] = head
+        return head
+    return _head_text(name, node_id, level)
+
+
+def _head_text(name, node_id, level) -> tuple[str, str]:
+    return (
+        '{"v":2,"event":' + _encode_value(name) + ',"node_id":' + _encode_value(node_id) + ',"log_time":',
+        ',"level":' + _encode_value(level),
+    )
+
+
 def _plan(keys: tuple) -> tuple | None:
     """The fields of an event with ``keys``, each with its ``_field_text``; None if a key
     is not a str (``lean_text`` leaves those to ``lean_record``)."""
@@ -189,12 +215,8 @@ def lean_text(event: dict) -> str | None:
         if plan is None:
             return None
     level = event.get("log_level")
-    parts = [
-        '{"v":2,"event":', _encode_value(event.get("event")),
-        ',"node_id":', _encode_value(event.get("node_id")),
-        ',"log_time":', _encode_value(event.get("log_time")),
-        ',"level":', _encode_value(getattr(level, "name", level)),
-    ]
+    head, level_text = _head(event.get("event"), event.get("node_id"), getattr(level, "name", level))
+    parts = [head, _encode_value(event.get("log_time")), level_text]
     append = parts.append
     for key, text in plan:
         value = event[key]
