@@ -193,7 +193,10 @@ class MConnectionProtocol(Protocol):
             # A pong, a close, a handshake step: something to write. A read that queued
             # nothing skips the pump (a send queues through Peer, which pumps itself).
             self.pump()
-        self._rearm()
+        if self._timer is None or self._timer_due > now + self._config.ping_interval or self._rate_limited:
+            # A read only moves the keepalive deadline later (to now + ping_interval):
+            # a timer due before that fires early, finds nothing due and re-arms.
+            self._rearm()
         if self._recv_limited:
             ready = core.receive_ready_at(now)
             if ready > now and self.transport is not None and core.state is _OPEN:

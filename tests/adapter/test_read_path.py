@@ -7,7 +7,7 @@ StringTransport and a Clock (tests/helpers.py); the write-ahead with a fake cloc
 """
 
 from helpers import open_switch_connection
-from mconn import ChannelDescriptor
+from mconn import ChannelDescriptor, Config
 from mconn.write_ahead import WINDOW, WriteAhead
 from tests.helpers_core import msg
 
@@ -115,3 +115,33 @@ def test_a_resume_that_takes_nothing_off_a_queue_offers_no_room_but_waiting_send
     wire = transport.taken
     positions = [wire.index(m[:1] * 10000) for m in messages]
     assert positions == sorted(positions)
+
+
+def test_reads_do_not_rearm_the_keepalive_timer_but_the_ping_still_follows_the_last_read():
+    """Reads while the keepalive timer is due before ``now + ping_interval`` leave it
+    alone (no ``next_deadline``, no new DelayedCall per read); the timer then fires
+    early, finds nothing due, and re-arms: the ping goes out ping_interval after the
+    last read, not before."""
+    h = open_switch_connection(channels=CHANNELS, config=Config(ack_interval=1000.0))  # no ack in the way
+    interval = h.switch.config.ping_interval
+    deadlines = []
+    original = h.proto.core.next_deadline
+
+    def next_deadline(sending=True):
+        deadlines.append(sending)
+        return original(sending)
+
+    h.proto.core.next_deadline = next_deadline
+    for _ in range(30):
+        h.clock.advance(1.0)
+        h.feed(msg(CH, b"x"))
+    # Once, when the handshake's timer (10 s) fired early and re-armed; not per read.
+    assert len(deadlines) == 1
+    last_read = h.clock.seconds()
+    h.take()
+    h.clock.advance(interval - 30.0)  # the old deadline: the timer fires, nothing is due
+    assert h.take() == b""
+    h.clock.advance(last_read + interval - h.clock.seconds() - 0.01)
+    assert h.take() == b""
+    h.clock.advance(0.02)
+    assert h.take() == b"\x01"  # a ping, ping_interval after the last read
