@@ -47,6 +47,14 @@ class _Stream:
         self.delivered = 0
 
 
+#: The stream of every channel that has carried nothing yet in a session: one, shared and
+#: never written (the first message accepted or delivered on a channel gives it a stream
+#: of its own), so an idle peer costs no stream and no deque per channel. Its ``unacked``
+#: is a tuple: a write that skipped that step fails instead of sharing.
+_IDLE = _Stream.__new__(_Stream)
+_IDLE.acked, _IDLE.unacked, _IDLE.unacked_bytes, _IDLE.delivered = 0, (), 0, 0
+
+
 class Budget:
     """Unacknowledged bytes across every session of a node (``Config.max_unacked_bytes``):
     past ``limit`` a session takes a message only into a channel's reserve."""
@@ -88,7 +96,7 @@ class Session:
     ) -> None:
         self.id = session_id
         self._budget = budget if budget is not None else Budget(math.inf)
-        self._streams = {c: _Stream() for c in channel_ids}
+        self._streams = dict.fromkeys(channel_ids, _IDLE)  # a _Stream of its own once used
         self.recovery_buffer_bytes = recovery_buffer_bytes
         self.channel_reserve_bytes = channel_reserve_bytes
         self.unacked_bytes = 0
@@ -126,6 +134,8 @@ class Session:
         """``has_room`` and ``record_sent`` in one call, the per-message path: the
         message's sequence number, or None (nothing recorded) when it does not fit."""
         stream = self._streams[channel_id]
+        if stream is _IDLE:
+            stream = self._streams[channel_id] = _Stream()
         size = len(message)
         unacked = stream.unacked
         budget = self._budget
@@ -150,7 +160,7 @@ class Session:
         budget = self._budget
         if self.unacked_bytes + total > self.recovery_buffer_bytes or budget.used + total > budget.limit:
             return None
-        stream = self._streams[channel_id]
+        stream = self._own(channel_id)
         first = stream.acked + len(stream.unacked)
         stream.unacked.extend(messages)
         stream.unacked_bytes += total
@@ -160,12 +170,19 @@ class Session:
 
     def record_sent(self, channel_id: int, message: bytes) -> int:
         """Keep an accepted message until it is acknowledged; returns its sequence number."""
-        stream = self._streams[channel_id]
+        stream = self._own(channel_id)
         stream.unacked.append(message)
         stream.unacked_bytes += len(message)
         self.unacked_bytes += len(message)
         self._budget.used += len(message)
         return stream.acked + len(stream.unacked) - 1
+
+    def _own(self, channel_id: int) -> _Stream:
+        """The channel's stream, to be written: its own (``_IDLE`` is replaced first)."""
+        stream = self._streams[channel_id]
+        if stream is _IDLE:
+            stream = self._streams[channel_id] = _Stream()
+        return stream
 
     def accepted(self, channel_id: int) -> int:
         """How many messages were accepted on the channel in this session."""
@@ -246,7 +263,10 @@ class Session:
 
     def record_delivered(self, channel_id: int, nbytes: int) -> bool:
         """Count a message handed to our reactor; True when an ack is due."""
-        self._streams[channel_id].delivered += 1
+        stream = self._streams[channel_id]
+        if stream is _IDLE:
+            stream = self._streams[channel_id] = _Stream()
+        stream.delivered += 1
         self._ack_messages_left -= 1
         self._ack_bytes_left -= nbytes
         return self._ack_messages_left <= 0 or self._ack_bytes_left <= 0
