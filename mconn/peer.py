@@ -52,7 +52,7 @@ class Peer:
     """
 
     __slots__ = (
-        "node_id", "is_outbound", "listen_address", "remote_address", "address", "channels", "node_info",
+        "node_id", "is_outbound", "listen_address", "remote_address", "address", "_announced", "_channels", "node_info",
         "state", "proven", "ip_key", "suspended_at", "round_trip", "session", "connects", "disconnects",
         "resumes", "_sessions", "_protocol", "_clock", "_config", "_shape", "_limits", "_queues", "_core",
         "_connected_at", "_waiting", "_held", "_confirms", "data", "_receiving", "_deliver", "_flush_timer",
@@ -67,8 +67,9 @@ class Peer:
         self.remote_address = protocol.remote_address
         #: The address this node dialed (outbound sessions), for re-dialing.
         self.address = address
-        #: Channels the peer announced when the session started, by id.
-        self.channels: dict[int, ChannelInfo] = {c.id: c for c in hello.channels}
+        #: The ChannelInfos of the peer's hello (``channels`` by id, when first read).
+        self._announced = hello.channels
+        self._channels: dict[int, ChannelInfo] | None = None
         #: What the peer said it is (a ``mconn.NodeInfo``: network, protocol versions,
         #: moniker, other), or None if its hello carried none (specs/handshake.md 6).
         self.node_info = node_info_of(hello)
@@ -94,7 +95,7 @@ class Peer:
         self._shape = sessions.shape
         #: Per channel both sides have: the largest message it accepts (the smaller
         #: recv_message_capacity). Channels outside it are refused.
-        self._limits = self._shape.limits(self.channels)
+        self._limits = self._shape.limits(hello.channels)
         #: The connection's channels (its queues) while connected, else None.
         self._queues = protocol.core.channels
         #: The connection's core while connected, else None (the per-message state check).
@@ -107,12 +108,19 @@ class Peer:
         self.data: dict = {}
         #: The receiving side (``_delivery``), None until the first message comes.
         self._receiving: PeerDelivery | None = None
-        #: ``_deliver(channel_id, message)``, called by the protocol for each whole message:
-        #: ``PeerDelivery.deliver`` once the receiving side exists.
+        #: ``_deliver(channel_id, message)``, called by the protocol for each whole message.
         self._deliver = self._first_delivery
         #: While ``close(flush=True)`` waits for the peer's acks: its timeout, else None.
         self._flush_timer = None
         self._flush_reason = ""
+
+    @property
+    def channels(self) -> dict[int, ChannelInfo]:
+        """Channels the peer announced when the session started, by id."""
+        channels = self._channels
+        if channels is None:
+            channels = self._channels = {c.id: c for c in self._announced}
+        return channels
 
     @property
     def _delivery(self) -> PeerDelivery:
@@ -120,15 +128,13 @@ class Peer:
         (mconn.peer_delivery), built when first needed."""
         delivery = self._receiving
         if delivery is None:
-            delivery = self._receiving = PeerDelivery(
-                self, route=self._sessions.route, clock=self._clock, config=self._config
-            )
+            sessions = self._sessions
+            delivery = self._receiving = PeerDelivery(self, route=sessions.route, clock=self._clock, config=self._config)
             self._deliver = delivery.deliver
         return delivery
 
     def _first_delivery(self, channel_id: int, message: bytes) -> None:
-        """The first message received: build the receiving side, which takes this one
-        and every later one (``_deliver`` is then its ``deliver``)."""
+        """The first message received: the receiving side, built now, takes it and the rest."""
         self._delivery.deliver(channel_id, message)
 
     def __repr__(self) -> str:

@@ -28,11 +28,12 @@ class ChannelShape:
         #: Typed channels (mconn.codec): channel id -> (codec, message_type).
         self.codecs = {d.id: (d.codec, d.message_type) for d in channels if d.codec is not None}
 
-    def limits(self, theirs: dict) -> dict[int, int]:
-        """Per channel both sides have (``theirs``: the peer's ChannelInfo by id): the
-        largest message it accepts, the smaller recv_message_capacity of the two."""
+    def limits(self, announced) -> dict[int, int]:
+        """Per channel both sides have (``announced``: the ChannelInfos of the peer's
+        hello): the largest message it accepts, the smaller recv_message_capacity."""
+        theirs = {c.id: c.recv_message_capacity for c in announced}
         return {
-            channel_id: min(ours, theirs[channel_id].recv_message_capacity)
+            channel_id: min(ours, theirs[channel_id])
             for channel_id, ours in self.recv_capacity.items()
             if channel_id in theirs
         }

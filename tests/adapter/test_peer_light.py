@@ -25,8 +25,8 @@ def _pair(network, listener_reactor, dialer_channels=CHANNELS):
 
 
 def test_the_receiving_side_is_built_at_the_first_message_and_then_delivers_as_before():
-    """A new session's Peer has no __dict__ and no PeerDelivery; the first message builds
-    it and is delivered, later ones go straight to it, in order, and are acknowledged
+    """A new session's Peer has no __dict__, no PeerDelivery and no dict of the peer's
+    channels until read; the first message builds the receiving side and is delivered, later ones go straight to it, in order, and are acknowledged
     (ack_every_messages 2: the sender's recovery buffer empties)."""
     reactor = RecordingReactor(CHANNELS)
     network = MemoryNetwork()
@@ -34,6 +34,9 @@ def test_the_receiving_side_is_built_at_the_first_message_and_then_delivers_as_b
     here = next(iter(listener.peers.values()))
     assert not hasattr(here, "__dict__")
     assert here._receiving is None
+    assert here._channels is None  # built when first read, then kept
+    assert list(here.channels) == [0x30] and here.channels[0x30].recv_message_capacity == 5000
+    assert here.channels is here.channels
     assert sender.try_send(0x30, b"one")
     network.flush()
     assert isinstance(here._receiving, PeerDelivery)
