@@ -5,12 +5,21 @@ Lines, one lean object a line, what mconn writes now) or version 1 records (Twis
 ``jsonFileLogObserver``: each an ASCII record separator ``\\x1e``, a JSON object, a
 newline), or both: a node upgraded in place appends version 2 lines to its old file.
 
-One scan reads them all: Spark's JSON source with an explicit schema
-(``schema.record_schema()``: every scalar field, list fields kept as their JSON text, never
-inferred) parses each line straight into typed columns. A version 1 line starts with
-``\\x1e``, which Jackson does not take as whitespace, so it lands whole in the corrupt-record
-column; only those lines are split on ``\\x1e`` (as Twisted's reader splits the file) and
-each piece parsed with ``from_json`` and the same schema. So a record cut short by a killed
+One scan reads the lines of them all (Spark's text source). The fast path (``classify``)
+takes a line that starts ``{"v":2,"event":"`` (how mconn writes a version 2 record: ``v``
+and ``event`` first) and parses it once, with the general path's schema; a clean record of
+an event without lists (no value of the wrong type, ``v`` 2, its event the one the prefix
+names, ``node_id`` and ``log_time`` present) is final there: the general path would give it
+no reject reason and the same columns. Every other line goes, whole, to a ``_recheck``
+partition of the events table in the same scan; the general path reads those back
+(``records`` then ``parse``), appends their rows and removes the partition. So only the
+few other lines pay for the general path's checks and list parsing (what that saves:
+bench/PIPELINE_RESULTS.md).
+
+The general path parses each record with an explicit schema (``schema.record_schema()``:
+every scalar field, list fields kept as their JSON text, never inferred) into typed
+columns. A version 1 line starts with ``\\x1e``; only those lines are split on ``\\x1e`` (as
+Twisted's reader splits the file) and each piece parsed. So a record cut short by a killed
 process spoils neither the record after it on its line (version 1) nor the next line
 (version 2: the writer starts a new line after a cut one). Then each list field is parsed
 with its own event's item schema, wrapped so that a wrong type inside an item is seen
@@ -44,41 +53,126 @@ KEPT_TEXT = 2000
 #: records have no ``v`` field.
 VERSIONS = (1, 2)
 _PIECE = "_piece"
+_LINE = "line"
+_LINE_ID = "_line_id"
+#: What Jackson takes as whitespace: a line of only these holds no record.
+_BLANKS = " \t\r\n"
+#: ``seq`` is a line's id shifted left by this many bits, plus the record's place on it.
+SEQ_BITS = 6
+#: How a version 2 record as mconn writes it starts (specs/telemetry.md section 2: ``v``,
+#: then ``event``, first).
+FAST_PREFIX = '{"v":2,"event":"'
+#: The events the fast path reads: those without a list field (their lists need the
+#: general path's checks).
+FAST_EVENTS = tuple(e for e in schema.EVENTS if not any(e == event for event, _ in schema.LIST_COLUMNS))
+#: The partition where the fast path leaves the lines it does not read, for the general
+#: path; it is gone from a written events table.
+RECHECK = "_recheck"
+
+
+def read_lines(spark, inputs: list[str]) -> DataFrame:
+    """One row per line of the input files (Spark's text source, which splits lines as its
+    JSON source does): ``line``, ``source_file``, ``line_id`` (increases along each file)."""
+    return spark.read.option("recursiveFileLookup", "true").text(list(inputs)).select(
+        F.col("value").alias(_LINE),
+        F.col("_metadata.file_path").alias("source_file"),
+        F.monotonically_increasing_id().alias(_LINE_ID),
+    )
 
 
 def read_records(spark, inputs: list[str]) -> DataFrame:
-    """One row per record of the input files: ``r`` (the record parsed with
-    ``schema.record_schema()``), ``record`` (its text, for a version 1 record or a corrupt
-    one; null for a well-formed version 2 record), ``source_file``, ``seq``.
+    """One row per record of the input files, every line by the general path
+    (``records``); what ``parse`` takes."""
+    return records(read_lines(spark, inputs))
 
-    ``seq`` increases along each file; it breaks ties between equal ``log_time`` values.
+
+def records(lines: DataFrame) -> DataFrame:
+    """The general path: one row per record of ``lines`` (``line``, ``source_file``,
+    ``line_id``): ``r`` (the record parsed with ``schema.record_schema()``), ``record``
+    (its text, for a version 1 record or a corrupt one; null for a well-formed version 2
+    record), ``source_file``, ``seq``.
+
+    A line of blanks holds no record (Spark's JSON source skips it too). ``seq`` increases
+    along each file; it breaks ties between equal ``log_time`` values.
     """
-    record_schema = schema.record_schema()
-    lines = (
-        spark.read.schema(record_schema)
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", schema.CORRUPT)
-        .option("recursiveFileLookup", "true")
-        .json(list(inputs))
-    )
-    corrupt = F.col(schema.CORRUPT)
-    legacy = F.startswith(corrupt, F.lit(RECORD_SEPARATOR))
-    pieces = F.when(legacy, F.split(corrupt, RECORD_SEPARATOR)).otherwise(F.array(F.lit(None).cast("string")))
+    line = F.col(_LINE)
+    legacy = F.startswith(line, F.lit(RECORD_SEPARATOR))
+    lines = lines.where(legacy | (F.octet_length(F.btrim(line, F.lit(_BLANKS))) > 0))
+    pieces = F.when(legacy, F.split(line, RECORD_SEPARATOR)).otherwise(F.array(line))
     rows = lines.select(
-        F.struct(*[F.col(f.name) for f in record_schema.fields]).alias("direct"),
-        corrupt.alias("line"),
-        F.col("_metadata.file_path").alias("source_file"),
-        F.explode(pieces).alias(_PIECE),
+        F.col("source_file"), F.col(_LINE_ID), legacy.alias("_legacy"), F.posexplode(pieces).alias("_pos", _PIECE)
     )
     # Bytes, not characters: counting characters would scan every record.
-    rows = rows.where(F.col(_PIECE).isNull() | (F.octet_length(_PIECE) > 0))
+    rows = rows.where(F.octet_length(_PIECE) > 0)
     options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": schema.CORRUPT}
-    piece = F.col(_PIECE)
+    rows = rows.select("*", F.from_json(F.col(_PIECE), schema.record_schema(), options).alias("r"))
     return rows.select(
-        F.when(piece.isNull(), F.col("direct")).otherwise(F.from_json(piece, record_schema, options)).alias("r"),
-        F.coalesce(piece, F.col("line")).alias("record"),
+        "r",
+        F.when(F.col("_legacy"), F.col(_PIECE)).otherwise(F.col("r." + schema.CORRUPT)).alias("record"),
         "source_file",
-        F.monotonically_increasing_id().alias("seq"),
+        _seq(F.col(_LINE_ID), F.col("_pos")).alias("seq"),
+    )
+
+
+def _seq(line_id: Column, position: Column) -> Column:
+    """A record's ``seq``: its line's id, then its place on the line (version 1 lines can
+    hold more than one record; past ``2**SEQ_BITS - 1`` records on one line they tie)."""
+    return line_id * (1 << SEQ_BITS) + F.least(position, F.lit((1 << SEQ_BITS) - 1))
+
+
+def classify(lines: DataFrame, since: float | None = None, until: float | None = None) -> DataFrame:
+    """The fast path (specs/pipeline.md section 2.2): the rows of the events table for the
+    lines that it reads, and one ``RECHECK`` row (the line in ``record``) for each other line.
+
+    A line that starts with ``FAST_PREFIX`` is parsed with the same schema as the general
+    path; it is final here when it is clean: no value of the wrong JSON type, ``v`` 2, an
+    ``event`` of ``FAST_EVENTS`` equal to the one its prefix names, ``node_id`` and
+    ``log_time`` present. Such a record has no reject reason in the general path either,
+    so its row is the general path's row. Every other line (version 1, keys in another
+    order, a list event, anything malformed) is left to the general path.
+    """
+    line = F.col(_LINE)
+    options = {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": schema.CORRUPT}
+    parsed = F.when(F.startswith(line, F.lit(FAST_PREFIX)), F.from_json(line, schema.record_schema(), options))
+    rows = lines.select(_LINE, "source_file", _LINE_ID, parsed.alias("r"))
+    event = F.col("r.event")
+    clean = (
+        F.col("r." + schema.CORRUPT).isNull()
+        & (F.col("r." + schema.VERSION) == 2)
+        & event.isin(list(FAST_EVENTS))
+        & F.col("r.node_id").isNotNull()
+        & F.col("r." + schema.LOG_TIME).isNotNull()
+        & F.startswith(line, F.concat(F.lit(FAST_PREFIX), event, F.lit('",')))
+    )
+    rows = rows.select("*", F.coalesce(clean, F.lit(False)).alias("_clean"))
+    time = F.col("r." + schema.LOG_TIME)
+    if since is not None:
+        rows = rows.where(~F.col("_clean") | (time >= since))
+    if until is not None:
+        rows = rows.where(~F.col("_clean") | (time < until))
+    fast = F.col("_clean")
+    scalars = [c for c in schema.scalar_fields() if c != "event"]
+    return rows.select(
+        F.when(fast, event).otherwise(F.lit(RECHECK)).alias("event"),
+        F.lit(None).cast("string").alias("unknown_event"),
+        F.when(fast, time).alias("log_time"),
+        _seq(F.col(_LINE_ID), F.lit(0)).alias("seq"),
+        F.when(fast, F.lit(2)).cast("long").alias("version"),
+        *[F.when(fast, F.col("r." + c)).alias(c) for c in scalars],
+        *[F.lit(None).cast(schema.list_type(e, f)).alias(c) for (e, f), c in schema.LIST_COLUMNS.items()],
+        F.lit(None).cast("string").alias("reject_reason"),
+        F.lit(None).cast("boolean").alias("session_id_logged"),
+        F.when(~fast, F.col("source_file")).alias("source_file"),
+        F.when(~fast, line).alias("record"),
+    )
+
+
+def rechecked(spark, path: str) -> DataFrame:
+    """The ``RECHECK`` rows written by ``classify`` under ``path``, back as ``read_lines``
+    rows for the general path."""
+    left = spark.read.parquet(path)
+    return left.select(
+        F.col("record").alias(_LINE), "source_file", F.shiftrightunsigned("seq", SEQ_BITS).alias(_LINE_ID)
     )
 
 
@@ -186,9 +280,20 @@ def _reject_reason() -> Column:
     return reason
 
 
-def write_events(events: DataFrame, path: str) -> None:
-    """Write the events table, one Parquet partition per event name."""
-    events.write.mode("overwrite").partitionBy("event").parquet(path)
+def write_events(spark, inputs: list[str], path: str, since: float | None = None, until: float | None = None) -> None:
+    """Write the events table, one Parquet partition per event name: the fast path's rows
+    and the other lines in one scan, then those lines by the general path (appended), then
+    their partition removed."""
+    lines = read_lines(spark, inputs)
+    classify(lines, since, until).write.mode("overwrite").partitionBy("event").parquet(path)
+    left = path.rstrip("/") + "/event=" + RECHECK
+    jvm = spark.sparkContext._jvm
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(left)
+    fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(hadoop_path):
+        return
+    parse(records(rechecked(spark, left)), since, until).write.mode("append").partitionBy("event").parquet(path)
+    fs.delete(hadoop_path, True)
 
 
 def load_events(spark, path: str) -> DataFrame:

@@ -91,7 +91,7 @@ def _read(spark, inputs: list[str], out: str, since, until, progress):
     cost about 5 us of CPU an event: bench/PIPELINE_RESULTS.md)."""
     with _stage(spark, progress, "read telemetry") as stage:
         events_path = table_path(out, "events")
-        ingest.write_events(ingest.parse(ingest.read_records(spark, inputs), since, until), events_path)
+        ingest.write_events(spark, inputs, events_path, since, until)
         everything = ingest.load_events(spark, events_path)
         counts = {r["event"]: r["count"] for r in everything.groupBy("event").count().collect()}
         known = sum(n for e, n in counts.items() if e not in (ingest.MALFORMED, ingest.UNKNOWN))
