@@ -14,11 +14,12 @@ import resource
 import sys
 import time
 
+from many_peers_bytes import CHANNEL, hello_template, round_sizes  # bench/ is the script's path
+
 SOURCES = [f"127.0.{i // 250}.{2 + i % 250}" for i in range(200)]
 #: Connection attempts under way at once per dialer (the listener's backlog is BACKLOG).
 CONCURRENCY = 64
 BACKLOG = 1024
-CHANNEL = 0x20
 #: Seconds a dialer waits for its share of a storm before it reports what it has.
 STORM_DEADLINE = 150.0
 #: Seconds between the storm and the measurements: one stats tick (10 s) and a margin,
@@ -84,38 +85,6 @@ class Commands:
 
 
 # -- the listener -------------------------------------------------------------------------
-
-
-def hello_template() -> bytes:
-    """A dialer's hello packet with a session request (node id ab.., session id cd..)."""
-    from mconn import ChannelDescriptor, wire
-    from mconn.handshake import make_hello
-    from mconn.wire import HelloTag, PacketType, SessionRequest
-
-    request = wire.encode_session_request(SessionRequest(session_id=b"\xcd" * 16, resume=False))
-    body = wire.encode_hello(
-        make_hello(node_id="ab" * 20, channels=[ChannelDescriptor(CHANNEL, priority=1)], max_packet_payload=1024,
-                   fields=((HelloTag.SESSION, request),))
-    )
-    return wire.encode_extension(PacketType.HELLO, body)
-
-
-def round_sizes(switch) -> dict:
-    """The raw round's bytes: the listener's hello packet and a fresh session's answer
-    packet (what the Switch sends a new dialer), and the size of a dialer's hello."""
-    from mconn import wire
-    from mconn.handshake import make_hello
-    from mconn.wire import PacketType, SessionAnswer
-
-    hello = make_hello(node_id=switch.node_id, channels=switch.channels,
-                       max_packet_payload=switch.config.max_packet_payload,
-                       listen_address=switch.listen_address, node_info=switch.node_info)
-    answer = wire.encode_session_answer(SessionAnswer(session_id=b"\x00" * 16, resumed=False))
-    return {
-        "hello_bytes": wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello)),
-        "answer_bytes": wire.encode_extension(PacketType.SESSION, answer),
-        "request": len(hello_template()),
-    }
 
 
 def listener(args) -> None:
