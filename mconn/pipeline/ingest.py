@@ -211,8 +211,8 @@ def parse(records: DataFrame, since: float | None = None, until: float | None = 
 
 
 def _as_read(scalars: list[str]) -> Column:
-    """The text of a version 2 record that the JSON source read without keeping its line
-    (one rejected for a list field): the fields it read, written back as JSON (the lists as
+    """The text of a version 2 record rejected only for a list field (the parser keeps a
+    record's text only when it is corrupt): the fields it read, written back as JSON (the lists as
     they were, ``level`` and any field the spec does not list left out)."""
     fields = [F.col("_v").alias(schema.VERSION), "event", "node_id", "log_time"]
     fields += [F.col(c) for c in scalars if c != "node_id"]
