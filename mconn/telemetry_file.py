@@ -107,8 +107,11 @@ def _scalar(value) -> str | None:
 
 def _encode_value(value) -> str:
     text = _scalar(value)
-    if text is not None:
-        return text
+    return _encode_compound(value) if text is None else text
+
+
+def _encode_compound(value) -> str:
+    """The JSON of a value ``_scalar`` does not write (a list, a dict, a subclass...)."""
     if type(value) is list:  # a list of scalars (handshake_done's channels), else the encoder
         items = [_scalar(item) for item in value]
         if None not in items:
@@ -225,7 +228,7 @@ def lean_text(event: dict) -> str | None:
         encode = _SCALAR_OF(type(value))
         value_text = None if encode is None else encode(value)
         append(text)
-        append(_encode_value(value) if value_text is None else value_text)
+        append(_encode_compound(value) if value_text is None else value_text)
     failure = event.get("log_failure")
     if failure is not None:
         append(',"failure":')
