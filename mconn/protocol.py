@@ -11,18 +11,16 @@ pumps only when the read left something to send: a bulk read delivers and return
 ``pump`` writes what the core has to send until the transport pauses us (we are the
 transport's IPushProducer, so a slow peer stops the scheduler instead of growing a
 buffer); one DelayedCall follows ``core.next_deadline()``. Data reaches the transport in
-the same reactor turn it was queued in: there is no flush timer.
+the same reactor turn it was queued in (no flush timer), and on plain TCP the first
+write of a read's handling goes to the kernel at once (``mconn.write_through``).
 
-The write-ahead (``mconn.write_ahead``, specs/connection.md section 7): on a transport
-that pauses its producer as Twisted's TCP transport does, ``pump`` pauses itself once
-its writes since Twisted last resumed it reach ``Config.write_ahead_time`` at the link's
-measured drain rate (a write short of its budget does not pause), so that Twisted
-resumes it only once the kernel has taken them: what waits below the scheduler stays
-within the kernel's ``tcp_notsent_lowat`` and two writes.
+The write-ahead (``mconn.write_ahead``, specs/connection.md section 7): ``pump`` pauses
+itself once its writes since Twisted last resumed it reach ``Config.write_ahead_time``
+at the link's measured drain rate, so that Twisted resumes it only once the kernel has
+taken them: what waits below the scheduler stays within ``tcp_notsent_lowat`` and two writes.
 """
 
 from __future__ import annotations
-
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
@@ -46,6 +44,7 @@ from mconn.owner import ConnectionContext, IConnectionOwner
 from mconn.packet_size import payload_for_rate
 from mconn.socket_options import bytes_acked, set_socket_options, socket_of
 from mconn.write_ahead import WriteAhead
+from mconn.write_through import idle, plain_tcp, write_now
 
 log = Logger(namespace="mconn")
 #: The states the per-message path tests, as module constants (``State.OPEN`` is a
@@ -91,6 +90,8 @@ class MConnectionProtocol(Protocol):
         self._pause_after_write = False
         #: The TCP socket beneath the transport, asked for its acknowledged bytes (or None).
         self._socket = None
+        #: Plain TCP; a read is handled and its first write may go through (write_through.py).
+        self._through_ok = self._through = False
         self._rate_limited = owner.config.send_rate is not None
         self._recv_limited = owner.config.recv_rate is not None
         self._timer = None
@@ -165,6 +166,7 @@ class MConnectionProtocol(Protocol):
             type(self.transport), "producerPaused"
         )
         self._socket = socket_of(self.transport) if self._pause_after_write else None
+        self._through_ok = plain_tcp(self.transport)
         # Packets of the unmeasured size until the write-ahead has measured the link.
         self.core.set_packet_payload(payload_for_rate(None, self._config.write_ahead_time))
         self.transport.registerProducer(self, True)
@@ -180,6 +182,7 @@ class MConnectionProtocol(Protocol):
             return  # refused in connectionMade: nothing is read until the transport closes
         now = self._clock.seconds()
         handlers = _HANDLERS
+        self._through = self._through_ok
         for event in core.receive_data(data, now):
             if self.end_reason is not None and type(event) is not ConnectionFailed:
                 continue  # we are closing: nothing more reaches the reactors
@@ -193,6 +196,7 @@ class MConnectionProtocol(Protocol):
             # A pong, a close, a handshake step: something to write. A read that queued
             # nothing skips the pump (a send queues through Peer, which pumps itself).
             self.pump()
+        self._through = False
         if self._timer is None or self._timer_due > now + self._config.ping_interval or self._rate_limited:
             # A read only moves the keepalive deadline later (to now + ping_interval):
             # a timer due before that fires early, finds nothing due and re-arms.
@@ -268,7 +272,7 @@ class MConnectionProtocol(Protocol):
         every other change that makes room (an ack, a new session) pumps without it.
         """
         core = self.core
-        write = self.transport.write
+        write = self._write_first if self._through else self.transport.write
         now = self._clock.seconds()
         ahead = self._ahead if self._pause_after_write else None
         budget = None if ahead is None else ahead.budget()
@@ -296,11 +300,23 @@ class MConnectionProtocol(Protocol):
         elif self._rate_limited:
             self._rearm()  # send_rate may have left data for later
 
+    def _write_first(self, data: bytes) -> None:
+        """The pump's write while a read is handled: the first goes through."""
+        transport = self.transport
+        if self._through and idle(transport):
+            write_now(transport, data)
+        else:
+            transport.write(data)
+        self._through = False
+
     def _wait_until_written(self) -> None:
         """Pause until the transport has handed everything written to the kernel (it
         resumes us then, as after its own pause past ``bufferSize``)."""
         transport = self.transport
         if not self._paused and transport.connected and not transport.disconnecting:
+            if self._through_ok and idle(transport):
+                # All went through: an empty send once writable resumes us, as a drain would.
+                transport.startWriting()
             transport.producerPaused = True
             self.pauseProducing()
 

@@ -1,0 +1,198 @@
+"""Write-through on real loopback sockets (mconn/write_through.py, specs/connection.md
+section 7): a reply written while a read is handled reaches the kernel before the
+reactor's callback returns; a second write of the same read, and a send outside a read,
+wait in Twisted's buffer as before; what the kernel does not take follows in order; a
+write that fills the write-ahead and went through whole still resumes the protocol.
+"""
+
+import socket
+
+import pytest
+import pytest_twisted
+from twisted.internet import defer
+from twisted.internet.protocol import Protocol
+from twisted.internet.ssl import CertificateOptions
+from twisted.internet.testing import StringTransport
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
+
+from helpers import bounded, sleep, the_reactor
+from mconn import ChannelDescriptor, Reactor, Switch
+from mconn.write_through import plain_tcp
+
+pytestmark = pytest.mark.integration
+
+CH = 0x20
+CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=8, recv_message_capacity=4 << 20)]
+
+
+def buffered(transport) -> int:
+    """Bytes written into Twisted's TCP transport that it has not sent yet."""
+    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+
+
+class Echo(Reactor):
+    """Answers each message with ``reply(message)``, ``replies`` times, and records what
+    the transport still held right after each answer."""
+
+    def __init__(self, replies=1, reply=bytes, before=None):
+        self.replies, self.reply, self.before = replies, reply, before
+        self.held_after: list[int] = []
+        self.paused_after: list[bool] = []
+
+    def get_channels(self):
+        return CHANNELS
+
+    def receive(self, channel_id, peer, message):
+        transport = peer._protocol.transport
+        if self.before is not None:
+            self.before(transport)
+        for _ in range(self.replies):
+            assert peer.try_send(channel_id, self.reply(message))
+            self.held_after.append(buffered(transport))
+            self.paused_after.append(peer._protocol._paused)
+
+
+class Collector(Reactor):
+    """Fires ``until(n)`` once n messages have arrived."""
+
+    def __init__(self):
+        self.messages: list[bytes] = []
+        self.added = defer.Deferred()
+        self._waiters: list = []
+
+    def get_channels(self):
+        return CHANNELS
+
+    def add_peer(self, peer):
+        if not self.added.called:
+            self.added.callback(peer)
+
+    def receive(self, channel_id, peer, message):
+        self.messages.append(message)
+        for n, d in list(self._waiters):
+            if len(self.messages) >= n:
+                self._waiters.remove((n, d))
+                d.callback(n)
+
+    def until(self, n):
+        d = defer.Deferred()
+        self._waiters.append((n, d))
+        if len(self.messages) >= n:
+            self._waiters.clear()
+            d.callback(n)
+        return bounded(d)
+
+
+async def pair(echo):
+    """A listening Switch answering with ``echo``, and a dialing one; the dialer's peer."""
+    collector = Collector()
+    a = Switch([echo], clock=the_reactor())
+    b = Switch([collector], clock=the_reactor())
+    a.startService()
+    b.startService()
+    port = await a.listen("tcp:0:interface=127.0.0.1")
+    peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port.getHost().port}"))
+    return a, b, collector, peer
+
+
+async def stop(*switches):
+    await bounded(defer.gatherResults([defer.maybeDeferred(s.stopService) for s in switches]))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reply_goes_to_the_kernel_before_the_callback_returns():
+    """The answer to a read is sent inside the read's callback: right after ``try_send``
+    Twisted's buffer is empty, and the answer arrives. Without write-through it waits
+    in that buffer (its packet's bytes) until the reactor's next turn."""
+    echo = Echo()
+    a, b, collector, peer = await pair(echo)
+    try:
+        for i in range(5):
+            assert peer.try_send(CH, b"ping %d" % i)
+            await collector.until(i + 1)
+        assert collector.messages == [b"ping %d" % i for i in range(5)]
+        assert echo.held_after == [0] * 5
+        assert plain_tcp(peer._protocol.transport)
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_the_first_write_of_a_read_goes_through():
+    """A second answer to the same read waits in Twisted's buffer (one send per read at
+    most: a turn's later writes are still coalesced), and both arrive in order."""
+    echo = Echo(replies=2)
+    a, b, collector, peer = await pair(echo)
+    try:
+        assert peer.try_send(CH, b"twice")
+        await collector.until(2)
+        assert collector.messages == [b"twice", b"twice"]
+        assert echo.held_after[0] == 0
+        assert echo.held_after[1] > len(b"twice")
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_send_outside_a_read_waits_for_the_reactor_turn():
+    """A send from outside a read (a timer of the reactor's) is left in Twisted's buffer,
+    to be sent with the turn's other writes, and arrives."""
+    echo = Echo()
+    a, b, collector, peer = await pair(echo)
+    try:
+        await sleep(0.01)  # the dial's answer was a read: leave its handling first
+        assert peer.try_send(CH, b"from a timer")
+        assert buffered(peer._protocol.transport) > 0
+        await collector.until(1)
+    finally:
+        await stop(a, b)
+
+
+def small_send_buffer(transport) -> None:
+    transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+
+
+@pytest_twisted.ensureDeferred
+async def test_what_the_kernel_does_not_take_follows_in_order():
+    """With a 4 KiB send buffer the kernel takes only part of a 256 KiB answer's first
+    write; the rest waits in Twisted's buffer and the answer arrives whole."""
+    body = bytes(range(256)) * 1024
+    echo = Echo(reply=lambda m: body, before=small_send_buffer)
+    a, b, collector, peer = await pair(echo)
+    try:
+        assert peer.try_send(CH, b"big")
+        await collector.until(1)
+        assert collector.messages == [body]
+        assert 0 < echo.held_after[0] < 65536  # less than the first write: part went through
+    finally:
+        await stop(a, b)
+
+
+def large_send_buffer(transport) -> None:
+    transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_write_ahead_that_went_through_whole_still_resumes():
+    """A 1 MiB answer's first write fills the write-ahead (64 KiB on loopback) and the
+    kernel takes it all: the protocol pauses with nothing in Twisted's buffer, and
+    asks the transport for a writable socket to resume it. Without that it would wait
+    forever for a drain that never comes; the answer arrives whole."""
+    body = bytes(range(256)) * 4096
+    echo = Echo(reply=lambda m: body, before=large_send_buffer)
+    a, b, collector, peer = await pair(echo)
+    try:
+        assert peer.try_send(CH, b"big")
+        await collector.until(1)
+        assert collector.messages == [body]
+        assert echo.held_after == [0] and echo.paused_after == [True]
+    finally:
+        await stop(a, b)
+
+
+def test_only_twisteds_plain_tcp_transport_qualifies():
+    """A TLS transport, and any transport that is not Twisted's TCP one, keep the plain
+    write (their buffers are not Twisted's TCP buffers)."""
+    tls = TLSMemoryBIOProtocol(TLSMemoryBIOFactory(CertificateOptions(), True, None), Protocol())
+    assert not plain_tcp(tls)
+    assert not plain_tcp(StringTransport())
