@@ -43,8 +43,11 @@ def plain_tcp(transport) -> bool:
 
 
 def idle(transport) -> bool:
-    """Nothing written waits in the transport's buffer, and it is not closing."""
-    return not transport.dataBuffer and not transport._tempDataLen and not transport.disconnecting
+    """Nothing written waits in the transport's buffer, and it is connected and not closing."""
+    return (
+        transport.connected and not transport.disconnecting
+        and not transport.dataBuffer and not transport._tempDataLen
+    )
 
 
 def write_now(transport, data: bytes) -> int:
