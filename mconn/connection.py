@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from types import MappingProxyType
 
 from mconn.channel import Channel, ChannelDescriptor, Scheduler
 from mconn.config import Config
@@ -40,13 +41,13 @@ from mconn.events import (
     SessionAnswered,
 )
 from mconn.frame_buffer import MSG, PING, PONG, RUN, FrameBuffer
-from mconn.handshake import check_hello
+from mconn.handshake import asks_for_session, check_hello, fresh_answer_parts, hello_packet
 from mconn.rate import TokenBucket
 from mconn.states import TRANSITIONS, Input, State  # State, Input, TRANSITIONS: also mconn.connection's names
 from mconn.wire import (
     FIRST_OPTIONAL_TYPE,
+    SESSION_ID_BYTES,
     Hello,
-    HelloTag,
     PacketType,
     SessionAnswer,
     decode_ack,
@@ -56,7 +57,6 @@ from mconn.wire import (
     encode_ack,
     encode_close,
     encode_extension,
-    encode_hello,
     encode_session_answer,
 )
 
@@ -77,10 +77,11 @@ _INPUT_OF_TYPE = {PING: Input.PING, PONG: Input.PONG, MSG: Input.MSG, RUN: Input
 
 
 @functools.lru_cache(maxsize=16)
-def _hello_packet(hello: Hello) -> bytes:
-    """Our hello packet. A listener's is the same for every connection: encoded once, it
-    costs a connection flood nothing (a dialer's carries a fresh session id each time)."""
-    return encode_extension(PacketType.HELLO, encode_hello(hello))
+def _extension_limits(max_hello_size: int, max_control_size: int) -> MappingProxyType:
+    """The frame buffer's body limits per extension type: read-only, so every connection
+    with these sizes shares one (FrameBuffer keeps a read-only mapping as it is)."""
+    counts = max_control_size + CHANNEL_COUNTS_LIMIT
+    return MappingProxyType({PacketType.HELLO: max_hello_size, PacketType.ACK: counts, PacketType.SESSION: counts})
 
 
 def close_packet(code: str, text: str = "") -> bytes:
@@ -113,14 +114,10 @@ class Connection:
         self._buffer = FrameBuffer(
             max_payload=config.max_packet_payload,
             default_extension_limit=config.max_control_size,
-            extension_limits={
-                PacketType.HELLO: config.max_hello_size,
-                PacketType.ACK: config.max_control_size + CHANNEL_COUNTS_LIMIT,
-                PacketType.SESSION: config.max_control_size + CHANNEL_COUNTS_LIMIT,
-            },
+            extension_limits=_extension_limits(config.max_hello_size, config.max_control_size),
             stream_payloads=True,
         )
-        self._control: list[bytes] = [_hello_packet(hello)]
+        self._control: list[bytes] = [hello_packet(hello)]
         self._started = now
         self._last_received = now
         self._ping_sent_at: float | None = None
@@ -136,7 +133,7 @@ class Connection:
         self.error: RemoteProtocolError | None = None
         #: The dialer's hello asks for a session: its handshake ends with the listener's
         #: session answer, which handshake_timeout bounds too (section 6).
-        self._awaiting_answer = any(tag == HelloTag.SESSION for tag, _ in hello.fields)
+        self._awaiting_answer = asks_for_session(hello)
         #: Pings received in the current ping_interval window, and when it began (at
         #: the window's first ping).
         self._pings = 0
@@ -337,6 +334,16 @@ class Connection:
         """Queue the listener's session answer (before any data, specs/resume.md)."""
         if self.state is _OPEN:
             self._control.append(encode_extension(PacketType.SESSION, encode_session_answer(answer)))
+
+    def send_fresh_session_answer(self, session_id: bytes, reason: str = "") -> None:
+        """``send_session_answer`` of a fresh session's answer (not resumed, ``reason``
+        why a resume was refused, if one was), from bytes encoded once per reason."""
+        if self.state is _OPEN:
+            if type(session_id) is not bytes or len(session_id) != SESSION_ID_BYTES:
+                self.send_session_answer(SessionAnswer(session_id=session_id, resumed=False, reason=reason))
+                return
+            head, tail = fresh_answer_parts(reason)
+            self._control.append(head + session_id + tail)
 
     def transport_lost(self) -> None:
         """The transport beneath is gone: the connection is closed, whatever its state."""

@@ -66,7 +66,8 @@ class ConnectionSet:
             return None
         refusal, evicted = self.admission.admit(host, protocol)
         if refusal is None:
-            protocol.handshake.addBoth(self._handshake_over, protocol)  # a session, or the connection lost
+            # Pending until a session starts on it (SessionManager._handshake_done) or it is
+            # gone (connection_lost); no callback on its handshake Deferred for that.
             if evicted is not None:
                 victim, rejection = evicted.handshake, evicted.rejection
                 if victim.end_reason is None:
@@ -84,10 +85,6 @@ class ConnectionSet:
             message=str(refusal),
         )
         return refusal
-
-    def _handshake_over(self, result, protocol):
-        self.admission.handshake_over(protocol)
-        return result
 
     def new_core(self, protocol, now: float):
         request = None
@@ -129,7 +126,7 @@ class ConnectionSet:
         telemetry.emit(
             "connection_made",
             node_id=self.node_id,
-            direction=_direction(protocol),
+            direction="outbound" if protocol.context.is_outbound else "inbound",
             remote_address=protocol.remote_address,
             transport=transport_kind(protocol.transport),
         )
@@ -146,16 +143,17 @@ class ConnectionSet:
             certificate = self.tls.peer_certificate(protocol.transport, hello.node_id, inbound=not context.is_outbound)
         if context.expected_node_id is not None and context.expected_node_id != hello.node_id:
             raise PeerIdMismatch(context.expected_node_id, hello.node_id)
-        check_compatible(  # specs/handshake.md section 6.2
-            self.node_info, (c.id for c in self.channels), node_info_of(hello), (c.id for c in hello.channels),
-            peer_id=hello.node_id,
-        )
+        if self.node_info is not None:  # without one nothing is required (the core checked the field decodes)
+            check_compatible(  # specs/handshake.md section 6.2
+                self.node_info, (c.id for c in self.channels), node_info_of(hello), (c.id for c in hello.channels),
+                peer_id=hello.node_id,
+            )
         telemetry.emit(
             "handshake_done",
             node_id=self.node_id,
             peer_id=hello.node_id,
             remote_address=protocol.remote_address,
-            direction=_direction(protocol),
+            direction="outbound" if context.is_outbound else "inbound",
             max_packet_payload=event.max_packet_payload,
             channels=[c.id for c in hello.channels],
             listen_address=hello.listen_address,
@@ -225,6 +223,7 @@ class ConnectionSet:
             session_id=_session_of(protocol),
         )
         self.sessions.connection_lost(protocol, reason)
+        self.admission.handshake_over(protocol)
         if not protocol.handshake.called:
             protocol.handshake.errback(reason)
         self.sessions.forget_probes(protocol)
@@ -242,6 +241,8 @@ class ConnectionSet:
 
     def dialing_to(self, node_id: str) -> bool:
         """Whether an outbound connection of ours to ``node_id`` is still handshaking."""
+        if not self._outbound:
+            return False  # a listener that dials nobody: no generator per inbound hello
         return any(
             p.peer is None and p.end_reason is None
             and node_id in (p.context.expected_node_id, p.hello.node_id if p.hello is not None else None)

@@ -36,6 +36,8 @@ kept, joined and copied again.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from mconn.errors import MalformedPacket, PacketTooLarge, UnknownPacketType
 from mconn.wire import FIRST_EXTENSION_TYPE, MAX_UVARINT_SIZE, PacketType
 
@@ -54,7 +56,8 @@ class FrameBuffer:
 
     :param max_payload: the largest msg packet payload accepted.
     :param extension_limits: the largest body accepted per extension type; types not
-        listed use ``default_extension_limit``.
+        listed use ``default_extension_limit``. A dict is copied; a read-only mapping
+        (``types.MappingProxyType``) is shared.
     """
 
     def __init__(
@@ -67,7 +70,9 @@ class FrameBuffer:
     ) -> None:
         self.max_payload = max_payload
         self.default_extension_limit = default_extension_limit
-        self.extension_limits = dict(extension_limits or {})
+        # A read-only mapping is kept as it is (connections with one Config share one).
+        limits = extension_limits
+        self.extension_limits = limits if type(limits) is MappingProxyType else dict(limits or {})
         self.stream_payloads = stream_payloads
         #: The msg packet whose payload is being streamed: [channel id, eof, bytes still
         #: to come, whether any came out], or None.

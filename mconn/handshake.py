@@ -9,10 +9,25 @@ Switch's decision, made on the HelloReceived event.
 
 from __future__ import annotations
 
+import functools
+
 from mconn.channel import ChannelDescriptor
 from mconn.errors import IncompatiblePeer
 from mconn.node_info import NodeInfo, node_info_field, node_info_of
-from mconn.wire import PROTOCOL_VERSION, ChannelInfo, Hello
+from mconn.wire import (
+    PROTOCOL_VERSION,
+    SESSION_ID_BYTES,
+    ChannelInfo,
+    Hello,
+    HelloTag,
+    PacketType,
+    SessionAnswer,
+    encode_extension,
+    encode_hello,
+    encode_session_answer,
+)
+
+_SESSION_TAG = HelloTag.SESSION
 
 
 def make_hello(
@@ -56,3 +71,31 @@ def check_hello(ours: Hello, theirs: Hello) -> int:
         )
     node_info_of(theirs)
     return min(ours.max_packet_payload, theirs.max_packet_payload)
+
+
+@functools.lru_cache(maxsize=16)
+def hello_packet(hello: Hello) -> bytes:
+    """Our hello packet. A listener's is the same for every connection: encoded once, it
+    costs a connection flood nothing (a dialer's carries a fresh session id each time)."""
+    return encode_extension(PacketType.HELLO, encode_hello(hello))
+
+
+def asks_for_session(hello: Hello) -> bool:
+    """Whether ``hello`` carries a session request (tag ``01``: a dialer's does)."""
+    for tag, _ in hello.fields:
+        if tag == _SESSION_TAG:
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=16)
+def fresh_answer_parts(reason: str) -> tuple[bytes, bytes]:
+    """A fresh session's answer packet (not resumed, no counts; specs/wire.md section
+    3.5) before and after its session id: the same for every new dialer answered with
+    ``reason``, so encoded once. ``head + session_id + tail`` is the packet of
+    ``SessionAnswer(session_id=session_id, resumed=False, reason=reason)`` for any
+    16-byte id (tests/core/test_handshake_shared.py)."""
+    body = encode_session_answer(SessionAnswer(session_id=bytes(SESSION_ID_BYTES), resumed=False, reason=reason))
+    packet = encode_extension(PacketType.SESSION, body)
+    at = len(packet) - len(body)  # the body starts with the session id
+    return packet[:at], packet[at + SESSION_ID_BYTES :]

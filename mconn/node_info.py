@@ -24,6 +24,10 @@ from collections.abc import Iterable, Mapping
 
 from mconn.errors import IncompatibleNode, MalformedPacket
 from mconn.wire import HelloTag, NodeInfoBody
+
+#: ``HelloTag.NODE_INFO`` as a module constant (an Enum member lookup is a descriptor
+#: call on Python 3.11; a handshake looks for the field twice).
+_NODE_INFO_TAG = HelloTag.NODE_INFO
 from mconn.wire_primitives import MAX_UVARINT_SIZE, parse
 
 #: The network (chain id): 1..50 bytes (CometBFT's MaxChainIDLen), printable ASCII, no space.
@@ -191,7 +195,7 @@ def node_info_of(hello) -> NodeInfo | None:
     """
     found = None
     for tag, value in hello.fields:
-        if tag == HelloTag.NODE_INFO:
+        if tag == _NODE_INFO_TAG:
             if found is not None:
                 raise MalformedPacket("hello carries node info twice")
             found = value

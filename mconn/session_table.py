@@ -255,6 +255,12 @@ class Verdict:
     reason: str = ""
 
 
+#: The verdicts without a reason, built once (a Verdict is frozen): a connect storm asks
+#: for FRESH at every hello.
+_RESUME, _PROBE, _SIMULTANEOUS, _FRESH = (
+    Verdict(Decision.RESUME), Verdict(Decision.PROBE), Verdict(Decision.SIMULTANEOUS), Verdict(Decision.FRESH)
+)
+
 UNKNOWN_AFTER_RESTART = "unknown session (expired, or this node restarted)"
 #: The close code of a hello refused because it may not end the session held.
 SESSION_HELD = "session_held"
@@ -285,9 +291,9 @@ def decide_hello(
         if asks_resume and proves:
             if channel_change:
                 return Verdict(Decision.FRESH, SessionInput.CHANNELS_CHANGED, channel_change)
-            return Verdict(Decision.RESUME)
+            return _RESUME
         if held is PeerState.CONNECTED:
-            return Verdict(Decision.PROBE)
+            return _PROBE
         if not proven:
             refused = SessionInput.UNPROVEN_UNKNOWN_SESSION if asks_resume else SessionInput.UNPROVEN_NEW_SESSION_REQUEST
             return Verdict(Decision.REFUSE, refused, SESSION_HELD)
@@ -297,8 +303,8 @@ def decide_hello(
     if asks_resume:
         return Verdict(Decision.FRESH, None, UNKNOWN_AFTER_RESTART)
     if simultaneous:
-        return Verdict(Decision.SIMULTANEOUS)
-    return Verdict(Decision.FRESH)
+        return _SIMULTANEOUS
+    return _FRESH
 
 
 def check_answer(*, asked: bytes, asked_resume: bool, answered: bytes, resumed: bool, resumable: bool) -> None:
@@ -322,12 +328,12 @@ def decide_answer(held: PeerState | None, *, held_outbound: bool, their_id: str,
     :raises PeerRejected: ``duplicate`` when we already dialed that node and are connected.
     """
     if held is None:
-        return Verdict(Decision.FRESH)
+        return _FRESH
     if held is PeerState.CONNECTED:
         if held_outbound:
             raise PeerRejected("duplicate", f"node {their_id} is already connected")
         if their_id < our_id:
-            return Verdict(Decision.SIMULTANEOUS)
+            return _SIMULTANEOUS
         return Verdict(Decision.FRESH, SessionInput.SIMULTANEOUS_DIAL)
     return Verdict(Decision.FRESH, SessionInput.NEW_SESSION_ANSWERED, "a new session replaced it")
 
@@ -340,13 +346,16 @@ def simultaneous_why(their_id: str, our_id: str) -> str:
     )
 
 
+_SESSION_TAG = HelloTag.SESSION
+
+
 def session_request_of(hello) -> SessionRequest | None:
     """The dialer's session request from its hello (None if it sent none).
 
     :raises MalformedPacket: if the field does not parse.
     """
     for tag, value in hello.fields:
-        if tag == HelloTag.SESSION:
+        if tag == _SESSION_TAG:
             return decode_session_request(value)
     return None
 

@@ -13,9 +13,10 @@ from mconn import telemetry
 
 
 def started(node_id: str, peer, proto, refusal: str) -> None:
-    """A fresh session on ``proto``; ``refusal`` says why a resume was refused, if one was."""
-    _emit(
-        "session_started", node_id, peer,
+    """A fresh session on ``proto``; ``refusal`` says why a resume was refused, if one was.
+    (``_emit``'s fields written out: one per handshake of a connect storm.)"""
+    telemetry.emit(
+        "session_started", node_id=node_id, peer_id=peer.node_id, session_id=peer.session.id.hex(),
         remote_address=proto.remote_address,
         direction="outbound" if peer.is_outbound else "inbound",
         resume_refused=refusal,

@@ -98,6 +98,8 @@ class SessionManager:
         self.channels = channels
         #: What every Peer shares about our channels (mconn.peer_shape).
         self.shape = ChannelShape(channels)
+        self._channel_ids = tuple(d.id for d in channels)
+        self._admission = admission
         self.route = route
         self._dialing = dialing
         self._notify = notify
@@ -176,8 +178,7 @@ class SessionManager:
         session_telemetry.resumed(self.node_id, peer, proto, step_.resend)
         self._notify("peer_resumed", peer, peer)
         proto.pump()
-        if not proto.handshake.called:
-            proto.handshake.callback(peer)
+        self._handshake_done(proto, peer)
         self._dialing.session_up(peer)
 
     def _end_effect(self, peer: Peer, step_: _Step) -> None:
@@ -225,7 +226,7 @@ class SessionManager:
             session_id = os.urandom(SESSION_ID_BYTES)
         else:
             session_id = request.session_id
-        proto.core.send_session_answer(SessionAnswer(session_id=session_id, resumed=False, reason=refusal))
+        proto.core.send_fresh_session_answer(session_id, refusal)
         self._start(proto, hello, session_id, refusal, proven=proven)
 
     def _check_limits(self, proto) -> None:
@@ -235,7 +236,7 @@ class SessionManager:
         config = self.config
         session = Session(
             session_id,
-            [d.id for d in self.channels],
+            self._channel_ids,
             recovery_buffer_bytes=config.recovery_buffer_bytes,
             ack_every_messages=config.ack_every_messages,
             ack_every_bytes=config.ack_every_bytes,
@@ -253,10 +254,16 @@ class SessionManager:
         proto.carry(peer)
         session_telemetry.started(self.node_id, peer, proto, refusal)
         self._notify("add_peer", peer, peer)
-        if not proto.handshake.called:
-            proto.handshake.callback(peer)
+        self._handshake_done(proto, peer)
         self._dialing.session_up(peer)
         return peer
+
+    def _handshake_done(self, proto, peer: Peer) -> None:
+        """``proto``'s handshake ended with ``peer``'s session: it is pending no more
+        (``Admission``) and its ``handshake`` Deferred fires."""
+        self._admission.handshake_over(proto)
+        if not proto.handshake.called:
+            proto.handshake.callback(peer)
 
     def _resume(self, proto, peer: Peer, peer_delivered: dict, *, answer: bool) -> None:
         """Resume ``peer`` on ``proto``; a newcomer that proves the session takes over
@@ -293,7 +300,7 @@ class SessionManager:
         asks_resume = request is not None and request.resume
         proves = existing is not None and asks_resume and existing.session.proves(request.session_id)
         simultaneous = (
-            existing is None and not asks_resume and self._dialing_to(hello.node_id) and self.node_id < hello.node_id
+            existing is None and not asks_resume and self.node_id < hello.node_id and self._dialing_to(hello.node_id)
         )
         verdict = decide_hello(
             existing.state if existing is not None else None,

@@ -1,0 +1,94 @@
+"""A listener's inbound handshake does its per-peer work once (issue 13 part 3, bench/
+RESULTS.md round 6): the pending count of Admission ends without a callback on the
+handshake Deferred, the session answer comes from bytes encoded once, and peers that
+announce the same channels share one table of message limits. The behaviour is the same.
+"""
+
+from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.internet.error import ConnectionDone
+from twisted.python.failure import Failure
+
+from helpers import RecordingReactor, new_node_id
+from mconn import ChannelDescriptor, Config, Switch, wire
+from mconn.errors import ConnectionLost
+from mconn.handshake import make_hello
+from mconn.protocol import MConnectionFactory
+from mconn.session_table import UNKNOWN_AFTER_RESTART
+from mconn.wire import HelloTag, PacketType, SessionAnswer, SessionRequest
+
+CHANNELS = [ChannelDescriptor(0x20, recv_message_capacity=5000)]
+
+
+def _dialer_hello(request: SessionRequest, capacity: int = 5000) -> bytes:
+    hello = make_hello(
+        node_id=new_node_id(), channels=[ChannelDescriptor(0x20, recv_message_capacity=capacity)],
+        max_packet_payload=1024, fields=((HelloTag.SESSION, wire.encode_session_request(request)),),
+    )
+    return wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello))
+
+
+def _inbound(switch, host="198.51.100.7"):
+    proto = MConnectionFactory(switch, is_outbound=False).buildProtocol(None)
+    transport = StringTransport(peerAddress=IPv4Address("TCP", host, 40000))
+    proto.makeConnection(transport)
+    transport.clear()
+    return proto, transport
+
+
+def _switch():
+    return Switch([RecordingReactor(CHANNELS)], clock=Clock(), config=Config(stats_interval=0))
+
+
+def test_the_pending_handshake_ends_at_the_session_and_at_a_loss_without_a_deferred_callback():
+    """Admitted, a connection is pending; a session ends the pending count (Admission is
+    told directly, not by a callback on the handshake Deferred) and fires the Deferred
+    with the Peer, and a connection lost before its hello ends it too and fires the
+    Deferred (a failure nobody waits for). The invariants hold at each step."""
+    switch = _switch()
+    admission = switch._connections.admission
+    first, _ = _inbound(switch)
+    second, _ = _inbound(switch)
+    assert admission.pending == 2
+    switch._check_invariants()
+    first.dataReceived(_dialer_hello(SessionRequest(session_id=b"\x11" * 16, resume=False)))
+    assert admission.pending == 1 and first.handshake.called
+    assert first.handshake.result is first.peer and first.peer.state == "connected"
+    switch._check_invariants()
+    second.connectionLost(Failure(ConnectionDone()))
+    assert admission.pending == 0 and second.handshake.called
+    assert isinstance(second.end_reason, ConnectionLost)
+    switch._check_invariants()
+
+
+def test_the_session_answer_is_the_declared_one_for_a_new_session_and_a_refused_resume():
+    """A new session's answer names the dialer's session id; a resume of a session this
+    node does not hold gets a new id and the reason: the bytes are exactly the encoded
+    SessionAnswer each time, after our hello."""
+    switch = _switch()
+    proto, transport = _inbound(switch)
+    proto.dataReceived(_dialer_hello(SessionRequest(session_id=b"\x22" * 16, resume=False)))
+    answer = SessionAnswer(session_id=b"\x22" * 16, resumed=False)
+    assert transport.value() == wire.encode_extension(PacketType.SESSION, wire.encode_session_answer(answer))
+    proto, transport = _inbound(switch, host="198.51.100.8")
+    proto.dataReceived(_dialer_hello(SessionRequest(session_id=b"\x33" * 16, resume=True, delivered={0x20: 4})))
+    new_id = proto.peer.session.id
+    assert new_id != b"\x33" * 16
+    answer = SessionAnswer(session_id=new_id, resumed=False, reason=UNKNOWN_AFTER_RESTART)
+    assert transport.value() == wire.encode_extension(PacketType.SESSION, wire.encode_session_answer(answer))
+
+
+def test_peers_that_announce_the_same_channels_share_one_limits_table():
+    """Two peers announcing the same channels refer to one limits dict (read only by a
+    Peer); a peer announcing another capacity gets its own, with the smaller capacity,
+    and the first ones keep theirs."""
+    switch = _switch()
+    peers = []
+    for index, capacity in enumerate((9000, 9000, 100)):
+        proto, _ = _inbound(switch, host=f"198.51.100.{10 + index}")
+        proto.dataReceived(_dialer_hello(SessionRequest(session_id=bytes([index]) * 16, resume=False), capacity))
+        peers.append(proto.peer)
+    assert peers[0]._limits is peers[1]._limits == {0x20: 5000}
+    assert peers[2]._limits == {0x20: 100} and peers[2]._limits is not peers[0]._limits
+    assert peers[0]._limits == {0x20: 5000}

@@ -1,0 +1,107 @@
+"""What a listener's handshake builds once instead of once per peer (issue 13 part 3,
+bench/RESULTS.md round 6): the fresh session answer's bytes around the session id
+(``handshake.fresh_answer_parts``), the frame buffer's read-only extension limits, the
+reasonless session verdicts. Each must give exactly what the per-peer way gave.
+"""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mconn import wire
+from mconn.config import Config
+from mconn.frame_buffer import FrameBuffer
+from mconn.handshake import asks_for_session, fresh_answer_parts, make_hello
+from mconn.session_table import PeerState, decide_hello
+from mconn.wire import HelloTag, PacketType, SessionAnswer
+from tests.helpers_core import NODE_B, make_connection, open_connection
+
+
+def _declared(session_id: bytes, reason: str) -> bytes:
+    answer = SessionAnswer(session_id=session_id, resumed=False, reason=reason)
+    return wire.encode_extension(PacketType.SESSION, wire.encode_session_answer(answer))
+
+
+@settings(max_examples=150, deadline=None)
+@given(session_id=st.binary(min_size=16, max_size=16), reason=st.text(max_size=300))
+def test_the_fresh_answer_around_any_session_id_is_the_declared_answer(session_id, reason):
+    """head + id + tail is the encoded SessionAnswer for any 16-byte id and any reason
+    (a reason past 127 bytes changes the length's width: still the same bytes), and it
+    decodes back to that answer."""
+    head, tail = fresh_answer_parts(reason)
+    packet = head + session_id + tail
+    assert packet == _declared(session_id, reason)
+    body = packet[len(packet) - len(wire.encode_session_answer(SessionAnswer(session_id=session_id, resumed=False,
+                                                                              reason=reason))):]
+    assert wire.decode_session_answer(body) == SessionAnswer(session_id=session_id, resumed=False, reason=reason)
+
+
+def _outcome(send):
+    """What an open connection sends after ``send(conn)``, or the type of what it raised."""
+    conn = open_connection()
+    try:
+        send(conn)
+        return conn.data_to_send(0.0)
+    except Exception as error:
+        return type(error)
+
+
+def test_a_connection_sends_the_same_bytes_either_way_and_nothing_before_it_is_open():
+    """send_fresh_session_answer queues what send_session_answer queues (an id of another
+    length goes the general way, and fails the same way); on a connection not open yet
+    neither queues anything."""
+    session_id = bytes(range(16))
+    for reason in ("", "unknown session (expired, or this node restarted)"):
+        fast, general = open_connection(), open_connection()
+        fast.send_fresh_session_answer(session_id, reason)
+        general.send_session_answer(SessionAnswer(session_id=session_id, resumed=False, reason=reason))
+        assert fast.data_to_send(0.0) == general.data_to_send(0.0) == _declared(session_id, reason)
+    short = b"\x01" * 3
+    fast = _outcome(lambda conn: conn.send_fresh_session_answer(short))
+    assert fast == _outcome(lambda conn: conn.send_session_answer(SessionAnswer(session_id=short, resumed=False)))
+    fresh = make_connection()
+    fresh.data_to_send(0.0)  # our hello
+    fresh.send_fresh_session_answer(session_id)
+    assert fresh.data_to_send(0.0) == b""
+
+
+def test_a_hello_asks_for_a_session_only_with_the_session_field():
+    """asks_for_session finds tag 01 among the fields, and only it."""
+    plain = make_hello(node_id=NODE_B, channels=[], max_packet_payload=1024)
+    other = make_hello(node_id=NODE_B, channels=[], max_packet_payload=1024, fields=((0x7F, b"x"),))
+    asking = make_hello(node_id=NODE_B, channels=[], max_packet_payload=1024,
+                        fields=((0x7F, b"x"), (HelloTag.SESSION, b"\x00" * 18)))
+    assert (asks_for_session(plain), asks_for_session(other), asks_for_session(asking)) == (False, False, True)
+
+
+def test_connections_with_one_config_share_read_only_extension_limits():
+    """Two connections with equal sizes share one mapping of the same limits as before
+    (hello, ack, session), which nobody can change; a FrameBuffer given a plain dict
+    still keeps a copy of its own."""
+    config = Config(max_hello_size=3000, max_control_size=900)
+    first, second = make_connection(config=config), make_connection(config=config)
+    limits = first._buffer.extension_limits
+    assert limits is second._buffer.extension_limits
+    assert dict(limits) == {PacketType.HELLO: 3000, PacketType.ACK: 900 + 256 * 11, PacketType.SESSION: 900 + 256 * 11}
+    try:
+        limits[PacketType.HELLO] = 1
+    except TypeError:
+        pass
+    assert limits[PacketType.HELLO] == 3000
+    other = make_connection(config=Config(max_hello_size=5000))
+    assert other._buffer.extension_limits[PacketType.HELLO] == 5000
+    given_limits = {0x81: 20}
+    buffer = FrameBuffer(max_payload=10, default_extension_limit=5, extension_limits=given_limits)
+    given_limits[0x81] = 1
+    assert buffer.extension_limits == {0x81: 20}
+
+
+def test_reasonless_verdicts_are_shared_and_the_others_are_not():
+    """A fresh session without anything held, a probe and a resume are one Verdict each
+    (frozen, so shared safely); a verdict with a reason is still its own."""
+    fresh = dict(asks_resume=False, proves=False, channel_change="", simultaneous=False)
+    assert decide_hello(None, **fresh) is decide_hello(None, **fresh)
+    assert decide_hello(PeerState.CONNECTED, **fresh) is decide_hello(PeerState.CONNECTED, **fresh)
+    resume = dict(fresh, asks_resume=True, proves=True)
+    assert decide_hello(PeerState.SUSPENDED, **resume) is decide_hello(PeerState.CONNECTED, **resume)
+    held = decide_hello(PeerState.SUSPENDED, **fresh)
+    assert held.reason == "new session" and held.ends is not None
