@@ -122,7 +122,8 @@ class ConnectionSet:
         self.live.add(protocol)
         if protocol.context.is_outbound:
             self._outbound.add(protocol)
-        self.sessions.connection_made(protocol)
+        if protocol.context.resuming is not None:  # a re-dial of a suspended session
+            self.sessions.connection_made(protocol)
         telemetry.emit(
             "connection_made",
             node_id=self.node_id,

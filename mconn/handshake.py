@@ -73,10 +73,24 @@ def check_hello(ours: Hello, theirs: Hello) -> int:
     return min(ours.max_packet_payload, theirs.max_packet_payload)
 
 
-@functools.lru_cache(maxsize=16)
 def hello_packet(hello: Hello) -> bytes:
     """Our hello packet. A listener's is the same for every connection: encoded once, it
-    costs a connection flood nothing (a dialer's carries a fresh session id each time)."""
+    costs a connection flood nothing (a dialer's carries a fresh session id each time).
+    The last one is found by identity first: a Hello's hash walks all its fields."""
+    last = _last_hello
+    if last[0] is hello:
+        return last[1]
+    packet = _hello_packet(hello)
+    _last_hello[:] = (hello, packet)
+    return packet
+
+
+#: The Hello ``hello_packet`` encoded last, and its packet.
+_last_hello: list = [None, b""]
+
+
+@functools.lru_cache(maxsize=16)
+def _hello_packet(hello: Hello) -> bytes:
     return encode_extension(PacketType.HELLO, encode_hello(hello))
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mconn import wire
 from mconn.config import Config
 from mconn.frame_buffer import FrameBuffer
-from mconn.handshake import asks_for_session, fresh_answer_parts, make_hello
+from mconn.handshake import asks_for_session, fresh_answer_parts, hello_packet, make_hello
 from mconn.session_table import PeerState, decide_hello
 from mconn.wire import HelloTag, PacketType, SessionAnswer
 from tests.helpers_core import NODE_B, make_connection, open_connection
@@ -105,3 +105,17 @@ def test_reasonless_verdicts_are_shared_and_the_others_are_not():
     assert decide_hello(PeerState.SUSPENDED, **resume) is decide_hello(PeerState.CONNECTED, **resume)
     held = decide_hello(PeerState.SUSPENDED, **fresh)
     assert held.reason == "new session" and held.ends is not None
+
+
+def test_hello_packets_follow_the_hello_whichever_was_encoded_last():
+    """hello_packet keeps the last Hello's packet by identity: alternating two hellos (and
+    an equal copy of one) gives each its own encoding every time, the same bytes object
+    for the same Hello."""
+    first = make_hello(node_id=NODE_B, channels=[], max_packet_payload=1024)
+    second = make_hello(node_id=NODE_B, channels=[], max_packet_payload=2048, listen_address="127.0.0.1:1")
+    copy = make_hello(node_id=NODE_B, channels=[], max_packet_payload=1024)
+    expected = {id(h): wire.encode_extension(PacketType.HELLO, wire.encode_hello(h)) for h in (first, second)}
+    for hello in (first, second, first, first, second, copy):
+        packet = hello_packet(hello)
+        assert packet == expected[id(first if hello is copy else hello)]
+    assert hello_packet(second) is hello_packet(second)
