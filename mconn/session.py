@@ -55,6 +55,30 @@ _IDLE = _Stream.__new__(_Stream)
 _IDLE.acked, _IDLE.unacked, _IDLE.unacked_bytes, _IDLE.delivered = 0, (), 0, 0
 
 
+class _IdleTable(dict):
+    """A streams table whose channels are all ``_IDLE``, shared by every session over the
+    same channels (``_idle_table``); a session copies it before its first write."""
+
+    __slots__ = ()
+
+
+#: channel ids (a tuple) -> their shared _IdleTable; a handful per node.
+_IDLE_TABLES: dict = {}
+
+
+def _idle_table(channel_ids) -> dict:
+    """The streams table of a new session: shared while idle (one dict fewer per peer
+    that never carries a message), a plain dict for ids that are not a tuple."""
+    if type(channel_ids) is not tuple:
+        return dict.fromkeys(channel_ids, _IDLE)
+    table = _IDLE_TABLES.get(channel_ids)
+    if table is None:
+        table = _IdleTable.fromkeys(channel_ids, _IDLE)
+        if len(_IDLE_TABLES) < 64:
+            _IDLE_TABLES[channel_ids] = table
+    return table
+
+
 class Budget:
     """Unacknowledged bytes across every session of a node (``Config.max_unacked_bytes``):
     past ``limit`` a session takes a message only into a channel's reserve."""
@@ -96,7 +120,9 @@ class Session:
     ) -> None:
         self.id = session_id
         self._budget = budget if budget is not None else Budget(math.inf)
-        self._streams = dict.fromkeys(channel_ids, _IDLE)  # a _Stream of its own once used
+        #: channel id -> its _Stream. Until a channel carries something, a table shared by
+        #: the sessions over the same channels (``_IdleTable``), copied at the first write.
+        self._streams = _idle_table(channel_ids)
         self.recovery_buffer_bytes = recovery_buffer_bytes
         self.channel_reserve_bytes = channel_reserve_bytes
         self.unacked_bytes = 0
@@ -135,7 +161,7 @@ class Session:
         message's sequence number, or None (nothing recorded) when it does not fit."""
         stream = self._streams[channel_id]
         if stream is _IDLE:
-            stream = self._streams[channel_id] = _Stream()
+            stream = self._owned_streams()[channel_id] = _Stream()
         size = len(message)
         unacked = stream.unacked
         budget = self._budget
@@ -181,8 +207,15 @@ class Session:
         """The channel's stream, to be written: its own (``_IDLE`` is replaced first)."""
         stream = self._streams[channel_id]
         if stream is _IDLE:
-            stream = self._streams[channel_id] = _Stream()
+            stream = self._owned_streams()[channel_id] = _Stream()
         return stream
+
+    def _owned_streams(self) -> dict:
+        """The streams table, to be written: the shared idle one is copied first."""
+        streams = self._streams
+        if type(streams) is _IdleTable:
+            streams = self._streams = dict(streams)
+        return streams
 
     def accepted(self, channel_id: int) -> int:
         """How many messages were accepted on the channel in this session."""
@@ -265,7 +298,7 @@ class Session:
         """Count a message handed to our reactor; True when an ack is due."""
         stream = self._streams[channel_id]
         if stream is _IDLE:
-            stream = self._streams[channel_id] = _Stream()
+            stream = self._owned_streams()[channel_id] = _Stream()
         stream.delivered += 1
         self._ack_messages_left -= 1
         self._ack_bytes_left -= nbytes

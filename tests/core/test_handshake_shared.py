@@ -119,3 +119,24 @@ def test_hello_packets_follow_the_hello_whichever_was_encoded_last():
         packet = hello_packet(hello)
         assert packet == expected[id(first if hello is copy else hello)]
     assert hello_packet(second) is hello_packet(second)
+
+
+def test_idle_sessions_over_the_same_channels_share_one_table_until_one_is_used():
+    """Two new sessions over the same channel ids share one streams table; the first
+    message accepted (or delivered) gives a session its own copy, and the other session
+    and the shared table stay idle. Ids given as a list get a table of their own."""
+    from mconn.session import Session
+
+    def session(ids):
+        return Session(b"\x01" * 16, ids, recovery_buffer_bytes=1000, ack_every_messages=2, ack_every_bytes=100)
+
+    first, second, third = session((0x20, 0x30)), session((0x20, 0x30)), session((0x20, 0x30))
+    assert first._streams is second._streams is third._streams
+    shared = first._streams
+    assert first.admit(0x20, b"abc") == 0
+    assert first._streams is not shared and first.accepted(0x20) == 1
+    assert second.accepted(0x20) == 0 and not second.carried_traffic()
+    assert second.record_delivered(0x30, 5) is False
+    assert second._streams is not shared and second.delivered(0x30) == 1
+    assert third._streams is shared and third.delivered(0x30) == 0 and third.unconfirmed() == {}
+    assert session([0x20, 0x30])._streams is not shared
