@@ -60,6 +60,9 @@ LOOP_STALL = 0.05
 class MConnectionProtocol(Protocol):
     """One connection of a Switch. ``peer`` is set once the handshake is accepted."""
 
+    #: Rarely set (a stall, a close): class defaults, as CPython builds a dict per connection past ~30 attributes.
+    _after_stall, _linger = False, None
+
     def __init__(self, owner, context: ConnectionContext) -> None:
         self.owner = owner
         self.context = context
@@ -67,8 +70,7 @@ class MConnectionProtocol(Protocol):
         #: The Peer whose session this connection carries, once decided (``carry``).
         self.peer = None
         self.hello = None
-        #: Our session request (outbound connections), sent in our hello.
-        self.session_request = None
+        self.session_request = None  #: ours (outbound connections), sent in our hello
         self.remote_address = ""
         #: The remote host this inbound connection counts against (set once admitted).
         self.ip_key: str | None = None
@@ -96,8 +98,6 @@ class MConnectionProtocol(Protocol):
         self._recv_limited = owner.config.recv_rate is not None
         self._timer = None
         self._timer_due = 0.0
-        self._after_stall = False
-        self._linger = None
         #: Called with this protocol when bytes arrive (a duplicate probe waits), or None.
         self._on_bytes = None
         #: Events received while a decision is pending (an asynchronous authorize), or None.

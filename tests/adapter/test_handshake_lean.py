@@ -92,3 +92,15 @@ def test_peers_that_announce_the_same_channels_share_one_limits_table():
     assert peers[0]._limits is peers[1]._limits == {0x20: 5000}
     assert peers[2]._limits == {0x20: 100} and peers[2]._limits is not peers[0]._limits
     assert peers[0]._limits == {0x20: 5000}
+
+
+def test_an_inbound_connection_keeps_its_attributes_within_the_instance_values():
+    """After its handshake an inbound connection's protocol has at most 28 instance
+    attributes (rarely set ones are class defaults): CPython keeps up to ~30 in the
+    instance itself and builds a dict of them past that (~1.2 KiB per connection, ~20%
+    of a connected peer's memory), so each one added counts."""
+    switch = _switch()
+    proto, _ = _inbound(switch)
+    proto.dataReceived(_dialer_hello(SessionRequest(session_id=b"\x44" * 16, resume=False)))
+    assert proto.peer is not None and proto.session_request is None
+    assert len(vars(proto)) <= 28, sorted(vars(proto))
