@@ -9,16 +9,17 @@ default Config with the admission limits raised for ``--peers`` (as the storm's)
 telemetry written to a file (``TelemetryFileService``, its batch written every 50
 connections, about a storm's reactor turn). The clock is Twisted's reactor, never run:
 its ``callLater`` costs what it costs in the storm (a ``task.Clock`` sorts its calls at
-every one). Each connection is
-``MConnectionFactory.buildProtocol``, ``makeConnection`` on a ``StringTransport`` from
-one of 200 loopback sources, and ``dataReceived`` of a dialer's hello with a session
-request (bench/many_peers_bytes.py): accept, hello decision, session start and answer,
-all as the storm's. Every connection's written bytes are checked to end with the
-session answer. Prints one JSON line: microseconds per handshake (the smallest of
-``--rounds`` rounds of ``--peers`` connections each, a fresh Switch each round, the
-garbage collector on), and with ``--count`` the Python function calls, Deferreds,
-DelayedCalls and log events per handshake of one more round. Run it with the trees to
-compare on PYTHONPATH, in turns, in the same minutes.
+every one). Each connection is ``MConnectionFactory.buildProtocol``, ``makeConnection``
+on a ``StringTransport`` from one of 200 loopback sources, and ``dataReceived`` of a
+dialer's hello with a session request (bench/many_peers_bytes.py): accept, hello
+decision, session start and answer, all as the storm's. Prints one JSON line:
+microseconds of process time per handshake (the smallest of ``--rounds`` rounds of
+``--peers`` connections each, a fresh Switch each round, the garbage collector on), the
+sessions connected and the connections whose written bytes end with a session answer,
+per round; with ``--count`` the Python and C function calls (``sys.setprofile``),
+Deferreds, DelayedCalls and log events per handshake of one more round, and with
+``--profile FILE`` a cProfile of one more round. Run it with the trees to compare on
+PYTHONPATH, in turns, in the same minutes.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def _hellos(count: int, seed: int) -> list[bytes]:
     return out
 
 
-def _round(args, tmp: str, seed: int, counting: bool = False) -> dict:
+def _round(args, tmp: str, seed: int, mode: str = "") -> dict:
+    """One round of ``args.peers`` handshakes; ``mode`` "count" or "profile" measures it so."""
     from twisted.internet import reactor as clock
     from twisted.internet.address import IPv4Address
     from twisted.internet.testing import StringTransport
@@ -84,9 +86,9 @@ def _round(args, tmp: str, seed: int, counting: bool = False) -> dict:
     hellos = _hellos(args.peers, seed)
     addresses = [IPv4Address("TCP", SOURCES[i % len(SOURCES)], 40000 + i) for i in range(args.peers)]
     transports = [StringTransport(peerAddress=a) for a in addresses]
-    counters = _Counters() if counting else None
+    counters = _Counters() if mode == "count" else None
     profiler = None
-    if args.profile and counting:
+    if mode == "profile":
         import cProfile
 
         profiler = cProfile.Profile()
@@ -187,8 +189,10 @@ def main() -> int:
             "connected": [r["connected"] for r in rounds],
             "answered": [r["answered"] for r in rounds],
         }
-        if args.count or args.profile:
-            out["per_handshake"] = _round(args, tmp, args.rounds, counting=True)["counts"]
+        if args.count:
+            out["per_handshake"] = _round(args, tmp, args.rounds, "count")["counts"]
+        if args.profile:
+            _round(args, tmp, args.rounds + 1, "profile")
         print(json.dumps(out))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
