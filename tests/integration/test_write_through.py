@@ -148,28 +148,31 @@ async def test_a_send_outside_a_read_waits_for_the_reactor_turn():
         await stop(a, b)
 
 
-def small_send_buffer(transport) -> None:
-    transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+def send_buffer(size: int):
+    """A ``before`` hook that sets the answering socket's SO_SNDBUF to ``size``."""
+    return lambda transport: transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+
+
+async def answer_big(body: bytes, sndbuf: int) -> Echo:
+    """Ask for ``body`` as the answer over a socket with SO_SNDBUF ``sndbuf``; it must
+    arrive whole. Returns the answering reactor (what its transport held after)."""
+    echo = Echo(reply=lambda m: body, before=send_buffer(sndbuf))
+    a, b, collector, peer = await pair(echo)
+    try:
+        assert peer.try_send(CH, b"big")
+        await collector.until(1)
+        assert collector.messages == [body]
+    finally:
+        await stop(a, b)
+    return echo
 
 
 @pytest_twisted.ensureDeferred
 async def test_what_the_kernel_does_not_take_follows_in_order():
     """With a 4 KiB send buffer the kernel takes only part of a 256 KiB answer's first
     write; the rest waits in Twisted's buffer and the answer arrives whole."""
-    body = bytes(range(256)) * 1024
-    echo = Echo(reply=lambda m: body, before=small_send_buffer)
-    a, b, collector, peer = await pair(echo)
-    try:
-        assert peer.try_send(CH, b"big")
-        await collector.until(1)
-        assert collector.messages == [body]
-        assert 0 < echo.held_after[0] < 65536  # less than the first write: part went through
-    finally:
-        await stop(a, b)
-
-
-def large_send_buffer(transport) -> None:
-    transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    echo = await answer_big(bytes(range(256)) * 1024, 4096)
+    assert 0 < echo.held_after[0] < 65536  # less than the first write: part went through
 
 
 @pytest_twisted.ensureDeferred
@@ -178,16 +181,8 @@ async def test_a_write_ahead_that_went_through_whole_still_resumes():
     kernel takes it all: the protocol pauses with nothing in Twisted's buffer, and
     asks the transport for a writable socket to resume it. Without that it would wait
     forever for a drain that never comes; the answer arrives whole."""
-    body = bytes(range(256)) * 4096
-    echo = Echo(reply=lambda m: body, before=large_send_buffer)
-    a, b, collector, peer = await pair(echo)
-    try:
-        assert peer.try_send(CH, b"big")
-        await collector.until(1)
-        assert collector.messages == [body]
-        assert echo.held_after == [0] and echo.paused_after == [True]
-    finally:
-        await stop(a, b)
+    echo = await answer_big(bytes(range(256)) * 4096, 4 << 20)
+    assert echo.held_after == [0] and echo.paused_after == [True]
 
 
 def test_only_twisteds_plain_tcp_transport_qualifies():
