@@ -121,9 +121,8 @@ class _Probe:
         self.proven = proven  # the newcomer's node id is proven by its certificate
         self.old = peer._protocol
         clock, config = probes.sessions.clock, probes.sessions.config
-        self.old.core.probe(clock.seconds())
+        self.old.probe()
         self.old.watch_bytes(self._answered)
-        self.old.pump()
         self._timer = clock.callLater(config.duplicate_probe_timeout, self.finish, False)
 
     def _answered(self, old) -> None:

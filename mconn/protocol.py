@@ -103,21 +103,11 @@ class MConnectionProtocol(Protocol):
         #: Events received while a decision is pending (an asynchronous authorize), or None.
         self._held = None
 
-    @property
-    def is_outbound(self) -> bool:
-        return self.context.is_outbound
-
-    @property
-    def expected_node_id(self) -> str | None:
-        return self.context.expected_node_id
-
-    @property
-    def resuming(self):
-        return self.context.resuming
-
-    @property
-    def address(self):
-        return self.context.address
+    #: The context's facts, read through the protocol.
+    is_outbound = property(lambda self: self.context.is_outbound)
+    expected_node_id = property(lambda self: self.context.expected_node_id)
+    resuming = property(lambda self: self.context.resuming)
+    address = property(lambda self: self.context.address)
 
     # -- what the owner may do ----------------------------------------------------
 
@@ -133,6 +123,15 @@ class MConnectionProtocol(Protocol):
     def ended_beneath(self, reason: Exception) -> None:
         """A layer beneath (TLS) refused the connection for ``reason`` before mconn began."""
         self.end_reason = reason
+
+    def probe(self) -> float:
+        """Ping the peer now, unless a ping is out, and arm the timer for its pong
+        deadline (a probe of the stats tick or of a duplicate connection); returns
+        the time the probe counts from (``Connection.probe``)."""
+        since = self.core.probe(self._clock.seconds())
+        self.pump()
+        self._rearm()
+        return since
 
     def watch_bytes(self, callback) -> None:
         """Call ``callback(self)`` whenever bytes arrive (None: stop)."""

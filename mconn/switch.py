@@ -434,7 +434,6 @@ class Switch(Service):
 
     def _stats_slice(self, peers: list, start: int) -> None:
         self._stats_call = None
-        now = self.clock.seconds()
         previous, samples, current_peers = self._stats_previous, self._stats_samples, self.peers
         for peer in peers[start : start + STATS_SLICE]:
             node_id = peer.node_id
@@ -454,8 +453,7 @@ class Switch(Service):
             if proto is not None and peer.state is PeerState.CONNECTED and (
                 peer.round_trip is None or _carried_traffic(sample, before and before[1])
             ):
-                proto.core.probe(now)
-                proto.pump()
+                proto.probe()
         if start + STATS_SLICE < len(peers):
             self._stats_call = self.clock.callLater(0, self._stats_slice, peers, start + STATS_SLICE)
 

@@ -152,3 +152,21 @@ def test_even_an_incomplete_packet_proves_the_peer_alive():
     assert not h.transport.disconnecting
     h.feed(data[1:])
     assert h.reactor.received(0x21) == [b"slow link"]
+
+
+def test_a_probe_arms_its_pong_deadline():
+    """A probe (the stats tick's, a duplicate connection's: ``MConnectionProtocol.probe``)
+    that goes unanswered ends the connection pong_timeout after it, not at the keepalive
+    timer ping_interval after the last bytes received (here 10 s, 5 s later)."""
+    h = open_switch_connection(config=CONFIG.replace(resume_grace=0))
+    peer = h.peer
+    h.clock.advance(1)
+    assert h.proto.probe() == 1
+    assert parse_packets(h.take()) == [(PING,)]
+    h.clock.advance(3.9)
+    assert not h.transport.disconnecting
+    h.clock.advance(0.1)
+    assert h.transport.disconnecting
+    h.lose()
+    [(removed, reason)] = h.reactor.removed()
+    assert removed is peer and type(reason) is PongTimeout
