@@ -24,7 +24,8 @@ is checked against ``recv_message_capacity`` before its bytes are kept. A payloa
 at least ``KEEP_VIEW_MIN`` bytes that is at least half of the read it came in (or a run
 of such pieces from one read that add up to half of it) is kept as a view of that read,
 not copied until the join; other pieces are copied into a bytearray between the
-views, so what a partial message keeps alive is at most about twice its bytes. (A BytesIO grew to the exact size at every 64 KiB write, each growth a realloc that
+views, so what a partial message keeps alive is at most about twice its bytes. (A
+BytesIO grew to the exact size at every 64 KiB write, each growth a realloc that
 copied or faulted in the whole buffer: ~0.4 ms per 1 MiB message, bench/RESULTS.md.)
 """
 

@@ -94,12 +94,18 @@ def _hello_packet(hello: Hello) -> bytes:
     return encode_extension(PacketType.HELLO, encode_hello(hello))
 
 
+def session_field(hello: Hello) -> bytes | None:
+    """The value of ``hello``'s session request field (tag ``01``: a dialer's hello has
+    one), undecoded; None when it has none."""
+    for tag, value in hello.fields:
+        if tag == _SESSION_TAG:
+            return value
+    return None
+
+
 def asks_for_session(hello: Hello) -> bool:
     """Whether ``hello`` carries a session request (tag ``01``: a dialer's does)."""
-    for tag, _ in hello.fields:
-        if tag == _SESSION_TAG:
-            return True
-    return False
+    return session_field(hello) is not None
 
 
 @functools.lru_cache(maxsize=16)

@@ -24,11 +24,11 @@ from collections.abc import Iterable, Mapping
 
 from mconn.errors import IncompatibleNode, MalformedPacket
 from mconn.wire import HelloTag, NodeInfoBody
+from mconn.wire_primitives import MAX_UVARINT_SIZE, parse
 
 #: ``HelloTag.NODE_INFO`` as a module constant (an Enum member lookup is a descriptor
 #: call on Python 3.11; a handshake looks for the field twice).
 _NODE_INFO_TAG = HelloTag.NODE_INFO
-from mconn.wire_primitives import MAX_UVARINT_SIZE, parse
 
 #: The network (chain id): 1..50 bytes (CometBFT's MaxChainIDLen), printable ASCII, no space.
 MAX_NETWORK_BYTES = 50

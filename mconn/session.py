@@ -160,8 +160,8 @@ class Session:
         """``has_room`` and ``record_sent`` in one call, the per-message path: the
         message's sequence number, or None (nothing recorded) when it does not fit."""
         stream = self._streams[channel_id]
-        if stream is _IDLE:
-            stream = self._owned_streams()[channel_id] = _Stream()
+        if stream is _IDLE:  # the per-message path tests it here and calls _own only then
+            stream = self._own(channel_id)
         size = len(message)
         unacked = stream.unacked
         budget = self._budget
@@ -298,7 +298,7 @@ class Session:
         """Count a message handed to our reactor; True when an ack is due."""
         stream = self._streams[channel_id]
         if stream is _IDLE:
-            stream = self._owned_streams()[channel_id] = _Stream()
+            stream = self._own(channel_id)
         stream.delivered += 1
         self._ack_messages_left -= 1
         self._ack_bytes_left -= nbytes

@@ -31,7 +31,8 @@ from mconn.errors import (
     PongTimeout,
     UnexpectedPacket,
 )
-from mconn.wire import HelloTag, SessionRequest, decode_session_request
+from mconn.handshake import session_field
+from mconn.wire import SessionRequest, decode_session_request
 
 
 class PeerState(enum.StrEnum):
@@ -346,18 +347,13 @@ def simultaneous_why(their_id: str, our_id: str) -> str:
     )
 
 
-_SESSION_TAG = HelloTag.SESSION
-
-
 def session_request_of(hello) -> SessionRequest | None:
     """The dialer's session request from its hello (None if it sent none).
 
     :raises MalformedPacket: if the field does not parse.
     """
-    for tag, value in hello.fields:
-        if tag == _SESSION_TAG:
-            return decode_session_request(value)
-    return None
+    value = session_field(hello)
+    return None if value is None else decode_session_request(value)
 
 
 def channel_change(peer, hello) -> str:
