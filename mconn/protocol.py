@@ -26,11 +26,11 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
-from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mconn.connection import Connection, State, close_packet
-from mconn.errors import ConnectionLost, PeerClosed, PeerRejected, RemoteProtocolError, UnexpectedPacket
+from mconn.decisions import Decisions
+from mconn.errors import ConnectionLost, PeerClosed, RemoteProtocolError, UnexpectedPacket
 from mconn.events import (
     AckReceived,
     CloseReceived,
@@ -44,7 +44,7 @@ from mconn.owner import ConnectionContext, IConnectionOwner
 from mconn.packet_size import payload_for_rate
 from mconn.socket_options import bytes_acked, set_socket_options, socket_of
 from mconn.write_ahead import WriteAhead
-from mconn.write_through import idle, plain_tcp, write_now
+from mconn.write_through import idle, plain_tcp, read_now, write_now
 
 log = Logger(namespace="mconn")
 #: The states the per-message path tests, as module constants (``State.OPEN`` is a
@@ -57,7 +57,7 @@ LOOP_STALL = 0.05
 
 
 @implementer(IPushProducer)
-class MConnectionProtocol(Protocol):
+class MConnectionProtocol(Decisions, Protocol):
     """One connection of a Switch. ``peer`` is set once the handshake is accepted."""
 
     #: Rarely set (a stall, a close): class defaults, as CPython builds a dict per connection past ~30 attributes.
@@ -170,8 +170,23 @@ class MConnectionProtocol(Protocol):
         self.core.set_packet_payload(payload_for_rate(None, self._config.write_ahead_time))
         self.transport.registerProducer(self, True)
         self.owner.connection_made(self)
-        self.pump()
-        self._rearm()
+        if not (self._through_ok and not self.context.is_outbound and self._read_at_accept()):
+            self.pump()
+            self._rearm()
+
+    def _read_at_accept(self) -> bool:
+        """Read what the dialer sent before we accepted it, now (write_through.py); whether
+        it had sent anything. An exception is logged and drops the connection, as in the
+        reactor's own read."""
+        data = read_now(self.transport)
+        if data is None:
+            return False
+        try:
+            self.dataReceived(data)
+        except Exception:
+            log.failure("reading {address} failed", address=self.remote_address)
+            self.transport.abortConnection()
+        return True
 
     def dataReceived(self, data: bytes) -> None:
         if self._on_bytes is not None:
@@ -384,53 +399,8 @@ class MConnectionProtocol(Protocol):
             return  # a close or an error came in the same read: nothing can be resumed on it
         self.decide(self.owner.session_answered, event.answer)
 
-    def decide(self, decision, argument) -> None:
-        """Run ``decision(self, argument)``, a decision of the owner; a refusal closes it.
-
-        A decision that returns a Deferred (an asynchronous ``authorize``) is pending: the
-        events that follow are held, and reading stops, until it fires.
-        """
-        try:
-            pending = decision(self, argument)
-        except (PeerRejected, RemoteProtocolError) as error:
-            self._refuse(error)
-            return
-        if isinstance(pending, Deferred):
-            self._held = []
-            self.transport.pauseProducing()
-            pending.addCallbacks(self._decided, self._decision_failed)
-
-    def _refuse(self, error) -> None:
-        if isinstance(error, PeerRejected):
-            self.owner.peer_rejected(self, self.hello, error)
-            self.close(error)
-        else:
-            self.fail(error)
-
-    def _decision_failed(self, failure) -> None:
-        """The pending decision refused the peer: the held events are dropped."""
-        self._held = None
-        if not failure.check(PeerRejected, RemoteProtocolError):
-            log.failure("a decision about {address} failed", failure, address=self.remote_address)
-            failure = Failure(PeerRejected("internal_error", f"deciding failed: {failure.getErrorMessage()}"))
-        if self.end_reason is None and self.transport is not None:
-            self._refuse(failure.value)
-
-    def _decided(self, _) -> None:
-        """The pending decision is made: the held events go on, in order."""
-        held, self._held = self._held or [], None
-        if self.end_reason is not None or self.transport is None:
-            return
-        if not self._backlogged:
-            self.transport.resumeProducing()
-        for index, event in enumerate(held):
-            if self._held is not None:  # an event started another pending decision
-                self._held.extend(held[index:])
-                break
-            if self.end_reason is None or type(event) is ConnectionFailed:
-                _HANDLERS[type(event)](self, event)
-        self.pump()
-        self._rearm()
+    def _handle(self, event) -> None:
+        _HANDLERS[type(event)](self, event)
 
     def _on_message(self, event: MessageReceived) -> None:
         if self.peer is None:

@@ -244,6 +244,33 @@ def decode_hello(body: bytes) -> Hello:
     version, node_id, max_packet_payload, channels, listen_address, fields = parts
     if max_packet_payload < 1:
         raise MalformedPacket(f"hello announces max_packet_payload {max_packet_payload}; it must be >= 1")
+    announced = tuple(channels)
+    infos = _CHANNEL_INFOS.get(announced)
+    if infos is None:
+        infos = _channel_infos(announced)
+        if len(_CHANNEL_INFOS) < CHANNEL_INFOS_KEPT:
+            _CHANNEL_INFOS[announced] = infos
+    return Hello(
+        version=version,
+        node_id=node_id.hex(),
+        max_packet_payload=max_packet_payload,
+        channels=infos,
+        listen_address=listen_address,
+        fields=tuple(fields),
+    )
+
+
+#: The channel lists of the hellos decoded so far, (id, priority, capacity) triples ->
+#: their ChannelInfos (frozen, so shared): the nodes of one network announce a handful
+#: of lists, and a connect storm decodes the same one thousands of times. At most
+#: CHANNEL_INFOS_KEPT lists are kept; the others are decoded each time.
+_CHANNEL_INFOS: dict = {}
+CHANNEL_INFOS_KEPT = 64
+
+
+def _channel_infos(channels: tuple) -> tuple[ChannelInfo, ...]:
+    """The ChannelInfos of a hello's ``(id, priority, capacity)`` triples, checked: at
+    most MAX_CHANNELS, each id once, each priority >= 1."""
     if len(channels) > MAX_CHANNELS:
         raise MalformedPacket(f"hello lists {len(channels)} channels; at most {MAX_CHANNELS} exist")
     seen = set()
@@ -253,14 +280,7 @@ def decode_hello(body: bytes) -> Hello:
         seen.add(channel_id)
         if priority < 1:
             raise MalformedPacket(f"hello gives channel {channel_id:#04x} priority {priority}; priorities are >= 1")
-    return Hello(
-        version=version,
-        node_id=node_id.hex(),
-        max_packet_payload=max_packet_payload,
-        channels=tuple(ChannelInfo(id=i, priority=p, recv_message_capacity=r) for i, p, r in channels),
-        listen_address=listen_address,
-        fields=tuple(fields),
-    )
+    return tuple(ChannelInfo(id=i, priority=p, recv_message_capacity=r) for i, p, r in channels)
 
 
 def hello_parts_declared(body: bytes) -> tuple:

@@ -21,6 +21,14 @@ limited to replies.
 Only Twisted's plain TCP transports qualify (``tcp.Server``, ``tcp.Client``), and only
 before TLS is started on them: a TLS transport (``TLSMemoryBIOProtocol``) and a
 WebSocket one write through their own layers.
+
+Read at accept (``read_now``): a dialer speaks first, so by the time a busy listener
+accepts a connection its hello is usually in the socket already. An inbound plain TCP
+connection reads once as soon as it is set up, instead of a turn of the event loop
+later: the hello is handled there, and the listener's hello and session answer go out
+in one write-through send, with no watch for writability and no later read and write
+callbacks (bench/RESULTS.md, handshakes round 7). Nothing there yet, an end or an error
+are left to the reactor, which finds them as it always does.
 """
 
 from __future__ import annotations
@@ -63,3 +71,16 @@ def write_now(transport, data: bytes) -> int:
     if sent < len(data):
         transport.write(data[sent:] if sent else data)
     return sent
+
+
+def read_now(transport) -> bytes | None:
+    """What the peer has sent already, read from the socket of ``transport`` (the
+    ``recv`` of its ``doRead``, which Twisted's own read then continues from); None if
+    nothing has come yet, or if the socket reports an end or an error: both stay to be
+    found, and reported as ever, by the reactor's next read of the socket (an error
+    ``recv`` consumed is found as the end of the stream)."""
+    try:
+        data = transport.socket.recv(transport.bufferSize)
+    except OSError:
+        return None
+    return data or None

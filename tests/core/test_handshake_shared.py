@@ -4,6 +4,7 @@ bench/RESULTS.md round 6): the fresh session answer's bytes around the session i
 reasonless session verdicts. Each must give exactly what the per-peer way gave.
 """
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -140,3 +141,35 @@ def test_idle_sessions_over_the_same_channels_share_one_table_until_one_is_used(
     assert second._streams is not shared and second.delivered(0x30) == 1
     assert third._streams is shared and third.delivered(0x30) == 0 and third.unconfirmed() == {}
     assert session([0x20, 0x30])._streams is not shared
+
+
+def _hello_body(node_id: str, channels) -> bytes:
+    from mconn import ChannelDescriptor
+
+    hello = make_hello(node_id=node_id, channels=[ChannelDescriptor(*c) for c in channels], max_packet_payload=1024)
+    return wire.encode_hello(hello)
+
+
+def test_hellos_announcing_the_same_channels_share_their_channel_infos(monkeypatch):
+    """Two peers announcing the same channels get one tuple of (frozen) ChannelInfos, equal
+    to a fresh decode's; another list gets its own; a list that breaks a rule raises every
+    time (never kept); once CHANNEL_INFOS_KEPT lists are kept, others are decoded each time."""
+    monkeypatch.setattr(wire, "_CHANNEL_INFOS", {})
+    a = wire.decode_hello(_hello_body("aa" * 20, [(0x20, 1), (0x30, 5)]))
+    b = wire.decode_hello(_hello_body("bb" * 20, [(0x20, 1), (0x30, 5)]))
+    c = wire.decode_hello(_hello_body("cc" * 20, [(0x20, 2)]))
+    assert a.channels is b.channels and a.node_id != b.node_id
+    assert [(i.id, i.priority) for i in a.channels] == [(0x20, 1), (0x30, 5)]
+    assert c.channels is not a.channels and [(i.id, i.priority) for i in c.channels] == [(0x20, 2)]
+    info = wire.ChannelInfo(id=0x20, priority=1, recv_message_capacity=1024)
+    twice = wire.encode_hello(wire.Hello(version=wire.PROTOCOL_VERSION, node_id="dd" * 20, max_packet_payload=1024,
+                                         channels=(info, info)))
+    for _ in range(2):
+        with pytest.raises(wire.MalformedPacket, match="lists channel 0x20 twice"):
+            wire.decode_hello(twice)
+    assert len(wire._CHANNEL_INFOS) == 2
+    monkeypatch.setattr(wire, "CHANNEL_INFOS_KEPT", 2)
+    d1 = wire.decode_hello(_hello_body("dd" * 20, [(0x40, 1)]))
+    d2 = wire.decode_hello(_hello_body("ee" * 20, [(0x40, 1)]))
+    assert d1.channels == d2.channels and d1.channels is not d2.channels
+    assert len(wire._CHANNEL_INFOS) == 2
