@@ -45,6 +45,10 @@ line):
 5. ``broadcast``: ``Switch.broadcast`` of one 100-byte message to every peer: the CPU and
    wall time of the call and of the reactor turns until its bytes are written, per peer,
    and the DelayedCalls it left behind; the dialers count the messages they received.
+6. ``round_after``: phase 1b again, with the storm's peers still connected (idle). The
+   storm's rate over the mean of the two rounds is ``handshake_ratio_bracketed``: the
+   machine's speed drifts by tens of percent within a minute on a shared host, and a
+   baseline taken on both sides of the storm follows it better than one taken before.
 
 ``--before REV`` runs the whole sequence a second time against ``git archive REV`` on
 PYTHONPATH (bench/run.py's ``--before``; REV may also be a directory holding an
@@ -145,17 +149,7 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         result["raw"] = dict(raw, rate=raw["accepted"] / raw["seconds"] if raw["seconds"] else None,
                              dialers=raw_dialers)
         # 1b. the raw round: the same socket work as a handshake, without mconn
-        listener_role.ask(do="mark_cpu")
-        for d, n in zip(dialers, counts):
-            d.send(do="round", port=hello["round_port"], count=n, answer_size=hello["answer_size"])
-        round_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
-        time.sleep(0.5)  # as after the storm
-        rounds = listener_role.ask(do="round_span")
-        for d in dialers:
-            d.ask(do="close_raw")
-        time.sleep(2.0)
-        result["round"] = dict(rounds, rate=rounds["answered"] / rounds["seconds"] if rounds["seconds"] else None,
-                               answer_size=hello["answer_size"], dialers=round_dialers)
+        result["round"] = raw_round(listener_role, dialers, counts, hello)
         result["base_rss"] = listener_role.ask(do="base")["rss"]
         # 2. connect storm
         spy = None
@@ -194,6 +188,13 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         result["broadcast"] = listener_role.ask(do="broadcast", timeout=120)
         time.sleep(2.0)
         result["broadcast"]["received"] = sum(d.ask(do="report")["messages"] for d in dialers)
+        # 6. the raw round again: the storm's rate against the mean of the rounds before
+        # and after it, so that the machine's speed drifting meanwhile counts less
+        result["round_after"] = raw_round(listener_role, dialers, counts, hello)
+        after = result["round_after"]["rate"]
+        result["handshake_ratio_bracketed"] = (
+            rates[0] / ((rates[2] + after) / 2) if rates[0] and rates[2] and after else None
+        )
         for d in dialers:
             d.send(do="quit")
         listener_role.send(do="quit")
@@ -203,6 +204,23 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
     finally:
         for role in roles:
             role.kill()
+
+
+def raw_round(listener_role, dialers, counts, hello) -> dict:
+    """One raw round of every dialer's share of connections: what the listener's Twisted
+    does for a handshake's bytes without mconn (its hello at once, the session answer's
+    bytes once the dialer's hello is in)."""
+    listener_role.ask(do="mark_cpu")
+    for d, n in zip(dialers, counts):
+        d.send(do="round", port=hello["round_port"], count=n, answer_size=hello["answer_size"])
+    round_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
+    time.sleep(0.5)  # as after the storm
+    rounds = listener_role.ask(do="round_span")
+    for d in dialers:
+        d.ask(do="close_raw")
+    time.sleep(2.0)
+    return dict(rounds, rate=rounds["answered"] / rounds["seconds"] if rounds["seconds"] else None,
+                answer_size=hello["answer_size"], dialers=round_dialers)
 
 
 def archive(rev: str, into: str) -> str:
@@ -219,16 +237,18 @@ def summary(name: str, r: dict) -> list[str]:
     def f(value, fmt="{:.2f}"):
         return "-" if value is None else fmt.format(value)
 
-    s, idle, b, rd = r["storm"], r["idle"], r["broadcast"], r["round"]
+    s, idle, b, rd, ra = r["storm"], r["idle"], r["broadcast"], r["round"], r["round_after"]
     return [
         f"{name}: {r['mconn_file']}",
         f"  raw TCP accepts/s {f(r['raw']['rate'], '{:.0f}')} ({r['raw']['accepted']} in {f(r['raw']['seconds'])} s)",
         f"  raw rounds/s {f(rd['rate'], '{:.0f}')} ({rd['answered']} of {rd['accepted']} in {f(rd['seconds'])} s, "
         f"{rd['answer_size']} bytes answered, failed {sum(d['round_failed'] for d in rd['dialers'])}), "
-        f"listener CPU {f(rd.get('cpu_us_per_round'), '{:.0f}')} us per round",
+        f"listener CPU {f(rd.get('cpu_us_per_round'), '{:.0f}')} us per round; after the storm "
+        f"{f(ra['rate'], '{:.0f}')} ({f(ra.get('cpu_us_per_round'), '{:.0f}')} us per round)",
         f"  storm: {s['connected']} connected, {s['answered']} answered, refused {s['refused']}, failed {s['failed']}, "
         f"wall {f(s['wall'])} s, handshakes/s {f(s['rate'], '{:.0f}')}, ratio to raw rounds "
-        f"{f(r['handshake_ratio'], '{:.3f}')}, to raw accepts {f(r['accept_ratio'], '{:.3f}')}, "
+        f"{f(r['handshake_ratio'], '{:.3f}')} (to the mean of the rounds before and after "
+        f"{f(r['handshake_ratio_bracketed'], '{:.3f}')}), to raw accepts {f(r['accept_ratio'], '{:.3f}')}, "
         f"bytes to the answer {[d['answer_at'] for d in s['dialers']]}, listener refusals {s['refusals']}",
         f"  storm CPU of the listener {f(s.get('cpu_seconds'))} s, {f(s.get('cpu_us_per_session'), '{:.0f}')} us per handshake"
         f" (garbage collector {f(s.get('gc_seconds'))} s, collections by generation {s.get('gc_collections')}; "

@@ -189,8 +189,10 @@ def listener(args) -> None:
         elif name == "raw_span":
             stamps = times["raw"]
             Commands.reply(accepted=len(stamps), seconds=(stamps[-1] - stamps[0]) if stamps else None)
-        elif name == "mark_cpu":
+        elif name == "mark_cpu":  # a raw round begins
             storm_cpu[0] = cpu_seconds()
+            times["round"].clear()
+            times["answered"].clear()
             Commands.reply(cpu=storm_cpu[0])
         elif name == "round_span":
             first, last = times["round"][:1], times["answered"][-1:]
