@@ -73,8 +73,7 @@ class ConnectionSet:
                 if victim.end_reason is None:
                     self.peer_rejected(victim, victim.hello, rejection)
                     victim.close(rejection)
-                if not victim.handshake.called:
-                    victim.handshake.errback(rejection)
+                victim.end_handshake(rejection)
             return None
         self.admission.refused(refusal)
         telemetry.emit(
@@ -225,8 +224,7 @@ class ConnectionSet:
         )
         self.sessions.connection_lost(protocol, reason)
         self.admission.handshake_over(protocol)
-        if not protocol.handshake.called:
-            protocol.handshake.errback(reason)
+        protocol.end_handshake(reason)
         self.sessions.forget_probes(protocol)
         for d in self._closed_all.pop(protocol, ()):
             d.callback(None)
@@ -264,7 +262,7 @@ class ConnectionSet:
         """The admission counts agree with the live connections."""
         live = self.live
         hosts = [p.ip_key for p in live if p.ip_key is not None]
-        pending = sum(1 for p in live if not p.context.is_outbound and not p.handshake.called)
+        pending = sum(1 for p in live if not p.context.is_outbound and not p.handshake_ended)
         self.admission.check_invariants(hosts, pending)
 
 

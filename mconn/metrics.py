@@ -255,7 +255,7 @@ def _sum_connections(switch, totals: EventTotals, ids: list[int]):
         core = proto.core
         if core is None:
             continue
-        stage = "established" if proto.peer is not None else "closing" if proto.handshake.called else "handshaking"
+        stage = "established" if proto.peer is not None else "closing" if proto.handshake_ended else "handshaking"
         live[("outbound" if proto.context.is_outbound else "inbound", stage)] += 1
         sent += core.bytes_sent
         received += core.bytes_received

@@ -79,10 +79,6 @@ class MConnectionProtocol(Decisions, Protocol):
         self._clock = owner.clock
         self._config = owner.config
         self.started = self._clock.seconds()
-        #: Fires with the Peer once the handshake is accepted, or fails with why not.
-        self.handshake = Deferred()
-        if not context.is_outbound:
-            self.handshake.addErrback(_ignore)  # nobody waits on inbound ones
         self._paused = False
         #: Reading stopped because the peer's messages for busy reactors passed
         #: ``Config.reactor_backlog_bytes`` (PeerDelivery._hold in mconn/peer_delivery.py; specs/reactor-api.md 4.1).
@@ -102,6 +98,33 @@ class MConnectionProtocol(Decisions, Protocol):
         self._on_bytes = None
         #: Events received while a decision is pending (an asynchronous authorize), or None.
         self._held = None
+
+    #: The handshake's Deferred once asked for, and its outcome once known (the Peer,
+    #: or why it failed): an inbound one is rarely waited on, so none is made unless asked.
+    _handshake = _outcome = None
+
+    @property
+    def handshake(self) -> Deferred:
+        """Fires with the Peer once the handshake is accepted, or fails with why not."""
+        if self._handshake is None:
+            self._handshake = Deferred()
+            if not self.context.is_outbound:
+                self._handshake.addErrback(_ignore)  # nobody waits on inbound ones
+            if self._outcome is not None:
+                self._fire(self._outcome)
+        return self._handshake
+
+    handshake_ended = property(lambda self: self._outcome is not None, doc="Whether the handshake ended, either way.")
+
+    def end_handshake(self, outcome) -> None:
+        """The handshake ended with ``outcome``, the Peer or an exception (only the first counts)."""
+        if self._outcome is None:
+            self._outcome = outcome
+            if self._handshake is not None:
+                self._fire(outcome)
+
+    def _fire(self, outcome) -> None:
+        (self._handshake.errback if isinstance(outcome, BaseException) else self._handshake.callback)(outcome)
 
     #: The context's facts, read through the protocol.
     is_outbound = property(lambda self: self.context.is_outbound)

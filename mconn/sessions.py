@@ -262,8 +262,7 @@ class SessionManager:
         """``proto``'s handshake ended with ``peer``'s session: it is pending no more
         (``Admission``) and its ``handshake`` Deferred fires."""
         self._admission.handshake_over(proto)
-        if not proto.handshake.called:
-            proto.handshake.callback(peer)
+        proto.end_handshake(peer)
 
     def _resume(self, proto, peer: Peer, peer_delivered: dict, *, answer: bool) -> None:
         """Resume ``peer`` on ``proto``; a newcomer that proves the session takes over

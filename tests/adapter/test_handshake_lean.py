@@ -104,3 +104,25 @@ def test_an_inbound_connection_keeps_its_attributes_within_the_instance_values()
     proto.dataReceived(_dialer_hello(SessionRequest(session_id=b"\x44" * 16, resume=False)))
     assert proto.peer is not None and proto.session_request is None
     assert len(vars(proto)) <= 28, sorted(vars(proto))
+
+
+def test_an_inbound_handshake_makes_its_deferred_only_when_asked_for_it():
+    """Nobody waits on an inbound handshake, so a listener makes no Deferred for one:
+    the outcome is kept (``handshake_ended``), and a Deferred asked for afterwards fires
+    with it at once (the Peer; a failure, which an inbound one consumes); one asked for
+    before fires when it ends, once, with the first outcome."""
+    switch = _switch()
+    done, _ = _inbound(switch)
+    lost, _ = _inbound(switch)
+    waited, _ = _inbound(switch)
+    early = waited.handshake
+    done.dataReceived(_dialer_hello(SessionRequest(session_id=b"\x55" * 16, resume=False)))
+    lost.connectionLost(Failure(ConnectionDone()))
+    waited.dataReceived(_dialer_hello(SessionRequest(session_id=b"\x66" * 16, resume=False)))
+    assert done._handshake is None and lost._handshake is None
+    assert done.handshake_ended and lost.handshake_ended
+    assert done.handshake.result is done.peer and done.peer.state == "connected"
+    assert lost.handshake.called and isinstance(lost._outcome, ConnectionLost)  # its failure consumed, as ever
+    assert early.called and early.result is waited.peer
+    waited.end_handshake(ConnectionLost("later"))  # a second outcome changes nothing
+    assert waited.handshake is early and early.result is waited.peer
