@@ -10,7 +10,7 @@ connection's peer is its owner's (``IConnectionOwner``, provided for a Switch by
 pumps only when the read left something to send: a bulk read delivers and returns);
 ``pump`` writes what the core has to send until the transport pauses us (we are the
 transport's IPushProducer, so a slow peer stops the scheduler instead of growing a
-buffer); one DelayedCall follows ``core.next_deadline()``. Data reaches the transport in
+buffer); one timer (``mconn.timers``) follows ``core.next_deadline()``. Data reaches the transport in
 the same reactor turn it was queued in (no flush timer), and on plain TCP the first
 write of a read's handling goes to the kernel at once (``mconn.write_through``).
 
@@ -43,6 +43,7 @@ from mconn.events import (
 from mconn.owner import ConnectionContext, IConnectionOwner
 from mconn.packet_size import payload_for_rate
 from mconn.socket_options import bytes_acked, set_socket_options, socket_of
+from mconn.timers import timers_of
 from mconn.write_ahead import WriteAhead
 from mconn.write_through import idle, plain_tcp, read_now, write_now
 
@@ -92,6 +93,7 @@ class MConnectionProtocol(Decisions, Protocol):
         self._through_ok = self._through = False
         self._rate_limited = owner.config.send_rate is not None
         self._recv_limited = owner.config.recv_rate is not None
+        #: Our entry in the clock's Timers while one is armed (mconn/timers.py).
         self._timer = None
         self._timer_due = 0.0
         #: Called with this protocol when bytes arrive (a duplicate probe waits), or None.
@@ -248,10 +250,10 @@ class MConnectionProtocol(Decisions, Protocol):
         if self.core is None:
             return  # refused in connectionMade: the Switch never took it on
         self._paused = True
-        for call in (self._timer, self._linger):
-            if call is not None and call.active():
-                call.cancel()
-        self._timer = self._linger = None
+        self._cancel_timer()
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        self._linger = None
         if self.end_reason is None:
             error = reason.value  # the TLS layer says what failed with an mconn TLSError
             self.end_reason = error if isinstance(error, ConnectionLost) else ConnectionLost(
@@ -379,22 +381,22 @@ class MConnectionProtocol(Decisions, Protocol):
     # -- timers --------------------------------------------------------------------
 
     def _rearm(self) -> None:
+        """Follow the core's next deadline (one entry in the clock's ``Timers``)."""
         deadline = self.core.next_deadline(sending=not self._paused)
-        timer = self._timer
-        if deadline is None:
-            if timer is not None and timer.active():
-                timer.cancel()
-            self._timer = None
-            return
-        if timer is not None and timer.active():
-            if timer.getTime() <= deadline:
+        if self._timer is not None:
+            if deadline is not None and self._timer_due <= deadline:
                 return  # it fires early, finds nothing due, and re-arms
-            timer.cancel()
-        self._timer_due = deadline
-        self._timer = self._clock.callLater(max(0.0, deadline - self._clock.seconds()), self._on_timer)
+            self._cancel_timer()
+        if deadline is not None:
+            self._timer_due = deadline
+            self._timer = timers_of(self._clock).arm(deadline, self)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            timers_of(self._clock).cancel(self._timer)
+            self._timer = None
 
     def _on_timer(self) -> None:
-        self._timer = None
         now = self._clock.seconds()
         late = now - self._timer_due
         if late > LOOP_STALL and not self._after_stall:
@@ -403,7 +405,8 @@ class MConnectionProtocol(Decisions, Protocol):
             # keepalive verdict, so our stall does not make a healthy peer look dead.
             self._after_stall = True
             self.owner.loop_stalled(self, late)
-            self._timer = self._clock.callLater(0, self._on_timer)
+            self._timer_due = now
+            self._timer = timers_of(self._clock).arm(now, self)  # the next turn
             return
         self._after_stall = False
         for event in self.core.handle_timeout(now):
