@@ -10,9 +10,10 @@ connection's peer is its owner's (``IConnectionOwner``, provided for a Switch by
 pumps only when the read left something to send: a bulk read delivers and returns);
 ``pump`` writes what the core has to send until the transport pauses us (we are the
 transport's IPushProducer, so a slow peer stops the scheduler instead of growing a
-buffer); one timer (``mconn.timers``) follows ``core.next_deadline()``. Data reaches the transport in
-the same reactor turn it was queued in (no flush timer), and on plain TCP the first
-write of a read's handling goes to the kernel at once (``mconn.write_through``).
+buffer); one timer (``mconn.timers``) follows ``core.next_deadline()``. Data reaches
+the transport in the same reactor turn it was queued in (no flush timer); on plain TCP
+the first write of a read's handling goes to the kernel at once, and an accepted
+connection reads what its dialer already sent as it is set up (``mconn.write_through``).
 
 The write-ahead (``mconn.write_ahead``, specs/connection.md section 7): ``pump`` pauses
 itself once its writes since Twisted last resumed it reach ``Config.write_ahead_time``

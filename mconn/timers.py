@@ -103,8 +103,10 @@ class Timers:
             self._schedule(heap[0][0])
 
 
-#: The Timers of each clock (a reactor, a task.Clock), and the last one asked for.
+#: The Timers of each clock (a reactor, a task.Clock), and the last one asked for; a
+#: clock that cannot be weakly referenced keeps its Timers in _KEPT, by identity.
 _OF_CLOCK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_KEPT: dict = {}
 _LAST: list = [None, None]
 
 
@@ -112,8 +114,13 @@ def timers_of(clock) -> Timers:
     """The one ``Timers`` of ``clock``."""
     if _LAST[0] is clock:
         return _LAST[1]
-    timers = _OF_CLOCK.get(clock)
-    if timers is None:
-        timers = _OF_CLOCK[clock] = Timers(clock)
+    try:
+        timers = _OF_CLOCK.get(clock)
+        if timers is None:
+            timers = _OF_CLOCK[clock] = Timers(clock)
+    except TypeError:  # no weak reference to it
+        timers = _KEPT.get(id(clock))
+        if timers is None or timers.clock is not clock:
+            timers = _KEPT[id(clock)] = Timers(clock)
     _LAST[0], _LAST[1] = clock, timers
     return timers

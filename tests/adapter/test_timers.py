@@ -78,6 +78,19 @@ def test_a_cancelled_or_rearmed_entry_never_runs_and_nothing_is_left_behind():
     assert clock.getDelayedCalls() == []  # nothing armed: no DelayedCall
 
 
+def test_each_clock_has_one_timers_even_one_without_weak_references():
+    class Slotted:
+        __slots__ = ("now",)
+
+        def __init__(self):
+            self.now = 0.0
+
+    first, second, plain = Clock(), Clock(), Slotted()
+    assert timers_of(first) is timers_of(first) and timers_of(first) is not timers_of(second)
+    assert timers_of(plain) is timers_of(plain) and timers_of(plain).clock is plain
+    assert timers_of(first) is timers_of(first) and timers_of(first).clock is first
+
+
 def test_a_cancelled_entry_keeps_no_protocol_alive():
     """As DelayedCall.cancel drops its function: a closed connection's cancelled timer,
     still in the heap, does not keep the protocol (and its buffers) from being freed."""
