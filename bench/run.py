@@ -1,7 +1,7 @@
 """mconn against raw Twisted framing, sender and receiver in separate processes.
 
     .venv/bin/python bench/run.py [--quick] [--repeat N] [--duration S]
-        [--scenarios bulk,priority,small,rtt,acks,resume] [--profile DIR | --py-spy DIR]
+        [--scenarios bulk,priority,small,rtt,acks,resume,storm,shaped] [--profile DIR | --py-spy DIR]
         [--raw-framing hand|int32] [--no-pin] [--nodelay] [--notsent-lowat BYTES]
         [--before REV] [--pair-before REV] [--one-by-one] [--resets N]
 
@@ -35,6 +35,10 @@ Two scenarios measure the session layer (issue 3) instead of mconn against raw:
   and first new message, against fresh connect + handshake times from the same run
   (resume.py).
 
+And two of issue 13, run by their own scripts (external.py): ``storm`` (many_peers.py:
+a connect storm of ``--storm-peers`` against the raw round, memory, idle CPU) and
+``shaped`` (shaped.py: priority under a 20 and a 2 Mbit/s bottleneck; needs root).
+
 Results go to stdout as a table and to bench/out/results-<time>.json (and latest.json).
 ``--profile DIR`` (cProfile) or ``--py-spy DIR`` runs every role under a profiler and
 prints the top functions of the mconn roles; profiled figures are not the real ones.
@@ -56,6 +60,7 @@ import sys
 import tempfile
 import time
 
+import external
 import report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -64,7 +69,7 @@ MCONN_DIR = os.path.join(REPO, "mconn")
 OUT_DIR = os.path.join(HERE, "out")
 #: Scenarios run over raw and over mconn, then the session-layer ones.
 PAIR_SCENARIOS = ("bulk", "priority", "small", "rtt")
-SCENARIOS = PAIR_SCENARIOS + ("acks", "resume")
+SCENARIOS = PAIR_SCENARIOS + ("acks", "resume", "storm", "shaped")
 IMPLS = ("raw", "mconn")
 #: The ``acks`` scenario's variants: mconn before the session layer, now, now with rare acks.
 ACK_VARIANTS = ("before", "now", "rare_acks")
@@ -395,6 +400,10 @@ def orchestrate(args) -> int:
         doc["acks"] = run_acks(args)
     if "resume" in scenarios:
         doc["resume"] = run_resume(args)
+    if "storm" in scenarios:
+        doc["storm"] = external.run_storm(args)
+    if "shaped" in scenarios:
+        doc["shaped"] = external.run_shaped(args)
     doc["load_average"] = {"start": load, "end": os.getloadavg()}
     print(f"\ntotal {time.monotonic() - started:.1f}s; mconn sources {digest['sha256']}; "
           f"load average (1 min) {load[0]:.2f} at start, {doc['load_average']['end'][0]:.2f} at end")
@@ -435,6 +444,9 @@ def main(argv=None) -> int:
     p.add_argument("--one-by-one", action="store_true",
                    help="bulk and small: the mconn sender calls try_send per message, not try_send_many")
     p.add_argument("--resets", type=int, default=None, help="resume: resets to time (default 20, --quick 5)")
+    p.add_argument("--storm-peers", type=int, default=10000, help="storm: peers (default 10000, --quick 3000)")
+    p.add_argument("--storm-dialers", type=int, default=4, help="storm: dialer processes (default 4, --quick 2)")
+    p.add_argument("--storm-runs", type=int, default=3, help="storm: runs, figures are medians (default 3, --quick 1)")
     for name in ("ack_every_messages", "ack_every_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int,
                        help=f"experiment: mconn Config.{name} (the raw-vs-mconn scenarios)")
