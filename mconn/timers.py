@@ -36,7 +36,10 @@ class Timers:
     """The timers of the protocols on ``clock`` (an ``IReactorTime``)."""
 
     def __init__(self, clock) -> None:
-        self.clock = clock
+        try:  # weakly: the connections' protocols hold the clock anyway
+            self._clock = weakref.ref(clock)
+        except TypeError:
+            self._clock = lambda: clock
         self._heap: list = []
         self._next_number = 0
         #: Armed entries neither cancelled nor run.
@@ -74,17 +77,22 @@ class Timers:
     def __len__(self) -> int:
         return self._live
 
+    @property
+    def clock(self):
+        return self._clock()
+
     def _schedule(self, when: float) -> None:
-        delay = max(0.0, when - self.clock.seconds())
+        clock = self._clock()
+        delay = max(0.0, when - clock.seconds())
         if self._call is None:
-            self._call = self.clock.callLater(delay, self._run)
+            self._call = clock.callLater(delay, self._run)
         else:
             self._call.reset(delay)
         self._due = when
 
     def _run(self) -> None:
         self._call = None
-        now = self.clock.seconds()
+        now = self._clock().seconds()
         heap, last = self._heap, self._next_number
         while heap and heap[0][0] <= now and heap[0][1] < last:
             entry = heappop(heap)
@@ -103,10 +111,11 @@ class Timers:
             self._schedule(heap[0][0])
 
 
-#: The Timers of each clock (a reactor, a task.Clock), and the last one asked for; a
-#: clock that cannot be weakly referenced keeps its Timers in _KEPT, by identity.
-_OF_CLOCK: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_KEPT: dict = {}
+#: The Timers of each clock by the clock's id, held weakly: a Timers with an entry armed
+#: is held by its DelayedCall, in the clock's own calls, so it lives as long as the clock
+#: and no longer (a test's task.Clock and the connections on it go together); one with
+#: none armed is made again when asked for. And the last clock asked for, with its Timers.
+_OF_CLOCK: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _LAST: list = [None, None]
 
 
@@ -114,13 +123,8 @@ def timers_of(clock) -> Timers:
     """The one ``Timers`` of ``clock``."""
     if _LAST[0] is clock:
         return _LAST[1]
-    try:
-        timers = _OF_CLOCK.get(clock)
-        if timers is None:
-            timers = _OF_CLOCK[clock] = Timers(clock)
-    except TypeError:  # no weak reference to it
-        timers = _KEPT.get(id(clock))
-        if timers is None or timers.clock is not clock:
-            timers = _KEPT[id(clock)] = Timers(clock)
+    timers = _OF_CLOCK.get(id(clock))
+    if timers is None or timers.clock is not clock:  # none yet, or a gone clock's id
+        timers = _OF_CLOCK[id(clock)] = Timers(clock)
     _LAST[0], _LAST[1] = clock, timers
     return timers

@@ -86,9 +86,26 @@ def test_each_clock_has_one_timers_even_one_without_weak_references():
             self.now = 0.0
 
     first, second, plain = Clock(), Clock(), Slotted()
-    assert timers_of(first) is timers_of(first) and timers_of(first) is not timers_of(second)
-    assert timers_of(plain) is timers_of(plain) and timers_of(plain).clock is plain
-    assert timers_of(first) is timers_of(first) and timers_of(first).clock is first
+    kept = [timers_of(first), timers_of(second), timers_of(plain)]  # none armed: held here
+    assert timers_of(first) is kept[0] and kept[0] is not kept[1]
+    assert timers_of(plain) is kept[2] and kept[2].clock is plain
+    assert timers_of(first) is kept[0] and kept[0].clock is first
+
+
+def test_a_clock_and_its_timers_go_once_the_clock_is_gone():
+    """The table of clocks holds each clock's Timers weakly, and a Timers its clock: a
+    test's task.Clock, its Timers and the protocols armed on it are freed together,
+    though each protocol refers to the clock."""
+    clock = Clock()
+    timers = timers_of(clock)
+    ran = []
+    held = Timed("held", ran, clock)
+    arm(timers, held, 5.0)
+    timers_of(Clock())  # another clock is the last one asked for
+    refs = weakref.ref(clock), weakref.ref(timers), weakref.ref(held)
+    del clock, timers, held, ran
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None, None]
 
 
 def test_a_cancelled_entry_keeps_no_protocol_alive():
