@@ -13,8 +13,9 @@ import pytest
 import pytest_twisted
 from twisted.internet import tcp
 
-from helpers import Telemetry, bounded, listening_switches, stop_switches, the_reactor, until
-from helpers import RecordingReactor, parse_packets
+from helpers import (
+    RecordingReactor, Telemetry, bounded, listening_switches, parse_packets, stop_switches, the_reactor, until,
+)
 from mconn import ChannelDescriptor, Switch, wire
 from mconn.handshake import make_hello
 from mconn.protocol import MConnectionProtocol
