@@ -22,11 +22,17 @@ from twisted.python.failure import Failure
 from mconn import ChannelDescriptor, Config, NodeKey, Reactor, Switch
 from mconn.frame_buffer import FrameBuffer
 from mconn.protocol import MConnectionFactory
+from mconn.handshake import make_hello
 from mconn.wire import (
+    HelloTag,
     PacketType,
+    SessionRequest,
     decode_close,
     encode_close,
+    encode_extension,
+    encode_hello,
     encode_packet,
+    encode_session_request,
     encode_uvarint,
 )
 
@@ -41,6 +47,24 @@ CLOSE = PacketType.CLOSE
 
 def new_node_id() -> str:
     return NodeKey.generate().node_id
+
+
+def dialer_hello(request: SessionRequest | None = None, *, node_id: str | None = None, channels=None) -> bytes:
+    """A dialer's whole hello packet, with ``request`` in its session field (default: a
+    fresh session), as mconn's dialer sends it; ``channels`` (ChannelDescriptors)
+    default to the one channel 0x20, ``node_id`` to a new one."""
+    if request is None:
+        request = SessionRequest(session_id=b"\xcd" * 16, resume=False)
+    hello = make_hello(
+        node_id=node_id or new_node_id(), channels=channels or [ChannelDescriptor(0x20)], max_packet_payload=1024,
+        fields=((HelloTag.SESSION, encode_session_request(request)),),
+    )
+    return encode_extension(PacketType.HELLO, encode_hello(hello))
+
+
+def buffered(transport) -> int:
+    """Bytes written into Twisted's TCP transport that it has not sent yet."""
+    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
 
 
 # -- packets ----------------------------------------------------------------------

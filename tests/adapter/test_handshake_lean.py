@@ -10,23 +10,18 @@ from twisted.internet.testing import StringTransport
 from twisted.internet.error import ConnectionDone
 from twisted.python.failure import Failure
 
-from helpers import RecordingReactor, new_node_id
+from helpers import RecordingReactor, dialer_hello
 from mconn import ChannelDescriptor, Config, Switch, wire
 from mconn.errors import ConnectionLost
-from mconn.handshake import make_hello
 from mconn.protocol import MConnectionFactory
 from mconn.session_table import UNKNOWN_AFTER_RESTART
-from mconn.wire import HelloTag, PacketType, SessionAnswer, SessionRequest
+from mconn.wire import PacketType, SessionAnswer, SessionRequest
 
 CHANNELS = [ChannelDescriptor(0x20, recv_message_capacity=5000)]
 
 
 def _dialer_hello(request: SessionRequest, capacity: int = 5000) -> bytes:
-    hello = make_hello(
-        node_id=new_node_id(), channels=[ChannelDescriptor(0x20, recv_message_capacity=capacity)],
-        max_packet_payload=1024, fields=((HelloTag.SESSION, wire.encode_session_request(request)),),
-    )
-    return wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello))
+    return dialer_hello(request, channels=[ChannelDescriptor(0x20, recv_message_capacity=capacity)])
 
 
 def _inbound(switch, host="198.51.100.7"):

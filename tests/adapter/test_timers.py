@@ -12,12 +12,11 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from helpers import RecordingReactor, Telemetry, new_node_id
-from mconn import ChannelDescriptor, Config, Switch, wire
-from mconn.handshake import make_hello
+from helpers import RecordingReactor, Telemetry, dialer_hello
+from mconn import ChannelDescriptor, Config, Switch
 from mconn.protocol import MConnectionFactory
 from mconn.timers import Timers, timers_of
-from mconn.wire import HelloTag, PacketType, SessionRequest
+from mconn.wire import PacketType, SessionRequest
 
 
 class Timed:
@@ -199,13 +198,10 @@ def test_one_switchs_connections_share_one_delayed_call_and_are_each_pinged():
     before = len(clock.getDelayedCalls())
     transports = []
     for i in range(1000):
-        request = wire.encode_session_request(SessionRequest(session_id=i.to_bytes(16, "big"), resume=False))
-        hello = make_hello(node_id=new_node_id(), channels=[ChannelDescriptor(0x20)], max_packet_payload=1024,
-                           fields=((HelloTag.SESSION, request),))
         transport = StringTransport(peerAddress=IPv4Address("TCP", "198.51.100.7", 10000 + i))
         proto = factory.buildProtocol(None)
         proto.makeConnection(transport)
-        proto.dataReceived(wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello)))
+        proto.dataReceived(dialer_hello(SessionRequest(session_id=i.to_bytes(16, "big"), resume=False)))
         assert proto.peer is not None
         transport.clear()
         transports.append(transport)

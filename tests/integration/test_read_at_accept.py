@@ -14,24 +14,16 @@ import pytest_twisted
 from twisted.internet import tcp
 
 from helpers import (
-    RecordingReactor, Telemetry, bounded, listening_switches, parse_packets, stop_switches, the_reactor, until,
+    RecordingReactor, Telemetry, bounded, buffered, dialer_hello, listening_switches, parse_packets, stop_switches,
+    the_reactor, until,
 )
-from mconn import ChannelDescriptor, Switch, wire
-from mconn.handshake import make_hello
+from mconn import ChannelDescriptor, Switch
 from mconn.protocol import MConnectionProtocol
-from mconn.wire import HelloTag, PacketType, SessionRequest
+from mconn.wire import PacketType
 
 pytestmark = pytest.mark.integration
 
 CH = 0x20
-
-
-def dialer_hello(node_id: str = "ab" * 20) -> bytes:
-    """A dialer's hello packet asking for a fresh session, as mconn's dialer sends it."""
-    request = wire.encode_session_request(SessionRequest(session_id=b"\xcd" * 16, resume=False))
-    hello = make_hello(node_id=node_id, channels=[ChannelDescriptor(CH)], max_packet_payload=1024,
-                       fields=((HelloTag.SESSION, request),))
-    return wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello))
 
 
 @pytest.fixture
@@ -44,9 +36,7 @@ def made(monkeypatch):
 
     def recording(self):
         connection_made(self)
-        transport = self.transport
-        held = len(transport.dataBuffer) - transport.offset + transport._tempDataLen
-        seen["made"].append((self, self.peer is not None, held))
+        seen["made"].append((self, self.peer is not None, buffered(self.transport)))
 
     def watching(self):
         seen["writing"].add(self)
@@ -91,7 +81,7 @@ async def test_a_hello_sent_before_the_accept_is_answered_as_the_connection_is_s
     (listener,), port = await listening_switches([RecordingReactor([ChannelDescriptor(CH)])])
     s = client(port)
     try:
-        s.sendall(dialer_hello())  # before the reactor runs again: before the accept
+        s.sendall(dialer_hello(node_id="ab" * 20))  # before the reactor runs again: before the accept
         packets = await received(s, [PacketType.HELLO, PacketType.SESSION])
         [(proto, carried, held)] = made["made"]
         assert carried and held == 0
@@ -114,7 +104,7 @@ async def test_a_dialer_that_speaks_later_is_read_when_it_does(made):
         [(proto, carried, held)] = made["made"]
         assert not carried and held > 0
         assert proto.transport in made["writing"]
-        s.sendall(dialer_hello())
+        s.sendall(dialer_hello(node_id="ab" * 20))
         await received(s, [PacketType.SESSION])
         await until(lambda: "ab" * 20 in listener.peers, "the session")
     finally:
@@ -133,7 +123,7 @@ async def test_a_dialer_gone_before_the_accept_is_released_and_the_port_goes_on(
     try:
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         if how == "hello then close":
-            s.sendall(dialer_hello("ef" * 20))
+            s.sendall(dialer_hello(node_id="ef" * 20))
         if how == "reset":
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         s.close()
@@ -173,12 +163,12 @@ async def test_an_error_while_reading_at_accept_drops_that_connection_only(made,
     (listener,), port = await listening_switches([RecordingReactor([ChannelDescriptor(CH)])])
     first = client(port)
     try:
-        first.sendall(dialer_hello())
+        first.sendall(dialer_hello(node_id="ab" * 20))
         await until(lambda: failures and not failures[0][0].transport.connected, "the failed connection's end")
         assert failures[0][1] == 0  # it was the read at accept that failed
         assert "ab" * 20 not in listener.peers
         s = client(port)
-        s.sendall(dialer_hello("ef" * 20))
+        s.sendall(dialer_hello(node_id="ef" * 20))
         await received(s, [PacketType.HELLO, PacketType.SESSION])
         assert listener.peers["ef" * 20].state == "connected"
         s.close()

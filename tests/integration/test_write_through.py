@@ -15,7 +15,7 @@ from twisted.internet.ssl import CertificateOptions
 from twisted.internet.testing import StringTransport
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 
-from helpers import bounded, sleep, the_reactor
+from helpers import bounded, buffered, sleep, the_reactor
 from mconn import ChannelDescriptor, Reactor, Switch
 from mconn.write_through import plain_tcp
 
@@ -23,11 +23,6 @@ pytestmark = pytest.mark.integration
 
 CH = 0x20
 CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=8, recv_message_capacity=4 << 20)]
-
-
-def buffered(transport) -> int:
-    """Bytes written into Twisted's TCP transport that it has not sent yet."""
-    return len(transport.dataBuffer) - transport.offset + transport._tempDataLen
 
 
 class Echo(Reactor):
