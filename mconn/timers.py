@@ -45,7 +45,6 @@ class Timers:
         #: Armed entries neither cancelled nor run.
         self._live = 0
         self._call = None
-        self._due = 0.0
 
     def arm(self, when: float, protocol) -> list:
         """Run ``protocol._on_timer()`` at ``when`` (seconds on the clock); returns the
@@ -54,7 +53,7 @@ class Timers:
         self._next_number += 1
         heappush(self._heap, entry)
         self._live += 1
-        if self._call is None or when < self._due:
+        if self._call is None or when < self._call.getTime():
             self._schedule(when)
         return entry
 
@@ -88,7 +87,6 @@ class Timers:
             self._call = clock.callLater(delay, self._run)
         else:
             self._call.reset(delay)
-        self._due = when
 
     def _run(self) -> None:
         self._call = None
@@ -107,7 +105,7 @@ class Timers:
                 log.failure("the timer of a connection failed")
         while heap and heap[0][2] is None:
             heappop(heap)  # cancelled entries at the top
-        if heap and (self._call is None or heap[0][0] < self._due):
+        if heap and (self._call is None or heap[0][0] < self._call.getTime()):
             self._schedule(heap[0][0])
 
 
