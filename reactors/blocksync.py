@@ -11,21 +11,31 @@ below, one type byte then the fields; trailing bytes are an error):
 * ``BlockRequest(height)`` -> ``BlockResponse(height, block)`` or ``NoBlockResponse(height)``.
 
 Theory of operation (CometBFT's BlockPool, much simplified). The node wants every height
-above its own up to the highest a peer reported. Each tick, and whenever a response or
-status arrives, it requests missing heights not already requested, each from a peer that
-reported it, round robin, with at most ``max_pending`` requests in flight. A request
-not answered within ``request_timeout`` (or refused with NoBlockResponse, or whose peer
-went) is forgotten and asked again of any peer. The node's height is the top of its
-contiguous run of blocks from 1.
+above its own up to the highest a peer reported, but never more than ``max_pending``
+heights ahead of its own: the *window* (CometBFT creates at most maxTotalRequesters = 600
+requesters above the pool's height, ``blocksync/pool.go``). Each tick, whenever a block
+it asked for arrives, a request is refused or its peer goes, and on a peer's first status,
+it walks the window once and requests the heights it lacks that are not already
+requested, each from a peer that reported it, round robin, with at most ``max_pending``
+requests in flight in all (maxPendingRequests, 600) and ``max_pending_per_peer`` to one
+peer (maxPendingRequestsPerPeer, 20). A later status only updates the peer's range: the
+next tick uses it. So the work of one walk is at most ``max_pending`` heights times the
+connected peers, whatever a peer reported, and a received message causes at most one
+walk. A request not answered within ``request_timeout`` (or refused with
+NoBlockResponse, or whose peer went) is forgotten and asked again of any peer. The
+node's height is the top of its contiguous run of blocks from 1, kept as blocks arrive.
 
-Misbehaviour drops the peer with ``peer.stop_for_error`` (CometBFT's StopPeerForError):
-a block nobody asked that peer for, a block that fails ``check_block``; a message that
-does not decode raises ``MalformedBlocksyncMessage`` from ``receive``, which mconn's
-default policy turns into the same drop.
+Misbehaviour drops the peer. ``receive`` raises, and mconn's default policy turns that
+into ``peer.stop_for_error`` (CometBFT's StopPeerForError), for a message that does not
+decode (``MalformedBlocksyncMessage``) and for a status no chain can have
+(``ImplausibleStatus``: a base above the height, or a height or base past
+``max_height``); the reactor calls ``peer.stop_for_error`` itself for a block nobody
+asked that peer for and a block that fails ``check_block``.
 """
 
 from __future__ import annotations
 
+import collections
 import enum
 import itertools
 
@@ -76,8 +86,17 @@ MESSAGE = Struct(
 )
 
 
-class MalformedBlocksyncMessage(ValueError):
-    """A message on the blocksync channel that does not decode; its sender is dropped."""
+class BlocksyncError(ValueError):
+    """A peer broke the blocksync rules; raised from ``receive``, so its sender is dropped."""
+
+
+class MalformedBlocksyncMessage(BlocksyncError):
+    """A message on the blocksync channel that does not decode."""
+
+
+class ImplausibleStatus(BlocksyncError):
+    """A StatusResponse no chain can have: a base above the height, or a base or height
+    past the reactor's ``max_height``."""
 
 
 def encode(kind: BlocksyncType, **fields) -> bytes:
@@ -101,24 +120,45 @@ class BlocksyncReactor(Reactor):
 
     :param blocks: ``{height: block}`` this node starts with (heights from 1).
     :param check_block: ``check_block(height, block)`` raises ValueError for a bad block.
-    :param max_pending: block requests in flight at once.
+    :param max_pending: block requests in flight at once, and the window: no height more
+        than this above our own is requested (default :attr:`MAX_PENDING`).
+    :param max_pending_per_peer: block requests in flight to one peer (default
+        :attr:`MAX_PENDING_PER_PEER`).
+    :param max_height: the largest base or height a status may report; a peer reporting
+        more is dropped with :class:`ImplausibleStatus` (default :attr:`MAX_HEIGHT`).
     :param request_timeout: seconds before an unanswered request is asked of another peer.
     :param status_interval: seconds between status requests to every peer.
     """
 
     name = "blocksync"
+    #: CometBFT's maxPendingRequests (= maxTotalRequesters, blocksync/pool.go): requests
+    #: in flight in all, and how far above our height the window reaches.
+    MAX_PENDING = 600
+    #: CometBFT's maxPendingRequestsPerPeer (blocksync/pool.go).
+    MAX_PENDING_PER_PEER = 20
+    #: A block every millisecond for 139 years is under 2**42 blocks: a status past it is a
+    #: lie (CometBFT's heights are int64, and it has no such bound; its window has).
+    MAX_HEIGHT = 2**42
 
-    def __init__(self, blocks=None, *, check_block=None, max_pending: int = 16, request_timeout: float = 2.0,
-                 status_interval: float = 0.5) -> None:
+    def __init__(self, blocks=None, *, check_block=None, max_pending: int = MAX_PENDING,
+                 max_pending_per_peer: int = MAX_PENDING_PER_PEER, max_height: int = MAX_HEIGHT,
+                 request_timeout: float = 2.0, status_interval: float = 0.5) -> None:
+        for name, value in (("max_pending", max_pending), ("max_pending_per_peer", max_pending_per_peer),
+                            ("max_height", max_height)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"BlocksyncReactor {name} must be a positive integer, got {value!r}")
         self.blocks: dict[int, bytes] = dict(blocks or {})
         self.check_block = check_block
         self.max_pending = max_pending
+        self.max_pending_per_peer = max_pending_per_peer
+        self.max_height = max_height
         self.request_timeout = request_timeout
         self.status_interval = status_interval
         #: node id -> (peer, base, height) from its last StatusResponse.
         self.peer_status: dict[str, tuple] = {}
         #: height -> (node id asked, when): requests in flight.
         self.pending: dict[int, tuple] = {}
+        self._height = 0
         self._round_robin = itertools.count()
         self._loop = None
         #: Blocks received, and misbehaving peers dropped, by this reactor.
@@ -127,11 +167,11 @@ class BlocksyncReactor(Reactor):
 
     @property
     def height(self) -> int:
-        """The top of the contiguous run of blocks from height 1 (0: none)."""
-        height = 0
-        while height + 1 in self.blocks:
-            height += 1
-        return height
+        """The top of the contiguous run of blocks from height 1 (0: none). Kept as blocks
+        arrive: each height is looked at once over the reactor's life."""
+        while self._height + 1 in self.blocks:
+            self._height += 1
+        return self._height
 
     def get_channels(self):
         return [ChannelDescriptor(BLOCKSYNC_CHANNEL, priority=3, send_queue_capacity=64,
@@ -176,8 +216,7 @@ class BlocksyncReactor(Reactor):
         if kind is BlocksyncType.STATUS_REQUEST:
             peer.try_send(BLOCKSYNC_CHANNEL, self._status())
         elif kind is BlocksyncType.STATUS_RESPONSE:
-            self.peer_status[peer.node_id] = (peer, body.base, body.height)
-            self._request_missing()
+            self._status_arrived(peer, body.base, body.height)
         elif kind is BlocksyncType.BLOCK_REQUEST:
             block = self.blocks.get(body.height)
             if block is None:
@@ -186,15 +225,32 @@ class BlocksyncReactor(Reactor):
                 peer.try_send(BLOCKSYNC_CHANNEL, encode(BlocksyncType.BLOCK_RESPONSE, height=body.height, block=block))
         elif kind is BlocksyncType.BLOCK_RESPONSE:
             self._block_arrived(peer, body.height, body.block)
-        else:  # NO_BLOCK_RESPONSE: ask someone else
-            if self.pending.get(body.height, (None,))[0] == peer.node_id:
-                del self.pending[body.height]
+        elif self.pending.get(body.height, (None,))[0] == peer.node_id:  # NO_BLOCK_RESPONSE
+            del self.pending[body.height]  # ask someone else
             self._request_missing()
 
     # -- requests and responses --------------------------------------------------------
 
     def _status(self) -> bytes:
-        return encode(BlocksyncType.STATUS_RESPONSE, base=1 if self.blocks else 0, height=self.height)
+        height = self.height
+        return encode(BlocksyncType.STATUS_RESPONSE, base=1 if height else 0, height=height)
+
+    def _status_arrived(self, peer, base: int, height: int) -> None:
+        """Keep a peer's range; walk the window only on its first status (later ones wait
+        for the tick, so a stream of statuses costs no walks).
+
+        :raises ImplausibleStatus: for a range no chain can have, naming it.
+        """
+        if base > height or height > self.max_height:
+            self.dropped += 1
+            raise ImplausibleStatus(
+                f"status of base {base}, height {height}: "
+                + ("the base is above the height" if base > height else f"past the largest height {self.max_height}")
+            )
+        known = self.peer_status.get(peer.node_id)
+        self.peer_status[peer.node_id] = (peer, base, height)
+        if known is None or known[0] is not peer:
+            self._request_missing()
 
     def _block_arrived(self, peer, height: int, block: bytes) -> None:
         asked = self.pending.get(height)
@@ -215,19 +271,40 @@ class BlocksyncReactor(Reactor):
         self._request_missing()
 
     def _request_missing(self) -> None:
-        """Ask peers for the heights we lack, up to max_pending in flight."""
-        if not self.peer_status:
+        """Ask peers for the heights we lack in the window, within the request bounds.
+
+        One pass over at most ``max_pending`` heights, each looking at the peers that may
+        still be asked: no loop is sized by a number a peer sent.
+        """
+        free = self.max_pending - len(self.pending)
+        if free <= 0 or not self.peer_status:
             return
-        top = max(height for _, _, height in self.peer_status.values())
-        height = self.height
+        low = self.height + 1
+        high = low + self.max_pending - 1
+        asked = collections.Counter(node_id for node_id, _ in self.pending.values())
+        # (peer, base, height, requests it may still take) of each peer that overlaps the window
+        askable = [[peer, base, top, self.max_pending_per_peer - asked[node_id]]
+                   for node_id, (peer, base, top) in self.peer_status.items()
+                   if top >= low and base <= high and asked[node_id] < self.max_pending_per_peer]
+        if not askable:
+            return
+        high = min(high, max(top for _, _, top, _ in askable))
         now = self.switch.clock.seconds()
-        while len(self.pending) < self.max_pending and height < top:
-            height += 1
+        for height in range(max(low, min(base for _, base, _, _ in askable)), high + 1):
+            if free <= 0 or not askable:
+                return
             if height in self.blocks or height in self.pending:
                 continue
-            holders = [peer for peer, base, h in self.peer_status.values() if base <= height <= h]
+            holders = [entry for entry in askable if entry[1] <= height <= entry[2]]
             if not holders:
                 continue
-            peer = holders[next(self._round_robin) % len(holders)]
+            entry = holders[next(self._round_robin) % len(holders)]
+            peer = entry[0]
             if peer.try_send(BLOCKSYNC_CHANNEL, encode(BlocksyncType.BLOCK_REQUEST, height=height)):
                 self.pending[height] = (peer.node_id, now)
+                free -= 1
+                entry[3] -= 1
+            else:
+                entry[3] = 0  # its send queue is full: ask it again on a later walk
+            if entry[3] <= 0:
+                askable.remove(entry)

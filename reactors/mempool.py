@@ -12,12 +12,27 @@ Transactions gossip on one channel (0x30, CometBFT's MempoolChannel). As in Come
   ``ReactorError`` (CometBFT's ``StopPeerForError``; specs/reactor-api.md section 4);
 * a full mempool refuses new transactions without blaming the peer.
 
+Bounds (what a peer can make this reactor hold): the mempool holds ``max_txs``
+transactions (CometBFT's ``mempool.size``, 5000); of those, at most ``max_peer_txs``
+(default a tenth of ``max_txs``) are charged to any one peer, the one that sent it first,
+for as long as they sit in the mempool: past its share a peer's new transactions are
+refused (``refused_share``, not an error), so one flooding peer cannot fill the mempool
+and the others' transactions are still admitted. Each connected peer's *seen* set is an
+:class:`~reactors.lru.LRUSet` of ``seen_capacity`` keys (CometBFT's ``mempool.cache_size``,
+10000), and only keys of transactions in the mempool go into it, so a flood of new keys
+neither grows it nor pushes out what matters. Forgetting a key costs at most one
+duplicate send. ``remove_txs`` (CometBFT's ``Update`` after a block) takes transactions
+out and gives their senders' share back.
+
 Theory of operation. ``_routines`` holds, per connected peer, the index of the next
 mempool entry to consider and whether a send is in flight. Adding a transaction (local
 ``add_tx`` or received) appends to ``_order`` and wakes every idle routine. A routine
 sends with ``peer.send``; when that fires it moves on. Sessions survive transport breaks
 (specs/resume.md), so nothing is re-sent across a resume; a new session (a new Peer)
 starts a new routine from the beginning, skipping what the node is known to have.
+A removed transaction leaves a hole in ``_order``; once holes are half of it, ``_order``
+is compacted and every routine's index moved with it, so ``_order`` stays within twice
+the mempool.
 
 A transaction on the wire is the raw bytes; ``check_tx(tx)`` raises ValueError for a bad
 one. The default accepts any non-empty transaction up to ``max_tx_bytes``.
@@ -28,6 +43,7 @@ from __future__ import annotations
 import hashlib
 
 from mconn import ChannelDescriptor, Reactor
+from reactors.lru import LRUSet
 
 MEMPOOL_CHANNEL = 0x30
 #: Seconds before a transaction whose send found no room within send_timeout is tried again.
@@ -47,51 +63,140 @@ class MempoolReactor(Reactor):
     """Gossips transactions to every peer (see the module docstring).
 
     :param check_tx: ``check_tx(tx)`` raises ValueError for an invalid transaction.
-    :param max_txs: transactions the mempool holds; past it new ones are refused.
+    :param max_txs: transactions the mempool holds; past it new ones are refused
+        (default :attr:`MAX_TXS`).
     :param max_tx_bytes: the largest transaction (also the channel's message capacity).
+    :param max_peer_txs: transactions in the mempool charged to one peer; past it that
+        peer's new ones are refused (default: a tenth of ``max_txs``, at least 1).
+    :param seen_capacity: keys in one peer's seen set (default :attr:`SEEN_CAPACITY`).
     """
 
     name = "mempool"
+    #: CometBFT's mempool.size default.
+    MAX_TXS = 5000
+    #: CometBFT's mempool.cache_size default: twice the mempool, so the key of a
+    #: transaction still in it is not forgotten first.
+    SEEN_CAPACITY = 10000
 
-    def __init__(self, *, check_tx=None, max_txs: int = 5000, max_tx_bytes: int = 64 * 1024) -> None:
+    def __init__(self, *, check_tx=None, max_txs: int = MAX_TXS, max_tx_bytes: int = 64 * 1024,
+                 max_peer_txs: int | None = None, seen_capacity: int = SEEN_CAPACITY) -> None:
+        if max_peer_txs is None:
+            max_peer_txs = max(1, max_txs // 10)
+        for name, value in (("max_txs", max_txs), ("max_tx_bytes", max_tx_bytes),
+                            ("max_peer_txs", max_peer_txs), ("seen_capacity", seen_capacity)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"MempoolReactor {name} must be a positive integer, got {value!r}")
         self.check_tx = check_tx
         self.max_txs = max_txs
         self.max_tx_bytes = max_tx_bytes
-        #: tx key -> tx, and the keys in arrival order (what the sender routines walk).
+        self.max_peer_txs = max_peer_txs
+        self.seen_capacity = seen_capacity
+        #: tx key -> tx, and the keys in arrival order (what the sender routines walk;
+        #: None where a transaction was removed), and each key's index in it.
         self.txs: dict[bytes, bytes] = {}
-        self._order: list[bytes] = []
-        #: node id -> tx keys that node has (it sent them to us, or we sent them to it).
-        self._seen: dict[str, set] = {}
+        self._order: list = []
+        self._position: dict[bytes, int] = {}
+        #: tx key -> the node id it is charged to, and node id -> how many it is charged.
+        self._charged_to: dict[bytes, str] = {}
+        self._charged: dict[str, int] = {}
+        #: connected node id -> LRUSet of tx keys that node has (it sent them to us, or we
+        #: sent them to it).
+        self._seen: dict[str, LRUSet] = {}
         #: node id -> [peer, next index into _order, send in flight].
         self._routines: dict[str, list] = {}
-        #: Transactions refused because the mempool was full.
+        #: Transactions refused because the mempool was full, or their sender's share was.
         self.refused_full = 0
+        self.refused_share = 0
 
     def get_channels(self):
         return [ChannelDescriptor(MEMPOOL_CHANNEL, priority=5, send_queue_capacity=100,
                                   recv_message_capacity=self.max_tx_bytes)]
+
+    def footprint(self) -> dict[str, int]:
+        """What the reactor holds: transactions, ``_order`` entries (holes included), seen
+        sets and the keys in them, peers charged, and the largest share in use."""
+        return {
+            "txs": len(self.txs),
+            "order": len(self._order),
+            "seen_sets": len(self._seen),
+            "seen_keys": sum(len(seen) for seen in self._seen.values()),
+            "largest_seen": max((len(seen) for seen in self._seen.values()), default=0),
+            "charged_peers": len(self._charged),
+            "largest_share": max(self._charged.values(), default=0),
+        }
+
+    def charged(self, node_id: str) -> int:
+        """Transactions in the mempool charged to ``node_id``."""
+        return self._charged.get(node_id, 0)
 
     # -- the mempool -------------------------------------------------------------------
 
     def add_tx(self, tx: bytes, *, sender=None) -> bool:
         """Add a transaction (CometBFT's CheckTx then AddTx); True if it is new.
 
+        A transaction from ``sender`` (a Peer) is charged to it; past its share
+        (``max_peer_txs``) it is refused, as past ``max_txs``: False, counted, no error.
+
         :raises InvalidTransaction: if ``check_tx`` refuses it, naming why.
         """
         self._check(tx)
         key = tx_key(tx)
-        if sender is not None:
-            self._seen.setdefault(sender.node_id, set()).add(key)
+        seen = self._seen.get(sender.node_id) if sender is not None else None
         if key in self.txs:
+            if seen is not None:
+                seen.add(key)
             return False
         if len(self.txs) >= self.max_txs:
             self.refused_full += 1
             return False
+        if sender is not None:
+            charged = self._charged.get(sender.node_id, 0)
+            if charged >= self.max_peer_txs:
+                self.refused_share += 1
+                return False
+            self._charged[sender.node_id] = charged + 1
+            self._charged_to[key] = sender.node_id
+            if seen is not None:
+                seen.add(key)
         self.txs[key] = tx
+        self._position[key] = len(self._order)
         self._order.append(key)
         for routine in list(self._routines.values()):
             self._pump(routine)
         return True
+
+    def remove_txs(self, txs) -> int:
+        """Take transactions out of the mempool (CometBFT's Update, after a block commits
+        them); each one's sender gets that part of its share back. Returns how many were in."""
+        removed = 0
+        for tx in txs:
+            key = tx_key(tx)
+            if self.txs.pop(key, None) is None:
+                continue
+            removed += 1
+            self._order[self._position.pop(key)] = None
+            node_id = self._charged_to.pop(key, None)
+            if node_id is not None:
+                self._charged[node_id] -= 1
+                if not self._charged[node_id]:
+                    del self._charged[node_id]
+        if len(self._order) - len(self.txs) > len(self._order) // 2:
+            self._compact()
+        return removed
+
+    def _compact(self) -> None:
+        """Drop the holes of ``_order``, moving every routine's index with its entry."""
+        live_before = []
+        order = []
+        for key in self._order:
+            live_before.append(len(order))
+            if key is not None:
+                self._position[key] = len(order)
+                order.append(key)
+        live_before.append(len(order))
+        self._order = order
+        for routine in self._routines.values():
+            routine[1] = live_before[routine[1]]
 
     def _check(self, tx: bytes) -> None:
         if not tx or len(tx) > self.max_tx_bytes:
@@ -105,7 +210,7 @@ class MempoolReactor(Reactor):
     # -- the Reactor contract ----------------------------------------------------------
 
     def add_peer(self, peer) -> None:
-        self._seen.setdefault(peer.node_id, set())
+        self._seen[peer.node_id] = LRUSet(self.seen_capacity)
         routine = self._routines[peer.node_id] = [peer, 0, False]
         self._pump(routine)
 
@@ -123,15 +228,16 @@ class MempoolReactor(Reactor):
     def _pump(self, routine: list) -> None:
         """Send the peer's next transaction it lacks, unless a send is in flight."""
         peer, index, busy = routine
-        if busy:
+        if busy or self._routines.get(peer.node_id) is not routine:
             return
-        seen = self._seen.setdefault(peer.node_id, set())
-        while index < len(self._order) and self._order[index] in seen:
+        seen = self._seen[peer.node_id]
+        order = self._order
+        while index < len(order) and (order[index] is None or order[index] in seen):
             index += 1
         routine[1] = index
-        if index >= len(self._order) or peer.state == "closed":
+        if index >= len(order) or peer.state == "closed":
             return
-        key = self._order[index]
+        key = order[index]
         seen.add(key)
         routine[1], routine[2] = index + 1, True
         peer.send(MEMPOOL_CHANNEL, self.txs[key]).addCallback(self._sent, routine, key)
@@ -144,7 +250,10 @@ class MempoolReactor(Reactor):
         if accepted:
             self._pump(routine)
             return
-        # No room within send_timeout: the peer is slow; try that transaction again later.
-        self._seen[peer.node_id].discard(key)
-        routine[1] = self._order.index(key)
+        # No room within send_timeout: the peer is slow; try that transaction again later
+        # (unless it left the mempool meanwhile).
+        position = self._position.get(key)
+        if position is not None:
+            self._seen[peer.node_id].discard(key)
+            routine[1] = min(routine[1], position)
         self.switch.clock.callLater(RETRY_DELAY, self._pump, routine)
