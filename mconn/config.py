@@ -11,6 +11,11 @@ import math
 
 #: Largest max_packet_payload accepted in a Config (go-wire allows more; buffers do not).
 MAX_PACKET_PAYLOAD_LIMIT = 1 << 20
+#: Smallest max_packet_payload a Config or a peer's hello may announce, in bytes:
+#: CometBFT's default packet size. Below it a peer could have everything sent to it cut
+#: into tiny packets, each costing the sender a packet's work (payload 1 cost 58 times
+#: the CPU per MiB of 1024; bench/packet_floor.py). specs/handshake.md section 3.
+MIN_PACKET_PAYLOAD = 1024
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,7 +34,8 @@ class Config:
     #: smaller. Within it a sender cuts packets of a quarter of write_ahead_time at the
     #: link's measured drain rate, at least 1024 (16 KiB where it is not measured: TLS, WebSocket),
     #: so a slow link keeps small packets; 64 KiB lets fast links carry bulk with a
-    #: fraction of the per-packet work of CometBFT's 1024 (bench/RESULTS.md).
+    #: fraction of the per-packet work of CometBFT's 1024 (bench/RESULTS.md). At least
+    #: MIN_PACKET_PAYLOAD (1024), and a hello announcing less is refused.
     max_packet_payload: int = 65536
     #: Seconds ``Peer.send`` waits for room in a full queue before it fires False
     #: (CometBFT's 10 s).
@@ -62,8 +68,17 @@ class Config:
     pending_group_prefix_v4: int = 24
     #: Bits of an inbound IPv6 address that make its address group (a /64 is one site).
     pending_group_prefix_v6: int = 64
-    #: Inbound connections from one remote IP address at a time ("ip_limit").
+    #: Inbound connections from one remote address at a time ("ip_limit"), and inbound
+    #: sessions from it, suspended ones included (the oldest suspended gives way). One
+    #: address is an IPv4 address or an IPv6 /64 (the prefixes below).
     max_connections_per_ip: int = 8
+    #: Bits of an inbound IPv4 address that max_connections_per_ip counts as one
+    #: address: 32, each address (many users share one behind NAT). An IPv4-mapped IPv6
+    #: address counts as its IPv4 address; a loopback address always stands alone.
+    ip_limit_prefix_v4: int = 32
+    #: Bits of an inbound IPv6 address that max_connections_per_ip counts as one address:
+    #: 64, the smallest network one host is given (it holds 2**64 addresses for free).
+    ip_limit_prefix_v6: int = 64
     #: Pings a peer may send within one of our ping_interval windows (ControlFlood past
     #: it). A peer with our ping_interval sends one or two; the rest is headroom.
     max_pings_per_interval: int = 20
@@ -179,14 +194,18 @@ class Config:
     #: 10 s, as handshake_timeout: a proxy on the way adds a round trip or two.
     ws_handshake_timeout: float = 10.0
     #: Origins a ws/wss listener accepts in an upgrade that names one (patterns such as
-    #: "https://*.example.com"). Empty: no origin check, since nodes dial without an
-    #: Origin header and a browser page has no node key to prove; set it if a node is
-    #: reachable from web pages you do not control (specs/websocket.md 4).
+    #: "https://*.example.com", "*" for any). An upgrade without an Origin header (every
+    #: node's) is always accepted; one with an Origin no pattern matches is refused with
+    #: 403. Empty: every Origin is refused, since only a browser sends one, and a web page
+    #: in the operator's browser could otherwise reach a loopback listener as a local
+    #: peer (specs/websocket.md 4).
     ws_allowed_origins: frozenset = frozenset()
     #: IP addresses of reverse proxies in front of a ws/wss listener whose
     #: X-Forwarded-For is believed: a connection from one of them counts (limits, PEX
-    #: source, status page) as coming from the last address that header names. Empty:
-    #: the TCP peer is the peer, and the header is ignored (it is only text).
+    #: source, status page) as coming from the last hop that header names, which must
+    #: be an IP address (one header line, ASCII only; else 400). Until its upgrade is read
+    #: it counts in no address and in one group of the trusted proxies (specs/websocket.md
+    #: 6.1). Empty: the TCP peer is the peer, and the header is ignored (it is only text).
     ws_trusted_proxies: frozenset = frozenset()
     #: HTTP proxy for ws:// and wss:// dials, "http://host:port" (HTTP CONNECT). None:
     #: the environment's https_proxy (wss) or http_proxy (ws), except for no_proxy hosts
@@ -211,7 +230,7 @@ class Config:
         ):
             _check_positive(name, getattr(self, name))
         _check_int(
-            "max_packet_payload", self.max_packet_payload, 1, MAX_PACKET_PAYLOAD_LIMIT
+            "max_packet_payload", self.max_packet_payload, MIN_PACKET_PAYLOAD, MAX_PACKET_PAYLOAD_LIMIT
         )
         _check_int("max_inbound_peers", self.max_inbound_peers, 0)
         _check_int("max_outbound_peers", self.max_outbound_peers, 0)
@@ -222,6 +241,8 @@ class Config:
             _check_int(name, getattr(self, name), 1)
         _check_int("pending_group_prefix_v4", self.pending_group_prefix_v4, 0, 32)
         _check_int("pending_group_prefix_v6", self.pending_group_prefix_v6, 0, 128)
+        _check_int("ip_limit_prefix_v4", self.ip_limit_prefix_v4, 0, 32)
+        _check_int("ip_limit_prefix_v6", self.ip_limit_prefix_v6, 0, 128)
         _check_int("max_hello_size", self.max_hello_size, 64)
         _check_int("max_control_size", self.max_control_size, 64)
         _check_int("write_batch_bytes", self.write_batch_bytes, 1)

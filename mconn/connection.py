@@ -20,7 +20,7 @@ import math
 from types import MappingProxyType
 
 from mconn.channel import Channel, ChannelDescriptor, Scheduler
-from mconn.config import Config
+from mconn.config import MIN_PACKET_PAYLOAD, Config
 from mconn.errors import (
     ControlFlood,
     HandshakeTimeout,
@@ -368,10 +368,12 @@ class Connection:
     def set_packet_payload(self, payload: int | None) -> None:
         """Cut msg packets of at most ``payload`` bytes from the next ``data_to_send`` on
         (``mconn.packet_size``; None: the negotiated ``max_packet_payload``), never above
-        the negotiated size (specs/wire.md section 4)."""
+        the negotiated size (specs/wire.md section 4) nor below ``MIN_PACKET_PAYLOAD``,
+        which bounds the work per byte sent whatever is asked (both hellos announce at
+        least that, so the floor is never above the negotiated size)."""
         self._payload_cap = payload
         limit = self.max_packet_payload
-        self._payload = limit if payload is None else max(1, min(payload, limit))
+        self._payload = limit if payload is None else max(MIN_PACKET_PAYLOAD, min(payload, limit))
 
     def data_to_send(self, now: float, budget: int | None = None) -> bytes:
         """The next bytes for the transport: control packets first, then scheduled data.

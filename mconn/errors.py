@@ -113,6 +113,12 @@ class IncompatiblePeer(HandshakeError):
     """The peer's hello is well-formed but cannot work with ours."""
 
 
+class PacketPayloadTooSmall(IncompatiblePeer):
+    """The peer's hello announces a max_packet_payload below ``config.MIN_PACKET_PAYLOAD``
+    (1024): everything sent to it would be cut into packets that small, each costing a
+    packet's work (specs/handshake.md section 3). The close code is the class name."""
+
+
 class PongTimeout(RemoteProtocolError):
     """Nothing was received within pong_timeout after a ping."""
 

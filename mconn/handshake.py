@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 
 from mconn.channel import ChannelDescriptor
-from mconn.errors import IncompatiblePeer
+from mconn.config import MIN_PACKET_PAYLOAD
+from mconn.errors import IncompatiblePeer, PacketPayloadTooSmall
 from mconn.node_info import NodeInfo, node_info_field, node_info_of
 from mconn.wire import (
     PROTOCOL_VERSION,
@@ -57,9 +58,12 @@ def make_hello(
 
 
 def check_hello(ours: Hello, theirs: Hello) -> int:
-    """Raise IncompatiblePeer if ``theirs`` cannot work with ``ours``.
+    """Raise IncompatiblePeer if ``theirs`` cannot work with ``ours``: another protocol
+    version, or (PacketPayloadTooSmall) a max_packet_payload below ``MIN_PACKET_PAYLOAD``,
+    which would have everything we send cut into packets that small.
 
-    Returns the negotiated max_packet_payload: the smaller of the two.
+    Returns the negotiated max_packet_payload: the smaller of the two, so at least
+    ``MIN_PACKET_PAYLOAD`` (a Config cannot announce less).
 
     :raises MalformedPacket: if their node info field does not decode (specs/handshake.md
         section 6.1): the connection fails like on any malformed packet. Whether the node
@@ -70,6 +74,11 @@ def check_hello(ours: Hello, theirs: Hello) -> int:
             f"peer {theirs.node_id} speaks protocol version {theirs.version}; we speak {ours.version}"
         )
     node_info_of(theirs)
+    if theirs.max_packet_payload < MIN_PACKET_PAYLOAD:
+        raise PacketPayloadTooSmall(
+            f"peer {theirs.node_id} announces max_packet_payload {theirs.max_packet_payload}; "
+            f"the floor is {MIN_PACKET_PAYLOAD} bytes (CometBFT's packet size)"
+        )
     return min(ours.max_packet_payload, theirs.max_packet_payload)
 
 

@@ -11,7 +11,9 @@ packets of a quarter of what a write carries at the link's drain rate (``PER_WRI
 packets per ``write_ahead_time``, the budget that sizes the writes, so the packet that
 crosses a write's budget adds at most a quarter of it), never below ``FLOOR`` and never
 above the size both hellos allow (the negotiated ``max_packet_payload``, which
-``Connection.set_packet_payload`` applies): up to about 33 Mbit/s that is ``FLOOR``, as
+``Connection.set_packet_payload`` applies; a hello announcing less than ``FLOOR`` is
+refused, so whatever a peer announces, the work per byte sent stays that of 1 KiB
+packets at worst): up to about 33 Mbit/s that is ``FLOOR``, as
 before; at 1 Gbit/s about 31 KB; on loopback the negotiated maximum. Per-packet work
 only matters at the rates where packets grow. A receiver accepts any payload up to the
 negotiated maximum, so the sender may choose any size per write.
@@ -25,9 +27,12 @@ keep up to their own buffer size (64 KiB for Twisted's TCP) below the scheduler,
 
 from __future__ import annotations
 
-#: The smallest payload the rate picks, in bytes: CometBFT's packet size. Below it the
-#: per-packet work dominates, and a link that slow is already one packet per write.
-FLOOR = 1024
+from mconn.config import MIN_PACKET_PAYLOAD
+
+#: The smallest payload the rate picks, in bytes: CometBFT's packet size, the floor of
+#: every max_packet_payload (``config.MIN_PACKET_PAYLOAD``). Below it the per-packet work
+#: dominates, and a link that slow is already one packet per write.
+FLOOR = MIN_PACKET_PAYLOAD
 #: The payload where the drain rate is not known, in bytes: one TLS record's plaintext.
 UNMEASURED = 16384
 #: Packets per write-ahead: a packet is at most this fraction of a write's bytes.

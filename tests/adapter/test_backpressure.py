@@ -139,13 +139,13 @@ def test_send_rate_limits_bytes_per_second_smoothly():
     """send_rate holds in every 100 ms window, from the first one on, without stalls or lumps."""
     rate = 100_000
     channels = [ChannelDescriptor(0x30, send_queue_capacity=10)]
-    h = open_switch_connection(channels=channels, config=Config(send_rate=rate, max_packet_payload=256))
+    h = open_switch_connection(channels=channels, config=Config(send_rate=rate, max_packet_payload=1024))
     log = write_log(h)
     for _ in range(5):
         assert h.peer.try_send(0x30, b"m" * 40_000)  # 200 kB: 2 s at the rate
     h.clock.pump([0.001] * 1000)  # one second in 1 ms steps
     windows = [sum(n for t, n in log if k / 10 <= t < (k + 1) / 10) for k in range(10)]
-    packet = 256 + 6
+    packet = 1024 + 6
     burst = 2068
     # The first window may add the initial burst; none may be short (a stall) or long (a lump).
     assert rate / 10 - 2 * packet <= windows[0] <= rate / 10 + burst + 2 * packet, windows

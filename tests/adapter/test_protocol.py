@@ -23,12 +23,12 @@ from mconn.wire import decode_hello
 
 def test_hello_is_written_on_connection_made():
     """connectionMade writes exactly our hello: node id, channels, max_packet_payload."""
-    h = open_switch_connection(handshake=False, config=Config(max_packet_payload=700))
+    h = open_switch_connection(handshake=False, config=Config(max_packet_payload=4000))
     [(kind, body)] = parse_packets(h.written_on_connect)
     assert kind == HELLO
     hello = decode_hello(body)
     assert hello.node_id == h.switch.node_id
-    assert hello.max_packet_payload == 700
+    assert hello.max_packet_payload == 4000
     assert [(c.id, c.priority, c.recv_message_capacity) for c in hello.channels] == [
         (c.id, c.priority, c.recv_message_capacity) for c in CHANNELS
     ]
@@ -98,11 +98,11 @@ def test_send_writes_synchronously():
 
 def test_large_message_is_cut_into_negotiated_payloads():
     """A message goes out in packets of the smaller max_packet_payload of the two hellos."""
-    h = open_switch_connection(config=Config(max_packet_payload=1024), peer_max_packet_payload=100)
-    assert h.peer.try_send(0x21, bytes(range(250)))
+    h = open_switch_connection(config=Config(max_packet_payload=4096), peer_max_packet_payload=1024)
+    assert h.peer.try_send(0x21, bytes(range(250)) * 10)
     packets = parse_packets(h.transport.value())
-    assert [(p[2], len(p[3])) for p in packets] == [(0, 100), (0, 100), (1, 50)]
-    assert messages_in(h.transport.value()) == [(0x21, bytes(range(250)))]
+    assert [(p[2], len(p[3])) for p in packets] == [(0, 1024), (0, 1024), (1, 452)]
+    assert messages_in(h.transport.value()) == [(0x21, bytes(range(250)) * 10)]
 
 
 def test_ping_is_answered_with_pong():

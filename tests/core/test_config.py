@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from mconn.config import MAX_PACKET_PAYLOAD_LIMIT, Config
+from mconn.config import MAX_PACKET_PAYLOAD_LIMIT, MIN_PACKET_PAYLOAD, Config
 
 
 def test_defaults():
@@ -32,7 +32,7 @@ RATES = ["send_rate", "recv_rate"]
 
 BAD = (
     [(name, value) for name in POSITIVE_FLOATS + RATES for value in (0, -1.5, math.inf, math.nan, True, "1")]
-    + [("max_packet_payload", v) for v in (0, -1, MAX_PACKET_PAYLOAD_LIMIT + 1, 1.5, True, "1024")]
+    + [("max_packet_payload", v) for v in (0, -1, 1, 1023, MAX_PACKET_PAYLOAD_LIMIT + 1, 1.5, True, "1024")]
     + [(name, v) for name in ("max_inbound_peers", "max_outbound_peers") for v in (-1, 2.0, False)]
     + [(name, v) for name in ("max_hello_size", "max_control_size") for v in (63, 0, 100.0)]
     + [("write_batch_bytes", v) for v in (0, -5, 1.0)]
@@ -53,7 +53,7 @@ def test_invalid_value_is_refused_naming_field_and_value(field, value):
 GOOD = [
     ("ping_interval", 0.001),
     ("pong_timeout", 1),
-    ("max_packet_payload", 1),
+    ("max_packet_payload", MIN_PACKET_PAYLOAD),
     ("max_packet_payload", MAX_PACKET_PAYLOAD_LIMIT),
     ("max_inbound_peers", 0),
     ("max_outbound_peers", 0),
@@ -73,7 +73,7 @@ def test_boundary_values_are_accepted(field, value):
 
 def test_replace_changes_fields_and_validates_again():
     """replace() returns a copy with the new values, keeps the others, and validates again."""
-    c = Config().replace(max_packet_payload=512, send_rate=1000.0)
-    assert (c.max_packet_payload, c.send_rate, c.ping_interval) == (512, 1000.0, 60.0)
+    c = Config().replace(max_packet_payload=2048, send_rate=1000.0)
+    assert (c.max_packet_payload, c.send_rate, c.ping_interval) == (2048, 1000.0, 60.0)
     with pytest.raises(ValueError, match="Config.pong_timeout"):
         c.replace(pong_timeout=0)

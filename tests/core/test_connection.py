@@ -112,30 +112,30 @@ def test_core_pair_handshake_opens_both_sides():
 
 def test_negotiated_payload_is_the_smaller_of_the_two():
     """Both sides use the smaller max_packet_payload, and messages are cut at it."""
-    pair = CorePair.make(config_a=Config(max_packet_payload=1024), config_b=Config(max_packet_payload=512))
+    pair = CorePair.make(config_a=Config(max_packet_payload=2048), config_b=Config(max_packet_payload=1024))
     events_a, events_b = pair.pump(0.0)
-    assert events_a[0].max_packet_payload == events_b[0].max_packet_payload == 512
-    assert pair.a.max_packet_payload == pair.b.max_packet_payload == 512
+    assert events_a[0].max_packet_payload == events_b[0].max_packet_payload == 1024
+    assert pair.a.max_packet_payload == pair.b.max_packet_payload == 1024
 
-    message = bytes(range(256)) * 6  # 1536 bytes
+    message = bytes(range(256)) * 12  # 3072 bytes
     assert pair.a.queue_message(CH, message)
     _, events_b = pair.pump(1.0)
     assert events_b == [MessageReceived(channel_id=CH, message=message)]
-    assert [len(d) for _, _, d in msg_payloads(b"".join(pair.sent_by_a[1:]))] == [512, 512, 512]
+    assert [len(d) for _, _, d in msg_payloads(b"".join(pair.sent_by_a[1:]))] == [1024, 1024, 1024]
 
 
 def test_larger_packets_than_negotiated_are_refused():
     """A packet over the negotiated payload is PacketTooLarge naming its size and the limit."""
-    conn = open_connection(peer_payload=512)
-    error = _failure(conn.receive_data(msg(CH, b"x" * 513), 1.0))
+    conn = open_connection(peer_payload=1024)
+    error = _failure(conn.receive_data(msg(CH, b"x" * 1025), 1.0))
     assert type(error) is PacketTooLarge
-    assert "513" in str(error) and "512" in str(error)
+    assert "1025" in str(error) and "1024" in str(error)
 
 
 def test_packet_right_after_the_hello_is_judged_by_the_negotiated_payload():
     """A packet in the same chunk as the hello is already held to the payload just negotiated."""
     conn = make_connection()
-    events = conn.receive_data(hello_packet(max_packet_payload=100) + msg(CH, b"y" * 101), 0.0)
+    events = conn.receive_data(hello_packet(max_packet_payload=1024) + msg(CH, b"y" * 1025), 0.0)
     assert [type(e) for e in events] == [HelloReceived, ConnectionFailed]
     assert type(events[1].error) is PacketTooLarge
 
@@ -615,9 +615,9 @@ def test_messages_flow_both_ways_on_several_channels_in_order():
 
 @settings(max_examples=100, deadline=None)
 @given(
-    payload_a=st.integers(1, 2048),
-    payload_b=st.integers(1, 2048),
-    messages=st.lists(st.tuples(st.sampled_from([0x20, 0x30]), st.binary(max_size=3000)), max_size=8),
+    payload_a=st.integers(1024, 4096),
+    payload_b=st.integers(1024, 4096),
+    messages=st.lists(st.tuples(st.sampled_from([0x20, 0x30]), st.binary(max_size=9000)), max_size=8),
     cuts=st.lists(st.integers(0, 30000), max_size=12),
 )
 def test_any_split_of_the_stream_delivers_the_same_messages(payload_a, payload_b, messages, cuts):

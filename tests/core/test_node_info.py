@@ -233,12 +233,12 @@ def test_incompatible_node_is_a_refusal():
 def test_check_hello_validates_the_node_info_not_its_compatibility():
     """check_hello refuses an undecodable node info but leaves compatibility to the Switch."""
     ours = make_hello(
-        node_id=NODE_A, channels=[ChannelDescriptor(1)], max_packet_payload=100, node_info=NodeInfo(network="a")
+        node_id=NODE_A, channels=[ChannelDescriptor(1)], max_packet_payload=2048, node_info=NodeInfo(network="a")
     )
     theirs = make_hello(
-        node_id=NODE_B, channels=[ChannelDescriptor(2)], max_packet_payload=50, node_info=NodeInfo(network="b")
+        node_id=NODE_B, channels=[ChannelDescriptor(2)], max_packet_payload=1024, node_info=NodeInfo(network="b")
     )
-    assert check_hello(ours, theirs) == 50
+    assert check_hello(ours, theirs) == 1024
     broken = dataclasses.replace(theirs, fields=((HelloTag.NODE_INFO, b"\x00"),))
     with pytest.raises(errors.MalformedPacket, match="node info"):
         check_hello(ours, broken)

@@ -31,7 +31,7 @@ OTHER_SESSION = bytes(range(100, 116))
 
 VERSIONS = (PROTOCOL_VERSION, 0, 2, 2**64 - 1, RAW)
 NODES = (CLAIMED, STRANGER, SELF, RAW)
-PAYLOADS = (64, 1, 1024, 0, 2**64 - 1, RAW)
+PAYLOADS = (1024, 1, 1023, 65536, 0, 2**64 - 1, RAW)  # the floor first: a default hello is accepted
 CHANNEL_SETS = (
     "same", "reordered", "priority changed", "one more", "one less", "none", "duplicate", "priority 0",
     "257 channels", RAW,

@@ -43,7 +43,8 @@ packets = st.one_of(
     st.builds(_msg, channel_ids, st.booleans(), st.binary(max_size=80)),
     st.just(bytes([PacketType.PING])),
     st.just(bytes([PacketType.PONG])),
-    st.builds(peer_hello, st.sampled_from([1, 16, 64, 1024]), st.sampled_from([wire.PROTOCOL_VERSION, 99])),
+    # Below the payload floor (refused), at it, and above it (the smaller, ours, holds).
+    st.builds(peer_hello, st.sampled_from([1, 1023, 1024, 4096]), st.sampled_from([wire.PROTOCOL_VERSION, 99])),
     st.builds(
         lambda code, text: extension(PacketType.CLOSE, wire.encode_close(code, text)),
         st.text(max_size=10),
@@ -53,7 +54,7 @@ packets = st.one_of(
     st.builds(_session_answer, st.sampled_from([SESSION_ID, bytes(16)]), st.booleans(), counts),
     st.builds(extension, st.integers(0x08, 0xFF), st.binary(max_size=40)),
     # Over-limit lengths: a msg payload, any extension body.
-    st.builds(lambda n: bytes([PacketType.MSG, 0x20, 1]) + wire.encode_uvarint(n), st.integers(65, 2**64 - 1)),
+    st.builds(lambda n: bytes([PacketType.MSG, 0x20, 1]) + wire.encode_uvarint(n), st.integers(1025, 2**64 - 1)),
     st.builds(lambda t, n: bytes([t]) + wire.encode_uvarint(n), st.integers(0x04, 0xFF), st.integers(129, 2**64 - 1)),
     # A long message in full packets (past recv_message_capacity 300 on 0x20 from 5 on).
     st.builds(_long_message, st.sampled_from([0x20, 0x21]), st.integers(1, 20)),
@@ -64,7 +65,7 @@ packets = st.one_of(
 @st.composite
 def valid_streams(draw) -> bytes:
     """A hello (usually) followed by packets of every kind."""
-    start = draw(st.sampled_from([peer_hello(), peer_hello(16), b""]))
+    start = draw(st.sampled_from([peer_hello(), peer_hello(4096), b""]))
     return start + b"".join(draw(st.lists(packets, max_size=12)))
 
 

@@ -114,7 +114,7 @@ class ScriptedNode(Factory):
 
 def hello_packet(node_id: str, request: SessionRequest | None = None) -> bytes:
     fields = ((HelloTag.SESSION, wire.encode_session_request(request)),) if request is not None else ()
-    hello = make_hello(node_id=node_id, channels=CHANNELS, max_packet_payload=64, fields=fields)
+    hello = make_hello(node_id=node_id, channels=CHANNELS, max_packet_payload=CONFIG.max_packet_payload, fields=fields)
     return wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello))
 
 

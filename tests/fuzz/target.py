@@ -16,7 +16,7 @@ import random
 
 from mconn import errors, wire
 from mconn.channel import ChannelDescriptor
-from mconn.config import Config
+from mconn.config import MIN_PACKET_PAYLOAD, Config
 from mconn.connection import CHANNEL_COUNTS_LIMIT, Connection, State
 from mconn.events import ConnectionFailed, MessageReceived
 from mconn.frame_buffer import FrameBuffer
@@ -27,9 +27,10 @@ CHANNELS = [
     ChannelDescriptor(0x20, priority=3, recv_message_capacity=300),
     ChannelDescriptor(0x21, recv_message_capacity=1000),
 ]
-#: Small limits, so that short inputs reach every one of them.
+#: Small limits, so that short inputs reach every one of them (the packet payload at its
+#: floor: a declared length over it is refused from the header alone).
 CONFIG = Config(
-    max_packet_payload=64,
+    max_packet_payload=MIN_PACKET_PAYLOAD,
     max_hello_size=512,
     max_control_size=128,
     max_pings_per_interval=8,
@@ -58,6 +59,7 @@ SPECIFIC = frozenset(
         errors.MessageTooLarge,
         errors.HandshakeTimeout,
         errors.IncompatiblePeer,
+        errors.PacketPayloadTooSmall,
         errors.PongTimeout,
         errors.ControlFlood,
     }
@@ -80,7 +82,7 @@ def extension(packet_type: int, body: bytes) -> bytes:
     return wire.encode_extension(packet_type, body)
 
 
-def peer_hello(payload: int = 64, version: int = wire.PROTOCOL_VERSION, node_id: str = PEER_ID) -> bytes:
+def peer_hello(payload: int = MIN_PACKET_PAYLOAD, version: int = wire.PROTOCOL_VERSION, node_id: str = PEER_ID) -> bytes:
     """A whole hello packet of the peer."""
     hello = make_hello(node_id=node_id, channels=CHANNELS, max_packet_payload=payload)
     if version != hello.version:

@@ -156,7 +156,7 @@ def test_bad_command_lines_stop_with_one_line(args, expected):
         ("ping_intervall = 5\n", "n.toml: ping_intervall: unknown setting; did you mean ping_interval?"),
         ("ping-interval = 5\nping_interval = 6\n", "n.toml: ping_interval: set twice, as ping-interval and ping_interval"),
         ("ping_interval = 'soon'\n", "n.toml: ping_interval: Config.ping_interval must be a positive finite number, got 'soon'"),
-        ("max_packet_payload = 0\n", "n.toml: max_packet_payload: Config.max_packet_payload must be an integer in 1..1048576"),
+        ("max_packet_payload = 0\n", "n.toml: max_packet_payload: Config.max_packet_payload must be an integer in 1024..1048576"),
         ("listen = 5\n", "n.toml: listen: 5 must be a string or a list of strings"),
         ("key = 5\n", "n.toml: key: 5 must be a path"),
         ("peer = ['nowhere']\n", "n.toml: peer: peer address 'nowhere': missing ':<port>'"),
