@@ -3,6 +3,11 @@
 Events go through ``twisted.logger`` in the ``mconn`` namespace with keyword fields, never
 pre-formatted strings, so that a jsonFileLogObserver writes them as data a pipeline can
 read. Each carries ``event`` (the stable name below) and ``node_id`` (the logging node).
+
+A session is named by its reference (``mconn.session_ref``), never by its id: in
+plaintext mode the id is the resume secret, and every observer (the telemetry file,
+twistd's log) would show it (specs/telemetry.md section 2.2). ``emit`` makes the
+reference, so the parts that log pass the id as they hold it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import secrets
 import time
 
 from twisted.logger import Logger, LogLevel
+
+from mconn.session_ref import session_ref_of_hex
 
 log = Logger(namespace="mconn")
 
@@ -56,7 +63,13 @@ def emit(event: str, **fields) -> None:
     The event is the one ``Logger.info`` (or ``warn``) would emit, built here: the
     Logger's check of its level and keyword plumbing cost a connection storm more than
     the record's own fields (bench/RESULTS.md, handshakes round 3).
+
+    A ``session_id`` field is given as the id's hex and logged as the session's
+    reference (``mconn.session_ref``): the id is the resume secret in plaintext mode.
     """
+    session_id = fields.get("session_id")
+    if session_id is not None:
+        fields["session_id"] = session_ref_of_hex(session_id)
     key = (event, "peer_id" in fields and fields["peer_id"] is None, bool(fields.get("error")), log)
     envelope = _FORMAT_CACHE.get(key)
     if envelope is None:

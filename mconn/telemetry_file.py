@@ -19,6 +19,13 @@ most ``keep_bytes``; the oldest go first, so the files kept are always ``PATH.1`
 ``PATH.K`` with no gap. With rotation on, a log never holds more than ``rotate_bytes`` plus
 one record in ``PATH`` and ``keep_bytes`` in the rotated files, however many peers connect.
 
+Privacy (specs/telemetry.md section 2.2): PATH and its rotated files are the owner's
+only (``FILE_MODE``, 0600). PATH is created with that mode by ``os.open`` whatever the
+umask; a file found with group or other permission bits (PATH, or a rotated file left
+by an earlier run) is tightened to it when the file is opened, and one that cannot be
+tightened (another user's) is refused with an ``OSError`` naming it and its mode. The
+records name sessions by their references, never by their ids (``mconn.session_ref``).
+
 A record is written when its ``log_namespace`` is ``mconn`` (or ``mconn.*``), it has an
 ``event`` name (specs/telemetry.md section 1), and its ``node_id`` is this node's: several
 nodes in one process each get their own file.
@@ -28,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 
 from twisted.application.service import Service
 from twisted.logger import eventFromJSON, globalLogPublisher
@@ -45,9 +53,10 @@ from mconn.telemetry_record import (
 
 #: Re-exported: a record's text is made in mconn.telemetry_record now.
 __all__ = [
-    "DEFAULT_KEEP_BYTES", "DEFAULT_KEEP_FILES", "DEFAULT_ROTATE_BYTES", "ENVELOPE", "RECORD_SEPARATOR", "RECORD_VERSION",
-    "JsonLinesObserver", "RetainingLogFile", "TelemetryFileService", "_strict", "encode_record", "format_record",
-    "lean_record", "lean_text", "open_log_file", "parse_lines", "prune_rotated", "read_events", "rotated_paths",
+    "DEFAULT_KEEP_BYTES", "DEFAULT_KEEP_FILES", "DEFAULT_ROTATE_BYTES", "ENVELOPE", "FILE_MODE", "RECORD_SEPARATOR",
+    "RECORD_VERSION", "JsonLinesObserver", "RetainingLogFile", "TelemetryFileService", "_strict", "encode_record",
+    "format_record", "lean_record", "lean_text", "open_log_file", "open_private", "parse_lines", "prune_rotated",
+    "read_events", "rotated_paths", "tighten",
 ]
 
 #: Default size at which a telemetry file rotates (10 MiB).
@@ -55,6 +64,10 @@ DEFAULT_ROTATE_BYTES = 10 * 1024 * 1024
 #: Default retention of the rotated files: at most 10 files and 100 MiB.
 DEFAULT_KEEP_FILES = 10
 DEFAULT_KEEP_BYTES = 100 * 1024 * 1024
+
+#: The permissions of a telemetry file and its rotated files: read and write for the
+#: owner only (specs/telemetry.md section 2.2).
+FILE_MODE = 0o600
 
 #: ASCII record separator: Twisted's version 1 records each start with one (RFC 7464).
 RECORD_SEPARATOR = "\x1e"
@@ -111,16 +124,24 @@ class JsonLinesObserver:
 
 
 class RetainingLogFile(LogFile):
-    """A LogFile that prunes its rotated files to ``keep_files`` and ``keep_bytes``."""
+    """A LogFile that prunes its rotated files to ``keep_files`` and ``keep_bytes``, and
+    whose files are ``FILE_MODE`` (the owner's only), rotated ones included."""
 
     def __init__(self, name, directory, rotateLength, *, keep_files: int, keep_bytes: int) -> None:
         self.keep_files = keep_files
         self.keep_bytes = keep_bytes
-        super().__init__(name, directory, rotateLength)
+        super().__init__(name, directory, rotateLength, defaultMode=FILE_MODE)
         self.prune()
+        for rotated in rotated_paths(self.path):  # left by an earlier run, maybe before 0600
+            if rotated != self.path:
+                tighten_path(rotated)
 
     def _openFile(self) -> None:
-        super()._openFile()
+        """Open PATH with ``open_private``, in place of LogFile's ``open`` (which creates
+        it by the umask, or by changing the process's umask for a moment)."""
+        self.closed = False
+        self._file = open_private(self.path)
+        self.size = self._file.tell()
         if self.size:  # a record cut short by a killed process must not spoil the next one
             self._file.seek(-1, os.SEEK_END)
             last = self._file.read(1)
@@ -152,6 +173,56 @@ def open_log_file(
     """
     directory, name = os.path.split(os.path.abspath(os.fspath(path)))
     return RetainingLogFile(name, directory, rotate_bytes or None, keep_files=keep_files, keep_bytes=keep_bytes)
+
+
+def open_private(path: str | os.PathLike):
+    """``path`` opened for appending and reading (unbuffered, at its end); created with
+    ``FILE_MODE`` whatever the umask, and tightened to it when found wider (``tighten``).
+
+    :raises OSError: if it cannot be opened, or is wider and cannot be tightened.
+    """
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    try:
+        tighten(fd, path)
+        file = os.fdopen(fd, "rb+", 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    file.seek(0, os.SEEK_END)
+    return file
+
+
+def tighten(fd: int, path) -> None:
+    """Make the regular file open on ``fd`` ``FILE_MODE`` if its group or others have any
+    permission; leave anything else (``/dev/null``) alone: it is not ours to change.
+
+    :raises OSError: naming ``path`` and its mode, if it cannot be tightened.
+    """
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode) or not mode & 0o077:
+        return
+    try:
+        os.fchmod(fd, FILE_MODE)
+    except OSError as error:
+        raise OSError(
+            error.errno,
+            f"its mode {stat.S_IMODE(mode):04o} lets others read it and cannot be made {FILE_MODE:04o} "
+            f"({error.strerror})",
+            os.fspath(path),
+        ) from None
+
+
+def tighten_path(path: str | os.PathLike) -> None:
+    """``tighten`` for a file that is not open (a rotated file); a file gone meanwhile
+    (pruned by another process) is nothing to tighten."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError:
+        return
+    try:
+        tighten(fd, path)
+    finally:
+        os.close(fd)
 
 
 def prune_rotated(path: str | os.PathLike, keep_files: int, keep_bytes: int) -> list[str]:
