@@ -255,19 +255,48 @@ def is_own_address(address: PeerAddress, listen_addresses) -> bool:
     return False
 
 
+def transport_host(transport) -> str | None:
+    """The host a Twisted transport's peer connects from (``getPeer().host``: for a
+    WebSocket listener's connection from a trusted proxy, the client the proxy names),
+    or None if it has none (a UNIX socket, an in-memory transport without one)."""
+    peer = transport.getPeer() if transport is not None else None
+    host = getattr(peer, "host", None)
+    return host if isinstance(host, str) and host else None
+
+
 def host_of(text: str) -> str | None:
-    """The host of a ``host:port`` text (a connection's remote address), or None."""
-    try:
-        return parse_address(text).host if text else None
-    except ValueError:
+    """The host of a connection's remote address as the transport's ``host:port`` text
+    writes it (``198.51.100.7:40000``, an IPv6 host with or without brackets,
+    ``::1:40000``; port 0 for a client a proxy names), or None if it is not one.
+
+    For objects that give only that text; a Peer's ``remote_host`` comes from its
+    transport (``transport_host``) and is the one to use.
+    """
+    if not isinstance(text, str):
         return None
+    host, colon, port = text.rpartition(":")
+    if not colon or not (port.isascii() and port.isdigit()):
+        return None
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not host or _BAD_HOST_CHARS.intersection(host):
+        return None
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            return None
+    return host
 
 
-def announced_address(node_id: str, listen_address: str, remote_address: str) -> PeerAddress | None:
+def announced_address(
+    node_id: str, listen_address: str, remote_address: str = "", *, remote_host: str | None = None
+) -> PeerAddress | None:
     """Where a peer says it listens (the listen address of its hello), as an address of
     ``node_id``; an unspecified host (``0.0.0.0:26656``, from ``--listen tcp:26656``) is
-    replaced by the host its connection comes from; a ws:// or wss:// one keeps its scheme
-    and path. None if nothing usable was announced."""
+    replaced by the host its connection comes from (``remote_host``, else that of the
+    ``remote_address`` text); a ws:// or wss:// one keeps its scheme and path. None if
+    nothing usable was announced."""
     if not listen_address:
         return None
     try:
@@ -275,7 +304,9 @@ def announced_address(node_id: str, listen_address: str, remote_address: str) ->
         host = announced.host
         ip = _ip(host)
         if ip is not None and ip.is_unspecified:
-            host = parse_address(remote_address).host
+            host = remote_host if remote_host is not None else host_of(remote_address)
+            if host is None:
+                return None
         return PeerAddress(node_id, host, announced.port, announced.scheme, announced.path)
     except ValueError:
         return None

@@ -1,8 +1,9 @@
 """Admission: may an inbound connection start its handshake, may a session start? Pure.
 
 The connection filter of specs/connection.md section 6 (CometBFT's transport does the
-same job with its ``ConnFilterFunc``): per-address connection counts, the inbound
-handshakes under way, and the peer limits per direction. Every refusal is a
+same job with its ``ConnFilterFunc``): per-address connection counts (``limit_key``: an
+IPv4 address, every address of an IPv6 /64 as one), the inbound handshakes under way,
+and the peer limits per direction. Every refusal is a
 ``PeerRejected`` whose reason is the close code and whose message names the limit and
 the values; ``refusals`` counts them by reason (``Switch.refusals``, the status page).
 
@@ -66,6 +67,23 @@ def address_group(host: str | None, prefix_v4: int = 24, prefix_v6: int = 64) ->
     return str(ipaddress.ip_network((int(address), prefix), strict=False))
 
 
+def limit_key(host: str | None, prefix_v4: int = 32, prefix_v6: int = 64) -> str | None:
+    """The key ``max_connections_per_ip`` counts ``host`` under (specs/connection.md
+    section 6): its ``address_group`` with the limit's prefixes, an IPv4 /32 and an IPv6
+    /64 by default, written as the bare address where the group is one address
+    (``"198.51.100.7"``, ``"::1"``) and as the network otherwise (``"2001:db8:1:2::/64"``).
+
+    Every address of one IPv6 /64 is one key: whoever has one address of a /64 has them
+    all, so counting each alone would let one host take every inbound slot. An
+    IPv4-mapped IPv6 address is its IPv4 address; a loopback address stands alone.
+    """
+    group = address_group(host, prefix_v4, prefix_v6)
+    if group is None or "/" not in group:
+        return group
+    network, _, bits = group.partition("/")
+    return network if int(bits) == (32 if "." in network else 128) else group
+
+
 @dataclasses.dataclass(frozen=True)
 class Evicted:
     """A pending handshake that gave way to a newcomer, and why (``pending_evicted``)."""
@@ -78,13 +96,14 @@ class Admission:
     """The admission counters of one Switch.
 
     :param config: the limits (``max_pending_handshakes``, ``max_pending_per_group``,
-        ``pending_group_prefix_v4`` / ``_v6``, ``max_connections_per_ip``,
-        ``max_inbound_peers``, ``max_outbound_peers``).
+        ``pending_group_prefix_v4`` / ``_v6``, ``max_connections_per_ip`` counted per
+        ``ip_limit_prefix_v4`` / ``_v6``, ``max_inbound_peers``, ``max_outbound_peers``).
     """
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        #: remote host -> inbound connections admitted from it and not yet gone.
+        #: ``limit_key`` of the remote host (an IPv4 address, an IPv6 /64) -> inbound
+        #: connections admitted from it and not yet gone.
         self.per_ip: dict[str, int] = {}
         #: address group -> its pending handshakes (a dict used as an ordered set),
         #: oldest first. A group with none is absent.
@@ -103,12 +122,17 @@ class Admission:
         """``host``'s address group under the current Config."""
         return address_group(host, self.config.pending_group_prefix_v4, self.config.pending_group_prefix_v6)
 
+    def key_of(self, host: str | None) -> str | None:
+        """``host``'s ``limit_key`` under the current Config: what ``admit`` counts it
+        under and ``release`` takes back. A key is its own key."""
+        return limit_key(host, self.config.ip_limit_prefix_v4, self.config.ip_limit_prefix_v6)
+
     def admit(self, host: str | None, handshake: object) -> tuple[PeerRejected | None, Evicted | None]:
         """Admit an inbound connection from ``host``, or say why not.
 
         ``handshake`` stands for the connection (any hashable object, the same one for
-        ``handshake_over``). An admitted connection counts against ``host`` until
-        ``release(host)`` and as pending until ``handshake_over(handshake)``.
+        ``handshake_over``). An admitted connection counts against ``key_of(host)``
+        until ``release(host)`` and as pending until ``handshake_over(handshake)``.
 
         :returns: ``(refusal, evicted)``: a refusal, or None and the pending handshake
             that gave way to this one (already no longer counted), or None.
@@ -124,10 +148,11 @@ class Admission:
                 f"{self.pending} inbound connections are handshaking "
                 f"(max_pending_handshakes {config.max_pending_handshakes})",
             ), None
-        from_host = self.per_ip.get(host, 0) if host is not None else 0
-        if host is not None and from_host >= config.max_connections_per_ip:
+        key = self.key_of(host)
+        from_host = self.per_ip.get(key, 0) if key is not None else 0
+        if key is not None and from_host >= config.max_connections_per_ip:
             return PeerRejected(
-                "ip_limit", f"{from_host} connections from {host} (max_connections_per_ip {config.max_connections_per_ip})"
+                "ip_limit", f"{from_host} connections from {key} (max_connections_per_ip {config.max_connections_per_ip})"
             ), None
         if in_group >= config.max_pending_per_group:
             return PeerRejected(
@@ -136,8 +161,8 @@ class Admission:
                 f"(max_pending_per_group {config.max_pending_per_group})",
             ), None
         evicted = self._evict(largest, group) if full else None
-        if host is not None:
-            self.per_ip[host] = from_host + 1
+        if key is not None:
+            self.per_ip[key] = from_host + 1
         self._pending[handshake] = group
         self.pending_groups.setdefault(group, {})[handshake] = None
         return None, evicted
@@ -178,14 +203,16 @@ class Admission:
             del self.pending_groups[group]
 
     def release(self, host: str | None) -> None:
-        """An admitted connection from ``host`` is gone."""
-        if host is None:
+        """An admitted connection from ``host`` is gone. ``host`` may be its key already
+        (``key_of`` its host, as ``MConnectionProtocol.ip_key``): a key is its own key."""
+        key = self.key_of(host)
+        if key is None:
             return
-        left = self.per_ip[host] - 1
+        left = self.per_ip[key] - 1
         if left:
-            self.per_ip[host] = left
+            self.per_ip[key] = left
         else:
-            del self.per_ip[host]
+            del self.per_ip[key]
 
     def check_peer_limit(self, outbound: bool, count: int) -> None:
         """May one more session start in this direction, with ``count`` already there?
@@ -202,12 +229,14 @@ class Admission:
         self.refusals[rejection.reason] = self.refusals.get(rejection.reason, 0) + 1
 
     def check_invariants(self, live_hosts, live_pending: int) -> None:
-        """The counts agree with the live connections: ``live_hosts`` has the host of
-        every admitted connection still open, ``live_pending`` how many still handshake;
-        the groups hold exactly the pending handshakes, and no group is empty."""
+        """The counts agree with the live connections: ``live_hosts`` has the host (or
+        its key, ``key_of`` the host) of every admitted connection still open,
+        ``live_pending`` how many still handshake; the groups hold exactly the pending
+        handshakes, and no group is empty."""
         per_ip: dict[str, int] = {}
         for host in live_hosts:
-            per_ip[host] = per_ip.get(host, 0) + 1
+            key = self.key_of(host)
+            per_ip[key] = per_ip.get(key, 0) + 1
         assert per_ip == self.per_ip, f"per-IP counts {self.per_ip} != live {per_ip}"
         assert live_pending == self.pending, f"{self.pending} pending handshakes counted, {live_pending} live"
         grouped = {h: g for g, members in self.pending_groups.items() for h in members}

@@ -22,6 +22,7 @@ import collections
 
 from twisted.internet import defer
 
+from mconn.address import transport_host
 from mconn.connection import State
 from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, ReactorError
 from mconn.node_info import node_info_of
@@ -53,7 +54,7 @@ class Peer:
 
     __slots__ = (
         "node_id", "is_outbound", "listen_address", "remote_address", "address", "_announced", "_channels", "node_info",
-        "state", "proven", "ip_key", "suspended_at", "round_trip", "session", "connects", "disconnects",
+        "remote_host", "state", "proven", "ip_key", "suspended_at", "round_trip", "session", "connects", "disconnects",
         "resumes", "_sessions", "_protocol", "_clock", "_config", "_shape", "_limits", "_queues", "_core",
         "_connected_at", "_waiting", "_held", "_confirms", "data", "_receiving", "_deliver", "_flush_timer",
         "_flush_reason",
@@ -65,6 +66,10 @@ class Peer:
         self.is_outbound = is_outbound
         self.listen_address = hello.listen_address
         self.remote_address = protocol.remote_address
+        #: The host the connection comes from, as its transport says (``getPeer().host``;
+        #: a trusted proxy's client for a proxied WebSocket), or None if it has none: what
+        #: a peer is grouped by (specs/pex.md section 3.4), never the node id it claims.
+        self.remote_host = transport_host(protocol.transport)
         #: The address this node dialed (outbound sessions), for re-dialing.
         self.address = address
         #: The ChannelInfos of the peer's hello (``channels`` by id, when first read).
@@ -77,7 +82,8 @@ class Peer:
         #: The node id is proven by a TLS certificate (not merely claimed in the hello);
         #: only a connection proving it too may resume, probe for or replace the session.
         self.proven = False
-        #: The remote host an inbound session counts against (None for outbound ones).
+        #: The key an inbound session counts against (``mconn.admission.limit_key`` of
+        #: its host: an IPv4 address, an IPv6 /64; None for outbound ones).
         self.ip_key: str | None = None
         #: When the session was last suspended (clock seconds).
         self.suspended_at = 0.0
@@ -402,6 +408,7 @@ class Peer:
         self._queues = protocol.core.channels
         self._core = protocol.core
         self.remote_address = protocol.remote_address
+        self.remote_host = transport_host(protocol.transport)
         self.connects += 1
         self._held = {}
         core = protocol.core

@@ -23,7 +23,7 @@ import dataclasses
 from twisted.internet import defer
 
 from mconn import telemetry
-from mconn.address import PeerAddress, announced_address, discovered_problem, host_of, parse_address
+from mconn.address import PeerAddress, announced_address, discovered_problem, parse_address
 from mconn.dialer import AddressPool, Dialer
 from mconn.errors import ConnectionLost, DialGaveUp, PeerRejected
 from mconn.session_table import PeerState
@@ -156,8 +156,8 @@ class PersistentDialing:
         redial = self.redials.get(peer.node_id)
         if redial is None or self.config.ignore_discovered_addresses:
             return
-        address = announced_address(peer.node_id, peer.listen_address, peer.remote_address)
-        source_host, allow_private = host_of(peer.remote_address), self.config.allow_discovered_private
+        source_host, allow_private = peer.remote_host, self.config.allow_discovered_private
+        address = announced_address(peer.node_id, peer.listen_address, remote_host=source_host)
         problem = discovered_problem(
             address, source_host=source_host, allow_private=allow_private, listen_addresses=self.listen_addresses()
         ) if address is not None else "none"

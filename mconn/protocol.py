@@ -29,6 +29,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from mconn.admission import limit_key
 from mconn.connection import Connection, State, close_packet
 from mconn.decisions import Decisions
 from mconn.errors import ConnectionLost, PeerClosed, RemoteProtocolError, UnexpectedPacket
@@ -74,7 +75,8 @@ class MConnectionProtocol(Decisions, Protocol):
         self.hello = None
         self.session_request = None  #: ours (outbound connections), sent in our hello
         self.remote_address = ""
-        #: The remote host this inbound connection counts against (set once admitted).
+        #: The key this inbound connection counts against (set once admitted): its remote
+        #: host's ``limit_key``, an IPv4 address or an IPv6 /64.
         self.ip_key: str | None = None
         #: Why the connection ended, once known (an mconn error instance).
         self.end_reason: Exception | None = None
@@ -178,8 +180,9 @@ class MConnectionProtocol(Decisions, Protocol):
             self.transport.write(close_packet(refusal.reason, str(refusal)))
             self.transport.loseConnection()
             return
-        if not self.context.is_outbound:
-            self.ip_key = host  # released by this key, whatever the transport says later
+        if not self.context.is_outbound:  # released by this key, whatever the transport says later;
+            # Admission.key_of: an IPv4 address, an IPv6 /64 (specs/connection.md section 6)
+            self.ip_key = limit_key(host, self._config.ip_limit_prefix_v4, self._config.ip_limit_prefix_v6)
         self.core, self.session_request = self.owner.new_core(self, self._clock.seconds())
         set_socket_options(self.transport, self._config)
         # Twisted's TCP transport (a FileDescriptor) pauses its producer past bufferSize

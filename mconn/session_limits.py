@@ -6,7 +6,10 @@ nobody will resume would pin memory (their recovery buffers) and peer slots. The
 
 * one address holds at most ``max_connections_per_ip`` inbound sessions, suspended ones
   included; when a new session from it would pass that, its oldest suspended session
-  gives way (``evicted``);
+  gives way (``evicted``). One address is a peer's ``ip_key``
+  (``mconn.admission.limit_key``): an IPv4 address, or every address of one IPv6 /64
+  (``Config.ip_limit_prefix_v4`` / ``_v6``), so the addresses of one /64 share the
+  share of one address, live and suspended sessions together;
 * at ``max_inbound_peers`` a suspended session that never carried a message gives way to
   a new one (the oldest first);
 * at most ``max_suspended_sessions`` suspended sessions (the oldest gives way) holding at
@@ -29,8 +32,9 @@ class SessionLimits:
         self._admission = admission
         #: Suspended sessions by node id, the longest suspended first.
         self.suspended: dict = {}
-        #: Sessions per direction (True: outbound) and inbound sessions per remote host,
-        #: kept as sessions start and end so that a limit costs no scan of every session.
+        #: Sessions per direction (True: outbound) and inbound sessions per address (the
+        #: peers' ``ip_key``: an IPv4 address, an IPv6 /64), kept as sessions start and
+        #: end so that a limit costs no scan of every session.
         self.per_direction = {True: 0, False: 0}
         self.inbound_per_host: dict[str, int] = {}
 
@@ -44,13 +48,13 @@ class SessionLimits:
     def counted(self, peer, delta: int) -> None:
         """``peer`` joined (1) or left (-1) the peer table, or its address changes."""
         self.per_direction[peer.is_outbound] += delta
-        host = peer.ip_key
-        if not peer.is_outbound and host is not None:
-            left = self.inbound_per_host.get(host, 0) + delta
+        key = peer.ip_key
+        if not peer.is_outbound and key is not None:
+            left = self.inbound_per_host.get(key, 0) + delta
             if left:
-                self.inbound_per_host[host] = left
+                self.inbound_per_host[key] = left
             else:
-                del self.inbound_per_host[host]
+                del self.inbound_per_host[key]
 
     def check_invariants(self, peers) -> None:
         """The counts and the suspended table agree with the peer table."""
@@ -62,7 +66,8 @@ class SessionLimits:
 
     def check(self, proto) -> None:
         """May a session start on ``proto``? Suspended sessions make room rather than
-        lock a node out (specs/connection.md section 6): one address holds at most
+        lock a node out (specs/connection.md section 6): one address (``ip_key``: an
+        IPv4 address, an IPv6 /64) holds at most
         ``max_connections_per_ip`` inbound sessions, suspended ones included (its oldest
         suspended one gives way), and at ``max_inbound_peers`` a suspended session that
         never carried a message gives way to a new one.
@@ -84,15 +89,17 @@ class SessionLimits:
                 count -= 1
         self._admission.check_peer_limit(outbound, count)
 
-    def _room_for_address(self, host: str) -> None:
+    def _room_for_address(self, key: str) -> None:
+        """Room for one more inbound session from ``key`` (an ``ip_key``), its longest
+        suspended session giving way if it holds ``max_connections_per_ip``."""
         limit = self.sessions.config.max_connections_per_ip
-        count = self.inbound_per_host.get(host, 0)
+        count = self.inbound_per_host.get(key, 0)
         if count < limit:
             return
-        suspended = [p for p in self.suspended.values() if not p.is_outbound and p.ip_key == host]
+        suspended = [p for p in self.suspended.values() if not p.is_outbound and p.ip_key == key]
         if not suspended:
-            raise PeerRejected("ip_limit", f"{count} sessions from {host} (max_connections_per_ip {limit})")
-        self.sessions.evict(suspended[0], f"{count} sessions from {host} (max_connections_per_ip {limit})")
+            raise PeerRejected("ip_limit", f"{count} sessions from {key} (max_connections_per_ip {limit})")
+        self.sessions.evict(suspended[0], f"{count} sessions from {key} (max_connections_per_ip {limit})")
 
     def bound_suspended(self) -> None:
         """Suspended sessions are bounded in number (the oldest ends first) and in

@@ -12,8 +12,9 @@ Theory of operation
   of one table, and a bucket holds at most ``bucket_size`` entries.
 * *Placement is a keyed hash* (blake2b keyed with the book's secret ``key``), so nobody
   outside can aim at a bucket. With ``group(host)`` the network group (IPv4 /16, IPv6
-  /32, every loopback address one group) and ``source_group`` the group of the host the
-  connection that brought the address comes from (not the host it names)::
+  /32, every loopback address one group; :func:`network_group`) and ``source_group`` the
+  group of the host the connection that brought the address comes from, as its transport
+  says (not the host it names, never the node id it claims; no host is one group)::
 
       new bucket   = H(source_group, H(group(address), source_group) % new_buckets_per_group) % new_buckets
       tried bucket = H(group(address), H(address) % tried_buckets_per_group) % tried_buckets
@@ -52,11 +53,22 @@ from mconn.admission import address_group
 TRIED_BIAS = 0.5
 
 
-def network_group(host: str) -> str:
+#: The group of every source whose connection has no host (an in-memory transport, a
+#: UNIX socket, an address added without one): one group for them all, so that made-up
+#: node ids never make groups of their own (specs/pex.md section 3.4).
+NO_HOST_GROUP = "no-host"
+
+
+def network_group(host: str | None) -> str:
     """The network group of ``host``: ``a.b.0.0/16`` for IPv4, the /32 for IPv6 (an
     IPv4-mapped address is IPv4; ``mconn.admission.address_group`` with those prefixes),
     ``loopback`` for every loopback address (one host, however many of its addresses
-    made-up identities bind), and ``name:<host>`` for a DNS name."""
+    made-up identities bind), ``name:<host>`` for a DNS name, and ``NO_HOST_GROUP`` for
+    None (no host is known). The /32 is Bitcoin addrman's unit, the block a registry
+    gives one provider: addresses within it come free to whoever holds one of them, so
+    a group must span it for made-up sources to share one group's buckets."""
+    if host is None:
+        return NO_HOST_GROUP
     scope = host_scope(host)
     if scope == LOOPBACK:
         return "loopback"
@@ -72,7 +84,7 @@ class BookEntry:
     address: PeerAddress
     #: The node id that told us; the node itself for its own announced or dialed address.
     source: str
-    #: The network group of the host the source's connection comes from.
+    #: The network group of the host the source's connection comes from (network_group).
     source_group: str
     #: The ``now`` at which it was added.
     added: float

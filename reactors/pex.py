@@ -222,7 +222,7 @@ class PexReactor(Reactor):
         self._peers[peer.node_id] = _PeerState(peer)
         address = self._address_of(peer)
         if address is not None:
-            self.add_address(address, source=peer.node_id, source_host=host_of(peer.remote_address))
+            self.add_address(address, source=peer.node_id, source_host=remote_host_of(peer))
         entry = self._book.get(peer.node_id)
         if peer.is_outbound and entry is not None and entry.address == address:
             self._book.mark_good(peer.node_id, self.switch.clock.seconds(), connected=self.switch.peers)
@@ -312,7 +312,9 @@ class PexReactor(Reactor):
 
         :param source_host: the host ``source``'s connection comes from (its network
             group places the address in the book; a loopback address needs a loopback
-            source); if None, that of the connected peer ``source``, if any.
+            source); if None, that of the connected peer ``source``, if any. An address
+            whose source has no host is placed in the one group ``addrbook.NO_HOST_GROUP``, never
+            in a group of the source's node id (anyone can make up node ids).
         :returns: True if the book changed.
         :raises ValueError: for an address that does not parse or has no node id.
         """
@@ -323,7 +325,7 @@ class PexReactor(Reactor):
         if node_id == self.switch.node_id or self._is_banned(node_id) or self._is_banned(source):
             return False
         if source_host is None and source in self._peers:
-            source_host = host_of(self._peers[source].peer.remote_address)
+            source_host = remote_host_of(self._peers[source].peer)
         problem = self._problem(address, source_host)
         if problem is not None:
             self.counters["addresses_skipped"] += 1
@@ -332,7 +334,7 @@ class PexReactor(Reactor):
         pool = self.switch.address_pool(node_id)
         if pool is not None:
             pool.add_discovered(address)  # AddressPool heeds ignore_discovered_addresses
-        group = network_group(source_host) if source_host is not None else f"source:{source}"
+        group = network_group(source_host)
         now = self.switch.clock.seconds()
         result = self._book.add(address, source=source, source_group=group, now=now, connected=self.switch.peers)
         if result != "known":
@@ -357,7 +359,7 @@ class PexReactor(Reactor):
         dialed = getattr(peer, "address", None)
         if peer.is_outbound and dialed is not None and dialed.node_id == peer.node_id:
             return dialed
-        return announced_address(peer.node_id, peer.listen_address, peer.remote_address)
+        return announced_address(peer.node_id, peer.listen_address, remote_host=remote_host_of(peer))
 
     def _is_banned(self, node_id: str) -> bool:
         return self._bans.is_banned(node_id, self.switch.clock.seconds())
@@ -397,7 +399,7 @@ class PexReactor(Reactor):
         state.asked = False
         state.last_sent = self.switch.clock.seconds()  # the gap runs from the reply too (specs/pex.md 3.2)
         self.counters["replies_received"] += 1
-        source, source_host = state.peer.node_id, host_of(state.peer.remote_address)
+        source, source_host = state.peer.node_id, remote_host_of(state.peer)
         for address in addresses:
             self.add_address(address, source=source, source_host=source_host)
         self._dialer.dial_more(self.switch.clock.seconds())
@@ -414,6 +416,16 @@ class PexReactor(Reactor):
         log.warn("pex penalises {peer_id}: {error}", peer_id=node_id, reason=error.reason, error=str(error))
         state.peer.close(error)
 
+
+def remote_host_of(peer) -> str | None:
+    """The host ``peer``'s connection comes from: its ``remote_host``, taken from the
+    transport (a Peer of a Switch); for a stand-in without one (``mconn.testing.FakePeer``),
+    the host of its ``remote_address`` text. None if it has none."""
+    host = getattr(peer, "remote_host", _NO_FIELD)
+    return host_of(peer.remote_address) if host is _NO_FIELD else host
+
+
+_NO_FIELD = object()
 
 #: The counter of each outcome of AddressBook.add ("known" counts nothing).
 _RESULT_COUNTERS = {
