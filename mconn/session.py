@@ -24,6 +24,10 @@ each channel may also keep up to ``channel_reserve_bytes`` unacknowledged outsid
 shared bound, and a channel with nothing unacknowledged always gets one message in (so
 no message that fits its channel is refused forever). Memory stays bounded by
 ``recovery_buffer_bytes`` plus, per channel, the reserve and one message.
+
+Every bound counts a message as its length plus ``MESSAGE_OVERHEAD``: what a held
+message costs beyond its payload. Counted by payload alone, empty messages would be
+free, and a peer that never acknowledges could make the node keep any number of them.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ import math
 
 # AckError lives with the other errors; ``from mconn.session import AckError`` still works.
 from mconn.errors import AckError, warn_renamed
+
+
+#: What one unacknowledged message costs beyond its payload, in bytes: a bytes object's
+#: header and its slot in a channel's deque measure 41-42 bytes (tracemalloc, CPython
+#: 3.11); 64 covers the allocator's rounding. The recovery buffer, the channel reserve
+#: and the node's budget count ``len(message) + MESSAGE_OVERHEAD`` per message
+#: (specs/resume.md section 1.3).
+MESSAGE_OVERHEAD = 64
 
 
 class _Stream:
@@ -150,6 +162,7 @@ class Session:
         (``admit`` applies the same test)."""
         stream = self._streams[channel_id]
         budget = self._budget
+        nbytes += MESSAGE_OVERHEAD
         return (
             not stream.unacked
             or stream.unacked_bytes + nbytes <= self.channel_reserve_bytes
@@ -162,7 +175,7 @@ class Session:
         stream = self._streams[channel_id]
         if stream is _IDLE:  # the per-message path tests it here and calls _own only then
             stream = self._own(channel_id)
-        size = len(message)
+        size = len(message) + MESSAGE_OVERHEAD
         unacked = stream.unacked
         budget = self._budget
         if (
@@ -183,6 +196,7 @@ class Session:
         one at a time would have taken each (the counts it tests only grow, and it
         refuses only past ``recovery_buffer_bytes`` or the node's budget). None, with
         nothing recorded, when they do not: the caller admits them one by one."""
+        total += MESSAGE_OVERHEAD * len(messages)
         budget = self._budget
         if self.unacked_bytes + total > self.recovery_buffer_bytes or budget.used + total > budget.limit:
             return None
@@ -198,9 +212,10 @@ class Session:
         """Keep an accepted message until it is acknowledged; returns its sequence number."""
         stream = self._own(channel_id)
         stream.unacked.append(message)
-        stream.unacked_bytes += len(message)
-        self.unacked_bytes += len(message)
-        self._budget.used += len(message)
+        size = len(message) + MESSAGE_OVERHEAD
+        stream.unacked_bytes += size
+        self.unacked_bytes += size
+        self._budget.used += size
         return stream.acked + len(stream.unacked) - 1
 
     def _own(self, channel_id: int) -> _Stream:
@@ -254,7 +269,7 @@ class Session:
                 freed = stream.unacked_bytes
                 unacked.clear()
             else:
-                freed = sum(map(len, itertools.islice(unacked, count - old)))
+                freed = sum(map(len, itertools.islice(unacked, count - old))) + MESSAGE_OVERHEAD * (count - old)
                 popleft = unacked.popleft
                 for _ in itertools.repeat(None, count - old):
                     popleft()

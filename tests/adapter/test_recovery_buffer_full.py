@@ -8,7 +8,7 @@ again: not sent, not counted, and the sequence numbers of later messages unchang
 
 from helpers import messages_in, open_switch_connection
 from mconn import ChannelDescriptor, Config, wire
-from mconn.session import Session
+from mconn.session import MESSAGE_OVERHEAD, Session
 from mconn.wire import PacketType
 
 CH = 0x21
@@ -37,9 +37,11 @@ def test_refused_message_is_neither_queued_nor_sent_nor_counted():
     h = open_switch_connection(channels=CHANNELS, config=Config(recovery_buffer_bytes=10_000))
     accepted = fill(h)
     session = h.peer.session
-    # The channel's reserve (64 KiB, over the shared bound of 10,000 bytes) is what it holds.
-    assert session.unacked_bytes == len(accepted) * MESSAGE
-    assert session.unacked_bytes <= 65536 < session.unacked_bytes + MESSAGE
+    # The channel's reserve (64 KiB, over the shared bound of 10,000 bytes) is what it
+    # holds, each message counted with its overhead.
+    cost = MESSAGE + MESSAGE_OVERHEAD
+    assert session.unacked_bytes == len(accepted) * cost
+    assert session.unacked_bytes <= 65536 < session.unacked_bytes + cost
     assert session.accepted(CH) == len(accepted)
     core_channel = h.proto.core.channels[CH]
     assert core_channel.queue_depth == 0  # the queue had room: the session refused it
@@ -67,14 +69,20 @@ def test_admit_refuses_exactly_where_has_room_does_and_records_like_record_sent(
             recovery_buffer_bytes=1000,
             ack_every_messages=256,
             ack_every_bytes=1 << 20,
-            channel_reserve_bytes=100,
+            channel_reserve_bytes=300,
         )
 
-    steps = [(0x20, 990), (0x20, 20), (0x21, 20), (0x21, 60), (0x21, 41), (0x21, 40), (0x20, 10**6)]
+    # Each message costs its size plus MESSAGE_OVERHEAD: the bulk one fills the shared
+    # bound to 990; 0x21's reserve of 300 then takes 20 + 60 + 28 and refuses 29.
+    room = 300 - (20 + MESSAGE_OVERHEAD) - (60 + MESSAGE_OVERHEAD) - MESSAGE_OVERHEAD
+    steps = [
+        (0x20, 990 - MESSAGE_OVERHEAD), (0x20, 20), (0x21, 20), (0x21, 60), (0x21, room + 1), (0x21, room),
+        (0x20, 10**6),
+    ]
     one, two = fresh(), fresh()
     for channel_id, size in steps:
         message = bytes(size)
         expected = one.record_sent(channel_id, message) if one.has_room(channel_id, size) else None
         assert two.admit(channel_id, message) == expected, (channel_id, size)
         assert (two.unacked_bytes, two.accepted(channel_id)) == (one.unacked_bytes, one.accepted(channel_id))
-    assert two.unconfirmed() == one.unconfirmed() == {0x20: 1, 0x21: 2}
+    assert two.unconfirmed() == one.unconfirmed() == {0x20: 1, 0x21: 3}

@@ -7,7 +7,7 @@ import pytest
 
 from mconn import wire
 from mconn.errors import MalformedPacket
-from mconn.session import AckError, Session
+from mconn.session import MESSAGE_OVERHEAD, AckError, Session
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "wire.md"
 
@@ -42,13 +42,14 @@ def test_session_request_and_answer_round_trip_and_refuse_bad_bytes():
 
 
 def test_acks_drop_confirmed_messages_in_order():
-    """An ack drops the confirmed messages from the recovery buffer in order; a repeated ack changes nothing."""
+    """An ack drops the confirmed messages from the recovery buffer in order; a repeated
+    ack changes nothing. Each message counts its length plus MESSAGE_OVERHEAD."""
     s = session()
     for i in range(4):
         assert s.record_sent(0x20, b"m%d" % i) == i
-    assert s.accepted(0x20) == 4 and s.unacked_bytes == 8
+    assert s.accepted(0x20) == 4 and s.unacked_bytes == 4 * (2 + MESSAGE_OVERHEAD)
     assert s.on_ack({0x20: 3}) == [(0x20, 0, 3)]
-    assert s.acked(0x20) == 3 and s.unacked_bytes == 2
+    assert s.acked(0x20) == 3 and s.unacked_bytes == 2 + MESSAGE_OVERHEAD
     assert s.unconfirmed() == {0x20: 1}
     assert s.on_ack({0x20: 3}) == []  # repeated: no change
 
@@ -79,13 +80,28 @@ def test_resume_resends_exactly_what_the_peer_lacks():
 
 def test_recovery_buffer_is_bounded_but_each_channel_keeps_a_reserve():
     """The recovery buffer is bounded overall, but a full buffer still leaves each channel its reserve."""
-    s = session(recovery_buffer_bytes=1000, channel_reserve_bytes=100)
-    s.record_sent(0x20, b"x" * 990)  # bulk fills the shared bound
+    s = session(recovery_buffer_bytes=1000, channel_reserve_bytes=300)
+    s.record_sent(0x20, b"x" * (990 - MESSAGE_OVERHEAD))  # bulk fills the shared bound
     assert not s.has_room(0x20, 20)  # over the bound and over 0x20's reserve
     assert s.has_room(0x21, 20)  # another channel is not starved: its reserve
     s.record_sent(0x21, b"y" * 60)
-    assert s.has_room(0x21, 40) and not s.has_room(0x21, 41)
+    room = 300 - (60 + MESSAGE_OVERHEAD) - MESSAGE_OVERHEAD
+    assert s.has_room(0x21, room) and not s.has_room(0x21, room + 1)
     assert session().has_room(0x20, 10**9)  # an empty channel always takes one message
+
+
+def test_empty_messages_are_not_free_a_peer_that_never_acknowledges_holds_a_bounded_number():
+    """Counted by payload alone, empty messages would fit the reserve for ever; each costs
+    MESSAGE_OVERHEAD, so the buffer takes reserve / overhead of them on a channel, and the
+    recovery buffer bound stops the rest."""
+    s = session(recovery_buffer_bytes=10 * MESSAGE_OVERHEAD, channel_reserve_bytes=4 * MESSAGE_OVERHEAD)
+    taken = [s.admit(0x20, b"") for _ in range(100)]
+    assert taken.count(None) == 100 - 10 and taken[:10] == list(range(10))
+    assert s.unacked_bytes == 10 * MESSAGE_OVERHEAD
+    assert [s.admit(0x21, b"") for _ in range(5)] == [0, 1, 2, 3, None]  # 0x21 keeps its reserve
+    assert s.admit_many(0x21, [b""] * 2, 0) is None
+    s.on_ack({0x20: 10})
+    assert s.unacked_bytes == 4 * MESSAGE_OVERHEAD and s.admit_many(0x21, [b""] * 2, 0) == 4
 
 
 def test_acks_are_due_after_n_messages_or_b_bytes():
