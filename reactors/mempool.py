@@ -102,7 +102,7 @@ class MempoolReactor(Reactor):
         #: connected node id -> LRUSet of tx keys that node has (it sent them to us, or we
         #: sent them to it).
         self._seen: dict[str, LRUSet] = {}
-        #: node id -> [peer, next index into _order, send in flight].
+        #: node id -> [peer, next index into _order, send in flight, _pump running].
         self._routines: dict[str, list] = {}
         #: Transactions refused because the mempool was full, or their sender's share was.
         self.refused_full = 0
@@ -211,7 +211,7 @@ class MempoolReactor(Reactor):
 
     def add_peer(self, peer) -> None:
         self._seen[peer.node_id] = LRUSet(self.seen_capacity)
-        routine = self._routines[peer.node_id] = [peer, 0, False]
+        routine = self._routines[peer.node_id] = [peer, 0, False, False]
         self._pump(routine)
 
     def remove_peer(self, peer, reason) -> None:
@@ -226,21 +226,39 @@ class MempoolReactor(Reactor):
     # -- the per-peer sender routine (CometBFT's broadcastTxRoutine) -------------------
 
     def _pump(self, routine: list) -> None:
-        """Send the peer's next transaction it lacks, unless a send is in flight."""
-        peer, index, busy = routine
-        if busy or self._routines.get(peer.node_id) is not routine:
+        """Send the peer's next transactions it lacks, one send in flight at a time.
+
+        A send that is accepted at once fires its Deferred inside ``peer.send``; that
+        ``_sent`` does not call back in here (``routine[3]``, pumping): this loop goes on,
+        so a peer joining a full mempool costs no recursion.
+        """
+        peer = routine[0]
+        if routine[2] or routine[3] or self._routines.get(peer.node_id) is not routine:
             return
+        routine[3] = True
+        try:
+            while not routine[2]:
+                key = self._next_key(routine)
+                if key is None:
+                    return
+                routine[2] = True
+                peer.send(MEMPOOL_CHANNEL, self.txs[key]).addCallback(self._sent, routine, key)
+        finally:
+            routine[3] = False
+
+    def _next_key(self, routine: list):
+        """The key of the routine's next transaction to send (marked seen), or None."""
+        peer, index = routine[0], routine[1]
         seen = self._seen[peer.node_id]
         order = self._order
         while index < len(order) and (order[index] is None or order[index] in seen):
             index += 1
         routine[1] = index
         if index >= len(order) or peer.state == "closed":
-            return
-        key = order[index]
-        seen.add(key)
-        routine[1], routine[2] = index + 1, True
-        peer.send(MEMPOOL_CHANNEL, self.txs[key]).addCallback(self._sent, routine, key)
+            return None
+        seen.add(order[index])
+        routine[1] = index + 1
+        return order[index]
 
     def _sent(self, accepted: bool, routine: list, key: bytes) -> None:
         routine[2] = False
@@ -248,7 +266,7 @@ class MempoolReactor(Reactor):
         if self._routines.get(peer.node_id) is not routine:
             return  # the session ended
         if accepted:
-            self._pump(routine)
+            self._pump(routine)  # does nothing while _pump's own loop runs
             return
         # No room within send_timeout: the peer is slow; try that transaction again later
         # (unless it left the mempool meanwhile).
@@ -256,4 +274,9 @@ class MempoolReactor(Reactor):
         if position is not None:
             self._seen[peer.node_id].discard(key)
             routine[1] = min(routine[1], position)
-        self.switch.clock.callLater(RETRY_DELAY, self._pump, routine)
+        routine[2] = True  # nothing more until the retry
+        self.switch.clock.callLater(RETRY_DELAY, self._retry, routine)
+
+    def _retry(self, routine: list) -> None:
+        routine[2] = False
+        self._pump(routine)
