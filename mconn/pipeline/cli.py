@@ -2,10 +2,13 @@
 
     mconn-pipeline LOGS... --out DIR [--master URL] [--since T] [--until T]
                    [--report FILE] [--conf KEY=VALUE]... [--check] [--json] [--quiet]
+                   [--max-walk-entries N]
 
 LOGS are files, directories, globs (rotated files come along), or any URI Spark reads;
 local ones are resolved to telemetry files before Spark starts (inputs.py: a missing
-path is one line, a file that is not telemetry is skipped and named). Tables go to DIR
+path is one line, a file that is not telemetry, or not a regular file, is skipped and
+named; the walk follows no directory link and looks at ``--max-walk-entries`` entries
+at most). Tables go to DIR
 as Parquet, the report to DIR/report.html (or FILE). Progress lines and warnings go to
 stderr, the summary table and the audit's findings to stdout. Exit status: 0 done, 1
 the run failed, 2 bad usage, 3 with ``--check`` when the audit found a lost or
@@ -24,6 +27,8 @@ import argparse
 import datetime
 import json
 import sys
+
+from mconn.pipeline.inputs import MAX_WALK_ENTRIES
 
 
 def parse_time(text: str) -> float:
@@ -67,7 +72,27 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="exit with status 3 if a message was lost or duplicated")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--max-walk-entries", type=positive_int, metavar="N", default=MAX_WALK_ENTRIES,
+                   help=f"directory entries looked at, at most, to find the local LOGS' files "
+                        f"(default: {MAX_WALK_ENTRIES})")
     return p
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"wants a whole number of at least 1, got {text!r}")
+    return value
+
+
+def resolve(args):
+    """``inputs.resolve`` of the parsed ``args``' LOGS, within their ``--max-walk-entries``."""
+    from mconn.pipeline import inputs
+
+    return inputs.resolve(args.logs, args.max_walk_entries)
 
 
 def main(argv=None) -> int:
@@ -78,7 +103,7 @@ def main(argv=None) -> int:
     from mconn.pipeline import inputs
 
     try:  # before Spark starts: a missing path costs one line, not a JVM and a stack trace
-        selected = inputs.resolve(args.logs)
+        selected = resolve(args)
     except inputs.InputError as error:
         print(f"mconn-pipeline: error: {error}", file=sys.stderr)
         return 1

@@ -14,6 +14,15 @@ is resolved to concrete files, and only telemetry files are kept:
 * the rotated files of a candidate (``PATH.1``, ``PATH.2``, ...) come along, so a glob
   like ``logs/*.json`` reads every rotation.
 
+The walk is bounded and never loops: neither a directory walk nor ``**`` enters a
+directory through a symbolic link (such links are named in one warning; a link named
+on the command line, or crossed by a fixed component of a pattern, is followed: the
+pattern's length bounds those), and at most ``max_entries`` directory entries
+(``MAX_WALK_ENTRIES`` unless ``--max-walk-entries`` says otherwise) are looked at in
+all: one more is an :class:`InputError` naming the bound. Only regular files are read:
+a FIFO, a socket or a device, even named like telemetry, is skipped with a warning
+that names it and what it is, and never opened in a way that could block.
+
 A candidate is read only when its first record is a telemetry record: a JSON object
 (after an optional record separator, version 1) with a string ``event`` and
 ``node_id``. Anything else is skipped with a warning that names the file and never its
@@ -35,11 +44,12 @@ from __future__ import annotations
 
 import bz2
 import dataclasses
-import glob
+import fnmatch
 import gzip
 import json
 import os
 import re
+import stat
 
 #: Names a telemetry file may have inside a directory: a JSON suffix, a rotation index,
 #: a compression suffix (groups: base, rotation index).
@@ -52,6 +62,14 @@ _COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open}
 _GLOB = re.compile(r"[*?\[]")
 #: Rotated siblings looked for at most per file (telemetry keeps 10 by default).
 MAX_ROTATIONS = 10_000
+#: Directory entries looked at, at most, to resolve one run's LOGS (``--max-walk-entries``):
+#: a thousand nodes' logs with every rotation kept are some 11,000 files.
+MAX_WALK_ENTRIES = 1_000_000
+#: What a file that is not a regular file is, by its ``stat`` type (the reason it is skipped).
+_NOT_REGULAR = (
+    (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
+)
 
 
 class InputError(Exception):
@@ -66,21 +84,39 @@ class Inputs:
     warnings: list[str]
 
 
-def resolve(logs: list[str]) -> Inputs:
-    """The telemetry files behind ``logs`` (see the module doc); raises :class:`InputError`."""
+class Budget:
+    """The directory entries a resolution may still look at; one more is an InputError."""
+
+    def __init__(self, entries: int) -> None:
+        self.limit = self.left = entries
+
+    def take(self, directory: str, count: int = 1) -> None:
+        """Count ``count`` entries of ``directory``; raises :class:`InputError` past the limit."""
+        self.left -= count
+        if self.left < 0:
+            raise InputError(
+                f"looked at more than {self.limit} directory entries (at {directory or os.curdir}); "
+                "name fewer or narrower LOGS, or raise --max-walk-entries"
+            )
+
+
+def resolve(logs: list[str], max_entries: int = MAX_WALK_ENTRIES) -> Inputs:
+    """The telemetry files behind ``logs`` (see the module doc), looking at most at
+    ``max_entries`` directory entries; raises :class:`InputError`."""
     candidates: list[str] = []
     remote: list[str] = []
     warnings: list[str] = []
+    budget = Budget(max_entries)
     for log in logs:
         if log.startswith("file:"):
             log = "/" + log[len("file:"):].lstrip("/")
         elif "://" in log:
             remote.append(log)
             continue
-        candidates += _expand(log, warnings)
+        candidates += _expand(log, warnings, budget)
     paths, seen, listings = [], set(), {}
     for path in candidates:
-        for file in [path] + _rotations(path, listings):
+        for file in [path] + _rotations(path, listings, budget):
             key = os.path.realpath(file)
             if key in seen:
                 continue
@@ -96,10 +132,14 @@ def resolve(logs: list[str]) -> Inputs:
     return Inputs(paths + remote, warnings)
 
 
-def _expand(log: str, warnings: list[str]) -> list[str]:
+def _expand(log: str, warnings: list[str], budget: Budget) -> list[str]:
     """The candidate files of one local LOGS entry."""
+    links: list[str] = []
     if _GLOB.search(log):
-        matches = sorted(glob.glob(log, recursive=True))
+        matches = sorted(set(glob_matches(log, budget, links)))
+        links = sorted(set(links))  # two ``**`` of one pattern may meet a link twice
+        if links:
+            warnings.append(f"did not follow {len(links)} directory link(s) matching {log}: {_few(links)}")
         if not matches:
             raise InputError(f"{log}: no file matches this pattern")
     elif not os.path.exists(log):
@@ -109,10 +149,13 @@ def _expand(log: str, warnings: list[str]) -> list[str]:
     found, unnamed = [], []
     for match in matches:
         if os.path.isdir(match):
-            files, others = _walk(match)
+            files, others, dir_links = _walk(match, budget)
             found += files
             if others:
                 warnings.append(f"skipped {len(others)} file(s) in {match} not named like telemetry: {_few(others)}")
+            if dir_links:
+                warnings.append(
+                    f"did not follow {len(dir_links)} directory link(s) in {match}: {_few(sorted(dir_links))}")
         # A file the user named is a candidate whatever its name; a glob's match, by its name.
         elif match == log or TELEMETRY_NAME.match(os.path.basename(match)):
             found.append(match)
@@ -127,28 +170,145 @@ def _few(names: list[str]) -> str:
     return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
-def _walk(directory: str) -> tuple[list[str], list[str]]:
-    """Telemetry-named files under ``directory`` (sorted), and the names of the others."""
-    files, others = [], []
-    for top, dirs, names in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-        for name in sorted(names):
-            if name.startswith((".", "_")):
+def _walk(directory: str, budget: Budget) -> tuple[list[str], list[str], list[str]]:
+    """Telemetry-named files under ``directory``, in ``os.walk``'s top-down order with
+    names sorted; the names of the others; and the directory links not followed (both
+    relative to ``directory``)."""
+    files, others, links = [], [], []
+    stack = [directory]
+    while stack:
+        top = stack.pop()
+        entries = sorted(_entries(top, budget), key=lambda entry: entry.name)
+        subdirs = []
+        for entry in entries:
+            if entry.name.startswith((".", "_")):
                 continue
-            (files if TELEMETRY_NAME.match(name) else others).append(os.path.join(top, name))
-    return files, [os.path.relpath(o, directory) for o in others]
+            if _is_real_dir(entry):
+                subdirs.append(entry.path)
+            elif _is_dir_link(entry):
+                links.append(entry.path)
+            else:
+                (files if TELEMETRY_NAME.match(entry.name) else others).append(entry.path)
+        stack += reversed(subdirs)
+    return files, [os.path.relpath(o, directory) for o in others], [os.path.relpath(k, directory) for k in links]
 
 
-def _rotations(path: str, listings: dict) -> list[str]:
+def _entries(directory: str, budget: Budget) -> list:
+    """The ``os.DirEntry`` of ``directory``, each counted in ``budget``; none if it cannot
+    be listed (as ``os.walk`` and ``glob`` skip it)."""
+    entries = []
+    try:
+        with os.scandir(directory or os.curdir) as listing:
+            for entry in listing:
+                budget.take(directory)
+                entries.append(entry)
+    except (NotADirectoryError, FileNotFoundError, PermissionError):
+        pass
+    return entries
+
+
+def _is_real_dir(entry) -> bool:
+    try:
+        return entry.is_dir(follow_symlinks=False)
+    except OSError:
+        return False
+
+
+def _is_dir_link(entry) -> bool:
+    try:
+        return entry.is_symlink() and entry.is_dir()
+    except OSError:
+        return False
+
+
+def glob_matches(pattern: str, budget: Budget, links: list[str] | None = None) -> list[str]:
+    """What ``glob.glob(pattern, recursive=True)`` matches, except that ``**`` never
+    enters a directory through a symbolic link (each such link goes to ``links``), and
+    every directory entry looked at counts in ``budget``.
+
+    As glob: ``*``, ``?`` and ``[...]`` match within one name, and not a name starting
+    with ``.`` unless the pattern's does; ``**`` alone as a component matches zero or more
+    directories (a final ``**`` matches the directory itself, walked as a directory).
+    The components before the first wildcard are taken as they are, links and all.
+    """
+    links = [] if links is None else links
+    parts = pattern.split(os.sep)
+    first = next(i for i, part in enumerate(parts) if _GLOB.search(part))
+    base = os.sep.join(parts[:first]) or (os.sep if pattern.startswith(os.sep) else "")
+    rest = [part for part in parts[first:] if part]
+    found: list[str] = []
+    _select(base, rest, budget, links, found)
+    return found
+
+
+def _join(base: str, name: str) -> str:
+    return os.path.join(base, name) if base else name
+
+
+def _select(base: str, parts: list[str], budget: Budget, links: list[str], found: list[str]) -> None:
+    """Append to ``found`` the paths under ``base`` that ``parts`` match (``glob_matches``)."""
+    if not parts:
+        found.append(base)
+        return
+    head, rest = parts[0], parts[1:]
+    if head == "**":
+        while rest and rest[0] == "**":
+            rest = rest[1:]
+        if not rest:
+            found.append(base or os.curdir)  # walked as a directory by the caller
+            return
+        for directory in _directories(base, budget, links):
+            _select(directory, rest, budget, links, found)
+        return
+    if not _GLOB.search(head):  # a fixed name: as glob, followed whatever it is
+        budget.take(base)
+        path = _join(base, head)
+        if (os.path.isdir(path) if rest else os.path.lexists(path)):
+            _select(path, rest, budget, links, found)
+        return
+    for entry in _entries(base, budget):
+        if entry.name.startswith(".") and not head.startswith("."):
+            continue
+        if fnmatch.fnmatchcase(entry.name, head):
+            path = _join(base, entry.name)
+            if not rest:
+                found.append(path)
+            elif _is_real_dir(entry) or _is_dir_link(entry):  # one level: a link cannot loop here
+                _select(path, rest, budget, links, found)
+
+
+def _directories(base: str, budget: Budget, links: list[str]) -> list[str]:
+    """``base`` and every directory below it that a name not starting with ``.`` reaches
+    without crossing a symbolic link (the links met go to ``links``), top-down."""
+    directories, stack = [], [base]
+    while stack:
+        top = stack.pop()
+        directories.append(top)
+        below = []
+        for entry in _entries(top, budget):
+            if entry.name.startswith("."):
+                continue
+            if _is_real_dir(entry):
+                below.append(_join(top, entry.name))
+            elif _is_dir_link(entry):
+                links.append(_join(top, entry.name))
+        stack += sorted(below, reverse=True)
+    return directories
+
+
+def _rotations(path: str, listings: dict, budget: Budget) -> list[str]:
     """``PATH.1``, ``PATH.2``, ... that exist, for a file that is not itself rotated.
 
-    ``listings`` caches each directory's rotated files by base name (one listing per directory)."""
+    ``listings`` caches each directory's rotated files by base name (one listing per
+    directory, counted in ``budget``)."""
     if _ROTATED.match(path) or os.path.splitext(path)[1] in _COMPRESSED:
         return []
     directory, name = os.path.split(path)
     if directory not in listings:
         rotated: dict[str, list[int]] = {}
-        for entry in os.listdir(directory or "."):
+        names = os.listdir(directory or ".")
+        budget.take(directory, len(names))
+        for entry in names:
             match = _ROTATED.match(entry)
             if match:
                 rotated.setdefault(match.group(1), []).append(int(match.group(2)))
@@ -159,11 +319,42 @@ def _rotations(path: str, listings: dict) -> list[str]:
 
 def first_record_verdict(path: str) -> str | None:
     """None if ``path`` starts with a telemetry record; "" if it is empty; else why it is
-    not telemetry (the reason never quotes the file)."""
-    opener = _COMPRESSED.get(os.path.splitext(path)[1], open)
+    not telemetry (the reason never quotes the file).
+
+    Only a regular file is read. The file is opened without blocking and checked on
+    the open descriptor, so a FIFO put in its place after a first look cannot hold the
+    run (opening a FIFO to read waits for a writer; reading it, for data)."""
     try:
-        with opener(path, "rb") as f:
-            head = f.read(FIRST_RECORD_BYTES)
+        kind = _not_regular(os.stat(path).st_mode)
+        if kind:
+            return f"not a regular file ({kind})"
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as error:
+        return f"cannot read it ({error.strerror or type(error).__name__})"
+    with os.fdopen(fd, "rb") as raw:
+        kind = _not_regular(os.fstat(fd).st_mode)
+        if kind:
+            return f"not a regular file ({kind})"
+        os.set_blocking(fd, True)
+        return _head_verdict(raw, _COMPRESSED.get(os.path.splitext(path)[1]))
+
+
+def _not_regular(mode: int) -> str:
+    """What a file of ``mode`` is when it is not a regular file ("a FIFO"); "" when it is."""
+    if stat.S_ISREG(mode):
+        return ""
+    return next((name for test, name in _NOT_REGULAR if test(mode)), "of another kind")
+
+
+def _head_verdict(file, opener) -> str | None:
+    """``first_record_verdict`` of the file open on ``file`` (through ``opener``, a
+    decompressing open, when not None)."""
+    try:
+        if opener is None:
+            head = file.read(FIRST_RECORD_BYTES)
+        else:
+            with opener(file, "rb") as f:
+                head = f.read(FIRST_RECORD_BYTES)
     except (OSError, EOFError) as error:
         return f"cannot read it ({error.strerror or type(error).__name__})" if isinstance(error, OSError) else (
             "a compressed file cut short")

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     except SystemExit as exit:  # argparse printed the usage error
         return exit.code
     try:
-        inputs.resolve(args.logs)  # its warnings come from the driver
+        cli.resolve(args)  # its warnings come from the driver
     except inputs.InputError as error:
         print(f"mconn-pipeline: error: {error}", file=sys.stderr)
         return 1

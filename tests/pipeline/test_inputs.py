@@ -8,16 +8,30 @@ any glob, and a missing path is one line.
 import bz2
 import gzip
 import json
+import os
+import pathlib
 import subprocess
 import sys
 
 import pytest
 
 from mconn.node_key import NodeKey
-from mconn.pipeline import inputs
+from mconn.pipeline import cli, inputs
 
 from .fleetlog import FleetLog, record
 
+#: The checkout these tests run from: a child Python imports mconn from it.
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+#: A child Python that prints inputs.resolve(argv) as [paths, warnings], or exits 1 with the InputError.
+RESOLVE = (
+    "import json, sys\n"
+    "from mconn.pipeline import inputs\n"
+    "try:\n"
+    "    r = inputs.resolve(sys.argv[1:])\n"
+    "except inputs.InputError as e:\n"
+    "    sys.exit(str(e))\n"
+    "print(json.dumps([r.paths, r.warnings]))\n"
+)
 V2 = json.dumps({"v": 2, "event": "listening", "node_id": "ab" * 20, "log_time": 1.0, "level": "info"}) + "\n"
 
 
@@ -144,3 +158,92 @@ def test_the_command_fails_on_a_missing_path_in_one_line_before_spark_starts(tmp
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.splitlines() == [f"mconn-pipeline: error: {missing}: no such file or directory"]
+
+
+def resolve_in_child(logs, cwd):
+    """inputs.resolve(logs) in a child Python, killed after 60 s (subprocess.run's timeout): a read that blocks or
+    a walk that does not end fails the test instead of holding it. Returns (paths, warnings)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", RESOLVE, *map(str, logs)], capture_output=True, text=True,
+                          timeout=60, cwd=cwd, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_fifo_named_like_telemetry_is_skipped_and_named_without_blocking(tmp_path):
+    """A FIFO named n2.json beside two nodes' files (and one deeper, and one named on the command line) holds
+    nothing up: the walk, a glob and a direct name all finish, read the regular files only, and name each FIFO
+    and what it is. Before, opening it waited for a writer for good."""
+    paths = fleet_files(tmp_path / "logs")
+    (tmp_path / "logs" / "deep").mkdir()
+    fifos = [tmp_path / "logs" / "n2.json", tmp_path / "logs" / "deep" / "n3.jsonl"]
+    for fifo in fifos:
+        os.mkfifo(fifo)
+    real = [str(paths["n0"]), str(paths["n1"])]
+    for logs in ([tmp_path / "logs"], [tmp_path / "logs" / "**" / "*.json*"], [fifos[0], paths["n0"], paths["n1"]]):
+        found, warnings = resolve_in_child(logs, tmp_path)
+        assert sorted(found) == real, logs
+        named = [w for w in warnings if "FIFO" in w]
+        shown = fifos[:1] if logs[0] == fifos[0] else fifos
+        assert sorted(named) == sorted(f"skipped {fifo}: not a regular file (a FIFO)" for fifo in shown), warnings
+    assert inputs.first_record_verdict(str(fifos[0])) == "not a regular file (a FIFO)"
+
+
+def test_a_run_given_only_a_fifo_fails_in_one_line_naming_it(tmp_path):
+    """mconn-pipeline given a directory holding only a FIFO named like telemetry exits 1 at once with one line
+    that names the FIFO and why it was skipped; no JVM is started."""
+    os.mkfifo(tmp_path / "n0.json")
+    done = subprocess.run([sys.executable, "-m", "mconn.pipeline", str(tmp_path), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 1
+    fifo = tmp_path / "n0.json"
+    assert done.stderr.splitlines() == [
+        f"mconn-pipeline: error: no telemetry file in {tmp_path} (skipped {fifo}: not a regular file (a FIFO))"
+    ]
+
+
+def test_directory_links_are_not_followed_and_the_walk_ends(tmp_path):
+    """Two self-links under the logs tree (logs/loop1 -> . and logs/a/loop2 -> ..) made 'logs/**/*.json' walk
+    without end. The glob, and the directory walked as such, now end and give every real file once, naming the
+    links they did not follow; a one-level wildcard crossing a link finds nothing new."""
+    logs = tmp_path / "logs"
+    paths = fleet_files(logs / "a")
+    (logs / "top.json").write_text(V2)
+    os.symlink(".", logs / "loop1")
+    os.symlink("..", logs / "a" / "loop2")
+    real = sorted([str(paths["n0"]), str(paths["n1"]), str(logs / "top.json")])
+    found, warnings = resolve_in_child([logs / "**" / "*.json"], tmp_path)
+    assert sorted(found) == real and len(found) == len(set(found))
+    assert f"did not follow 2 directory link(s) matching {logs / '**' / '*.json'}: {logs / 'a' / 'loop2'}, " \
+        f"{logs / 'loop1'}" in warnings
+    found, warnings = resolve_in_child(["logs/**/*.json"], tmp_path)  # relative, as the README writes it
+    assert sorted(found) == sorted(os.path.relpath(p, tmp_path) for p in real)
+    found, warnings = resolve_in_child([logs], tmp_path)
+    assert sorted(found) == real
+    assert f"did not follow 2 directory link(s) in {logs}: a/loop2, loop1" in warnings
+    found, _ = resolve_in_child([logs / "*" / "*.json"], tmp_path)  # logs/loop1/top.json is logs/top.json
+    assert sorted(os.path.realpath(p) for p in found) == sorted(os.path.realpath(p) for p in real)
+
+
+def test_the_walk_looks_at_a_bounded_number_of_entries(tmp_path, capsys):
+    """Resolving looks at most at max_entries directory entries (walk, glob and rotation listings together): one
+    more is an InputError naming the bound, before anything is read; the command's --max-walk-entries sets it
+    and is one error line too."""
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for n in range(40):
+        (logs / f"n{n}.json").write_text(V2)
+    assert len(inputs.resolve([str(logs)], max_entries=200).paths) == 40
+    for given in ([str(logs)], [str(logs / "**" / "*.json")]):
+        with pytest.raises(inputs.InputError, match="looked at more than 30 directory entries"):
+            inputs.resolve(given, max_entries=30)
+    assert inputs.MAX_WALK_ENTRIES == 1_000_000
+    status = cli.main([str(logs), "--out", str(tmp_path / "out"), "--quiet", "--max-walk-entries", "10"])
+    assert status == 1
+    assert capsys.readouterr().err == (
+        f"mconn-pipeline: error: looked at more than 10 directory entries (at {logs}); name fewer or narrower "
+        "LOGS, or raise --max-walk-entries\n"
+    )
+    with pytest.raises(SystemExit) as raised:
+        cli.main([str(logs), "--out", str(tmp_path / "out"), "--max-walk-entries", "0"])
+    assert raised.value.code == 2
