@@ -177,9 +177,18 @@ class Config:
     reactor_errors: str = "drop"
     #: Bytes of whole messages one peer may have waiting for a busy channel (one whose
     #: reactor's ``receive`` returned a Deferred that has not fired) before reading from
-    #: that peer stops, down to TCP (specs/reactor-api.md section 4.1). 1 MiB: a few
-    #: hundred typical consensus or mempool messages, small beside recovery_buffer_bytes.
+    #: that peer stops, down to TCP (specs/reactor-api.md section 4.1). Each message
+    #: counts its payload plus the 64 bytes its Python objects cost
+    #: (``peer_delivery.HELD_MESSAGE_OVERHEAD``), so empty messages count too. 1 MiB: a
+    #: few thousand typical consensus or mempool messages, small beside recovery_buffer_bytes.
     reactor_backlog_bytes: int = 1 << 20
+    #: Messages one peer may have waiting for busy channels before reading from it stops
+    #: (with reactor_backlog_bytes: reading stops at either bound and resumes once both
+    #: are below). 4096: above the ~3,300 messages of 250 bytes (a mempool transaction,
+    #: a vote) that reactor_backlog_bytes holds, so honest traffic meets the byte bound
+    #: first; it caps the receive calls queued behind one busy reactor, and the memory of
+    #: tiny messages, at a quarter of the 16,384 the byte bound alone would let through.
+    reactor_backlog_messages: int = 4096
     #: Node ids whose sessions bypass max_inbound_peers and max_outbound_peers (CometBFT's
     #: unconditional_peer_ids), e.g. a validator's sentries. Empty by default: limits
     #: apply to everyone. ``Switch.dial(..., unconditional=True)`` adds one.
@@ -253,6 +262,7 @@ class Config:
         _check_int("ack_every_messages", self.ack_every_messages, 1)
         _check_int("ack_every_bytes", self.ack_every_bytes, 1)
         _check_int("reactor_backlog_bytes", self.reactor_backlog_bytes, 1)
+        _check_int("reactor_backlog_messages", self.reactor_backlog_messages, 1)
         if self.max_reconnects is not None:
             _check_int("max_reconnects", self.max_reconnects, 0)
         if isinstance(self.resume_grace, bool) or not isinstance(self.resume_grace, (int, float)) or not (

@@ -6,6 +6,9 @@ the peer is (its hello's node id, with TLS its certificate) and whether it may j
 (``mconn.authorize``), then hands the session decisions to ``mconn.sessions``. It logs
 what happens to the transports (connection_made, handshake_done, connection_lost,
 connection_refused, peer_rejected, protocol_error, loop_stalled; specs/telemetry.md).
+A listener's WebSocket connection is admitted earlier, at TCP accept
+(``IUpgradeAdmission``, specs/websocket.md section 4): its pending upgrade is counted
+as the pending handshake of the mconn protocol it will carry.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from mconn.errors import PeerIdMismatch, PeerRejected
 from mconn.handshake import make_hello
 from mconn.node_info import check_compatible, node_info_of
 from mconn.owner import IConnectionOwner
+from mconn.websocket_common import IUpgradeAdmission
 from mconn.websocket_endpoints import transport_kind
 from mconn.wire import Hello, HelloTag, encode_session_request
 
 
-@implementer(IConnectionOwner)
+@implementer(IConnectionOwner, IUpgradeAdmission)
 class ConnectionSet:
     """Every live connection of one Switch, handshaking or not.
 
@@ -54,6 +58,9 @@ class ConnectionSet:
         self._closed_all: dict = {}
         #: (what an inbound hello depends on, that hello), or None (_inbound_hello).
         self._inbound = None
+        #: The mconn protocols of WebSocket connections admitted at accept whose
+        #: protocol has not connected yet -> their _Upgrade (IUpgradeAdmission).
+        self._upgrading: dict = {}
 
     # -- IConnectionOwner ------------------------------------------------------------
 
@@ -61,29 +68,95 @@ class ConnectionSet:
         """Inbound connections are admitted by ``Admission`` (specs/connection.md section 6);
         a refusal is counted and logged, and costs nothing more. A pending handshake that
         gives way to this one (``pending_evicted``) is rejected like a peer (peer_rejected,
-        a close packet) and its handshake fails at once: it is pending no more."""
+        a close packet) and its handshake fails at once: it is pending no more. A
+        WebSocket connection's protocol was admitted at accept (``admit_upgrade``): it is
+        not counted again."""
         if protocol.context.is_outbound:
             return None
+        upgrade = self._upgrading.pop(protocol, None)
+        if upgrade is not None:
+            return self._admitted_at_accept(protocol, host, upgrade)
+        return self._admit(protocol, host, protocol.remote_address)
+
+    def _admit(self, protocol, host, remote_address: str):
         refusal, evicted = self.admission.admit(host, protocol)
         if refusal is None:
             # Pending until a session starts on it (SessionManager._handshake_done) or it is
             # gone (connection_lost); no callback on its handshake Deferred for that.
             if evicted is not None:
-                victim, rejection = evicted.handshake, evicted.rejection
-                if victim.end_reason is None:
-                    self.peer_rejected(victim, victim.hello, rejection)
-                    victim.close(rejection)
-                victim.end_handshake(rejection)
+                self._give_way(evicted.handshake, evicted.rejection)
             return None
+        self._refused(remote_address, refusal)
+        return refusal
+
+    def _refused(self, remote_address: str, refusal: PeerRejected) -> None:
         self.admission.refused(refusal)
         telemetry.emit(
             "connection_refused",
             node_id=self.node_id,
-            remote_address=protocol.remote_address,
+            remote_address=remote_address,
             reason=refusal.reason,
             message=str(refusal),
         )
+
+    def _give_way(self, victim, rejection: PeerRejected) -> None:
+        """``victim``'s pending handshake was evicted: drop it (a WebSocket connection
+        still upgrading is dropped by its carrier)."""
+        upgrade = self._upgrading.get(victim)
+        if upgrade is not None:
+            upgrade.pending = False
+            self.admission.refused(rejection)
+            telemetry.emit(
+                "peer_rejected", node_id=self.node_id, peer_id=None, remote_address=upgrade.remote_address,
+                reason=rejection.reason, message=str(rejection),
+            )
+            upgrade.give_way(rejection)
+        elif victim.end_reason is None:
+            self.peer_rejected(victim, victim.hello, rejection)
+            victim.close(rejection)
+        victim.end_handshake(rejection)
+
+    def _admitted_at_accept(self, protocol, host, upgrade):
+        """The protocol of an upgraded WebSocket connection connects: it was counted from
+        accept (by ``upgrade.host``, which is its transport's host); it stays pending
+        until its handshake ends, or was evicted and is refused."""
+        if not upgrade.pending:
+            rejection = PeerRejected("pending_evicted", "its pending upgrade gave way to a newcomer")
+            self.admission.release(upgrade.host)
+            return rejection
+        if host != upgrade.host:  # a transport that names another host now: count that one
+            self.admission.handshake_over(protocol)
+            self.admission.release(upgrade.host)
+            return self._admit(protocol, host, protocol.remote_address)
+        return None
+
+    # -- IUpgradeAdmission --------------------------------------------------------------
+
+    def admit_upgrade(self, protocol, host, remote_address, give_way):
+        refusal = self._admit(protocol, host, remote_address)
+        if refusal is None:
+            self._upgrading[protocol] = _Upgrade(host, remote_address, give_way)
         return refusal
+
+    def upgrade_addressed(self, protocol, host):
+        upgrade = self._upgrading.get(protocol)
+        if upgrade is None or not upgrade.pending or host == upgrade.host:
+            return None
+        self.admission.handshake_over(protocol)
+        self.admission.release(upgrade.host)
+        upgrade.host, upgrade.pending = None, False
+        # Admitted again by the new host (the count fell by one: no eviction); a
+        # refusal leaves it counted nowhere.
+        refusal = self._admit(protocol, host, upgrade.remote_address)
+        if refusal is None:
+            upgrade.host, upgrade.pending = host, True
+        return refusal
+
+    def upgrade_gone(self, protocol):
+        upgrade = self._upgrading.pop(protocol, None)
+        if upgrade is not None:
+            self.admission.handshake_over(protocol)
+            self.admission.release(upgrade.host)
 
     def new_core(self, protocol, now: float):
         request = None
@@ -259,11 +332,29 @@ class ConnectionSet:
         return waits
 
     def check_invariants(self) -> None:
-        """The admission counts agree with the live connections."""
+        """The admission counts agree with the live connections and the WebSocket
+        connections still upgrading."""
         live = self.live
         hosts = [p.ip_key for p in live if p.ip_key is not None]
+        hosts += [u.host for u in self._upgrading.values() if u.host is not None]
         pending = sum(1 for p in live if not p.context.is_outbound and not p.handshake_ended)
+        pending += sum(1 for u in self._upgrading.values() if u.pending)
+        assert not self.live.intersection(self._upgrading), "a connected protocol is still upgrading"
         self.admission.check_invariants(hosts, pending)
+
+
+class _Upgrade:
+    """A WebSocket connection admitted at accept whose mconn protocol has not connected:
+    the host it counts against (None: none), whether it is pending (not evicted), and
+    how its carrier drops it."""
+
+    __slots__ = ("host", "remote_address", "give_way", "pending")
+
+    def __init__(self, host, remote_address: str, give_way) -> None:
+        self.host = host
+        self.remote_address = remote_address
+        self.give_way = give_way
+        self.pending = True
 
 
 def _direction(protocol) -> str:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import fnmatch
 import ipaddress
 import os
+import re
 
 from autobahn.twisted.websocket import WebSocketClientProtocol, WebSocketServerProtocol
 from autobahn.websocket.protocol import WebSocketProtocol
@@ -319,21 +320,56 @@ class _Carrier:
 
 
 class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
-    """A listener's WebSocket connection (specs/websocket.md section 2)."""
+    """A listener's WebSocket connection (specs/websocket.md section 2).
+
+    Admitted at TCP accept by the owner of the connections above (``IUpgradeAdmission``,
+    the factory's ``admission``), as the pending handshake of ``above``, the mconn
+    protocol it will carry; a connection from a trusted proxy is counted by the client
+    its upgrade names once the upgrade is read (specs/websocket.md section 4).
+    """
+
+    #: The mconn protocol this connection will carry (the factory sets it).
+    above = None
+    #: The owner that admitted this connection at accept, or None.
+    _admission = None
 
     def connectionMade(self) -> None:
         factory = self.factory
-        if factory.pending >= factory.config.max_pending_handshakes:
-            self._lost = True  # refused before anything: nothing above ever starts
-            log.info(
-                "WebSocket connection from {peer} refused: {pending} upgrades pending "
-                "(max_pending_handshakes)", peer=str(self.transport.getPeer()), pending=factory.pending,
+        admission = factory.admission
+        if admission is not None:
+            peer = self.transport.getPeer()
+            host = getattr(peer, "host", None)
+            proxied = is_trusted_proxy(host, factory.trusted_proxies)
+            refusal = admission.admit_upgrade(
+                self.above, None if proxied else host, f"{host}:{getattr(peer, 'port', '')}", self._give_way
             )
-            self.transport.abortConnection()
-            return
-        factory.pending += 1
-        self._counted = True
+            if refusal is not None:
+                self._lost = True  # refused before anything: nothing above ever starts
+                log.info("WebSocket connection from {peer} refused: {why}", peer=str(peer), why=str(refusal))
+                self.transport.write(_http_refusal(refusal))
+                self.transport.loseConnection()
+                return
+            self._admission = admission
         super().connectionMade()
+
+    def _give_way(self, rejection) -> None:
+        """A newcomer evicted this pending upgrade: answer and drop it."""
+        if self.state == _CONNECTING:
+            self.failHandshake(f"{rejection.reason}: {rejection}", _REFUSAL_STATUS.get(rejection.reason, 503))
+        else:
+            self._note(f"{rejection.reason}: {rejection}")
+            self.transport.abortConnection()
+
+    def processHandshake(self):
+        """The head is checked byte by byte before autobahn parses it (``head_problem``):
+        its parser also splits lines at 0x85 and other line breaks of Unicode, so a byte
+        that a proxy passes on inside a header's value could make a header of its own."""
+        end = self.data.find(b"\r\n\r\n")
+        if end >= 0:
+            problem = head_problem(self.data[: end + 4])
+            if problem is not None:
+                return self.failHandshake(problem, 400)
+        return super().processHandshake()
 
     def onConnect(self, request):
         factory = self.factory
@@ -342,11 +378,32 @@ class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
             raise ConnectionDeny(ConnectionDeny.NOT_FOUND, f"no mconn endpoint at {request.path!r}")
         allowed = factory.config.ws_allowed_origins
         origin = request.headers.get("origin")
-        if allowed and origin is not None and not any(fnmatch.fnmatchcase(origin.lower(), p.lower()) for p in allowed):
+        if origin is not None and not any(fnmatch.fnmatchcase(origin.lower(), p.lower()) for p in allowed):
+            because = "" if allowed else " (ws_allowed_origins is empty: nodes send no Origin)"
             self._note(f"upgrade from origin {origin!r}, which ws_allowed_origins does not allow")
-            raise ConnectionDeny(ConnectionDeny.FORBIDDEN, f"origin {origin!r} is not allowed")
-        self._forwarded_peer = _forwarded_peer(request.headers, factory.config.ws_trusted_proxies, self.transport)
+            raise ConnectionDeny(ConnectionDeny.FORBIDDEN, f"origin {origin!r} is not allowed{because}")
+        tcp_peer = self.transport.getPeer()
+        if is_trusted_proxy(getattr(tcp_peer, "host", None), factory.trusted_proxies):
+            self._forwarded_peer = self._forwarded(request.headers.get("x-forwarded-for"))
+            if self._admission is not None:
+                refusal = self._admission.upgrade_addressed(self.above, self.getPeer().host)
+                if refusal is not None:
+                    self._note(f"{refusal.reason}: {refusal}")
+                    raise ConnectionDeny(_REFUSAL_STATUS.get(refusal.reason, 503), f"{refusal.reason}: {refusal}")
         return SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
+
+    def _forwarded(self, header: str | None):
+        """The client a trusted proxy names, as an address (port 0), or None (no header:
+        the proxy itself is the peer). The head holds one X-Forwarded-For line at most
+        (``head_problem``); its last hop is what the proxy wrote."""
+        if header is None:
+            return None
+        try:
+            ip = forwarded_ip(header)
+        except ValueError as e:
+            self._note(str(e))
+            raise ConnectionDeny(ConnectionDeny.BAD_REQUEST, str(e)) from None
+        return IPv6Address("TCP", str(ip), 0) if ip.version == 6 else IPv4Address("TCP", str(ip), 0)
 
     def failHandshake(self, reason: str, code: int = 400, responseHeaders=None):
         self._refuse_noted(f"bad HTTP upgrade ({code}): {reason}")
@@ -358,18 +415,10 @@ class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
     def _refuse_noted(self, message: str) -> None:
         self._note(message)
 
-    def onOpen(self) -> None:
-        self._release()
-        super().onOpen()
-
     def connectionLost(self, reason=None) -> None:
-        self._release()
+        if self._admission is not None:
+            self._admission.upgrade_gone(self.above)  # nothing if the protocol above connected
         super().connectionLost(reason)
-
-    def _release(self) -> None:
-        if getattr(self, "_counted", False):
-            self._counted = False
-            self.factory.pending -= 1
 
 
 class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):
@@ -407,19 +456,76 @@ class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):
             self.opened.errback(why)
 
 
-def _forwarded_peer(headers: dict, trusted: frozenset, transport):
-    """The client address that X-Forwarded-For names, when the TCP peer is a trusted
-    proxy (``Config.ws_trusted_proxies``); else None: the TCP peer is the peer."""
-    if not trusted:
-        return None
-    tcp_peer = transport.getPeer()
-    if getattr(tcp_peer, "host", None) not in trusted:
-        return None
-    hops = [h.strip() for h in headers.get("x-forwarded-for", "").split(",") if h.strip()]
-    if not hops:
-        return None
+#: The HTTP status of an upgrade refused by admission: 429 for the per-address limit
+#: (this client has too many), 503 for the others (the node is busy).
+_REFUSAL_STATUS = {"ip_limit": 429}
+#: A header line's name: an RFC 9110 token, then the colon at once.
+_HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:")
+#: Any byte that is not printable ASCII, a tab, or part of a CRLF line end.
+_NOT_HEAD = re.compile(rb"[^\t\x20-\x7e\r\n]|\r(?!\n)|(?<!\r)\n")
+
+
+def head_problem(head: bytes) -> str | None:
+    """What is wrong with an HTTP upgrade's head (request line and headers, ending in
+    CRLF CRLF), or None: every byte printable ASCII or a tab, every line ended by CRLF,
+    every header line ``NAME: VALUE`` (no folded line), at most one X-Forwarded-For line.
+    A byte that a proxy passes on inside a value must not become a line break here."""
+    bad = _NOT_HEAD.search(head)
+    if bad is not None:
+        byte, at = head[bad.start()], bad.start()
+        what = {0x0D: "a CR without LF", 0x0A: "an LF without CR"}.get(byte) or (
+            "a non-ASCII byte" if byte >= 0x80 else "a control byte"
+        )
+        return f"{what} ({byte:#04x}) at offset {at} of the HTTP head; header lines are printable ASCII ending in CRLF"
+    forwarded = 0
+    for number, line in enumerate(head[:-4].split(b"\r\n")[1:], start=2):
+        if _HEADER_NAME.match(line) is None:
+            return f"header line {number} is not NAME: VALUE: {line[:60].decode('ascii')!r}"
+        forwarded += line[: line.index(b":")].lower() == b"x-forwarded-for"
+    if forwarded > 1:
+        return f"{forwarded} X-Forwarded-For header lines; a proxy writes one"
+    return None
+
+
+def forwarded_ip(header: str):
+    """The last hop of an X-Forwarded-For value (what the proxy in front of us wrote):
+    an IP address and nothing else.
+
+    :raises ValueError: naming the value.
+    """
+    hop = header.rpartition(",")[2].strip()
     try:
-        ip = ipaddress.ip_address(hops[-1])
+        if "%" in hop:
+            raise ValueError
+        return ipaddress.ip_address(hop)
     except ValueError:
-        return None
-    return IPv6Address("TCP", str(ip), 0) if ip.version == 6 else IPv4Address("TCP", str(ip), 0)
+        raise ValueError(f"X-Forwarded-For's last hop {hop[:60]!r} is not an IP address") from None
+
+
+def is_trusted_proxy(host: str | None, trusted: frozenset) -> bool:
+    """Whether ``host`` is one of ``trusted`` (IP addresses in their canonical form)."""
+    if not trusted or host is None:
+        return False
+    try:
+        return str(ipaddress.ip_address(host)) in trusted
+    except ValueError:
+        return host in trusted
+
+
+def canonical_addresses(addresses) -> frozenset:
+    """IP addresses in their canonical form (``Config.ws_trusted_proxies``); any other
+    text as it is."""
+    out = set()
+    for text in addresses:
+        try:
+            out.add(str(ipaddress.ip_address(text)))
+        except ValueError:
+            out.add(text)
+    return frozenset(out)
+
+
+def _http_refusal(refusal) -> bytes:
+    """An HTTP answer to a connection that admission refused at accept, before its request."""
+    status = _REFUSAL_STATUS.get(refusal.reason, 503)
+    text = f"{refusal.reason}: {refusal}".encode("ascii", "replace")
+    return b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Length: 0\r\n\r\n" % (status, text)

@@ -20,6 +20,7 @@ through CONNECT; it sits below everything else.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import urllib.parse
 
@@ -204,7 +205,7 @@ def proxy_for(target: PeerAddress, config: Config, environ) -> tuple[str, int] |
     ``Config.http_proxy`` ("http://host:port") is used for every ws and wss dial; ""
     means none. Left None, the environment's is used as curl and Go's net/http use it:
     ``https_proxy`` (or ``HTTPS_PROXY``) for wss, ``http_proxy`` (``HTTP_PROXY``) for
-    ws, not for hosts that ``no_proxy`` (``NO_PROXY``) names, and never for loopback
+    ws, not for hosts that ``no_proxy`` (``NO_PROXY``) names (Go's rules, ``_no_proxy``), and never for loopback
     hosts (as Go's ``httpproxy``). Plain tcp dials never use a proxy.
 
     :raises ValueError: naming a proxy setting that is not ``http://host:port``.
@@ -217,7 +218,8 @@ def proxy_for(target: PeerAddress, config: Config, environ) -> tuple[str, int] |
         return None
     names = ("https_proxy", "HTTPS_PROXY") if target.scheme == "wss" else ("http_proxy", "HTTP_PROXY")
     name = next((n for n in names if environ.get(n)), None)
-    if name is None or _no_proxy(target.host, environ.get("no_proxy") or environ.get("NO_PROXY") or ""):
+    exempt = environ.get("no_proxy") or environ.get("NO_PROXY") or ""
+    if name is None or _no_proxy(target.host, target.port, exempt):
         return None
     return _proxy_address(environ[name], f"the environment's {name}")
 
@@ -233,15 +235,52 @@ def _proxy_address(text: str, where: str) -> tuple[str, int]:
     return url.hostname, port
 
 
-def _no_proxy(host: str, no_proxy: str) -> bool:
-    host = host.lower()
+def _no_proxy(host: str, port: int, no_proxy: str) -> bool:
+    """Whether ``no_proxy`` exempts ``host:port`` from the proxy, by the rules of Go's
+    golang.org/x/net/http/httpproxy: entries separated by commas, each ``*`` (every
+    host), an IP address or a CIDR network (an IP host in it), a domain (that name and
+    its subdomains; with a leading ``.`` or ``*.``, its subdomains only), any of them
+    but a CIDR network with ``:port`` (that port only; an IPv6 address then in brackets).
+    Case does not matter; an entry that is none of these matches nothing."""
+    host = host.lower().strip("[]")
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
     for entry in (e.strip().lower() for e in no_proxy.split(",")):
-        if entry == "*":
-            return True
-        entry = entry.lstrip(".")
-        if entry and (host == entry or host.endswith("." + entry)):
+        if entry and _no_proxy_entry_matches(entry, host, ip, port):
             return True
     return False
+
+
+def _no_proxy_entry_matches(entry: str, host: str, ip, port: int) -> bool:
+    if entry == "*":
+        return True
+    if "/" in entry:
+        try:
+            return ip is not None and ip in ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            return False
+    entry_host, entry_port = entry, None
+    try:
+        ipaddress.ip_address(entry)
+    except ValueError:
+        name, sep, tail = entry.rpartition(":")
+        if sep and tail.isdigit() and name:
+            entry_host, entry_port = name.strip("[]"), int(tail)
+    if entry_port is not None and entry_port != port:
+        return False
+    try:
+        entry_ip = ipaddress.ip_address(entry_host)
+    except ValueError:
+        entry_ip = None
+    if entry_ip is not None:
+        return ip == entry_ip
+    if entry_host.startswith("*."):
+        entry_host = entry_host[1:]
+    if entry_host.startswith("."):
+        return host.endswith(entry_host)
+    return host == entry_host or host.endswith("." + entry_host)
 
 
 @implementer(IStreamClientEndpoint)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketServerFactory
 
-from mconn.websocket import SUBPROTOCOL, WebSocketClientCarrier, WebSocketServerCarrier
+from mconn.websocket import SUBPROTOCOL, WebSocketClientCarrier, WebSocketServerCarrier, canonical_addresses
+from mconn.websocket_common import IUpgradeAdmission
 
 
 def _set_options(factory, config) -> None:
@@ -36,8 +37,10 @@ class WebSocketServerCarrierFactory(WebSocketServerFactory):
         self.path = path
         self.config = config
         self.clock = clock
-        #: Connections whose upgrade is under way (bounded by max_pending_handshakes).
-        self.pending = 0
+        #: Who admits a connection at accept (the Switch's ConnectionSet), or None.
+        self.admission = _admission_of(wrapped_factory)
+        #: Config.ws_trusted_proxies, each address in its canonical form.
+        self.trusted_proxies = canonical_addresses(config.ws_trusted_proxies)
         _set_options(self, config)
         # Origins are checked in onConnect against Config.ws_allowed_origins (autobahn's own
         # check is a browser's same-origin rule, which a node's listener has no use for).
@@ -46,6 +49,7 @@ class WebSocketServerCarrierFactory(WebSocketServerFactory):
     def buildProtocol(self, addr):
         carrier = super().buildProtocol(addr)
         carrier.wrapped = self.wrapped_factory.buildProtocol(addr)
+        carrier.above = _innermost(carrier.wrapped)
         return carrier
 
     def startFactory(self) -> None:
@@ -74,3 +78,24 @@ class WebSocketClientCarrierFactory(WebSocketClientFactory):
         carrier = super().buildProtocol(addr)
         carrier.wrapped = self.wrapped_factory.buildProtocol(addr)
         return carrier
+
+
+def _admission_of(factory):
+    """The ``IUpgradeAdmission`` of the owner of ``factory``'s connections (through a TLS
+    factory), or None: the protocol above is admitted once upgraded, by its own owner."""
+    for _ in range(4):
+        owner = IUpgradeAdmission(getattr(factory, "owner", None), None)
+        if owner is not None:
+            return owner
+        factory = getattr(factory, "wrappedFactory", None)
+    return None
+
+
+def _innermost(protocol):
+    """The mconn protocol at the top of ``protocol`` (mconn's TLS wraps it in ws+tls)."""
+    for _ in range(4):
+        inner = getattr(protocol, "wrappedProtocol", None)
+        if inner is None:
+            return protocol
+        protocol = inner
+    return protocol

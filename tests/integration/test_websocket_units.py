@@ -17,7 +17,7 @@ from helpers import RawPeer, the_reactor, until
 from mconn import Config, NodeKey
 from mconn.address import parse_address
 from mconn.websocket_common import WebSocketError
-from mconn.websocket_endpoints import ProxyError, proxy_for
+from mconn.websocket_endpoints import ProxyError, _no_proxy, proxy_for
 
 from .test_loopback import bounded, stop
 from .test_websocket import PATH, node, upgrade_request, ws_listen, raw_client
@@ -58,6 +58,52 @@ def test_which_proxy_a_dial_goes_through(address, config, environ, expected):
     """Config.http_proxy for every ws/wss dial, else the environment's as curl and Go read
     it (https_proxy for wss, http_proxy for ws, no_proxy, never loopback); never for tcp."""
     assert proxy_for(address, config, environ) == expected
+
+
+@pytest.mark.parametrize(
+    "host, port, no_proxy, exempt",
+    [
+        ("10.1.2.3", 443, "10.0.0.0/8", True),
+        ("11.1.2.3", 443, "10.0.0.0/8", False),
+        ("2001:db8::5", 443, "2001:db8::/32", True),
+        ("2001:db9::5", 443, "2001:db8::/32", False),
+        ("2001:db8::9", 443, "2001:db8::9/128", True),
+        ("2001:db8::a", 443, "2001:db8::9/128", False),
+        ("node.example", 443, "10.0.0.0/8", False),
+        ("192.0.2.7", 443, "192.0.2.7", True),
+        ("192.0.2.8", 443, "192.0.2.7", False),
+        ("2001:db8::7", 443, "2001:DB8::7", True),
+        ("192.0.2.7", 443, "192.0.2.7:443", True),
+        ("192.0.2.7", 80, "192.0.2.7:443", False),
+        ("2001:db8::7", 443, "[2001:db8::7]:443", True),
+        ("node.example", 443, "node.example:443", True),
+        ("node.example", 80, "node.example:443", False),
+        ("node.example", 443, "example", True),
+        ("example", 443, "example", True),
+        ("example", 443, ".example", False),
+        ("a.b.example", 443, ".example", True),
+        ("example", 443, "*.example", False),
+        ("a.example", 443, "*.example", True),
+        ("badexample", 443, "example", False),
+        ("NODE.Example", 443, " other.org , EXAMPLE ", True),
+        ("10.1.2.3", 443, "10.0.0.0/33,*", True),
+        ("10.1.2.3", 443, "10.0.0.0/33", False),
+    ],
+)
+def test_no_proxy_follows_gos_rules(host, port, no_proxy, exempt):
+    """no_proxy as Go's httpproxy reads it: CIDR networks and IP addresses (an IP host),
+    host:port (that port only), a domain and its subdomains, with a leading '.' or '*.'
+    its subdomains only, '*'; case and spaces do not matter; a bad entry matches nothing."""
+    shown = f"[{host}]" if ":" in host else host
+    target = parse_address(f"{ID}@wss://{shown}:{port}/mconn")
+    expected = None if exempt else ("secure-proxy", 3128)
+    assert proxy_for(target, Config(), {**ENV, "no_proxy": no_proxy}) == expected
+    assert _no_proxy(host, port, no_proxy) is exempt
+
+
+def test_no_proxy_takes_loopback_networks_too():
+    """A loopback host never goes through the environment's proxy anyway; its CIDR entry matches it."""
+    assert _no_proxy("::1", 80, "::1/128") and _no_proxy("127.0.0.5", 80, "127.0.0.0/8")
 
 
 @pytest.mark.parametrize("bad", ["socks5://p:1", "http://p:1/path", "http://:1", "http://p:99999"])
