@@ -7,10 +7,14 @@ A message counts as delivered, for the peer's recovery buffer, once its reactor 
 
 A reactor whose ``receive`` returns a Deferred that has not fired makes its channel
 *busy*: later messages of that channel wait here, in order, not counted delivered, until
-the Deferred fires; then they go on until one makes the channel busy again. Past
-``Config.reactor_backlog_bytes`` held, the connection stops reading (backpressure on the
-peer) until the backlog is small again. When the transport goes, held messages are
-dropped: the peer re-sends them on a resume, as it never had acks for them.
+the Deferred fires; then they go on until one makes the channel busy again. A held
+message costs its payload and the Python objects that hold it, so the backlog is counted
+twice: its cost in bytes (payload + ``HELD_MESSAGE_OVERHEAD`` per message) against
+``Config.reactor_backlog_bytes``, and its messages against
+``Config.reactor_backlog_messages``. At either bound the connection stops reading
+(backpressure on the peer); it reads again once both are below. When the transport
+goes, held messages are dropped: the peer re-sends them on a resume, as it never had
+acks for them.
 """
 
 from __future__ import annotations
@@ -21,12 +25,21 @@ from mconn.session_table import PeerState
 
 CONNECTED = PeerState.CONNECTED
 
+#: Bytes a held message costs beyond its payload: the bytes object's header (33 bytes on
+#: 64-bit CPython) and its slot in the channel's deque (8.3 bytes), 41.3 bytes as
+#: tracemalloc measures it, about 56 once the allocator rounds the object to 16 bytes;
+#: 64 leaves room (tests/adapter/test_reactor_backlog_cost.py measures it). Without it an
+#: empty message cost nothing and a peer sending them was never stopped.
+HELD_MESSAGE_OVERHEAD = 64
+
 
 class PeerDelivery:
     """The receiving side of one ``mconn.peer.Peer``; it reads the Peer's current
     transport and state when it uses them."""
 
-    __slots__ = ("_peer", "_session", "_route", "_clock", "_config", "_ack_timer", "busy", "backlog_bytes")
+    __slots__ = (
+        "_peer", "_session", "_route", "_clock", "_config", "_ack_timer", "busy", "backlog_bytes", "backlog_messages",
+    )
 
     def __init__(self, peer, *, route, clock, config) -> None:
         self._peer = peer
@@ -38,8 +51,10 @@ class PeerDelivery:
         #: Busy channels (their reactor's receive returned a Deferred not yet fired), each
         #: with the messages read since, waiting in order (specs/reactor-api.md 4.1).
         self.busy: dict[int, collections.deque] = {}
-        #: Bytes of the messages held in ``busy``.
+        #: What the messages held in ``busy`` cost, in bytes: payloads plus
+        #: ``HELD_MESSAGE_OVERHEAD`` each; and how many they are.
         self.backlog_bytes = 0
+        self.backlog_messages = 0
 
     def deliver(self, channel_id: int, message: bytes) -> None:
         """Hand a whole message to its reactor, count it, and acknowledge when due; on a
@@ -63,13 +78,21 @@ class PeerDelivery:
         return pending
 
     def _hold(self, channel_id: int, message: bytes) -> None:
-        """Keep a message for a busy channel; past ``reactor_backlog_bytes`` stop reading.
-        It is not counted delivered (nor acknowledged) until its reactor has it."""
+        """Keep a message for a busy channel; at ``reactor_backlog_bytes`` of cost or
+        ``reactor_backlog_messages`` held, stop reading. It is not counted delivered (nor
+        acknowledged) until its reactor has it."""
         self.busy[channel_id].append(message)
-        self.backlog_bytes += len(message)
-        protocol = self._peer._protocol
-        if self.backlog_bytes > self._config.reactor_backlog_bytes and protocol is not None:
-            protocol.stop_reading()
+        self.backlog_bytes += len(message) + HELD_MESSAGE_OVERHEAD
+        self.backlog_messages += 1
+        if not self._below_bounds():
+            protocol = self._peer._protocol
+            if protocol is not None:
+                protocol.stop_reading()
+
+    def _below_bounds(self) -> bool:
+        """Whether the backlog is below both bounds (reading may go on)."""
+        config = self._config
+        return self.backlog_bytes < config.reactor_backlog_bytes and self.backlog_messages < config.reactor_backlog_messages
 
     def _receive_done(self, _, channel_id: int) -> None:
         """The reactor's Deferred fired: the channel's held messages go on, in order,
@@ -83,17 +106,19 @@ class PeerDelivery:
             if protocol is None or protocol.end_reason is not None:
                 break  # not delivered: resent on a resume, or counted undelivered by the peer
             message = backlog.popleft()
-            self.backlog_bytes -= len(message)
+            self.backlog_bytes -= len(message) + HELD_MESSAGE_OVERHEAD
+            self.backlog_messages -= 1
             pending = self._hand(channel_id, message)
         if self.busy.get(channel_id) is not backlog:
             return  # the session ended inside that receive
         if pending is not None:
             pending.addBoth(self._receive_done, channel_id)  # busy again, with what is still held
         else:
-            self.backlog_bytes -= sum(map(len, backlog))
+            self.backlog_bytes -= sum(map(len, backlog)) + len(backlog) * HELD_MESSAGE_OVERHEAD
+            self.backlog_messages -= len(backlog)
             del self.busy[channel_id]
         protocol = self._peer._protocol
-        if protocol is not None and self.backlog_bytes <= self._config.reactor_backlog_bytes:
+        if protocol is not None and self._below_bounds():
             protocol.resume_reading()
 
     def send_ack(self) -> None:
@@ -116,7 +141,7 @@ class PeerDelivery:
         self.cancel_ack_timer()
         for backlog in self.busy.values():
             backlog.clear()
-        self.backlog_bytes = 0
+        self.backlog_bytes = self.backlog_messages = 0
 
     def end(self) -> None:
         """The session is over: as ``detach``, and no channel is busy any more."""
