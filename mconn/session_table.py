@@ -32,6 +32,7 @@ from mconn.errors import (
     UnexpectedPacket,
 )
 from mconn.handshake import session_field
+from mconn.session_ref import session_ref
 from mconn.wire import SessionRequest, decode_session_request
 
 
@@ -315,7 +316,11 @@ def check_answer(*, asked: bytes, asked_resume: bool, answered: bytes, resumed: 
     :raises UnexpectedPacket: naming what is wrong.
     """
     if answered != asked and (resumed or not asked_resume):
-        raise UnexpectedPacket(f"session answer names session {answered.hex()}, we asked for {asked.hex()}")
+        # Named by their references: an error's text reaches logs and telemetry, and a
+        # session id is the resume secret (specs/telemetry.md section 2.2).
+        raise UnexpectedPacket(
+            f"session answer names session {session_ref(answered)}, we asked for {session_ref(asked)}"
+        )
     if resumed and not (asked_resume and resumable):
         raise UnexpectedPacket("the peer resumed a session we did not ask to resume")
 

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from mconn import errors
 from mconn.errors import LocalProtocolError, PeerRejected, UnexpectedPacket
+from mconn.session_ref import session_ref
 from mconn.session_table import (
     TRANSITIONS,
     UNKNOWN_AFTER_RESTART,
@@ -394,7 +395,7 @@ def test_answer_naming_another_session_to_a_new_session_request_is_refused():
     UnexpectedPacket "session answer names session X, we asked for Y" (section 2.2)."""
     with pytest.raises(UnexpectedPacket) as raised:
         answer(answered=OTHER)
-    assert str(raised.value) == f"session answer names session {OTHER.hex()}, we asked for {ASKED.hex()}"
+    assert str(raised.value) == f"session answer names session {session_ref(OTHER)}, we asked for {session_ref(ASKED)}"
 
 
 def test_resumed_answer_naming_another_session_is_refused():
@@ -402,7 +403,7 @@ def test_resumed_answer_naming_another_session_is_refused():
     "session answer names session X, we asked for Y"."""
     with pytest.raises(UnexpectedPacket) as raised:
         answer(asked_resume=True, answered=OTHER, resumed=True, resumable=True)
-    assert str(raised.value) == f"session answer names session {OTHER.hex()}, we asked for {ASKED.hex()}"
+    assert str(raised.value) == f"session answer names session {session_ref(OTHER)}, we asked for {session_ref(ASKED)}"
 
 
 @pytest.mark.parametrize(
