@@ -13,8 +13,8 @@ import math
 MAX_PACKET_PAYLOAD_LIMIT = 1 << 20
 #: Smallest max_packet_payload a Config or a peer's hello may announce, in bytes:
 #: CometBFT's default packet size. Below it a peer could have everything sent to it cut
-#: into tiny packets, each costing the sender a packet's work (payload 1 cost 58 times
-#: the CPU per MiB of 1024; bench/packet_floor.py). specs/handshake.md section 3.
+#: into tiny packets, each costing the sender a packet's work (payload 1 cost 452 times
+#: the core's CPU per MiB at 1024; bench/packet_floor.py). specs/handshake.md section 3.
 MIN_PACKET_PAYLOAD = 1024
 
 
