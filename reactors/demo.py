@@ -6,6 +6,8 @@ and status ticks still arrive promptly. Used by examples/two_nodes.py.
 
 from __future__ import annotations
 
+import collections
+
 from mconn import ChannelDescriptor, Reactor
 
 CHAT = 0x10
@@ -15,12 +17,15 @@ NAMES = {CHAT: "chat", STATUS: "status", BULK: "bulk"}
 
 
 class DemoReactor(Reactor):
-    """Records every message and reports it through ``on_message(name, peer, message)``."""
+    """Reports every message through ``on_message(name, peer, message)``, counts them per
+    channel in ``counts``, and keeps the last ``keep`` of each channel in ``received``
+    (a peer that never stops sending must not grow the demo's memory)."""
 
-    def __init__(self, name: str = "demo", on_message=None) -> None:
+    def __init__(self, name: str = "demo", on_message=None, *, keep: int = 16) -> None:
         self.name = name
         self.on_message = on_message or (lambda *args: None)
-        self.received: dict[int, list[bytes]] = {CHAT: [], STATUS: [], BULK: []}
+        self.received: dict[int, collections.deque] = {ch: collections.deque(maxlen=keep) for ch in NAMES}
+        self.counts: dict[int, int] = dict.fromkeys(NAMES, 0)
         self.peers = []
 
     def get_channels(self):
@@ -38,4 +43,5 @@ class DemoReactor(Reactor):
 
     def receive(self, channel_id: int, peer, message: bytes) -> None:
         self.received[channel_id].append(message)
+        self.counts[channel_id] += 1
         self.on_message(NAMES[channel_id], peer, message)

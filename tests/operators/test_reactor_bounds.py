@@ -239,3 +239,20 @@ def test_an_lru_set_forgets_the_oldest_first():
     assert "b" not in seen and all(m in seen for m in "acd") and len(seen) == 3 and seen.evicted == 1
     with pytest.raises(ValueError, match="capacity must be a positive integer, got 0"):
         LRUSet(0)
+
+
+# -- the demo reactor -------------------------------------------------------------------------
+
+
+def test_the_demo_reactor_keeps_only_its_last_messages():
+    """reactors/demo.py recorded every message for good; it keeps the last ``keep`` of a
+    channel and counts the rest."""
+    from reactors.demo import BULK, CHAT, DemoReactor
+
+    reactor = DemoReactor(keep=4)
+    peer = FakePeer()
+    reactor.add_peer(peer)
+    for i in range(1000):
+        reactor.receive(CHAT, peer, b"line %d" % i)
+    assert list(reactor.received[CHAT]) == [b"line %d" % i for i in range(996, 1000)]
+    assert reactor.counts[CHAT] == 1000 and reactor.counts[BULK] == 0
