@@ -15,6 +15,9 @@ the honest peers were refused ``inbound_limit``. Now the /64 holds at most
 oldest suspended one give way; with all of them live the next is refused ``ip_limit``),
 and both honest peers get a session. Every wait is bounded; both processes are killed by
 PID and the namespace deleted at the end, whatever happened.
+
+The same key holds for WebSocket clients behind a trusted proxy (``ws_trusted_proxies``),
+counted by the address the proxy names: that one runs on 127.0.0.1, no namespace needed.
 """
 
 from __future__ import annotations
@@ -28,7 +31,11 @@ import sys
 import time
 
 import pytest
+import pytest_twisted
+from twisted.internet import endpoints
 
+from helpers import RawPeer, stop_switches, the_reactor, until
+from integration.test_websocket import node, upgrade_request, ws_listen
 from mconn import Config
 
 pytestmark = pytest.mark.integration
@@ -130,3 +137,34 @@ def test_five_addresses_of_one_ipv6_64_hold_one_addresss_sessions_and_honest_pee
     assert done["dormant"] == {"session": 8 * len(ATTACKERS)}, done
     assert done["live"] == {"session": limit, "ip_limit": 2 * len(ATTACKERS) - limit}, done
     assert {s["host"] for s in sessions} >= set(HONEST)
+
+
+@pytest_twisted.ensureDeferred
+async def test_proxied_ws_clients_of_one_ipv6_64_share_max_connections_per_ip():
+    """Behind the trusted proxy (127.0.0.1), five clients the proxy names in one /64 hold
+    max_connections_per_ip (3) upgrades together: the fourth and fifth are refused ``ip_limit``
+    (HTTP 429); a client of another /64 is upgraded."""
+    config = Config(stats_interval=0, ws_trusted_proxies={"127.0.0.1"}, max_connections_per_ip=3)
+    switch, _ = node(config=config)
+    held = []
+    try:
+        port = await ws_listen(switch)
+
+        async def upgrade(client: str) -> bytes:
+            request = upgrade_request(port).replace(b"\r\n\r\n", f"\r\nX-Forwarded-For: {client}\r\n\r\n".encode())
+            endpoint = endpoints.TCP4ClientEndpoint(the_reactor(), "127.0.0.1", port)
+            raw = await endpoints.connectProtocol(endpoint, RawPeer(request))
+            held.append(raw)
+            await until(lambda: b"\r\n\r\n" in raw.data or raw.lost is not None, f"the answer to {client}", 5.0, 0.005)
+            return bytes(raw.data).split(b"\r\n", 1)[0]
+
+        answers = [await upgrade(f"2a01:4f8:7:1::{i + 1:x}") for i in range(5)]
+        assert [a.split(b" ")[1] for a in answers] == [b"101"] * 3 + [b"429"] * 2, answers
+        assert b"ip_limit: 3 connections from 2a01:4f8:7:1::/64 (max_connections_per_ip 3)" in answers[3]
+        assert (await upgrade("2a01:4f8:7:2::1")).startswith(b"HTTP/1.1 101")
+        assert switch.refusals.get("ip_limit") == 2, switch.refusals
+        switch._check_invariants()
+    finally:
+        for raw in held:
+            raw.transport.abortConnection()
+        await stop_switches(switch)
