@@ -13,7 +13,9 @@ speaking mconn bytes (over TCP from ``::1``; over WebSocket from 127.0.0.1, the 
 proxy, each naming its client in X-Forwarded-For). Each announces a public listen
 address, and over TCP the identities the victim asks for addresses answer with 20 more.
 The victim never dials (``target_outbound=0``, and its dials are refused where the
-Switch makes its endpoint). Every wait is bounded; everything started is stopped.
+Switch makes its endpoint). And over each of tcp, tls, ws and wss, by IPv4 and IPv6, a
+Switch's Peer carries the host its transport names. Every wait is bounded; everything
+started is stopped.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from twisted.internet import defer, endpoints
 
 from helpers import RawPeer, hello_packet, msg_packet, parse_packets, record_dials, the_reactor, until
 from integration.test_websocket import client_frame, upgrade_request
-from mconn import Config, Switch
+from mconn import Config, NodeKey, Switch, TLSOptions
 from mconn.address import parse_address
 from mconn.testing import FakePeer, MemoryNetwork
 from reactors.addrbook import NO_HOST_GROUP
@@ -178,6 +180,43 @@ async def test_identities_behind_a_trusted_ws_proxy_share_their_clients_group(cl
         switch._check_invariants()
     finally:
         await defer.maybeDeferred(switch.stopService).addTimeout(10, the_reactor())
+
+
+# -- every transport: the host comes from the transport -------------------------------------
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"], ids=["v4", "v6"])
+@pytest.mark.parametrize("transport", ["tcp", "tls", "ws", "wss"])
+@pytest_twisted.ensureDeferred
+async def test_a_peers_host_and_source_group_come_from_its_transport(transport, host):
+    """Over tcp, tls, ws and wss, by IPv4 and IPv6, the listener's Peer has the dialer's host
+    as ``remote_host`` (an IPv6 one without brackets), and an address the dialer tells is booked
+    in the group of that host (loopback), not in a group of its node id."""
+    secure = transport in ("tls", "wss")
+    switches = []
+    for _ in range(2):
+        pex = PexReactor(rng=random.Random(5), request_interval=60.0, target_outbound=0)
+        tls = TLSOptions.identity(NodeKey.generate()) if secure else None
+        switch = Switch([pex], config=CONFIG.replace(http_proxy=""), clock=the_reactor(), tls=tls)
+        switch.startService()
+        switches.append((switch, pex))
+    (listener, pex), (dialer, _) = switches
+    try:
+        tcp = f"{'tcp6' if ':' in host else 'tcp'}:0:interface={host.replace(':', chr(92) + ':')}"
+        ws = transport in ("ws", "wss")
+        port = (await listener.listen(f"{transport}:{tcp}:path={PATH}" if ws else tcp)).getHost().port
+        hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        target = f"{transport}://{hostport}{PATH}" if ws else hostport
+        await defer.ensureDeferred(dialer.dial(f"{listener.node_id}@{target}")).addTimeout(10, the_reactor())
+        await until(lambda: dialer.node_id in listener.peers, "the listener's session")
+        peer = listener.peers[dialer.node_id]
+        assert peer.remote_host == host and host in peer.remote_address, (peer.remote_host, peer.remote_address)
+        told = parse_address(public_address(1, 1))
+        assert pex.add_address(told, source=dialer.node_id)
+        assert pex.book[told.node_id].source_group == "loopback"
+    finally:
+        for switch, _ in switches:
+            await defer.maybeDeferred(switch.stopService).addTimeout(10, the_reactor())
 
 
 # -- a peer without a host ------------------------------------------------------------------
