@@ -25,6 +25,12 @@ walk. A request not answered within ``request_timeout`` (or refused with
 NoBlockResponse, or whose peer went) is forgotten and asked again of any peer. The
 node's height is the top of its contiguous run of blocks from 1, kept as blocks arrive.
 
+Answering: a peer's BlockRequests wait in a queue of at most ``max_pending_per_peer``
+(past it, or for a block we lack, NoBlockResponse at once), and are answered one
+``peer.send`` at a time, so a block is encoded only once the channel took the one
+before: a flood of 9-byte requests costs a queue entry or a 9-byte refusal each, and
+the copying of blocks follows what the peer actually reads.
+
 Misbehaviour drops the peer. ``receive`` raises, and mconn's default policy turns that
 into ``peer.stop_for_error`` (CometBFT's StopPeerForError), for a message that does not
 decode (``MalformedBlocksyncMessage``) and for a status no chain can have
@@ -164,6 +170,10 @@ class BlocksyncReactor(Reactor):
         #: Blocks received, and misbehaving peers dropped, by this reactor.
         self.received_blocks = 0
         self.dropped = 0
+        #: node id -> _Serving: the block requests of that peer waiting to be answered.
+        self._serving: dict[str, _Serving] = {}
+        #: Block requests answered NoBlockResponse because that peer had too many waiting.
+        self.requests_refused = 0
 
     @property
     def height(self) -> int:
@@ -200,9 +210,13 @@ class BlocksyncReactor(Reactor):
     # -- the Reactor contract ----------------------------------------------------------
 
     def add_peer(self, peer) -> None:
+        self._serving[peer.node_id] = _Serving(peer)
         peer.try_send(BLOCKSYNC_CHANNEL, self._status())
 
     def remove_peer(self, peer, reason) -> None:
+        serving = self._serving.get(peer.node_id)
+        if serving is not None and serving.peer is peer:
+            del self._serving[peer.node_id]
         entry = self.peer_status.get(peer.node_id)
         if entry is not None and entry[0] is peer:
             del self.peer_status[peer.node_id]
@@ -218,11 +232,7 @@ class BlocksyncReactor(Reactor):
         elif kind is BlocksyncType.STATUS_RESPONSE:
             self._status_arrived(peer, body.base, body.height)
         elif kind is BlocksyncType.BLOCK_REQUEST:
-            block = self.blocks.get(body.height)
-            if block is None:
-                peer.try_send(BLOCKSYNC_CHANNEL, encode(BlocksyncType.NO_BLOCK_RESPONSE, height=body.height))
-            else:
-                peer.try_send(BLOCKSYNC_CHANNEL, encode(BlocksyncType.BLOCK_RESPONSE, height=body.height, block=block))
+            self._block_requested(peer, body.height)
         elif kind is BlocksyncType.BLOCK_RESPONSE:
             self._block_arrived(peer, body.height, body.block)
         elif self.pending.get(body.height, (None,))[0] == peer.node_id:  # NO_BLOCK_RESPONSE
@@ -234,6 +244,42 @@ class BlocksyncReactor(Reactor):
     def _status(self) -> bytes:
         height = self.height
         return encode(BlocksyncType.STATUS_RESPONSE, base=1 if height else 0, height=height)
+
+    def _block_requested(self, peer, height: int) -> None:
+        """Queue the request for ``_serve``, or answer NoBlockResponse at once: for a block
+        we lack, or past ``max_pending_per_peer`` requests of that peer waiting (an honest
+        node asks no more of one peer; CometBFT's maxPendingRequestsPerPeer)."""
+        serving = self._serving.get(peer.node_id)
+        if height not in self.blocks or serving is None or len(serving.waiting) >= self.max_pending_per_peer:
+            if height in self.blocks:
+                self.requests_refused += 1
+            peer.try_send(BLOCKSYNC_CHANNEL, encode(BlocksyncType.NO_BLOCK_RESPONSE, height=height))
+            return
+        serving.waiting.append(height)
+        self._serve(serving)
+
+    def _serve(self, serving: "_Serving") -> None:
+        """Send the peer its requested blocks, one ``peer.send`` waiting at a time: a block
+        is encoded (a copy of up to MAX_BLOCK_BYTES) only once the channel took the one
+        before, so the work follows the bytes the peer reads, not the requests it sends.
+        A send accepted at once fires inside ``peer.send``; ``_served`` then leaves the
+        loop here to go on (no recursion)."""
+        if serving.busy or serving.looping:
+            return
+        serving.looping = True
+        try:
+            while serving.waiting and not serving.busy:
+                height = serving.waiting.popleft()
+                serving.busy = True
+                message = encode(BlocksyncType.BLOCK_RESPONSE, height=height, block=self.blocks[height])
+                serving.peer.send(BLOCKSYNC_CHANNEL, message).addCallback(self._served, serving)
+        finally:
+            serving.looping = False
+
+    def _served(self, accepted: bool, serving: "_Serving") -> None:
+        serving.busy = False  # accepted or not (send_timeout, the session ended): the next
+        if self._serving.get(serving.peer.node_id) is serving:
+            self._serve(serving)
 
     def _status_arrived(self, peer, base: int, height: int) -> None:
         """Keep a peer's range; walk the window only on its first status (later ones wait
@@ -308,3 +354,16 @@ class BlocksyncReactor(Reactor):
                 entry[3] = 0  # its send queue is full: ask it again on a later walk
             if entry[3] <= 0:
                 askable.remove(entry)
+
+
+class _Serving:
+    """The block requests of one peer that wait for an answer (at most
+    ``max_pending_per_peer``), and whether a ``peer.send`` of one is waiting."""
+
+    __slots__ = ("peer", "waiting", "busy", "looping")
+
+    def __init__(self, peer) -> None:
+        self.peer = peer
+        self.waiting: collections.deque = collections.deque()
+        self.busy = False
+        self.looping = False

@@ -17,7 +17,8 @@ tests/fuzz/message_target.py's.
   a peer that made it raise is removed as mconn's default policy would, and a new one
   comes. After every step: requests in flight within ``max_pending`` in all and
   ``max_pending_per_peer`` each, every one of them in the window above our height; every
-  kept status plausible; each step in bounded time.
+  kept status plausible; block requests waiting for an answer within
+  ``max_pending_per_peer`` per peer; each step in bounded time.
 * ``mempool_session``: a MempoolReactor (small bounds) and three FakePeers whose sends
   are accepted or not; each step a peer sends a transaction (from a small pool, so that
   duplicates happen, or raw bytes, too large or refused by ``check_tx``), the node adds
@@ -162,6 +163,8 @@ class BlocksyncSession:
         assert set(per_peer) <= {p.node_id for p in self.peers}, "a request pending to a peer that left"
         for _, base, top in reactor.peer_status.values():
             assert base <= top <= reactor.max_height, (base, top)
+        assert set(reactor._serving) == {p.node_id for p in self.peers}
+        assert all(len(s.waiting) <= reactor.max_pending_per_peer for s in reactor._serving.values())
 
 
 def blocksync_session(data: bytes) -> BlocksyncSession:

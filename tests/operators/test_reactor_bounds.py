@@ -136,6 +136,28 @@ def our_status(reactor) -> tuple[int, int]:
     return body.base, body.height
 
 
+def test_a_flood_of_block_requests_costs_one_encoded_block_until_the_channel_takes_it():
+    """1000 BlockRequests while the channel has no room: one block is encoded and waits in
+    peer.send, max_pending_per_peer requests wait, the other 979 get NoBlockResponse (9
+    bytes, no copy of the block). Each time the channel takes a block the next is sent."""
+    block = bytes(100_000)
+    reactor = attach(BlocksyncReactor({h: block for h in range(1, 30)}, max_pending_per_peer=20))
+    peer = FakePeer()
+    waiting = []
+    peer.send = lambda channel_id, message: (waiting.append(defer.Deferred()), waiting[-1])[1]
+    reactor.add_peer(peer)
+    for i in range(1000):
+        reactor.receive(BLOCKSYNC_CHANNEL, peer, encode(BlocksyncType.BLOCK_REQUEST, height=1 + i % 29))
+    assert len(waiting) == 1 and reactor.requests_refused == 979
+    refusals = [m for m in peer.sent_on(BLOCKSYNC_CHANNEL) if m[0] == BlocksyncType.NO_BLOCK_RESPONSE]
+    assert len(refusals) == 979
+    waiting[0].callback(True)
+    assert len(waiting) == 2
+    reactor.remove_peer(peer, None)
+    waiting[1].callback(False)  # the session ended: nothing more is sent
+    assert len(waiting) == 2 and reactor._serving == {}
+
+
 def test_malformed_messages_raise_the_reactors_error():
     reactor = attach(BlocksyncReactor())
     peer = FakePeer()
