@@ -23,6 +23,7 @@ from twisted.internet.protocol import Factory
 from helpers import RawPeer, bounded, close_packets_in, dialer_hello, stop_switches, the_reactor, until
 from mconn import ChannelDescriptor, Config, NodeKey, Reactor, Switch, TLSOptions
 from mconn.address import PeerAddress
+from mconn.websocket_common import WebSocketError
 from mconn.websocket_endpoints import dial_endpoint
 from mconn.wire import PacketType, encode_uvarint
 
@@ -127,8 +128,13 @@ async def test_connections_per_address_are_bounded(cell_params):
     cell = await open_cell(cell_params, max_connections_per_ip=2, max_pending_per_group=16)
     try:
         kept = [await cell.stranger(greeting=b"") for _ in range(2)]
-        refused, _ = await cell.stranger(greeting=b"")
-        await lost(refused, "the third connection from one address to be closed")
+        if cell.transport in ("ws", "wss"):  # refused at the upgrade, with an HTTP status
+            with pytest.raises(WebSocketError, match=r"\[429\]: ip_limit: 2 connections from"):
+                await cell.stranger(greeting=b"")
+        else:  # refused with a close packet
+            refused, _ = await cell.stranger(greeting=b"")
+            await lost(refused, "the third connection from one address to be closed")
+            assert closed_with(refused) == ["ip_limit"], close_packets_in(refused.data)
         assert cell.switch.refusals.get("ip_limit") == 1, cell.switch.refusals
         assert all(raw.lost is None for raw, _ in kept)
         for raw, _ in kept:
