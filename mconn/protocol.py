@@ -85,7 +85,8 @@ class MConnectionProtocol(Decisions, Protocol):
         self.started = self._clock.seconds()
         self._paused = False
         #: Reading stopped because the peer's messages for busy reactors passed
-        #: ``Config.reactor_backlog_bytes`` (PeerDelivery._hold in mconn/peer_delivery.py; specs/reactor-api.md 4.1).
+        #: ``Config.reactor_backlog_bytes`` or ``reactor_backlog_messages`` (PeerDelivery._hold in
+        #: mconn/peer_delivery.py; specs/reactor-api.md 4.1).
         self._backlogged = False
         #: Sizes the writes while ``_pause_after_write`` (set in connectionMade).
         self._ahead = WriteAhead(owner.config.write_ahead_time or 1.0, owner.config.write_batch_bytes)

@@ -15,6 +15,7 @@ import secrets
 
 from twisted.internet import defer
 
+from mconn.address import host_of
 from mconn.channel import ChannelDescriptor
 from mconn.codec import encode_message
 from mconn.errors import ConnectionClosed, ReactorError
@@ -38,7 +39,8 @@ class FakePeer:
     :param channels: the ChannelDescriptors the peer announced; None accepts any channel
         and any size.
     :param is_outbound: whether "we" dialed this peer.
-    :param remote_address: the ``host:port`` the connection comes from.
+    :param remote_address: the ``host:port`` the connection comes from; ``remote_host``
+        is its host (None if it names none), as a Peer's comes from its transport.
     :param listen_address: the address the peer says it listens on.
     :param node_info: the ``mconn.NodeInfo`` the peer announced (``peer.node_info``), or None.
 
@@ -64,6 +66,7 @@ class FakePeer:
         #: Data reactors share about the peer (as ``Peer.data``; ``get`` / ``set``).
         self.data: dict = {}
         self.remote_address = remote_address
+        self.remote_host = host_of(remote_address)
         self.listen_address = listen_address
         #: Channels the peer announced, by id (None: any channel is accepted).
         self.channels: dict[int, ChannelInfo] | None = None
