@@ -1,13 +1,17 @@
-"""A node under attacks 4 to 7 of issue 12 at once keeps serving its good peers.
+"""A node under many attacks at once keeps serving its good peers, over tcp, ws and IPv6.
 
 For ATTACK_SECONDS (30) another process (attackers.py) opens and resets sessions with
 made-up node ids from one address, hoards the node's data with identities that never
 acknowledge, keeps 64 silent sockets open from 8 addresses, and announces attacker-chosen
 dial targets through made-up PEX identities (the node runs the PEX reactor; its dials are
-recorded and refused in the process, so none leaves the machine). Meanwhile two good peers
-(real Switches from their own loopback addresses) and the node exchange numbered
-messages both ways, and a third good peer from a new address dials in two thirds of the
-way through. Afterwards:
+recorded and refused in the process, so none leaves the machine). With them run the
+attacks on the transport itself: 64 sockets from one address that say almost nothing (on
+a ws listener, the start of an upgrade that never ends), a flood of empty messages to a
+channel whose reactor is busy (the reactor backlog), and hellos announcing a
+``max_packet_payload`` of 1 (every message cut into 1-byte packets). Meanwhile two good
+peers (real Switches from addresses of their own) and the node exchange numbered messages
+both ways, and a third good peer from a new address dials in 18 s into the attack.
+Afterwards:
 
 * the two good peers are still connected, on the same sessions, never removed, and every
   message either way arrived once, in order;
@@ -18,18 +22,41 @@ way through. Afterwards:
   reserves, its suspended sessions within ``max_suspended_bytes``, and the process's RSS
   (after a collection and malloc_trim) grew by less than RSS_BOUND, 96 MiB (17 MiB
   measured): the node pushes 2 MiB to each of the ~190 hoarders and the dormant sessions
-  number in the thousands, which without the limits stayed pinned for the whole grace.
+  number in the thousands, which without the limits stayed pinned for the whole grace;
+* no address held more inbound sessions, live or suspended, than
+  ``max_connections_per_ip`` (sampled every 0.25 s), the addresses of one IPv6 /64
+  counting as one;
+* the busy channel never had more than FLOOD_HELD_BOUND messages of one peer waiting for
+  it (a bound on payload bytes alone never stops reading empty messages);
+* the node never cut a message into packets under 1024 bytes for a peer that asked for 1.
+
+Each variant runs the same attacks and asserts the same:
+
+* ``tcp``: a TCP listener on 127.0.0.1; every attacker and good peer has a loopback
+  address of its own (each is its own address group: specs/connection.md section 6);
+* ``ws``: a ws:// listener on 127.0.0.1; the attackers speak WebSocket (an upgrade, then
+  masked binary frames), the silent sockets stall before the upgrade;
+* ``ipv6``: a TCP listener on an IPv6 address, in a network namespace the test makes
+  (the loopback interface has only ::1 otherwise, one address for everyone, where no
+  per-address limit can tell a good peer from an attacker): each attacking role comes
+  from several addresses of one /64 of its own, as one IPv6 host can, and each good peer
+  from a /64 of its own. Skipped where the process may not make a network namespace.
 
 Every wait is bounded; the attacker process and every Switch are stopped.
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import ctypes
 import gc
+import ipaddress
 import json
+import os
 import pathlib
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -42,7 +69,7 @@ from helpers import bounded, record_dials, sleep, the_reactor, until
 from mconn import Config, Reactor, Switch
 from reactors.pex import PexReactor
 
-from .attackers import CHANNELS
+from .attackers import BUSY, CHANNELS, all_sources
 from .test_loopback import stop
 
 pytestmark = pytest.mark.integration
@@ -59,8 +86,77 @@ VICTIM_CONFIG = Config(
     max_suspended_sessions=16,
     max_suspended_bytes=16 << 20,
     send_timeout=20.0,
+    # Sessions that carried traffic hold inbound slots: up to 16 suspended, 10 hoarders,
+    # 10 sybils, a dormant one and the 2 good peers (39), and the flood's 2, which last
+    # the whole attack: 2 more than the default 40 leave the newcomer its one slot.
+    max_inbound_peers=42,
 )
-GOOD = ["127.0.0.100", "127.0.0.101", "127.0.0.102"]
+#: Seconds the busy channel's reactor takes over each message it is handed alone.
+HOLD = 2.0
+#: The most messages of one peer the busy channel may have waiting: reactor_backlog_bytes
+#: at 16 bytes a message (what a held message costs at least: a CPython bytes object
+#: alone is 33), plus what one 64 KiB read completes (4-byte empty messages). Reading on,
+#: the node would have held hundreds of thousands within HOLD.
+FLOOD_HELD_BOUND = VICTIM_CONFIG.reactor_backlog_bytes // 16 + (64 << 10) // 4
+#: Where the node must never dial, whatever the sybils announce.
+FORBIDDEN_HOSTS = ("169.254.169.254", "10.0.0.1", "fd00:ec2::254")
+PATH = "/mconn"
+#: When the third good peer dials, as a part of the attack: 18 s in, between two
+#: expiries of the silent sockets (every ws_handshake_timeout, 10 s, they time out
+#: together and are renewed within 0.1 s), so that it meets the sockets' slots full.
+NEWCOMER_AT = 0.6
+CLONE_NEWNET = 0x40000000
+
+
+class Variant:
+    """One transport the attacks run over: the victim's listen endpoint and address, the
+    good peers' addresses, and the attackers' options (attackers.py)."""
+
+    def __init__(self, name, host, listen, dial, goods, attacker_options):
+        self.name, self.host, self.listen, self.goods = name, host, listen, goods
+        self.dial = dial  # (node id, port) -> the address a good peer dials
+        self.attacker_options = attacker_options
+
+
+V6 = "fd00:0:0:1::1"
+VARIANTS = {
+    "tcp": Variant("tcp", "127.0.0.1", "tcp:0:interface=127.0.0.1", lambda node, port: f"{node}@127.0.0.1:{port}",
+                   ["127.0.0.100", "127.0.0.101", "127.0.0.102"], []),
+    "ws": Variant("ws", "127.0.0.1", f"ws:tcp:0:interface=127.0.0.1:path={PATH}",
+                  lambda node, port: f"{node}@ws://127.0.0.1:{port}{PATH}",
+                  ["127.0.0.100", "127.0.0.101", "127.0.0.102"], ["--ws", PATH]),
+    "ipv6": Variant("ipv6", V6, "tcp6:0:interface=" + V6.replace(":", "\\:"),
+                    lambda node, port: f"{node}@[{V6}]:{port}",
+                    ["fd00:0:0:100::1", "fd00:0:0:101::1", "fd00:0:0:102::1"], ["--host", V6, "--ipv6"]),
+}
+
+
+@contextlib.contextmanager
+def network_of(variant: Variant):
+    """For ``ipv6``: this thread (the event loop's: every socket the test makes, and the
+    processes it starts) in a new network namespace whose loopback interface has the
+    victim's, the good peers' and the attackers' addresses; back home at the end, when
+    the namespace goes with its last socket. Nothing for the others."""
+    if variant.name != "ipv6":
+        yield
+        return
+    if shutil.which("ip") is None:
+        pytest.skip("no ip command (iproute2) to give the namespace its addresses")
+    libc = ctypes.CDLL(None, use_errno=True)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if libc.unshare(CLONE_NEWNET) != 0:
+            pytest.skip(f"cannot make a network namespace: {os.strerror(ctypes.get_errno())}")
+        try:
+            addresses = [variant.host, *variant.goods, *all_sources(ipv6=True)]
+            commands = "link set lo up\n" + "".join(f"addr add {a}/64 dev lo nodad\n" for a in addresses)
+            subprocess.run(["ip", "-batch", "-"], input=commands, text=True, check=True, timeout=20)
+            yield
+        finally:
+            if libc.setns(home, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "cannot return to the test's own network namespace")
+    finally:
+        os.close(home)
 
 
 class Numbered(Reactor):
@@ -93,6 +189,79 @@ class Numbered(Reactor):
         if number != expected:
             self.disorder.append((peer.node_id, expected, number))
         self.next[peer.node_id] = number + 1
+
+
+class Busy(Reactor):
+    """The busy channel 0x22: a message handed over alone keeps it busy for HOLD seconds
+    (``receive`` returns a Deferred), so the peer's later messages wait at mconn (the
+    reactor backlog, specs/reactor-api.md section 4.1); when it fires they are handed
+    over at once, and ``largest`` is the most of them handed over together: the most one
+    peer had waiting."""
+
+    def __init__(self):
+        self.received = 0
+        self.largest = 0
+        self._batch = None  # messages handed over since a hold ended, while it is ending
+        self._calls = []
+
+    def get_channels(self):
+        return [BUSY]
+
+    def receive(self, channel_id, peer, message):
+        self.received += 1
+        if self._batch is not None:
+            self._batch += 1
+            return None
+        held = defer.Deferred()
+        self._calls = [c for c in self._calls if c.active()]
+        self._calls.append(the_reactor().callLater(HOLD, self._release, held))
+        return held
+
+    def _release(self, held):
+        self._batch = 0
+        try:
+            held.callback(None)  # the waiting messages come to receive before this returns
+        finally:
+            self.largest, self._batch = max(self.largest, self._batch), None
+
+    def stop(self):
+        for call in self._calls:
+            if call.active():
+                call.cancel()
+
+
+class SessionsPerAddress:
+    """The most inbound sessions, live or suspended, the node held at once from one
+    address, an IPv6 /64 counting as one (the unit of ``max_connections_per_ip``),
+    sampled every 0.25 s: ``most`` is (how many, the address)."""
+
+    def __init__(self, switch):
+        self.switch = switch
+        self.most = (0, None)
+        self.loop = task.LoopingCall(self.sample)
+        self.loop.clock = the_reactor()
+
+    def sample(self):
+        held = collections.Counter(
+            limit_unit(p.remote_address) for p in self.switch.peers.values() if not p.is_outbound
+        )
+        for unit, count in held.items():
+            if count > self.most[0]:
+                self.most = (count, unit)
+
+    def start(self):
+        self.loop.start(0.25)
+
+    def stop(self):
+        if self.loop.running:
+            self.loop.stop()
+
+
+def limit_unit(remote_address: str) -> str:
+    """The address ``max_connections_per_ip`` counts a ``host:port`` in: an IPv4 address,
+    or the /64 of an IPv6 one."""
+    host = ipaddress.ip_address(remote_address.rsplit(":", 1)[0].strip("[]"))
+    return str(ipaddress.ip_network((int(host), 64), strict=False)) if host.version == 6 else str(host)
 
 
 def rss() -> int:
@@ -145,28 +314,39 @@ class Talk:
             self.loop.stop()
 
 
+@pytest.mark.parametrize("transport", list(VARIANTS))
 @pytest_twisted.ensureDeferred
-async def test_a_node_under_attacks_four_to_six_keeps_its_good_peers_and_lets_a_new_one_in():
+async def test_a_node_under_attack_keeps_its_good_peers_and_lets_a_new_one_in(transport):
     """See the module docstring: good peers stay connected and lose nothing, a new good
-    peer gets in, and memory stays bounded while attacks 4-6 run for 30 s."""
-    victim_log = Numbered(push=True)
+    peer gets in, and memory, the busy channel's backlog and packet sizes stay bounded
+    while the attacks run for 30 s, over ``transport``."""
+    variant = VARIANTS[transport]
+    with network_of(variant):
+        await under_attack(variant)
+
+
+async def under_attack(variant: Variant):
+    victim_log, busy = Numbered(push=True), Busy()
     pex = PexReactor(rng=random.Random(7))
-    victim = Switch([victim_log, pex], clock=the_reactor(), config=VICTIM_CONFIG)
+    victim = Switch([victim_log, pex, busy], clock=the_reactor(), config=VICTIM_CONFIG)
     dialed = record_dials(victim, passthrough=False)
+    per_address = SessionsPerAddress(victim)
     victim.startService()
     goods, attackers, talks = [], None, []
     try:
-        port = (await victim.listen("tcp:0:interface=127.0.0.1")).getHost().port
-        for address in GOOD[:2]:
-            switch, log = good_node(address)
-            goods.append((switch, log, await bounded(switch.dial(f"{victim.node_id}@127.0.0.1:{port}"))))
+        port = (await victim.listen(variant.listen)).getHost().port
+        address = variant.dial(victim.node_id, port)
+        for good in variant.goods[:2]:
+            switch, log = good_node(good)
+            goods.append((switch, log, await bounded(switch.dial(address))))
         await until(lambda: len(victim.peers) == 2, "both good peers at the node")
         held = dict(victim.peers)
         talks = [Talk(peer, victim_log, switch.node_id) for switch, _, peer in goods]
         talks += [Talk(held[switch.node_id], log, victim.node_id) for switch, log, _ in goods]
         rss_before = rss()
         attackers = subprocess.Popen(
-            [sys.executable, str(ATTACKERS), str(port), str(ATTACK_SECONDS)],
+            [sys.executable, str(ATTACKERS), str(port), str(ATTACK_SECONDS), "--transport-attacks",
+             *variant.attacker_options],
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
@@ -175,20 +355,25 @@ async def test_a_node_under_attacks_four_to_six_keeps_its_good_peers_and_lets_a_
         started = time.monotonic()
         for talk in talks:
             talk.start()
-        await sleep(ATTACK_SECONDS * 2 / 3)
-        third, third_log = good_node(GOOD[2])
+        per_address.start()
+        await sleep(ATTACK_SECONDS * NEWCOMER_AT)
+        third, third_log = good_node(variant.goods[2])
         goods.append((third, third_log, None))
-        newcomer = await bounded(third.dial(f"{victim.node_id}@127.0.0.1:{port}"), 15)
+        newcomer = await bounded(third.dial(address), 15)
         assert newcomer.state == "connected"
-        await sleep(ATTACK_SECONDS / 3)
+        await sleep(ATTACK_SECONDS * (1 - NEWCOMER_AT))
         for talk in talks:
             talk.stop()
+        per_address.stop()
         counts = json.loads((await bounded(defer.maybeDeferred(_wait, attackers), ATTACK_SECONDS)) or "{}")
-        print(f"\nattackers: {counts}; refusals at the node: {victim.refusals}")
+        print(f"\n{variant.name} attackers: {counts}; refusals at the node: {victim.refusals}; "
+              f"busy channel: {busy.received} messages, at most {busy.largest} waiting; "
+              f"most sessions from one address: {per_address.most}")
         elapsed = time.monotonic() - started
         assert counts.get("dormant", 0) > 100 and counts.get("hoard", 0) > 50 and counts.get("stall", 0) >= 64
         assert counts.get("sybil", 0) > 50
-        forbidden = [d for d in dialed if d[0] in ("169.254.169.254", "10.0.0.1") or d == ("127.0.0.1", port)]
+        assert counts.get("slowloris", 0) >= 64 and counts.get("flood", 0) > 0 and counts.get("tiny", 0) > 5
+        forbidden = [d for d in dialed if d[0] in FORBIDDEN_HOSTS or d == (variant.host, port)]
         assert forbidden == [], forbidden
         assert len(dialed) <= pex.dial_burst + pex.dial_rate * elapsed + 1, (len(dialed), elapsed)
         used, suspended = victim._sessions.budget.used, [p for p in victim.peers.values() if p.state == "suspended"]
@@ -197,6 +382,12 @@ async def test_a_node_under_attacks_four_to_six_keeps_its_good_peers_and_lets_a_
         growth = rss() - rss_before
         print(f"RSS grew by {growth / (1 << 20):.1f} MiB (bound {RSS_BOUND >> 20} MiB)")
         assert growth < RSS_BOUND
+        # One address (an IPv6 /64) held no more sessions than its share.
+        assert per_address.most[0] <= VICTIM_CONFIG.max_connections_per_ip, per_address.most
+        # The transport attacks: the backlog of empty messages and the packet floor.
+        assert busy.largest <= FLOOD_HELD_BOUND, (busy.largest, FLOOD_HELD_BOUND)
+        cut = counts["tiny_cut"]
+        assert cut == 0, f"{cut} of {counts['tiny']} peers that asked for 1-byte packets got them"
         # The good peers: same sessions, never removed, everything once and in order.
         for node_id, peer in held.items():
             assert victim.peers.get(node_id) is peer and peer.state == "connected"
@@ -207,6 +398,8 @@ async def test_a_node_under_attacks_four_to_six_keeps_its_good_peers_and_lets_a_
         assert victim_log.disorder == [] and all(log.disorder == [] for _, log, _ in goods)
         victim._check_invariants()
     finally:
+        per_address.stop()
+        busy.stop()
         for talk in talks:
             talk.stop()
         if attackers is not None and attackers.poll() is None:
