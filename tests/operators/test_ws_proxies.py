@@ -247,6 +247,72 @@ async def test_a_node_behind_nginx_is_reached_with_ws_and_with_wss_where_nginx_t
 
 @pytest.mark.skipif(not NGINX.exists(), reason="make installs nginx (/usr/sbin/nginx)")
 @pytest_twisted.ensureDeferred
+async def test_a_client_behind_nginx_that_writes_its_own_x_forwarded_for_gets_no_more_sessions(workdir):
+    """A node behind nginx trusts it (ws_trusted_proxies, max_connections_per_ip 4). A client
+    behind nginx opens 8 sessions, each claiming another address: 4 in an X-Forwarded-For of
+    its own (nginx appends the client's real address, the last hop, which counts), 4 smuggled
+    inside another header after a 0x85 byte (which autobahn alone would take for a line break).
+    The smuggled ones are refused with 400 naming the byte; of the others the limit lets 4
+    in, all counted as 127.0.0.1 (the client nginx saw); the fifth and later get 429."""
+    import random
+
+    from tests.integration.hostile_clients import CHANNELS as HOSTILE_CHANNELS, hello
+    from tests.integration.test_websocket import client_frame, raw_client, upgrade_request
+
+    b = Switch([Collector(HOSTILE_CHANNELS)], clock=the_reactor(), config=CONFIG.replace(
+        ws_trusted_proxies=frozenset({"127.0.0.1"}), max_connections_per_ip=4,
+    ))
+    b.startService()
+    nginx, raws, rng = None, [], random.Random(3)
+    try:
+        upstream = (await b.listen(f"ws:tcp:0:interface=127.0.0.1:path={PATH}")).getHost().port
+        nginx, http_port, _, _ = await start_nginx(workdir, upstream)
+        answers = []
+        for n in range(8):
+            claim = f"203.0.113.{n + 1}".encode()
+            extra = b"X-Forwarded-For: " + claim if n % 2 else b"X-Note: a\x85X-Forwarded-For: " + claim
+            request = upgrade_request(http_port)[:-2] + extra + b"\r\n\r\n"
+            raw = await raw_client(http_port, request)
+            raws.append(raw)
+            deadline = time.monotonic() + TIMEOUT
+            while b"\r\n\r\n" not in raw.data and raw.lost is None:
+                assert time.monotonic() < deadline, f"no answer from nginx: {nginx.logs()}"
+                await sleep(0.02)
+            status = bytes(raw.data).split(b"\r\n", 1)[0]
+            answers.append(status)
+            if status.startswith(b"HTTP/1.1 101"):
+                raw.transport.write(client_frame(0x2, hello(rng)))
+        smuggled, own = answers[0::2], answers[1::2]
+        assert all(a.startswith(b"HTTP/1.1 400") for a in smuggled), answers
+        assert [a[:12] for a in own] == [b"HTTP/1.1 101"] * 4, answers
+        deadline = time.monotonic() + TIMEOUT
+        while len(b.peers) < 4:
+            assert time.monotonic() < deadline, f"{len(b.peers)} sessions: {answers}"
+            await sleep(0.02)
+        for n in range(4):  # past the limit: refused, naming the client nginx saw
+            request = upgrade_request(http_port)[:-2] + f"X-Forwarded-For: 198.51.100.{n}\r\n\r\n".encode()
+            raw = await raw_client(http_port, request)
+            raws.append(raw)
+            deadline = time.monotonic() + TIMEOUT
+            while b"\r\n\r\n" not in raw.data and raw.lost is None:
+                assert time.monotonic() < deadline, "no answer from nginx"
+                await sleep(0.02)
+            status = bytes(raw.data).split(b"\r\n", 1)[0]
+            assert status.startswith(b"HTTP/1.1 429"), status
+        assert len(b.peers) == 4
+        assert {p.remote_address.rpartition(":")[0] for p in b.peers.values()} == {"127.0.0.1"}
+        assert b._admission.per_ip == {"127.0.0.1": 4}
+        b._check_invariants()
+    finally:
+        for raw in raws:
+            raw.transport.abortConnection()
+        await stop(b)
+        if nginx is not None:
+            nginx.stop()
+
+
+@pytest.mark.skipif(not NGINX.exists(), reason="make installs nginx (/usr/sbin/nginx)")
+@pytest_twisted.ensureDeferred
 async def test_a_wss_dial_to_nginx_refuses_a_certificate_its_cas_did_not_sign(workdir):
     """A dialer that trusts another CA (Config.wss_ca_file) refuses nginx's certificate
     with a TLSError saying the verification failed; no session starts."""
