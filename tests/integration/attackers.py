@@ -25,7 +25,9 @@ With ``--transport-attacks``, also:
   bytes alone never stops reading zero-byte messages);
 * **tiny**: from one address, a hello announcing ``max_packet_payload`` 1, then reading
   what the node sends: ``tiny_cut`` counts the connections on which the node cut a
-  message into packets of less than ``MIN_CUT`` bytes (each costs it a packet's work).
+  message into packets of less than ``MIN_CUT`` bytes (each costs it a packet's work);
+* **browser** (WebSocket only): from one address, upgrades that carry an ``Origin``
+  header, as a web page's would; ``browser_open`` counts the ones the listener took.
 
 ``--ws PATH`` speaks WebSocket (RFC 6455: an upgrade request, then masked binary frames)
 to a ``ws://HOST:PORT/PATH`` listener. Sources are loopback addresses of 127.0.0.0/8,
@@ -72,9 +74,9 @@ MIN_CUT = 1024
 #: The IPv6 sources: role r, index i is IPV6_PREFIX:r::(i+1) (one /64 per role).
 IPV6_PREFIX = "fd00:0:0"
 #: Each role's first IPv4 source (127.0.0.BASE + i) and, as a hex group, its IPv6 /64.
-ROLES = {"dormant": 2, "hoard": 30, "stall": 50, "slowloris": 60, "sybil": 70, "flood": 90, "tiny": 95}
+ROLES = {"dormant": 2, "hoard": 30, "stall": 50, "slowloris": 60, "sybil": 70, "flood": 90, "tiny": 95, "browser": 97}
 #: How many sources each role uses.
-SOURCES = {"dormant": 1, "hoard": 10, "stall": 8, "slowloris": 1, "sybil": 10, "flood": 2, "tiny": 1}
+SOURCES = {"dormant": 1, "hoard": 10, "stall": 8, "slowloris": 1, "sybil": 10, "flood": 2, "tiny": 1, "browser": 1}
 #: One empty message on BUSY is 4 bytes; a write of the flood carries this many of them.
 EMPTY_MESSAGE = wire.encode_packet(wire.PacketType.MSG, channel_id=BUSY.id, eof=True, data=b"")
 FLOOD_WRITE = EMPTY_MESSAGE * 16384
@@ -134,12 +136,13 @@ def reset(sock: socket.socket) -> None:
     sock.close()
 
 
-def upgrade_request(target: Target) -> bytes:
+def upgrade_request(target: Target, extra: str = "") -> bytes:
+    """A WebSocket upgrade to the target's path; ``extra``: more header lines."""
     key = base64.b64encode(os.urandom(16)).decode()
     return (
         f"GET {target.path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\nUpgrade: websocket\r\n"
         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
-        f"Sec-WebSocket-Protocol: mconn\r\n\r\n"
+        f"Sec-WebSocket-Protocol: mconn\r\n{extra}\r\n"
     ).encode()
 
 
@@ -155,10 +158,10 @@ class Wire:
         self.reader = FrameReader(masked=False, max_message=1 << 30)
         self.early = b""  # frame bytes that came with the 101 answer
 
-    def open(self) -> None:
+    def open(self, extra: str = "") -> None:
         if not self.ws:
             return
-        self.sock.sendall(upgrade_request(self.target))
+        self.sock.sendall(upgrade_request(self.target, extra))
         head = b""
         while b"\r\n\r\n" not in head:
             part = self.sock.recv(4096)
@@ -376,6 +379,29 @@ def tiny(target: Target, deadline: float, counts: dict) -> None:
         time.sleep(0.2)
 
 
+def browser(target: Target, deadline: float, counts: dict) -> None:
+    """What a web page in the operator's browser can do: upgrades with an Origin header
+    (``browser_open`` counts the ones the listener took), each then a made-up peer."""
+    rng = random.Random(400)
+    while time.monotonic() < deadline:
+        sock = connect(target, source("browser", 0, target.ipv6))
+        if sock is None:
+            time.sleep(0.1)
+            continue
+        counts["browser"] += 1
+        try:
+            peer = Wire(sock, target)
+            peer.open("Origin: http://attacker.example\r\n")
+            counts["browser_open"] += 1
+            peer.send(made_up_hello(rng, pex=True, listen_address=target.address(target.host, target.port)))
+            sock.settimeout(0.5)
+            sock.recv(4096)
+        except OSError:
+            pass
+        sock.close()
+        time.sleep(0.2)
+
+
 def roles(target: Target, deadline: float, counts: dict, transport_attacks: bool) -> list[threading.Thread]:
     def each(function, role):
         return [threading.Thread(target=function, args=(target, i, deadline, counts)) for i in range(SOURCES[role])]
@@ -386,6 +412,8 @@ def roles(target: Target, deadline: float, counts: dict, transport_attacks: bool
         threads.append(threading.Thread(target=slowloris, args=(target, deadline, counts)))
         threads += each(flood, "flood")
         threads.append(threading.Thread(target=tiny, args=(target, deadline, counts)))
+        if target.path:
+            threads.append(threading.Thread(target=browser, args=(target, deadline, counts)))
     return threads
 
 
@@ -403,6 +431,8 @@ def main(argv: list[str]) -> int:
     counts = dict.fromkeys(["dormant", "hoard", "stall", "sybil"], 0)
     if args.transport_attacks:
         counts.update(dict.fromkeys(["slowloris", "flood", "flood_messages", "tiny", "tiny_cut"], 0))
+        if args.ws:
+            counts.update(browser=0, browser_open=0)
     threads = roles(target, deadline, counts, args.transport_attacks)
     for thread in threads:
         thread.start()

@@ -7,11 +7,11 @@ dial targets through made-up PEX identities (the node runs the PEX reactor; its 
 recorded and refused in the process, so none leaves the machine). With them run the
 attacks on the transport itself: 64 sockets from one address that say almost nothing (on
 a ws listener, the start of an upgrade that never ends), a flood of empty messages to a
-channel whose reactor is busy (the reactor backlog), and hellos announcing a
-``max_packet_payload`` of 1 (every message cut into 1-byte packets). Meanwhile two good
-peers (real Switches from addresses of their own) and the node exchange numbered messages
-both ways, and a third good peer from a new address dials in 18 s into the attack.
-Afterwards:
+channel whose reactor is busy (the reactor backlog), hellos announcing a
+``max_packet_payload`` of 1 (every message cut into 1-byte packets), and on ws upgrades
+carrying an ``Origin`` header, as a web page's would. Meanwhile two good peers (real
+Switches from addresses of their own) and the node exchange numbered messages both ways,
+and a third good peer from a new address dials in 18 s into the attack. Afterwards:
 
 * the two good peers are still connected, on the same sessions, never removed, and every
   message either way arrived once, in order;
@@ -28,7 +28,8 @@ Afterwards:
   counting as one;
 * the busy channel never had more than FLOOD_HELD_BOUND messages of one peer waiting for
   it (a bound on payload bytes alone never stops reading empty messages);
-* the node never cut a message into packets under 1024 bytes for a peer that asked for 1.
+* the node never cut a message into packets under 1024 bytes for a peer that asked for 1;
+* a ws listener took no upgrade that carried an ``Origin`` (a web page's).
 
 Each variant runs the same attacks and asserts the same:
 
@@ -386,6 +387,7 @@ async def under_attack(variant: Variant):
         assert per_address.most[0] <= VICTIM_CONFIG.max_connections_per_ip, per_address.most
         # The transport attacks: the backlog of empty messages and the packet floor.
         assert busy.largest <= FLOOD_HELD_BOUND, (busy.largest, FLOOD_HELD_BOUND)
+        assert counts.get("browser_open", 0) == 0, f"{counts['browser_open']} upgrades with an Origin taken"
         cut = counts["tiny_cut"]
         assert cut == 0, f"{cut} of {counts['tiny']} peers that asked for 1-byte packets got them"
         # The good peers: same sessions, never removed, everything once and in order.
