@@ -23,6 +23,8 @@ from twisted.internet.protocol import Factory
 from helpers import RawPeer, bounded, close_packets_in, dialer_hello, stop_switches, the_reactor, until
 from mconn import ChannelDescriptor, Config, NodeKey, Reactor, Switch, TLSOptions
 from mconn.address import PeerAddress
+from mconn.session import MESSAGE_OVERHEAD
+from mconn.session_table import PeerState
 from mconn.websocket_common import WebSocketError
 from mconn.websocket_endpoints import dial_endpoint
 from mconn.wire import PacketType, encode_uvarint
@@ -43,14 +45,35 @@ class Quiet(Reactor):
         pass
 
 
+class Pusher(Reactor):
+    """Sends every new peer empty messages until one is refused (at most LIMIT)."""
+
+    LIMIT = 100_000
+
+    def __init__(self) -> None:
+        self.accepted: dict[str, int] = {}
+
+    def get_channels(self):
+        return [ChannelDescriptor(0x20, send_queue_capacity=self.LIMIT)]
+
+    def add_peer(self, peer):
+        count = 0
+        while count < self.LIMIT and peer.try_send(0x20, b""):
+            count += 1
+        self.accepted[peer.node_id] = count
+
+    def receive(self, channel_id, peer, message):
+        pass
+
+
 class Cell:
     """A listening Switch on one transport and address family, and ways to reach it."""
 
-    def __init__(self, transport: str, host: str, config: Config) -> None:
+    def __init__(self, transport: str, host: str, config: Config, reactor: Reactor | None = None) -> None:
         self.transport, self.host = transport, host
         self.secure = transport in ("tls", "wss")
         self.switch = Switch(
-            [Quiet()], clock=the_reactor(), config=config,
+            [reactor or Quiet()], clock=the_reactor(), config=config,
             tls=TLSOptions.identity(NodeKey.generate()) if self.secure else None,
         )
         self.switch.startService()
@@ -108,8 +131,8 @@ def cell_params(request):
     return request.param
 
 
-async def open_cell(params, **limits) -> Cell:
-    cell = Cell(params[0], params[1], BASE.replace(**limits))
+async def open_cell(params, reactor: Reactor | None = None, **limits) -> Cell:
+    cell = Cell(params[0], params[1], BASE.replace(**limits), reactor)
     await cell.listen()
     return cell
 
@@ -239,5 +262,41 @@ async def test_strangers_connections_release_every_count(cell_params):
             raw.transport.abortConnection()
         await until(lambda: not cell.switch.connections, "every stranger's connection to go")
         cell.switch._check_invariants()
+    finally:
+        await stop_switches(cell.switch)
+
+
+@pytest_twisted.ensureDeferred
+async def test_dormant_sessions_of_one_address_make_room_instead_of_piling_up(cell_params):
+    """Strangers from one address open sessions and break them: at most
+    ``max_connections_per_ip`` sessions of that address stay suspended, the oldest giving
+    way to each newcomer, which is never refused."""
+    cell = await open_cell(cell_params, max_connections_per_ip=3, resume_grace=30.0)
+    try:
+        for n in range(5):
+            raw, key = await cell.stranger()
+            await until(lambda: key.node_id in cell.switch.peers, f"stranger {n}'s session")
+            raw.transport.abortConnection()
+            await until(lambda: cell.switch.peers[key.node_id].state is PeerState.SUSPENDED, f"session {n} suspended")
+            assert len(cell.switch.peers) <= 3, len(cell.switch.peers)
+        assert len(cell.switch.peers) == 3 and "ip_limit" not in cell.switch.refusals, cell.switch.refusals
+        cell.switch._check_invariants()
+    finally:
+        await stop_switches(cell.switch)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stranger_that_never_acknowledges_is_sent_a_bounded_number_of_empty_messages(cell_params):
+    """A stranger that reads but never acknowledges: the node accepts empty messages for
+    it only while their cost (each message 64 bytes) fits its recovery buffer and reserve."""
+    pusher = Pusher()
+    cell = await open_cell(cell_params, pusher, recovery_buffer_bytes=65536)
+    try:
+        raw, key = await cell.stranger()
+        await until(lambda: key.node_id in pusher.accepted, "the stranger's session")
+        accepted = pusher.accepted[key.node_id]
+        bound = (65536 + 65536) // MESSAGE_OVERHEAD + 1  # the recovery buffer, the channel's reserve, one
+        assert 0 < accepted <= bound < Pusher.LIMIT, accepted
+        assert cell.switch.peers[key.node_id].session.unacked_bytes <= 65536 + 65536 + MESSAGE_OVERHEAD
     finally:
         await stop_switches(cell.switch)
