@@ -322,7 +322,13 @@ class ConnectionSet:
         )
 
     def close_all(self, reason_for) -> list:
-        """Close every connection with ``reason_for()``; Deferreds that fire once each is gone."""
+        """Close every connection with ``reason_for()``; Deferreds that fire once each is gone.
+        A WebSocket connection still upgrading is answered (an HTTP 503 naming the reason)
+        and dropped by its carrier; nothing waits for it."""
+        for upgrade in list(self._upgrading.values()):
+            if upgrade.pending:
+                reason = reason_for()
+                upgrade.give_way(PeerRejected(getattr(reason, "code", "shutdown"), str(reason)))
         waits = []
         for protocol in list(self.live):
             d = defer.Deferred()

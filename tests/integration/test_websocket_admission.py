@@ -213,3 +213,29 @@ async def test_a_pending_upgrade_counts_from_accept_until_the_mconn_handshake_en
         if sock is not None:
             sock.close()
         await stop(a)
+
+
+@pytest.mark.parametrize("scheme", ["ws", "wss"])
+@pytest_twisted.ensureDeferred
+async def test_a_stopping_switch_drops_the_upgrades_under_way(scheme):
+    """A Switch that stops answers a connection still upgrading and drops it, as it closes its
+    connections: nothing is left waiting for ws_handshake_timeout, nothing stays counted."""
+    tls_of = identity if scheme == "wss" else plain
+    a = node(tls=tls_of(NodeKey.generate()))
+    sock = None
+    try:
+        port = await listen(a, scheme)
+        sock = silent(HONEST, port)
+        await until(lambda: a._admission.pending == 1, "the pending upgrade")
+        await stop(a)
+        await until(lambda: _answered(sock), "the listener to close the upgrade", seconds=5)
+        if scheme == "ws":
+            answer = await read_until_closed(sock)
+            assert answer.startswith(b"HTTP/1.1 503 shutdown: closed by this node: shutdown"), answer[:200]
+        await until(lambda: a._admission.pending == 0, "nothing pending")
+        assert a._admission.per_ip == {}
+        a._check_invariants()
+    finally:
+        if sock is not None:
+            sock.close()
+        await stop(a)
