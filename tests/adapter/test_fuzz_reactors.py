@@ -16,7 +16,6 @@ under atheris; the PEX and chat decoders are tests/core/test_fuzz_pex_chat.py's.
 
 from __future__ import annotations
 
-import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -44,11 +43,8 @@ FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCh
 
 
 @pytest.fixture(scope="module", autouse=True)
-def tracing():
+def traced(tracing):
     """Memory is measured only while tracemalloc traces (message_target.bounded)."""
-    tracemalloc.start()
-    yield
-    tracemalloc.stop()
 
 
 def outcome(result) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-import tracemalloc
 
 import pytest
 from hypothesis import event, given, settings
@@ -36,11 +35,8 @@ VECTORS = json.loads((pathlib.Path(__file__).resolve().parents[2] / "specs" / "v
 
 
 @pytest.fixture(scope="module", autouse=True)
-def tracing():
+def traced(tracing):
     """Memory is measured only while tracemalloc traces (message_target.bounded)."""
-    tracemalloc.start()
-    yield
-    tracemalloc.stop()
 
 
 def outcome(result) -> str:
