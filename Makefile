@@ -9,7 +9,8 @@ RUN_SECONDS ?= 60
 $(STAMP): setup.cfg pyproject.toml
 	# Debian packages the tests use: java for Spark, tmux for the chat terminal test,
 	# chromium for the status page test, prometheus for the /metrics test, nginx and
-	# squid for the WebSocket proxy tests. Installed only when missing; a policy-rc.d
+	# squid for the WebSocket proxy tests, iproute2 for the network namespaces of the
+	# IPv6 prefix tests. Installed only when missing; a policy-rc.d
 	# keeps the packages' own services from starting (the tests start their own on
 	# loopback and stop them by PID).
 	missing=""; \
@@ -19,6 +20,7 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x /usr/bin/prometheus || missing="$$missing prometheus"; \
 	test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	test -x /usr/sbin/squid || missing="$$missing squid"; \
+	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
 	if [ -n "$$missing" ]; then \
 	  policy=""; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy=1; fi; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; rc=$$?; \
