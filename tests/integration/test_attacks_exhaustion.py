@@ -21,6 +21,8 @@ import pytest_twisted
 
 from helpers import bounded, sleep, the_reactor, until
 from mconn import ChannelDescriptor, Config, Reactor, Switch
+from mconn.frame_buffer import FrameBuffer
+from mconn.wire import PacketType
 
 from .attackers import made_up_hello, reset
 from .test_loopback import stop
@@ -61,14 +63,18 @@ RNG = random.Random(5)
 
 
 def hello_read_and_drop(port: int, source: str, *, read: int = 0) -> None:
-    """Connect from ``source``, send a made-up hello, read up to ``read`` bytes (never
-    acknowledging anything), then reset the connection (no close packet)."""
+    """Connect from ``source``, send a made-up hello, read until the session answer and
+    up to ``read`` bytes (never acknowledging anything), then reset the connection (no
+    close packet). Waiting for the answer makes the session certain: a reset that
+    reaches the node before it has read the hello discards the hello with it (the node
+    may send its own hello before it reads ours)."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(source, 0))
+    packets = FrameBuffer(max_payload=1 << 20, default_extension_limit=1 << 20)
     try:
         sock.sendall(made_up_hello(RNG))
-        got, deadline = 0, time.monotonic() + 5
+        got, answered, deadline = 0, False, time.monotonic() + 5
         sock.settimeout(0.2)
-        while got < max(read, 1) and time.monotonic() < deadline:
+        while (got < read or not answered) and time.monotonic() < deadline:
             try:
                 data = sock.recv(1 << 16)
             except socket.timeout:
@@ -76,6 +82,9 @@ def hello_read_and_drop(port: int, source: str, *, read: int = 0) -> None:
             if not data:
                 break
             got += len(data)
+            if not answered:
+                found, error = packets.feed(data, stop_after_extension=False)
+                answered = error is not None or any(p[0] in (PacketType.SESSION, PacketType.CLOSE) for p in found)
     finally:
         reset(sock)  # RST, no close packet
 
