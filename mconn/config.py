@@ -179,7 +179,7 @@ class Config:
     #: reactor's ``receive`` returned a Deferred that has not fired) before reading from
     #: that peer stops, down to TCP (specs/reactor-api.md section 4.1). Each message
     #: counts its payload plus the 64 bytes its Python objects cost
-    #: (``peer_delivery.HELD_MESSAGE_OVERHEAD``), so empty messages count too. 1 MiB: a
+    #: (``mconn.session.MESSAGE_OVERHEAD``), so empty messages count too. 1 MiB: a
     #: few thousand typical consensus or mempool messages, small beside recovery_buffer_bytes.
     reactor_backlog_bytes: int = 1 << 20
     #: Messages one peer may have waiting for busy channels before reading from it stops

@@ -9,7 +9,7 @@ A reactor whose ``receive`` returns a Deferred that has not fired makes its chan
 *busy*: later messages of that channel wait here, in order, not counted delivered, until
 the Deferred fires; then they go on until one makes the channel busy again. A held
 message costs its payload and the Python objects that hold it, so the backlog is counted
-twice: its cost in bytes (payload + ``HELD_MESSAGE_OVERHEAD`` per message) against
+twice: its cost in bytes (payload + ``MESSAGE_OVERHEAD`` per message) against
 ``Config.reactor_backlog_bytes``, and its messages against
 ``Config.reactor_backlog_messages``. At either bound the connection stops reading
 (backpressure on the peer); it reads again once both are below. When the transport
@@ -21,16 +21,10 @@ from __future__ import annotations
 
 import collections
 
+from mconn.session import MESSAGE_OVERHEAD  # a held message costs what an unacknowledged one does
 from mconn.session_table import PeerState
 
 CONNECTED = PeerState.CONNECTED
-
-#: Bytes a held message costs beyond its payload: the bytes object's header (33 bytes on
-#: 64-bit CPython) and its slot in the channel's deque (8.3 bytes), 41.3 bytes as
-#: tracemalloc measures it, about 56 once the allocator rounds the object to 16 bytes;
-#: 64 leaves room (tests/adapter/test_reactor_backlog_cost.py measures it). Without it an
-#: empty message cost nothing and a peer sending them was never stopped.
-HELD_MESSAGE_OVERHEAD = 64
 
 
 class PeerDelivery:
@@ -52,7 +46,7 @@ class PeerDelivery:
         #: with the messages read since, waiting in order (specs/reactor-api.md 4.1).
         self.busy: dict[int, collections.deque] = {}
         #: What the messages held in ``busy`` cost, in bytes: payloads plus
-        #: ``HELD_MESSAGE_OVERHEAD`` each; and how many they are.
+        #: ``MESSAGE_OVERHEAD`` each; and how many they are.
         self.backlog_bytes = 0
         self.backlog_messages = 0
 
@@ -82,7 +76,7 @@ class PeerDelivery:
         ``reactor_backlog_messages`` held, stop reading. It is not counted delivered (nor
         acknowledged) until its reactor has it."""
         self.busy[channel_id].append(message)
-        self.backlog_bytes += len(message) + HELD_MESSAGE_OVERHEAD
+        self.backlog_bytes += len(message) + MESSAGE_OVERHEAD
         self.backlog_messages += 1
         if not self._below_bounds():
             protocol = self._peer._protocol
@@ -106,7 +100,7 @@ class PeerDelivery:
             if protocol is None or protocol.end_reason is not None:
                 break  # not delivered: resent on a resume, or counted undelivered by the peer
             message = backlog.popleft()
-            self.backlog_bytes -= len(message) + HELD_MESSAGE_OVERHEAD
+            self.backlog_bytes -= len(message) + MESSAGE_OVERHEAD
             self.backlog_messages -= 1
             pending = self._hand(channel_id, message)
         if self.busy.get(channel_id) is not backlog:
@@ -114,7 +108,7 @@ class PeerDelivery:
         if pending is not None:
             pending.addBoth(self._receive_done, channel_id)  # busy again, with what is still held
         else:
-            self.backlog_bytes -= sum(map(len, backlog)) + len(backlog) * HELD_MESSAGE_OVERHEAD
+            self.backlog_bytes -= sum(map(len, backlog)) + len(backlog) * MESSAGE_OVERHEAD
             self.backlog_messages -= len(backlog)
             del self.busy[channel_id]
         protocol = self._peer._protocol

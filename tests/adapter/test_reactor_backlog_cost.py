@@ -1,5 +1,5 @@
 """What a held message costs (specs/reactor-api.md section 4.1): the backlog of a busy
-channel counts each message's payload plus ``HELD_MESSAGE_OVERHEAD``, and the messages
+channel counts each message's payload plus ``MESSAGE_OVERHEAD``, and the messages
 themselves; tracemalloc shows the overhead covers the Python objects a held message
 keeps alive, so a bound in bytes is a bound on memory whatever the messages' sizes.
 """
@@ -14,7 +14,8 @@ import pytest
 from twisted.internet.task import Clock
 
 from mconn import ChannelDescriptor, Config
-from mconn.peer_delivery import HELD_MESSAGE_OVERHEAD, PeerDelivery
+from mconn.peer_delivery import PeerDelivery
+from mconn.session import MESSAGE_OVERHEAD
 from tests.helpers_core import msg, open_connection
 
 CH = 0x20
@@ -54,18 +55,18 @@ def test_the_overhead_covers_what_a_held_message_costs(size):
     finally:
         tracemalloc.stop()
     assert delivery.backlog_messages == COUNT
-    assert delivery.backlog_bytes == COUNT * (size + HELD_MESSAGE_OVERHEAD)
-    assert grown / COUNT <= size + HELD_MESSAGE_OVERHEAD, f"{grown / COUNT:.1f} bytes per held {size}-byte message"
+    assert delivery.backlog_bytes == COUNT * (size + MESSAGE_OVERHEAD)
+    assert grown / COUNT <= size + MESSAGE_OVERHEAD, f"{grown / COUNT:.1f} bytes per held {size}-byte message"
 
 
 def test_empty_messages_cost_their_overhead():
-    """An empty message costs HELD_MESSAGE_OVERHEAD, so a stream of them meets the byte
-    bound: reactor_backlog_bytes // HELD_MESSAGE_OVERHEAD of them at most."""
+    """An empty message costs MESSAGE_OVERHEAD, so a stream of them meets the byte
+    bound: reactor_backlog_bytes // MESSAGE_OVERHEAD of them at most."""
     delivery = PeerDelivery(Unread(), route=None, clock=Clock(), config=Config())
     delivery.busy[CH] = collections.deque()
     for _ in range(1000):
         delivery.deliver(CH, b"")
-    assert delivery.backlog_bytes == 1000 * HELD_MESSAGE_OVERHEAD > 0
+    assert delivery.backlog_bytes == 1000 * MESSAGE_OVERHEAD > 0
 
 
 def test_the_message_bound_is_a_config_field_checked_like_the_others():

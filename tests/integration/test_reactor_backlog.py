@@ -1,7 +1,7 @@
 """The reactor backlog on every transport (specs/reactor-api.md section 4.1): a peer
 whose messages wait for a busy channel is read no further once they reach
 ``reactor_backlog_messages`` or cost ``reactor_backlog_bytes`` (payload plus
-``HELD_MESSAGE_OVERHEAD`` each), whatever their size: 2-byte and empty messages too.
+``MESSAGE_OVERHEAD`` each), whatever their size: 2-byte and empty messages too.
 
 A raw peer (tests/integration/raw_transports.py) gets its session, then writes a stream
 of tiny msg packets at once to a channel whose reactor's first ``receive`` returns a
@@ -19,7 +19,7 @@ from twisted.internet.defer import Deferred
 
 from helpers import sleep, stop_switches, until
 from mconn import ChannelDescriptor, Config, Reactor
-from mconn.peer_delivery import HELD_MESSAGE_OVERHEAD
+from mconn.session import MESSAGE_OVERHEAD
 from mconn.wire import PacketType, encode_packet
 from tests.integration.raw_transports import CELL_IDS, CELLS, Cell, dialer_hello_announcing
 
@@ -98,8 +98,8 @@ async def test_tiny_messages_to_a_busy_channel_stop_reading_at_the_bound(transpo
         bound_messages, bound_bytes = config.reactor_backlog_messages, config.reactor_backlog_bytes
         assert held == sum(len(backlog) for backlog in delivery.busy.values())
         assert held >= bound_messages or delivery.backlog_bytes >= bound_bytes
-        assert held <= min(bound_messages, bound_bytes // HELD_MESSAGE_OVERHEAD) + ONE_READ, held
-        assert delivery.backlog_bytes <= bound_bytes + ONE_READ * (HELD_MESSAGE_OVERHEAD + 2)
+        assert held <= min(bound_messages, bound_bytes // MESSAGE_OVERHEAD) + ONE_READ, held
+        assert delivery.backlog_bytes <= bound_bytes + ONE_READ * (MESSAGE_OVERHEAD + 2)
         assert len(reactor.received) == 1 and 1 + held < len(messages)  # the rest was not read
         assert peer._protocol._backlogged and raw.lost is None
 
