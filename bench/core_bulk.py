@@ -21,10 +21,10 @@ import resource
 import time
 
 import mconn
-from mconn.channel import ChannelDescriptor
+from mconn.core.channel import ChannelDescriptor
 from mconn.config import Config
-from mconn.connection import Connection
-from mconn.handshake import make_hello
+from mconn.core.connection import Connection
+from mconn.core.handshake import make_hello
 
 CHANNEL = 0x10
 MESSAGE = 1 << 20

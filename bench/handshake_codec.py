@@ -18,9 +18,10 @@ import os
 import sys
 import timeit
 
-from mconn import ChannelDescriptor, wire
-from mconn.handshake import make_hello
-from mconn.node_info import NodeInfo
+from mconn import ChannelDescriptor
+from mconn.core import wire
+from mconn.core.handshake import make_hello
+from mconn.core.node_info import NodeInfo
 
 
 def _cost(call, number: int = 300) -> float:

@@ -64,9 +64,9 @@ def _round(args, tmp: str, seed: int, mode: str = "") -> dict:
     from twisted.logger import globalLogPublisher
 
     from mconn import ChannelDescriptor, Config, Reactor, Switch
-    from mconn.protocol import MConnectionFactory
-    from mconn.telemetry_file import TelemetryFileService
-    from mconn.wire import PacketType
+    from mconn.net.protocol import MConnectionFactory
+    from mconn.ops.telemetry_file import TelemetryFileService
+    from mconn.core.wire import PacketType
 
     class Quiet(Reactor):
         def get_channels(self):

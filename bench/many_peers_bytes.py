@@ -9,9 +9,10 @@ CHANNEL = 0x20
 
 def hello_template() -> bytes:
     """A dialer's hello packet with a session request (node id ab.., session id cd..)."""
-    from mconn import ChannelDescriptor, wire
-    from mconn.handshake import make_hello
-    from mconn.wire import HelloTag, PacketType, SessionRequest
+    from mconn import ChannelDescriptor
+    from mconn.core import wire
+    from mconn.core.handshake import make_hello
+    from mconn.core.wire import HelloTag, PacketType, SessionRequest
 
     request = wire.encode_session_request(SessionRequest(session_id=b"\xcd" * 16, resume=False))
     body = wire.encode_hello(
@@ -24,9 +25,9 @@ def hello_template() -> bytes:
 def round_sizes(switch) -> dict:
     """The raw round's bytes: the listener's hello packet and a fresh session's answer
     packet (what the Switch sends a new dialer), and the size of a dialer's hello."""
-    from mconn import wire
-    from mconn.handshake import make_hello
-    from mconn.wire import PacketType, SessionAnswer
+    from mconn.core import wire
+    from mconn.core.handshake import make_hello
+    from mconn.core.wire import PacketType, SessionAnswer
 
     hello = make_hello(node_id=switch.node_id, channels=switch.channels,
                        max_packet_payload=switch.config.max_packet_payload,

@@ -95,7 +95,7 @@ def listener(args) -> None:
 
     import mconn
     from mconn import ChannelDescriptor, Config, Reactor, Switch
-    from mconn.telemetry_file import TelemetryFileService
+    from mconn.ops.telemetry_file import TelemetryFileService
 
     raise_nofile()
     globalLogBeginner.beginLoggingTo([], discardBuffer=True, redirectStandardIO=False)
@@ -310,7 +310,7 @@ def dialer(args) -> None:
     from twisted.internet import reactor as clock
     from twisted.internet.endpoints import TCP4ClientEndpoint
 
-    from mconn.wire import PacketType
+    from mconn.core.wire import PacketType
 
     raise_nofile()
     rng = random.Random(args.index)

@@ -36,9 +36,10 @@ from twisted.internet.base import DelayedCall
 from twisted.internet.task import Clock
 from twisted.logger import globalLogPublisher
 
-from mconn import ChannelDescriptor, Config, Reactor, telemetry
-from mconn.metrics import SwitchMetrics
-from mconn.status import RateSampler, status_document
+from mconn import ChannelDescriptor, Config, Reactor
+from mconn.switch import telemetry
+from mconn.ops.metrics import SwitchMetrics
+from mconn.ops.status import RateSampler, status_document
 from mconn.testing import MemoryNetwork
 
 CHANNELS = (ChannelDescriptor(0x20, priority=1), ChannelDescriptor(0x30, priority=5, send_queue_capacity=2000))

@@ -42,7 +42,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mconn import ChannelDescriptor, Config, Reactor, Switch
-from mconn.protocol import MConnectionFactory
+from mconn.net.protocol import MConnectionFactory
 
 CHANNEL = ChannelDescriptor(0x10, priority=1, send_queue_capacity=100000)
 #: scenario -> (message size, messages per batch, batches)
@@ -132,7 +132,7 @@ def measure_rtt(config: Config, batches: int = 40, batch: int = 500) -> dict:
 
 def _supported(scenario: str) -> bool:
     """``small_many`` needs ``Peer.try_send_many`` (issue 13); older trees skip it."""
-    from mconn.peer import Peer
+    from mconn.switch.peer import Peer
 
     return not scenario.endswith("_many") or hasattr(Peer, "try_send_many")
 

@@ -38,11 +38,11 @@ import subprocess
 import sys
 import time
 
-from mconn.channel import ChannelDescriptor
+from mconn.core.channel import ChannelDescriptor
 from mconn.config import Config
-from mconn.connection import Connection
-from mconn.handshake import hello_packet, make_hello
-from mconn.wire import PacketType, encode_packet
+from mconn.core.connection import Connection
+from mconn.core.handshake import hello_packet, make_hello
+from mconn.core.wire import PacketType, encode_packet
 
 CHANNEL = 0x10
 CHANNELS = [ChannelDescriptor(CHANNEL, send_queue_capacity=64, recv_message_capacity=1 << 21)]

@@ -67,7 +67,7 @@ CHANNELS = ((0x20, 1), (0x21, 5), (0x30, 10))
 TICK = 10.0
 ORIGIN = 1_800_000_000.0
 LEVEL_UUID = "02e59486-f24d-46ad-8224-3acdf2a5732a"
-FORMATS = {  # mconn.telemetry.FORMATS, copied so that the generator needs no mconn import
+FORMATS = {  # mconn.switch.telemetry.FORMATS, copied so that the generator needs no mconn import
     "node_started": "{node_id} started: run {run_id}, process {pid}",
     "connection_made": "{node_id} {direction} connection with {remote_address}",
     "handshake_done": "{node_id} handshake with {peer_id} at {remote_address} done",

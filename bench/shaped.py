@@ -370,13 +370,13 @@ def role_main(args) -> None:
 def bound_ms(mbit: float, config_fields: dict | None) -> float:
     """The issue's bound on added p99: the kernel's unsent bound plus two packets'
     serialization plus 5 ms (a packet: the payload the sender cuts at the shaped rate,
-    mconn.packet_size, and its header, on the wire)."""
+    mconn.core.packet_size, and its header, on the wire)."""
     from mconn import Config
 
     config = Config(**(config_fields or {}))
     lowat = config.tcp_notsent_lowat or 0
     try:
-        from mconn.packet_size import payload_for_rate
+        from mconn.core.packet_size import payload_for_rate
     except ImportError:  # a tree before packets followed the link
         payload = config.max_packet_payload
     else:

@@ -28,8 +28,8 @@ import time
 from twisted.internet.task import Clock
 from twisted.logger import LogPublisher
 
-from mconn import telemetry
-from mconn.telemetry_file import TelemetryFileService, rotated_paths
+from mconn.switch import telemetry
+from mconn.ops.telemetry_file import TelemetryFileService, rotated_paths
 
 NODE, PEER = "ab" * 20, "cd" * 20
 ROUNDS, CONNECTIONS = 7, 2000

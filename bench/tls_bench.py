@@ -76,7 +76,7 @@ RATIOS = (
 def tls_options(impl: str, node_key: NodeKey, *, listener: bool = False):
     if impl not in ("raw_tls", "mconn_tls", "mconn_upgrade"):
         return None
-    from mconn.tls import TLSOptions
+    from mconn.net.tls import TLSOptions
 
     return TLSOptions.identity(node_key, tls_required=not listener, upgrade=impl == "mconn_upgrade")
 
@@ -116,7 +116,7 @@ def receiver(impl: str) -> int:
 def _raw_listen(reactor, impl: str, key: NodeKey, on_link):
     from twisted.internet.endpoints import TCP4ServerEndpoint
 
-    from mconn.tls_transport import tls_server_factory
+    from mconn.net.tls_transport import tls_server_factory
 
     factory = raw_factory(on_link)
     options = tls_options(impl, key, listener=True)
@@ -181,7 +181,7 @@ class Connector:
             return d
         from twisted.internet.endpoints import TCP4ClientEndpoint
 
-        from mconn.tls_transport import tls_client_endpoint
+        from mconn.net.tls_transport import tls_client_endpoint
 
         endpoint = TCP4ClientEndpoint(self.clock, "127.0.0.1", self.port)
         if self.tls is not None:

@@ -62,7 +62,7 @@ RATIOS = (("ws/tcp", "mconn_ws", "mconn"), ("wss/tls", "mconn_wss", "mconn_tls")
 def tls_options(impl: str, key: NodeKey):
     if not TRANSPORTS[impl][0]:
         return None
-    from mconn.tls import TLSOptions
+    from mconn.net.tls import TLSOptions
 
     return TLSOptions.identity(key)
 

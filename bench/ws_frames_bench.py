@@ -13,9 +13,9 @@ What it measures, per MiB of payload, each the median of ``--repeat`` interleave
 * ``copy``: ``bytearray(data)`` of the same 65,920 bytes (one copy), the baseline: the
   figures are also shown as multiples of it, steadier than microseconds on a shared machine.
 
-``--before REF`` runs the same against ``mconn/websocket_frames.py`` of git revision REF
+``--before REF`` runs the same against ``mconn/net/websocket_frames.py`` of git revision REF
 too (exported with ``git show``), in the same rounds. A revision from before
-``binary_frames`` existed writes the way mconn/websocket.py then did: one ``masked_frame``
+``binary_frames`` existed writes the way mconn/net/websocket.py then did: one ``masked_frame``
 (or header + payload) per 64 KiB and one transport write each, which Twisted's
 ``doWrite`` joins into one buffer before its send.
 
@@ -40,16 +40,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [ROOT]
 
-import mconn.websocket_frames as current  # noqa: E402
+import mconn.net.websocket_frames as current  # noqa: E402
 
-LIMIT = 65536  # mconn.websocket.SEND_MESSAGE_BYTES
+LIMIT = 65536  # mconn.net.websocket.SEND_MESSAGE_BYTES
 WRITE = 65920  # one bulk write of the protocol above
 READ = 65536  # Twisted's read size
 
 
 def load_revision(ref: str):
-    """mconn/websocket_frames.py of git revision ``ref``, as a module of its own."""
-    text = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:mconn/websocket_frames.py"], check=True,
+    """mconn/net/websocket_frames.py of git revision ``ref``, as a module of its own."""
+    text = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:mconn/net/websocket_frames.py"], check=True,
                           capture_output=True).stdout
     directory = tempfile.mkdtemp(prefix="ws_frames_before_")
     path = os.path.join(directory, "websocket_frames_before.py")

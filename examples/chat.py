@@ -299,7 +299,7 @@ async def main(clock, options, key) -> None:
     from twisted.internet.defer import Deferred
 
     from mconn import Config, Switch, TLSOptions
-    from mconn.status import local_endpoint
+    from mconn.ops.status import local_endpoint
     from reactors.chat import ChatReactor
 
     chat = ChatReactor(options["name"], options["downloads"], **limits_of(options))

@@ -20,7 +20,7 @@ What happens, in order (one progress line says which phase, and what so far):
 
 Topology
 --------
-n0 is the seed. A FaultProxy (mconn.faultproxy) listens in front of it, and n1..n4 are
+n0 is the seed. A FaultProxy (mconn.ops.faultproxy) listens in front of it, and n1..n4 are
 started with ``--peer n0@<proxy>``: their sessions with n0 run through the proxy, which
 is where the faults are injected. Every node runs with ``ignore_discovered_addresses``,
 so the listen address n0 announces in its hello is not added to the address pool of

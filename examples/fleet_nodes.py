@@ -16,7 +16,7 @@ import sys
 from twisted.internet import defer, protocol, task
 
 from mconn import NodeKey
-from mconn.faultproxy import FaultProxy
+from mconn.ops.faultproxy import FaultProxy
 from fleet_view import TelemetryTail
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ LINKS_TIMEOUT = 60.0  # the seed links connected
 STOP_TIMEOUT = 20.0  # a node gone after SIGTERM
 KILL_TIMEOUT = 10.0  # a node gone after SIGKILL
 SETTLE_TIMEOUT = 20.0  # links back after the last fault, before stopping
-#: Started-line of mconn.node (logged once twistd's signal handlers are installed).
+#: Started-line of mconn.ops.node (logged once twistd's signal handlers are installed).
 STARTED = b" started: listening on "
 #: Config for the demo: faults are found within seconds, sessions wait 30 s to resume.
 NODE_CONFIG = {

@@ -22,7 +22,7 @@ PIPELINE = pathlib.Path(sys.executable).with_name("mconn-pipeline")
 PIPELINE_TIMEOUT = 600.0
 #: Without a terminal, the progress line is printed at most this often (seconds).
 PLAIN_INTERVAL = 5.0
-#: The line a node logs once its status page listens (mconn/status.py).
+#: The line a node logs once its status page listens (mconn/ops/status.py).
 STATUS_LINE = re.compile(rb"mconn status page of node [0-9a-f]+ on (http://\S+) \(Prometheus metrics: (http://\S+)\)")
 
 

@@ -5,7 +5,7 @@ The public API (specs/reactor-api.md)::
     from mconn import ChannelDescriptor, Config, NodeKey, Peer, Reactor, Switch
 """
 
-from mconn.channel import ChannelDescriptor
+from mconn.core.channel import ChannelDescriptor
 from mconn.config import Config
 from mconn.errors import (
     AckError,
@@ -40,14 +40,14 @@ from mconn.errors import (
     UnknownChannel,
     UnknownPacketType,
 )
-from mconn.node_info import NodeInfo, ProtocolVersion
-from mconn.node_key import NodeKey
-from mconn.reactor import Reactor
-from mconn.session_table import PeerState
+from mconn.core.node_info import NodeInfo, ProtocolVersion
+from mconn.core.node_key import NodeKey
+from mconn.switch.reactor import Reactor
+from mconn.core.session_table import PeerState
 
 # The Twisted layer is imported on first use, so that importing the pure core
-# (mconn.wire, mconn.connection, ...) never imports Twisted: the core is sans-I/O.
-_LAZY = {"Peer": "mconn.peer", "Switch": "mconn.switch", "TLSOptions": "mconn.tls"}
+# (mconn.core.wire, mconn.core.connection, ...) never imports Twisted: the core is sans-I/O.
+_LAZY = {"Peer": "mconn.switch.peer", "Switch": "mconn.switch.switch", "TLSOptions": "mconn.net.tls"}
 
 
 def __getattr__(name: str):

@@ -9,6 +9,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+#: Largest HTTP head (a WebSocket upgrade request or answer, a proxy's answer to CONNECT)
+#: read before its end: nginx's default header buffers are 8 KiB; a node's own upgrade is
+#: a few hundred bytes (specs/websocket.md section 4).
+MAX_HTTP_HEAD_BYTES = 16384
+
 #: Largest max_packet_payload accepted in a Config (go-wire allows more; buffers do not).
 MAX_PACKET_PAYLOAD_LIMIT = 1 << 20
 #: Smallest max_packet_payload a Config or a peer's hello may announce, in bytes:
@@ -64,7 +69,7 @@ class Config:
     #: are not refused; the eviction above, not this cap, lets newcomers in.
     max_pending_per_group: int = 16
     #: Bits of an inbound IPv4 address that make its address group, a /24 (a loopback
-    #: address is a group of its own; mconn.admission.address_group).
+    #: address is a group of its own; mconn.core.admission.address_group).
     pending_group_prefix_v4: int = 24
     #: Bits of an inbound IPv6 address that make its address group (a /64 is one site).
     pending_group_prefix_v6: int = 64
@@ -179,7 +184,7 @@ class Config:
     #: reactor's ``receive`` returned a Deferred that has not fired) before reading from
     #: that peer stops, down to TCP (specs/reactor-api.md section 4.1). Each message
     #: counts its payload plus the 64 bytes its Python objects cost
-    #: (``mconn.session.MESSAGE_OVERHEAD``), so empty messages count too. 1 MiB: a
+    #: (``mconn.core.session.MESSAGE_OVERHEAD``), so empty messages count too. 1 MiB: a
     #: few thousand typical consensus or mempool messages, small beside recovery_buffer_bytes.
     reactor_backlog_bytes: int = 1 << 20
     #: Messages one peer may have waiting for busy channels before reading from it stops

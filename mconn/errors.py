@@ -210,6 +210,16 @@ class ConnectionLost(MConnError):
     """The transport went away without a close packet."""
 
 
+class WebSocketError(ConnectionLost):
+    """The WebSocket layer ended a connection; the message says which rule and values
+    (specs/websocket.md section 4)."""
+
+
+class ProxyError(ConnectionLost):
+    """An HTTP proxy did not open the tunnel; the message says which proxy and its answer
+    (specs/websocket.md section 6.3)."""
+
+
 class TLSError(ConnectionLost):
     """The TLS layer failed: the handshake (a certificate refused, a plaintext peer, no
     common version or cipher) or a record. The message says which (specs/tls.md)."""

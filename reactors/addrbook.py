@@ -46,8 +46,8 @@ import random
 import types
 from collections.abc import Callable, Collection
 
-from mconn.address import LOOPBACK, NAME, PeerAddress, host_scope
-from mconn.admission import address_group
+from mconn.core.address import LOOPBACK, NAME, PeerAddress, host_scope
+from mconn.core.admission import address_group
 
 #: Odds of picking from the tried table when both tables have a candidate (addrman's).
 TRIED_BIAS = 0.5
@@ -61,7 +61,7 @@ NO_HOST_GROUP = "no-host"
 
 def network_group(host: str | None) -> str:
     """The network group of ``host``: ``a.b.0.0/16`` for IPv4, the /32 for IPv6 (an
-    IPv4-mapped address is IPv4; ``mconn.admission.address_group`` with those prefixes),
+    IPv4-mapped address is IPv4; ``mconn.core.admission.address_group`` with those prefixes),
     ``loopback`` for every loopback address (one host, however many of its addresses
     made-up identities bind), ``name:<host>`` for a DNS name, and ``NO_HOST_GROUP`` for
     None (no host is known). The /32 is Bitcoin addrman's unit, the block a registry

@@ -32,7 +32,7 @@ in reactors/pex_wire.py: a *request* naming how many addresses the asker accepts
   outbound session with move to the tried table, where new ones cannot evict them. A
   source may own at most ``per_source_cap`` entries. A failed dial backs off
   exponentially; after ``max_dial_failures`` the entry is forgotten.
-* *What may be dialed* (``mconn.address.discovered_problem``): never our own listen
+* *What may be dialed* (``mconn.core.address.discovered_problem``): never our own listen
   address, a forbidden host (link-local, metadata, unspecified, multicast...) or a DNS
   name; a loopback address only from a peer that connects over loopback; a private one
   only with ``Config.allow_discovered_private``. Dials are rate-bounded by a token
@@ -50,8 +50,8 @@ import types
 from twisted.logger import Logger
 
 from mconn import ChannelDescriptor, Reactor
-from mconn.address import PUBLIC, PeerAddress, announced_address, discovered_problem, host_of, host_scope
-from mconn.address import parse_address
+from mconn.core.address import PUBLIC, PeerAddress, announced_address, discovered_problem, host_of, host_scope
+from mconn.core.address import parse_address
 from reactors.addrbook import AddressBook, BanTable, BookEntry, network_group
 from reactors.pex_dial import PexDialer
 from reactors.pex_wire import MAX_WIRE_ADDRESSES, PEX_CHANNEL, PEX_SCHEMES_CHANNEL, PexMisbehaved, PexType

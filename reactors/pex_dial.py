@@ -18,8 +18,8 @@ import random
 from twisted.logger import Logger
 
 from mconn import PeerClosed, PeerIdMismatch, PeerRejected
-from mconn.address import PeerAddress, is_own_address
-from mconn.rate import TokenBucket
+from mconn.core.address import PeerAddress, is_own_address
+from mconn.core.rate import TokenBucket
 from reactors.addrbook import AddressBook, BookEntry
 
 log = Logger(namespace="reactors.pex")

@@ -32,8 +32,9 @@ from construct import (
 )
 
 from mconn import MalformedPacket, RemoteProtocolError
-from mconn.address import PeerAddress
-from mconn.wire import NODE_ID_BYTES, uvarint
+from mconn.core.address import PeerAddress
+from mconn.core.node_key import NODE_ID_SIZE as NODE_ID_BYTES
+from mconn.core.wire_primitives import uvarint
 
 #: Tendermint's PEX channel id (``PexChannel`` in its ``p2p/pex/pex_reactor.go``).
 PEX_CHANNEL = 0x00

@@ -1,6 +1,6 @@
 """Shared test helpers: packet builders, a recording reactor, a raw peer, log capture.
 
-Packets are built with the construct declarations of mconn/wire.py (the reference
+Packets are built with the construct declarations of mconn/core/wire.py (the reference
 encoder), never with the hot-path encoder the code under test uses. The in-memory
 transports come from ``mconn.testing``, which has its own (lossy) transport; only
 tests/adapter/test_persistent.py still uses twisted.test.iosim, for one exact race.
@@ -20,10 +20,10 @@ from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
 from mconn import ChannelDescriptor, Config, NodeKey, Reactor, Switch
-from mconn.frame_buffer import FrameBuffer
-from mconn.protocol import MConnectionFactory
-from mconn.handshake import make_hello
-from mconn.wire import (
+from mconn.core.frame_buffer import FrameBuffer
+from mconn.net.protocol import MConnectionFactory
+from mconn.core.handshake import make_hello
+from mconn.core.wire import (
     HelloTag,
     PacketType,
     SessionRequest,

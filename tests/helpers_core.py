@@ -15,14 +15,14 @@ import re
 
 from hypothesis import strategies as st
 
-from mconn import wire
-from mconn.channel import ChannelDescriptor
+from mconn.core import wire
+from mconn.core.channel import ChannelDescriptor
 from mconn.config import Config
-from mconn.connection import CHANNEL_COUNTS_LIMIT, Connection
-from mconn.events import HelloReceived
-from mconn.frame_buffer import RUN, FrameBuffer
-from mconn.handshake import make_hello
-from mconn.wire import PacketType
+from mconn.core.connection import CHANNEL_COUNTS_LIMIT, Connection
+from mconn.core.events import HelloReceived
+from mconn.core.frame_buffer import RUN, FrameBuffer
+from mconn.core.handshake import make_hello
+from mconn.core.wire import PacketType
 
 SPECS = pathlib.Path(__file__).resolve().parents[1] / "specs"
 NODE_A = "aa" * 20

@@ -15,12 +15,12 @@ import secrets
 
 from twisted.internet import defer
 
-from mconn.address import host_of
-from mconn.channel import ChannelDescriptor
-from mconn.codec import encode_message
+from mconn.core.address import host_of
+from mconn.core.channel import ChannelDescriptor
+from mconn.core.codec import encode_message
 from mconn.errors import ConnectionClosed, ReactorError
-from mconn.session_table import PeerState
-from mconn.wire import ChannelInfo
+from mconn.core.session_table import PeerState
+from mconn.core.wire import ChannelInfo
 
 __all__ = ["FakePeer"]
 

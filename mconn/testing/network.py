@@ -84,8 +84,8 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from mconn.protocol import IConnectionOwner, MConnectionFactory
-from mconn.switch import Switch
+from mconn.net.protocol import IConnectionOwner, MConnectionFactory
+from mconn.switch.switch import Switch
 from mconn.testing.fabric import Fabric, Path, check_delay
 from mconn.testing.node import _Node
 from mconn.testing.transport import MemoryLink, open_link

@@ -28,11 +28,11 @@ from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mconn.protocol import IConnectionOwner
+from mconn.net.protocol import IConnectionOwner
 from mconn.testing.fabric import Path, check_delay
 
 if TYPE_CHECKING:
-    from mconn.switch import Switch
+    from mconn.switch.switch import Switch
     from mconn.testing.fabric import Fabric
 
 __all__ = ["MemoryLink", "MemoryTransport"]

@@ -32,7 +32,7 @@ from mconn import (
     UnknownPacketType,
 )
 from mconn.testing import MemoryNetwork
-from mconn.wire import encode_uvarint
+from mconn.core.wire import encode_uvarint
 
 CHANNELS = [ChannelDescriptor(0x20, priority=3), ChannelDescriptor(0x21, recv_message_capacity=100)]
 CONFIG = Config(max_packet_payload=1024, max_hello_size=4096)

@@ -3,7 +3,7 @@
 Covers the delay schedule and its jitter, pool ordering (fewest failures, shuffling,
 discovered addresses, replace), max_reconnects, addresses banned for authentication
 failures, choose_address, stop() while waiting and while an attempt is in flight, and
-the fields given to on_attempt (mconn/dialer.py).
+the fields given to on_attempt (mconn/switch/dialer.py).
 """
 
 import random
@@ -13,8 +13,8 @@ from twisted.internet import defer
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
 
-from mconn.address import PeerAddress, parse_address
-from mconn.dialer import (
+from mconn.core.address import PeerAddress, parse_address
+from mconn.switch.dialer import (
     AddressPool,
     AddressState,
     AuthenticationError,

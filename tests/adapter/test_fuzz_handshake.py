@@ -1,6 +1,6 @@
 """Fuzzing the handshake and session-answer paths of a real Switch with hypothesis.
 
-A listening Switch gets structure-aware hellos (every field of mconn/wire.py's HelloBody
+A listening Switch gets structure-aware hellos (every field of mconn/core/wire.py's HelloBody
 valid, wrong or raw, the session request of field 01 likewise, then bytes edited) or raw
 streams, while it holds nothing, a connected session or a suspended one that the hello
 may prove, claim or miss; a dialing Switch gets structure-aware session answers (packet
@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
 
 from mconn import PeerRejected
-from mconn.wire import PacketType
+from mconn.core.wire import PacketType
 
 from tests.fuzz.declared import Reader
 from tests.fuzz.handshake_inputs import ASKED, OTHER, CountsSpec, RequestSpec, draw_answer, draw_hello

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, event, given, settings
 
 from helpers import RawPeer, RecordingReactor
 from mconn import PeerClosed, PeerRejected
-from mconn.session import AckError
+from mconn.core.session import AckError
 from mconn.testing import MemoryNetwork
 
 from tests.fuzz.strategies import schedules

@@ -11,11 +11,12 @@ from twisted.internet.error import ConnectionDone
 from twisted.python.failure import Failure
 
 from helpers import RecordingReactor, dialer_hello
-from mconn import ChannelDescriptor, Config, Switch, wire
+from mconn import ChannelDescriptor, Config, Switch
+from mconn.core import wire
 from mconn.errors import ConnectionLost
-from mconn.protocol import MConnectionFactory
-from mconn.session_table import UNKNOWN_AFTER_RESTART
-from mconn.wire import PacketType, SessionAnswer, SessionRequest
+from mconn.net.protocol import MConnectionFactory
+from mconn.core.session_table import UNKNOWN_AFTER_RESTART
+from mconn.core.wire import PacketType, SessionAnswer, SessionRequest
 
 CHANNELS = [ChannelDescriptor(0x20, recv_message_capacity=5000)]
 

@@ -1,13 +1,13 @@
-"""An inbound connection's hello is built once and shared (mconn/connections.py,
+"""An inbound connection's hello is built once and shared (mconn/switch/connection_set.py,
 ``ConnectionSet._inbound_hello``), and built again when what it says changes."""
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mconn import Config, Switch
-from mconn.handshake import make_hello
-from mconn.protocol import MConnectionFactory
-from mconn.wire import HelloTag
+from mconn.core.handshake import make_hello
+from mconn.net.protocol import MConnectionFactory
+from mconn.core.wire import HelloTag
 
 from helpers import CHANNELS, RecordingReactor
 

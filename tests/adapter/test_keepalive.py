@@ -7,7 +7,7 @@ prove the peer alive: our own outgoing traffic does not.
 
 from helpers import PING, PONG, close_packets_in, msg_packet, open_switch_connection, parse_packets
 from mconn import Config, PongTimeout
-from mconn.wire import PacketType
+from mconn.core.wire import PacketType
 
 CONFIG = Config(ping_interval=10, pong_timeout=4)
 

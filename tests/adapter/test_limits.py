@@ -30,9 +30,9 @@ from helpers import (
     parse_packets,
 )
 from mconn import ChannelDescriptor, Config, ControlFlood, HandshakeTimeout, PacketTooLarge, Switch
-from mconn.protocol import MConnectionFactory
+from mconn.net.protocol import MConnectionFactory
 from mconn.testing import MemoryNetwork
-from mconn.wire import PacketType, SessionAnswer, encode_session_answer, encode_uvarint
+from mconn.core.wire import PacketType, SessionAnswer, encode_session_answer, encode_uvarint
 
 CHANNELS = [ChannelDescriptor(0x20, priority=3), ChannelDescriptor(0x21)]
 

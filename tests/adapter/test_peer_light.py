@@ -1,14 +1,14 @@
 """A Peer is light until used (bench/RESULTS.md, connect storm round 5): slotted, its
 receiving side built at the first message it receives, our channels' capacities and codecs
-shared by every Peer of a Switch (mconn.peer_shape). Over mconn.testing's in-memory network.
+shared by every Peer of a Switch (mconn.switch.channel_shape). Over mconn.testing's in-memory network.
 """
 
 import pytest
 
 from helpers import RecordingReactor
 from mconn import ChannelDescriptor, Config
-from mconn.peer_delivery import PeerDelivery
-from mconn.peer_shape import ChannelShape
+from mconn.switch.peer_delivery import PeerDelivery
+from mconn.switch.channel_shape import ChannelShape
 from mconn.testing import MemoryNetwork
 
 CHANNELS = [ChannelDescriptor(0x30, send_queue_capacity=3, recv_message_capacity=5000)]

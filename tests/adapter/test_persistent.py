@@ -11,7 +11,7 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.test import iosim
 
 from mconn import ChannelDescriptor, Config, DialGaveUp, PeerClosed, SessionRejected
-from mconn.protocol import MConnectionFactory
+from mconn.net.protocol import MConnectionFactory
 from mconn.testing import MemoryNetwork
 
 CHANNELS = [ChannelDescriptor(0x20, priority=5, send_queue_capacity=16), ChannelDescriptor(0x21, priority=1)]
@@ -348,9 +348,9 @@ def test_a_custom_reconnect_delay_is_used(network, telemetry):
 def test_node_counters_stay_bounded_when_strangers_come_and_go(network, monkeypatch):
     """Counters of nodes with no session and no dialer are dropped, oldest first, once
     the table is full; those of known nodes are kept."""
-    import mconn.node_counters
+    import mconn.switch.node_counters
 
-    monkeypatch.setattr(mconn.node_counters, "NODE_COUNTERS_KEPT", 8)
+    monkeypatch.setattr(mconn.switch.node_counters, "NODE_COUNTERS_KEPT", 8)
     a, b = Node(network, None), Node(network, 26656)
     network.connect(a.switch, b.switch)
     b.switch._sessions.count(a.switch.node_id, "duplicates_refused")  # a known node, counted first

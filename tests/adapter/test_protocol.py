@@ -18,7 +18,7 @@ from helpers import (
     parse_packets,
 )
 from mconn import Config, ConnectionLost, HandshakeTimeout, PeerClosed
-from mconn.wire import decode_hello
+from mconn.core.wire import decode_hello
 
 
 def test_hello_is_written_on_connection_made():

@@ -14,8 +14,8 @@ import pytest
 from twisted.internet.task import Clock
 
 from mconn import ChannelDescriptor, Config
-from mconn.peer_delivery import PeerDelivery
-from mconn.session import MESSAGE_OVERHEAD
+from mconn.switch.peer_delivery import PeerDelivery
+from mconn.core.session import MESSAGE_OVERHEAD
 from tests.helpers_core import msg, open_connection
 
 CH = 0x20

@@ -8,7 +8,7 @@ StringTransport and a Clock (tests/helpers.py); the write-ahead with a fake cloc
 
 from helpers import open_switch_connection
 from mconn import ChannelDescriptor, Config
-from mconn.write_ahead import WINDOW, WriteAhead
+from mconn.net.write_ahead import WINDOW, WriteAhead
 from tests.helpers_core import msg
 
 CH = 0x10
@@ -51,7 +51,7 @@ def test_a_read_that_queues_a_pong_still_writes_it():
 def test_a_read_that_closes_still_disconnects():
     """A close packet read ends the connection (the core is no longer open, so that
     read pumps, and the pump disconnects): the transport is told to disconnect."""
-    from mconn.connection import close_packet
+    from mconn.core.connection import close_packet
 
     h = open_switch_connection(channels=CHANNELS)
     h.feed(close_packet("done", "bye"))

@@ -7,9 +7,10 @@ again: not sent, not counted, and the sequence numbers of later messages unchang
 """
 
 from helpers import messages_in, open_switch_connection
-from mconn import ChannelDescriptor, Config, wire
-from mconn.session import MESSAGE_OVERHEAD, Session
-from mconn.wire import PacketType
+from mconn import ChannelDescriptor, Config
+from mconn.core import wire
+from mconn.core.session import MESSAGE_OVERHEAD, Session
+from mconn.core.wire import PacketType
 
 CH = 0x21
 CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=8, recv_message_capacity=8192)]

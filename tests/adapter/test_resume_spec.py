@@ -25,11 +25,12 @@ import pytest
 
 from helpers import RawPeer, RecordingReactor, close_packets_in, parse_packets
 from helpers_core import parse_session_table
-from mconn import ChannelDescriptor, Config, wire
+from mconn import ChannelDescriptor, Config
+from mconn.core import wire
 from mconn.errors import MalformedPacket
-from mconn.handshake import make_hello
+from mconn.core.handshake import make_hello
 from mconn.testing import MemoryNetwork
-from mconn.wire import PacketType
+from mconn.core.wire import PacketType
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "resume.md"
 VECTORS = pathlib.Path(__file__).resolve().parents[2] / "specs" / "vectors" / "resume.json"

@@ -17,11 +17,12 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import MemoryReactorClock
 
 from helpers import RecordingReactor, close_packets_in, hello_packet, new_node_id, parse_packets
-from mconn import ChannelDescriptor, Config, wire
+from mconn import ChannelDescriptor, Config
+from mconn.core import wire
 from mconn.errors import AckError
-from mconn.session_table import PeerState, SessionInput, step
+from mconn.core.session_table import PeerState, SessionInput, step
 from mconn.testing import MemoryNetwork
-from mconn.wire import PacketType
+from mconn.core.wire import PacketType
 
 SPEC_TEXT = (pathlib.Path(__file__).resolve().parents[2] / "specs" / "resume.md").read_text()
 CHANNELS = [ChannelDescriptor(0x20, priority=5), ChannelDescriptor(0x21, priority=1)]

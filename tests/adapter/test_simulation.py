@@ -50,7 +50,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mconn import ChannelDescriptor, Config, NodeKey, Reactor
-from mconn.dialer import default_reconnect_delay
+from mconn.switch.dialer import default_reconnect_delay
 from mconn.testing import MemoryNetwork
 
 NODES = 4

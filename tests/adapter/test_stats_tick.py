@@ -9,7 +9,8 @@ turns, STATS_SLICE peers at a time.
 from twisted.internet.testing import MemoryReactorClock
 
 from helpers import RecordingReactor, Telemetry
-from mconn import ChannelDescriptor, Config, switch as switch_module
+from mconn import ChannelDescriptor, Config
+from mconn.switch import switch as switch_module
 from mconn.testing import MemoryNetwork
 
 CHANNELS = [ChannelDescriptor(0x20, priority=5), ChannelDescriptor(0x21, priority=1)]

@@ -1,7 +1,7 @@
 """specs/telemetry.md against the events a live two-switch exchange emits, so neither drifts.
 
 The field tables of the spec are parsed; a scripted exchange over in-memory transports
-makes every event in mconn.telemetry.FORMATS happen at least once; each emitted event
+makes every event in mconn.switch.telemetry.FORMATS happen at least once; each emitted event
 must carry exactly the documented fields, with the documented types, at the documented
 level, and survive a round trip through Twisted's JSON log format.
 """
@@ -15,7 +15,7 @@ from twisted.logger import eventAsJSON, eventFromJSON, formatEvent
 
 from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, RawPeer, RecordingReactor, Telemetry, hello_packet, msg_packet
 from mconn import ChannelDescriptor, Config
-from mconn.telemetry import FORMATS, format_for
+from mconn.switch.telemetry import FORMATS, format_for
 from mconn.testing import MemoryNetwork
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "telemetry.md"

@@ -1,4 +1,4 @@
-"""The connections' timers on one DelayedCall per clock (mconn/timers.py): each runs at
+"""The connections' timers on one DelayedCall per clock (mconn/net/timers.py): each runs at
 its deadline, in deadline order and then in the order armed, as one DelayedCall each
 would; a cancelled or re-armed entry never runs; one armed while timers run waits for a
 later turn; a failing timer is logged and the others run; with nothing armed no
@@ -14,9 +14,9 @@ from twisted.internet.testing import StringTransport
 
 from helpers import RecordingReactor, Telemetry, dialer_hello
 from mconn import ChannelDescriptor, Config, Switch
-from mconn.protocol import MConnectionFactory
-from mconn.timers import Timers, timers_of
-from mconn.wire import PacketType, SessionRequest
+from mconn.net.protocol import MConnectionFactory
+from mconn.net.timers import Timers, timers_of
+from mconn.core.wire import PacketType, SessionRequest
 
 
 class Timed:

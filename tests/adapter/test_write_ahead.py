@@ -21,7 +21,7 @@ PACKET = 1024 + 16
 
 def packet_at(rate: float, config: Config) -> float:
     """The largest msg packet, header included, cut at a measured drain rate: payloads
-    follow the rate (``mconn.packet_size``: a quarter of write_ahead_time of it, at
+    follow the rate (``mconn.core.packet_size``: a quarter of write_ahead_time of it, at
     least 1024)."""
     return max(1024, rate * config.write_ahead_time / 4) + 16
 STEP = 0.001

@@ -1,5 +1,5 @@
 """The PEX address book (reactors/addrbook.py) and the rules of learnt addresses
-(mconn.address: host_scope, is_own_address, announced_address, discovered_problem), with
+(mconn.core.address: host_scope, is_own_address, announced_address, discovered_problem), with
 no Twisted: specs/pex.md sections 3.4 and 3.5.
 
 Hypothesis drives the book through random sequences of adds, promotions, failures and
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn.address import (
+from mconn.core.address import (
     PeerAddress,
     announced_address,
     discovered_problem,
@@ -321,9 +321,9 @@ def test_the_ban_table_is_bounded_dropping_ended_bans_then_the_one_ending_first(
 
 
 def test_the_book_and_the_address_rules_import_without_twisted():
-    """reactors.addrbook and mconn.address are pure: importing them loads no twisted module."""
+    """reactors.addrbook and mconn.core.address are pure: importing them loads no twisted module."""
     program = (
-        "import sys, reactors.addrbook, mconn.address; "
+        "import sys, reactors.addrbook, mconn.core.address; "
         "print(sorted(m for m in sys.modules if m.startswith('twisted')))"
     )
     root = pathlib.Path(__file__).resolve().parents[2]

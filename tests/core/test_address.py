@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from mconn.address import PeerAddress, is_valid_node_id, parse_address
+from mconn.core.address import PeerAddress, is_valid_node_id, parse_address
 
 NODE_ID = "0123456789abcdef0123456789abcdef01234567"
 

@@ -13,12 +13,12 @@ import types
 
 import pytest
 
-from mconn.address import PeerAddress, announced_address, host_of, transport_host
-from mconn.admission import Admission, limit_key
+from mconn.core.address import PeerAddress, announced_address, host_of, transport_host
+from mconn.core.admission import Admission, limit_key
 from mconn.config import Config
 from mconn.errors import PeerRejected
-from mconn.session_limits import SessionLimits
-from mconn.session_table import PeerState
+from mconn.switch.session_limits import SessionLimits
+from mconn.core.session_table import PeerState
 from reactors.addrbook import NO_HOST_GROUP, network_group
 
 #: Five addresses of one /64, as an attacker given that /64 binds them; and one of another.

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn.admission import Admission, address_group
+from mconn.core.admission import Admission, address_group
 from mconn.config import Config
 
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mconn.channel import DEFAULT_RECV_MESSAGE_CAPACITY, Channel, ChannelDescriptor, msg_header
+from mconn.core.channel import DEFAULT_RECV_MESSAGE_CAPACITY, Channel, ChannelDescriptor, msg_header
 from mconn.errors import MessageTooLarge
 from tests.helpers_core import msg_payloads, split_packets
 

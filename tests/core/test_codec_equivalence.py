@@ -8,11 +8,11 @@ section 1). These properties say they agree, on valid and on malformed input.
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mconn import wire
-from mconn.channel import Channel, ChannelDescriptor, Scheduler, msg_header
+from mconn.core import wire
+from mconn.core.channel import Channel, ChannelDescriptor, Scheduler, msg_header
 from mconn.errors import MalformedPacket, PacketTooLarge
-from mconn.frame_buffer import FrameBuffer
-from mconn.wire import PacketType
+from mconn.core.frame_buffer import FrameBuffer
+from mconn.core.wire import PacketType
 from tests.helpers_core import decode_stream, edited, feed_whole
 
 #: Modest example counts keep tests/core fast; no deadline (CI machines vary).

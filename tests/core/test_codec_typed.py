@@ -7,8 +7,8 @@ import json
 import pytest
 
 from mconn import errors
-from mconn.channel import ChannelDescriptor
-from mconn.codec import ProtobufCodec, encode_message, typed_receiver
+from mconn.core.channel import ChannelDescriptor
+from mconn.core.codec import ProtobufCodec, encode_message, typed_receiver
 from tests.typed_messages import NOT_PROTOBUF, Tx
 
 

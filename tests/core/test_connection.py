@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn import wire
-from mconn.channel import ChannelDescriptor
+from mconn.core import wire
+from mconn.core.channel import ChannelDescriptor
 from mconn.config import Config
-from mconn.connection import TRANSITIONS, Input, State
+from mconn.core.connection import TRANSITIONS, Input, State
 from mconn.errors import (
     HandshakeTimeout,
     IncompatiblePeer,
@@ -26,8 +26,8 @@ from mconn.errors import (
     UnknownChannel,
     UnknownPacketType,
 )
-from mconn.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived, PongReceived
-from mconn.wire import PacketType
+from mconn.core.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived, PongReceived
+from mconn.core.wire import PacketType
 from tests.helpers_core import (
     CH,
     NODE_A,

@@ -4,7 +4,7 @@ import pickle
 
 import mconn
 from mconn import errors
-from mconn.session import AckError as SessionAckError
+from mconn.core.session import AckError as SessionAckError
 
 
 def test_each_error_has_its_own_unconfirmed():
@@ -46,7 +46,7 @@ def test_unconfirmed_survives_pickling():
 
 
 def test_ack_error_is_a_remote_protocol_error_exported_from_mconn():
-    """AckError is one class in mconn, mconn.errors and mconn.session: documented and a RemoteProtocolError."""
+    """AckError is one class in mconn, mconn.errors and mconn.core.session: documented and a RemoteProtocolError."""
     assert mconn.AckError is errors.AckError is SessionAckError
     assert "AckError" in mconn.__all__
     assert issubclass(errors.AckError, errors.RemoteProtocolError)

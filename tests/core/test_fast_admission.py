@@ -7,7 +7,7 @@ import ipaddress
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn.admission import ADDRESS_GROUP_CACHE, address_group
+from mconn.core.admission import ADDRESS_GROUP_CACHE, address_group
 
 hosts = st.one_of(
     st.ip_addresses().map(str),

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mconn import wire
+from mconn.core import wire
 from mconn.errors import MalformedPacket
 from tests.helpers_core import edited
 

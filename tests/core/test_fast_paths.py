@@ -14,11 +14,11 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mconn import wire
-from mconn.channel import Channel, ChannelDescriptor
-from mconn.frame_buffer import FrameBuffer
-from mconn.wire import PacketType
-from mconn.write_ahead import WriteAhead
+from mconn.core import wire
+from mconn.core.channel import Channel, ChannelDescriptor
+from mconn.core.frame_buffer import FrameBuffer
+from mconn.core.wire import PacketType
+from mconn.net.write_ahead import WriteAhead
 from tests.core.test_codec_equivalence import any_packets, malformed_bytes
 from tests.helpers_core import feed_whole
 

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mconn.errors import MalformedPacket, PacketTooLarge, UnknownPacketType
-from mconn.frame_buffer import FrameBuffer
-from mconn.wire import PacketType
+from mconn.core.frame_buffer import FrameBuffer
+from mconn.core.wire import PacketType
 from tests.helpers_core import feed_bytewise, feed_whole, frame_buffer, msg
 
 
@@ -167,7 +167,7 @@ def test_buffer_holds_at_most_one_incomplete_packet(payloads, cuts):
 
 def test_full_packets_of_one_channel_come_out_as_one_run():
     """The bulk fast path: consecutive full, not-last packets of a channel are one RUN."""
-    from mconn.frame_buffer import RUN
+    from mconn.core.frame_buffer import RUN
 
     buffer = frame_buffer(max_payload=4)
     stream = (

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from mconn import errors
-from mconn.connection import State
-from mconn.events import ConnectionFailed, HelloReceived
-from mconn.wire import PacketType
+from mconn.core.connection import State
+from mconn.core.events import ConnectionFailed, HelloReceived
+from mconn.core.wire import PacketType
 
 from tests.fuzz.strategies import schedules, streams
 from tests.fuzz.target import CONFIG, fuzz_one, new_connection, peer_hello, run, schedule_from_bytes

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from mconn import wire
+from mconn.core import wire
 from reactors import chat_wire, pex_wire
 from reactors.chat_wire import CHAT, FILE
 

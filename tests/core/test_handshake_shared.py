@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn import wire
+from mconn.core import wire
 from mconn.config import Config
-from mconn.frame_buffer import FrameBuffer
-from mconn.handshake import asks_for_session, fresh_answer_parts, hello_packet, make_hello
-from mconn.session_table import PeerState, decide_hello
-from mconn.wire import HelloTag, PacketType, SessionAnswer
+from mconn.core.frame_buffer import FrameBuffer
+from mconn.core.handshake import asks_for_session, fresh_answer_parts, hello_packet, make_hello
+from mconn.core.session_table import PeerState, decide_hello
+from mconn.core.wire import HelloTag, PacketType, SessionAnswer
 from tests.helpers_core import NODE_B, make_connection, open_connection
 
 
@@ -126,7 +126,7 @@ def test_idle_sessions_over_the_same_channels_share_one_table_until_one_is_used(
     """Two new sessions over the same channel ids share one streams table; the first
     message accepted (or delivered) gives a session its own copy, and the other session
     and the shared table stay idle. Ids given as a list get a table of their own."""
-    from mconn.session import Session
+    from mconn.core.session import Session
 
     def session(ids):
         return Session(b"\x01" * 16, ids, recovery_buffer_bytes=1000, ack_every_messages=2, ack_every_bytes=100)

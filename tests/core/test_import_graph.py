@@ -180,7 +180,7 @@ def describe(cycle: list[str], where: dict[tuple[str, str], str]) -> str:
 def test_no_import_cycles():
     """No module of mconn/ or reactors/ imports, however lazily, a module that imports it back."""
     graph, where = import_graph(ROOT, PACKAGES)
-    assert "mconn.switch" in graph and "reactors.pex" in graph  # the walk found the tree
+    assert "mconn.switch.switch" in graph and "reactors.pex" in graph  # the walk found the tree
     found = cycles(graph)
     assert not found, f"{len(found)} import cycle(s):\n" + "\n".join(describe(c, where) for c in found)
 
@@ -226,3 +226,66 @@ def test_the_graph_sees_lazy_relative_and_type_checking_imports(tmp_path):
     }
     [cycle] = cycles(graph)
     assert describe(cycle, where) == "pkg.a -> pkg.b -> pkg.sub.c -> pkg.a  (pkg/a.py:1, pkg/b.py:2, pkg/sub/c.py:3)"
+
+
+# -- the layers ------------------------------------------------------------------------
+
+#: The layers of mconn, bottom up: a module imports its own layer or one below it. errors
+#: and config sit below every layer; testing (fakes for reactor authors) may use every
+#: layer but ops; the package itself (mconn/__init__.py, the public API) and its lazy
+#: names stand above them all.
+LAYERS = {
+    "mconn.errors": 0, "mconn.config": 0,
+    "mconn.core": 1, "mconn.net": 2, "mconn.switch": 3, "mconn.testing": 3.5, "mconn.ops": 4,
+    "mconn": 5,
+}
+
+#: What reactors/ may import of mconn: the public API, the test doubles, and the core
+#: modules reactor authors use (addresses and their scopes, the go-wire primitives, the
+#: node id's size, the token bucket, address groups).
+REACTOR_IMPORTS = {
+    "mconn", "mconn.errors", "mconn.config", "mconn.testing", "mconn.core.address", "mconn.core.wire_primitives",
+    "mconn.core.node_key", "mconn.core.rate", "mconn.core.admission",
+}
+
+
+def layer_of(module: str):
+    """The layer of an mconn module: its longest prefix in LAYERS (None for the pipeline)."""
+    if module.startswith("mconn.pipeline"):
+        return None
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        if prefix in LAYERS:
+            return LAYERS[prefix]
+    raise AssertionError(f"{module} is in no layer")
+
+
+def test_every_import_goes_down_the_layers():
+    """errors/config < core < net < switch < ops: no module of mconn imports one of a
+    layer above its own, however lazily; the pipeline imports nothing of mconn outside
+    itself."""
+    graph, where = import_graph(ROOT, ("mconn",))
+    assert {"mconn.core.wire", "mconn.net.protocol", "mconn.switch.switch", "mconn.ops.node"} <= set(graph)
+    upward = []
+    for module, targets in graph.items():
+        for target in targets:
+            if module.startswith("mconn.pipeline") or target.startswith("mconn.pipeline"):
+                if module.startswith("mconn.pipeline") != target.startswith("mconn.pipeline"):
+                    upward.append(f"{module} -> {target} ({where[(module, target)]}): the pipeline stands alone")
+                continue
+            if layer_of(target) > layer_of(module):
+                upward.append(f"{module} -> {target} ({where[(module, target)]})")
+    assert not upward, f"{len(upward)} import(s) up the layers:\n" + "\n".join(sorted(upward))
+
+
+def test_reactors_use_only_the_public_api_and_the_declared_core_modules():
+    """reactors/ are what node authors copy: they import mconn's public names, its test
+    doubles and a short list of core modules, never its internals."""
+    graph, where = import_graph(ROOT, ("mconn", "reactors"))
+    internal = [
+        f"{module} -> {target} ({where[(module, target)]})"
+        for module, targets in graph.items() if module.startswith("reactors")
+        for target in targets if target.startswith("mconn") and target not in REACTOR_IMPORTS
+    ]
+    assert not internal, "reactors/ reach into mconn's internals:\n" + "\n".join(sorted(internal))

@@ -5,7 +5,7 @@ the channel queues, when a message starts going out, not the packets after it.
 Sans-I/O: a Connection with an explicit ``now``.
 """
 
-from mconn.channel import ChannelDescriptor
+from mconn.core.channel import ChannelDescriptor
 from tests.helpers_core import open_connection
 
 CH = 0x20

@@ -8,7 +8,7 @@ next pump: these tests pin that it never does.
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn.channel import ChannelDescriptor
+from mconn.core.channel import ChannelDescriptor
 from mconn.config import Config
 from tests.helpers_core import CH, open_connection
 

@@ -11,13 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn import errors, wire
-from mconn.channel import ChannelDescriptor
+from mconn import errors
+from mconn.core import wire
+from mconn.core.channel import ChannelDescriptor
 from mconn.config import Config
-from mconn.connection import Connection
-from mconn.events import ConnectionFailed, HelloReceived
-from mconn.handshake import check_hello, make_hello
-from mconn.node_info import (
+from mconn.core.connection import Connection
+from mconn.core.events import ConnectionFailed, HelloReceived
+from mconn.core.handshake import check_hello, make_hello
+from mconn.core.node_info import (
     MAX_NODE_INFO_BYTES,
     REFUSALS,
     NodeInfo,
@@ -26,7 +27,7 @@ from mconn.node_info import (
     node_info_field,
     node_info_of,
 )
-from mconn.wire import HelloTag, PacketType
+from mconn.core.wire import HelloTag, PacketType
 from tests.helpers_core import NODE_A, NODE_B, expand, load_vectors, make_connection
 
 VECTORS = load_vectors("node_info")

@@ -10,7 +10,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from mconn.node_key import NodeKey, node_id_from_public_key
+from mconn.core.node_key import NodeKey, node_id_from_public_key
 
 posix_only = pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
 
@@ -229,7 +229,7 @@ def test_repr_shows_node_id_and_hides_key_material():
 
 
 def test_modules_do_not_import_twisted():
-    """Importing mconn.node_key and mconn.address loads no Twisted."""
-    code = "import sys, mconn.node_key, mconn.address; print('twisted' in sys.modules)"
+    """Importing mconn.core.node_key and mconn.core.address loads no Twisted."""
+    code = "import sys, mconn.core.node_key, mconn.core.address; print('twisted' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn import packet_size
-from mconn.channel import ChannelDescriptor
+from mconn.core import packet_size
+from mconn.core.channel import ChannelDescriptor
 from mconn.config import Config
-from mconn.frame_buffer import RUN, FrameBuffer
-from mconn.write_ahead import WINDOW, WriteAhead
+from mconn.core.frame_buffer import RUN, FrameBuffer
+from mconn.net.write_ahead import WINDOW, WriteAhead
 from tests.helpers_core import CorePair, hello_packet, make_connection, msg, msg_payloads, open_connection
 
 BULK, PROBE = 0x10, 0x30

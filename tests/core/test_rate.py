@@ -2,7 +2,7 @@
 
 import pytest
 
-from mconn.rate import TokenBucket
+from mconn.core.rate import TokenBucket
 
 
 @pytest.mark.parametrize("rate", [0, -1, -0.5])

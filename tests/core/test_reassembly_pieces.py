@@ -1,4 +1,4 @@
-"""How a large message's pieces are kept until it is whole (mconn/channel.py, "Receiving"):
+"""How a large message's pieces are kept until it is whole (mconn/core/channel.py, "Receiving"):
 a piece that is a large part of the read it came in is kept as a view of that read and
 the pieces are joined once at eof; small pieces are copied, so that a partial message
 never keeps much more alive than its own bytes.
@@ -8,7 +8,7 @@ Sans-I/O: a Connection fed reads with an explicit ``now``.
 
 import pytest
 
-from mconn.channel import KEEP_VIEW_MIN, Channel, ChannelDescriptor
+from mconn.core.channel import KEEP_VIEW_MIN, Channel, ChannelDescriptor
 from tests.helpers_core import msg, open_connection
 
 CH, OTHER = 0x20, 0x21

@@ -6,7 +6,7 @@ hand-written FrameBuffer (whole and one byte at a time) and through an open Conn
 (whole and one byte at a time); session request values (hello field 01) through their
 codec and, inside a hello packet, through a handshaking Connection. Each invalid vector
 is refused by exactly the layers it names (see "invalid_comment" in resume.json), with
-exactly the error class it names. The "ack_checks" drive ``mconn.session.Session.on_ack``
+exactly the error class it names. The "ack_checks" drive ``mconn.core.session.Session.on_ack``
 (specs/resume.md section 2.3).
 """
 
@@ -14,11 +14,12 @@ import re
 
 import pytest
 
-from mconn import errors, wire
-from mconn.channel import ChannelDescriptor
-from mconn.events import AckReceived, ConnectionFailed, HelloReceived, SessionAnswered
-from mconn.session import AckError, Session
-from mconn.wire import PacketType
+from mconn import errors
+from mconn.core import wire
+from mconn.core.channel import ChannelDescriptor
+from mconn.core.events import AckReceived, ConnectionFailed, HelloReceived, SessionAnswered
+from mconn.core.session import AckError, Session
+from mconn.core.wire import PacketType
 from tests.helpers_core import (
     expand,
     check_frames,

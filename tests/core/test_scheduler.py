@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from mconn.channel import DECAY_TAU, Channel, ChannelDescriptor, Scheduler
+from mconn.core.channel import DECAY_TAU, Channel, ChannelDescriptor, Scheduler
 from tests.helpers_core import msg_payloads
 
 

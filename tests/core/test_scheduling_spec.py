@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from mconn.channel import Channel, ChannelDescriptor, Scheduler
-from mconn.wire import PacketType
+from mconn.core.channel import Channel, ChannelDescriptor, Scheduler
+from mconn.core.wire import PacketType
 from tests.helpers_core import SPECS, decode_stream, msg_payloads, open_connection, split_packets
 
 NOT_PENDING = "—"

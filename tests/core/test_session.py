@@ -1,13 +1,13 @@
-"""Session state (mconn.session) and its packets (ack 06, session answer 07, hello field 01)."""
+"""Session state (mconn.core.session) and its packets (ack 06, session answer 07, hello field 01)."""
 
 import pathlib
 import re
 
 import pytest
 
-from mconn import wire
+from mconn.core import wire
 from mconn.errors import MalformedPacket
-from mconn.session import MESSAGE_OVERHEAD, AckError, Session
+from mconn.core.session import MESSAGE_OVERHEAD, AckError, Session
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "wire.md"
 

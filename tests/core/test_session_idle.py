@@ -1,11 +1,11 @@
-"""A session's channels that have carried nothing share one idle stream (mconn/session.py,
+"""A session's channels that have carried nothing share one idle stream (mconn/core/session.py,
 ``_IDLE``): no stream and no deque per idle channel, and the same answers as before."""
 
 import pytest
 
-from mconn import session as session_module
+from mconn.core import session as session_module
 from mconn.errors import AckError
-from mconn.session import Session
+from mconn.core.session import Session
 
 CHANNELS = [0x10, 0x20, 0x30, 0x40]
 

@@ -1,4 +1,4 @@
-"""The session lifecycle table (mconn.session_table) against specs/resume.md, and its decisions.
+"""The session lifecycle table (mconn.core.session_table) against specs/resume.md, and its decisions.
 
 Sections 3 and 3.1 of specs/resume.md are parsed and compared, row for row, with
 ``TRANSITIONS``: state, side, input, next state, the reactor calls and the telemetry the
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 
 from mconn import errors
 from mconn.errors import LocalProtocolError, PeerRejected, UnexpectedPacket
-from mconn.session_ref import session_ref
-from mconn.session_table import (
+from mconn.core.session_ref import session_ref
+from mconn.core.session_table import (
     TRANSITIONS,
     UNKNOWN_AFTER_RESTART,
     Decision,

@@ -8,12 +8,13 @@ names (see "invalid_comment" in wire.json), with exactly the error class it name
 
 import pytest
 
-from mconn import errors, wire
-from mconn.channel import Channel, ChannelDescriptor
-from mconn.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived
-from mconn.handshake import check_hello, make_hello
-from mconn.node_key import node_id_from_public_key
-from mconn.wire import PacketType
+from mconn import errors
+from mconn.core import wire
+from mconn.core.channel import Channel, ChannelDescriptor
+from mconn.core.events import CloseReceived, ConnectionFailed, HelloReceived, MessageReceived
+from mconn.core.handshake import check_hello, make_hello
+from mconn.core.node_key import node_id_from_public_key
+from mconn.core.wire import PacketType
 from tests.helpers_core import (
     expand,
     check_frames,

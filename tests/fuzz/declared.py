@@ -1,6 +1,6 @@
 """Structure-aware fuzz inputs: messages built field by field from construct declarations.
 
-A valid message is built from its declaration (mconn/wire.py, reactors/pex_wire.py,
+A valid message is built from its declaration (mconn/core/wire.py, reactors/pex_wire.py,
 reactors/chat_wire.py) one named field at a time, so that any field can be replaced by
 ``Raw`` bytes (a value the declaration would refuse to build: a 15-byte session id, a
 boolean byte 02, a string that is not UTF-8) while the fields around it stay valid.

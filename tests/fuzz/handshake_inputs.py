@@ -1,6 +1,6 @@
 """Inputs of the handshake target (tests/fuzz/switch_target.py): scenarios, hellos, answers.
 
-A listening Switch gets a peer hello whose fields are drawn from mconn/wire.py's
+A listening Switch gets a peer hello whose fields are drawn from mconn/core/wire.py's
 ``HelloBody`` declaration, with a session request (hello field 01, ``SessionRequestBody``)
 among its fields; a dialing Switch gets a session answer (packet 07,
 ``SessionAnswerBody``) after a valid hello. Each field is a valid value, a boundary or
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from mconn import wire
-from mconn.wire import PROTOCOL_VERSION, HelloTag, PacketType
+from mconn.core import wire
+from mconn.core.wire import PROTOCOL_VERSION, HelloTag, PacketType
 
 from tests.fuzz.declared import RAW, Chooser, Raw, build_struct, draw_edits, mutate, value
 

@@ -29,7 +29,7 @@ import tracemalloc
 
 from construct import Bytes, FormatField, GreedyBytes, StringEncoded
 
-from mconn import wire
+from mconn.core import wire
 from reactors import chat_wire, pex_wire
 from reactors.pex_wire import PexMisbehaved, PexType
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from mconn import wire
-from mconn.wire import PacketType, SessionAnswer
+from mconn.core import wire
+from mconn.core.wire import PacketType, SessionAnswer
 
 from tests.fuzz.handshake_inputs import HELDS, SIZES, Scenario, draw_answer, draw_hello
 from tests.fuzz.message_target import draw_chat, draw_pex

@@ -39,16 +39,15 @@ from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
 from helpers import RawPeer, RecordingReactor
-from mconn import (
-    MConnError, NodeKey, PeerClosed, PeerRejected, PeerState, RemoteProtocolError, wire,
-)
-from mconn.connection import State
+from mconn import MConnError, NodeKey, PeerClosed, PeerRejected, PeerState, RemoteProtocolError
+from mconn.core import wire
+from mconn.core.connection import State
 from mconn.errors import AckError, PongTimeout
-from mconn.events import CloseReceived, ConnectionFailed
-from mconn.frame_buffer import FrameBuffer
-from mconn.handshake import make_hello
+from mconn.core.events import CloseReceived, ConnectionFailed
+from mconn.core.frame_buffer import FrameBuffer
+from mconn.core.handshake import make_hello
 from mconn.testing import MemoryNetwork
-from mconn.wire import HelloTag, PacketType, SessionRequest
+from mconn.core.wire import HelloTag, PacketType, SessionRequest
 
 from tests.fuzz.declared import Reader
 from tests.fuzz.handshake_inputs import HELDS, SIZES, Names, Scenario, draw_answer, draw_hello

@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import random
 
-from mconn import errors, wire
-from mconn.channel import ChannelDescriptor
+from mconn import errors
+from mconn.core import wire
+from mconn.core.channel import ChannelDescriptor
 from mconn.config import MIN_PACKET_PAYLOAD, Config
-from mconn.connection import CHANNEL_COUNTS_LIMIT, Connection, State
-from mconn.events import ConnectionFailed, MessageReceived
-from mconn.frame_buffer import FrameBuffer
-from mconn.handshake import make_hello
-from mconn.wire import HelloTag, PacketType, SessionRequest
+from mconn.core.connection import CHANNEL_COUNTS_LIMIT, Connection, State
+from mconn.core.events import ConnectionFailed, MessageReceived
+from mconn.core.frame_buffer import FrameBuffer
+from mconn.core.handshake import make_hello
+from mconn.core.wire import HelloTag, PacketType, SessionRequest
 
 CHANNELS = [
     ChannelDescriptor(0x20, priority=3, recv_message_capacity=300),

@@ -3,7 +3,7 @@
 Shared by the hypothesis test (tests/integration/test_websocket_fuzz_upgrade.py) and the
 atheris harness (fuzz_upgrade.py). A real Switch's admission on a ``task.Clock`` and a
 ``WebSocketServerCarrier`` on a ``StringTransport`` (no sockets): the bytes go through
-the head checks of mconn.websocket, autobahn's HTTP parser, and once upgraded, the
+the head checks of mconn.net.websocket, autobahn's HTTP parser, and once upgraded, the
 frame reader and the mconn protocol above.
 
 Input: byte 0 chooses the world (bit 0: the peer is a trusted proxy; bit 1: it is an
@@ -35,9 +35,9 @@ from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
 from mconn.config import Config
-from mconn.protocol import MConnectionFactory
-from mconn.switch import Switch
-from mconn.websocket_factories import WebSocketServerCarrierFactory
+from mconn.net.protocol import MConnectionFactory
+from mconn.switch.switch import Switch
+from mconn.net.websocket import WebSocketServerCarrierFactory
 
 PATH = "/mconn"
 CONFIG = Config(

@@ -53,10 +53,11 @@ import sys
 import threading
 import time
 
-from mconn import ChannelDescriptor, wire
-from mconn.frame_buffer import MSG, FrameBuffer
-from mconn.handshake import make_hello
-from mconn.websocket_frames import FrameReader, binary_frames
+from mconn import ChannelDescriptor
+from mconn.core import wire
+from mconn.core.frame_buffer import MSG, FrameBuffer
+from mconn.core.handshake import make_hello
+from mconn.net.websocket_frames import FrameReader, binary_frames
 
 #: The victim's channels, announced by the attackers so that the node sends them data.
 CHANNELS = [

@@ -25,9 +25,10 @@ import time
 
 from twisted.internet import defer, protocol, task
 
-from mconn import ChannelDescriptor, wire
-from mconn.handshake import make_hello
-from mconn.wire import PacketType
+from mconn import ChannelDescriptor
+from mconn.core import wire
+from mconn.core.handshake import make_hello
+from mconn.core.wire import PacketType
 
 CONCURRENCY = 200
 SOURCES = [f"127.0.0.{i}" for i in range(2, 102)]

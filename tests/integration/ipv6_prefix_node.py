@@ -34,9 +34,10 @@ import struct
 import sys
 import time
 
-from mconn import ChannelDescriptor, Config, Reactor, Switch, wire
-from mconn.handshake import make_hello
-from mconn.wire_primitives import read_uvarint
+from mconn import ChannelDescriptor, Config, Reactor, Switch
+from mconn.core import wire
+from mconn.core.handshake import make_hello
+from mconn.core.wire_primitives import read_uvarint
 
 CHANNEL = ChannelDescriptor(0x20, priority=1, send_queue_capacity=64, recv_message_capacity=1 << 16)
 #: Sessions each attacker address opens and resets (left suspended), and then keeps open.

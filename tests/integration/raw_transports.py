@@ -10,10 +10,10 @@ from twisted.internet.protocol import Factory
 
 from helpers import RawPeer, bounded, the_reactor
 from mconn import ChannelDescriptor, Config, NodeKey, Switch, TLSOptions
-from mconn.address import PeerAddress
-from mconn.handshake import make_hello
-from mconn.websocket_endpoints import dial_endpoint
-from mconn.wire import HelloTag, PacketType, SessionRequest, encode_extension, encode_hello, encode_session_request
+from mconn.core.address import PeerAddress
+from mconn.core.handshake import make_hello
+from mconn.net.websocket_endpoints import dial_endpoint
+from mconn.core.wire import HelloTag, PacketType, SessionRequest, encode_extension, encode_hello, encode_session_request
 
 PATH = "/mconn"
 #: (transport, host) of every cell: tcp, tls, ws, wss by IPv4 and IPv6 loopback.

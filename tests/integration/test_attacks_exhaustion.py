@@ -4,7 +4,7 @@ A suspended session keeps a peer slot and its recovery buffer for ``resume_grace
 attacks used that: one address opening and dropping sessions with made-up node ids until
 every inbound slot was held by a suspended session, and made-up identities that read but
 never acknowledge, each pinning a full recovery buffer. The limits of specs/resume.md
-section 1.3 and specs/connection.md section 6 (``mconn.session_limits``) must hold: an
+section 1.3 and specs/connection.md section 6 (``mconn.switch.session_limits``) must hold: an
 address holds at most ``max_connections_per_ip`` sessions, suspended ones included; a
 peer from another address still gets in; suspended sessions and all unacknowledged
 bytes are bounded, and what is dropped is counted as undelivered, never silently.
@@ -21,8 +21,8 @@ import pytest_twisted
 
 from helpers import bounded, sleep, the_reactor, until
 from mconn import ChannelDescriptor, Config, Reactor, Switch
-from mconn.frame_buffer import FrameBuffer
-from mconn.wire import PacketType
+from mconn.core.frame_buffer import FrameBuffer
+from mconn.core.wire import PacketType
 
 from .attackers import made_up_hello, reset
 from .test_loopback import stop

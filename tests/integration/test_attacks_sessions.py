@@ -19,8 +19,9 @@ from twisted.internet import defer, endpoints
 
 from faultproxy import FaultProxy
 from helpers import RawPeer, bounded, close_packets_in, sleep, the_reactor, until
-from mconn import ChannelDescriptor, Config, NodeKey, PeerClosed, Reactor, Switch, TLSOptions, wire
-from mconn.handshake import make_hello
+from mconn import ChannelDescriptor, Config, NodeKey, PeerClosed, Reactor, Switch, TLSOptions
+from mconn.core import wire
+from mconn.core.handshake import make_hello
 
 from .test_loopback import stop
 from .test_tls import CA, ca_options

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from mconn.telemetry_file import read_events
+from mconn.ops.telemetry_file import read_events
 from operators.twistd_nodes import alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(480)]

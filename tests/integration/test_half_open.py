@@ -42,7 +42,7 @@ class StopOnEOF(Protocol):
 
 # Pings are answered 0.1 s late, so that the pong reaches the other node while its loop
 # is blocked (a ping is the lone byte 01 on an idle connection).
-from mconn.protocol import MConnectionProtocol
+from mconn.net.protocol import MConnectionProtocol
 _received = MConnectionProtocol.dataReceived
 
 def slow_pong(self, data):

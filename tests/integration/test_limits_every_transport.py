@@ -22,12 +22,12 @@ from twisted.internet.protocol import Factory
 
 from helpers import RawPeer, bounded, close_packets_in, dialer_hello, stop_switches, the_reactor, until
 from mconn import ChannelDescriptor, Config, NodeKey, Reactor, Switch, TLSOptions
-from mconn.address import PeerAddress
-from mconn.session import MESSAGE_OVERHEAD
-from mconn.session_table import PeerState
-from mconn.websocket_common import WebSocketError
-from mconn.websocket_endpoints import dial_endpoint
-from mconn.wire import PacketType, encode_uvarint
+from mconn.core.address import PeerAddress
+from mconn.core.session import MESSAGE_OVERHEAD
+from mconn.core.session_table import PeerState
+from mconn.errors import WebSocketError
+from mconn.net.websocket_endpoints import dial_endpoint
+from mconn.core.wire import PacketType, encode_uvarint
 
 pytestmark = pytest.mark.integration
 

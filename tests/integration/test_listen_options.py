@@ -1,4 +1,4 @@
-"""Socket options through the listening socket (mconn/socket_options.py, specs/connection.md
+"""Socket options through the listening socket (mconn/net/socket_options.py, specs/connection.md
 section 7): a Switch sets its Config's options on the socket it listens on, and an inbound
 connection sets again only those its accepted socket did not inherit; on real loopback
 sockets, read back with getsockopt."""
@@ -10,7 +10,7 @@ import pytest
 import pytest_twisted
 
 from mconn import Config
-from mconn.socket_options import _options_of, inherited_options, set_socket_options
+from mconn.net.socket_options import _options_of, inherited_options, set_socket_options
 
 from .test_loopback import bounded, start_pair, stop
 

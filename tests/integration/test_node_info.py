@@ -9,7 +9,7 @@ import pytest_twisted
 
 from helpers import RecordingReactor, bounded, listening_switches, sleep, stop_switches, until
 from mconn import ChannelDescriptor, IncompatibleNode, NodeInfo, PeerClosed, ProtocolVersion
-from mconn.dialer import is_not_retried
+from mconn.switch.dialer import is_not_retried
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,7 @@ from twisted.protocols import portforward
 
 from helpers import RecordingReactor, bounded, stop_switches, the_reactor, until
 from mconn import ChannelDescriptor, Config, Switch
-from mconn.wire import PacketType
+from mconn.core.wire import PacketType
 from tests.helpers_core import expand_runs, frame_buffer
 
 pytestmark = pytest.mark.integration

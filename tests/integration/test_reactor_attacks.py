@@ -21,7 +21,7 @@ import pytest_twisted
 
 from helpers import bounded, stop_switches, the_reactor, until
 from mconn import ChannelDescriptor, Config, NodeKey, Reactor, ReactorError, Switch, TLSOptions
-from mconn.address import PeerAddress
+from mconn.core.address import PeerAddress
 from reactors.blocksync import BLOCKSYNC_CHANNEL, BlocksyncReactor, BlocksyncType, encode
 from reactors.mempool import MEMPOOL_CHANNEL, MempoolReactor, tx_key
 

@@ -19,8 +19,8 @@ from twisted.internet.defer import Deferred
 
 from helpers import sleep, stop_switches, until
 from mconn import ChannelDescriptor, Config, Reactor
-from mconn.session import MESSAGE_OVERHEAD
-from mconn.wire import PacketType, encode_packet
+from mconn.core.session import MESSAGE_OVERHEAD
+from mconn.core.wire import PacketType, encode_packet
 from tests.integration.raw_transports import CELL_IDS, CELLS, Cell, dialer_hello_announcing
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Read at accept on real loopback sockets (mconn/write_through.py ``read_now``,
+"""Read at accept on real loopback sockets (mconn/net/write_through.py ``read_now``,
 specs/connection.md section 7): an inbound plain TCP connection reads what its dialer
 sent before the listener accepted it while the connection is set up, so the hello is
 answered (our hello and the session answer, in one send) before ``connectionMade``
@@ -18,8 +18,8 @@ from helpers import (
     the_reactor, until,
 )
 from mconn import ChannelDescriptor, Switch
-from mconn.protocol import MConnectionProtocol
-from mconn.wire import PacketType
+from mconn.net.protocol import MConnectionProtocol
+from mconn.core.wire import PacketType
 
 pytestmark = pytest.mark.integration
 

@@ -43,7 +43,7 @@ from mconn import (
     Switch,
 )
 
-from mconn.tls import TLSOptions
+from mconn.net.tls import TLSOptions
 
 from .test_loopback import bounded, stop
 

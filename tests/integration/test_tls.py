@@ -37,13 +37,14 @@ from mconn import (
     Switch,
     TLSError,
 )
-import mconn.tls
-from mconn import pre_hello, wire
-from mconn.dialer import is_not_retried
+import mconn.net.tls
+from mconn.core import pre_hello
+from mconn.core import wire
+from mconn.switch.dialer import is_not_retried
 from mconn.errors import MalformedPacket
-from mconn.protocol import MConnectionFactory
-from mconn.tls import TLSOptions, node_id_of_certificate, self_signed_certificate
-from mconn.tls_transport import PRE_HELLO, TLS_RECORD_TYPES
+from mconn.net.protocol import MConnectionFactory
+from mconn.net.tls import TLSOptions, node_id_of_certificate, self_signed_certificate
+from mconn.net.tls_transport import PRE_HELLO, TLS_RECORD_TYPES
 from tests.helpers_core import expand, load_vectors
 
 from .test_loopback import Collector, bounded, stop
@@ -484,7 +485,7 @@ async def test_ca_mode_an_expired_certificate_is_refused(tmp_path, monkeypatch):
     """A listener whose certificate expired while it ran (a node does not start with one:
     test_a_node_whose_own_certificate_is_out_of_date_refuses_to_start)."""
     ca = CA()
-    monkeypatch.setattr(mconn.tls, "_check_validity", lambda chain, path: None)  # loaded before it expired
+    monkeypatch.setattr(mconn.net.tls, "_check_validity", lambda chain, path: None)  # loaded before it expired
     expired = ca_options(tmp_path, ca, "a", not_before=NOW - 10 * DAY, not_after=NOW - DAY)
     monkeypatch.undo()
     error = await refused_dial(tmp_path, expired, ca_options(tmp_path, ca, "b"))
@@ -764,7 +765,7 @@ async def test_a_resume_attempt_by_another_node_is_refused(telemetry):
         live = peer_of_b._protocol
         c.node_id = b.node_id
         factory = MConnectionFactory(c, is_outbound=True, expected_node_id=a.node_id, resuming=peer_of_a)
-        from mconn.address import parse_address
+        from mconn.core.address import parse_address
 
         proto = await bounded(c._endpoint(parse_address(f"127.0.0.1:{port}")).connect(factory))
         assert proto.session_request.resume and proto.session_request.session_id == peer_of_a.session.id

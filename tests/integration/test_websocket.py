@@ -20,10 +20,10 @@ from twisted.internet.protocol import Factory
 
 from helpers import RawPeer, sleep, the_reactor, until
 from mconn import CertificateMismatch, Config, NodeKey, PeerIdMismatch, Switch
-from mconn.tls import TLSOptions
-from mconn.websocket import MAX_UPGRADE_BYTES
-from mconn.websocket_common import WebSocketError
-from mconn.websocket_endpoints import transport_kind
+from mconn.net.tls import TLSOptions
+from mconn.net.websocket import MAX_UPGRADE_BYTES
+from mconn.errors import WebSocketError
+from mconn.net.websocket_endpoints import transport_kind
 
 from .test_loopback import CHANNELS, Collector, bounded, stop
 

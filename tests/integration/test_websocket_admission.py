@@ -22,7 +22,7 @@ import pytest_twisted
 
 from helpers import the_reactor, until
 from mconn import Config, NodeKey, Switch
-from mconn.tls import TLSOptions
+from mconn.net.tls import TLSOptions
 
 from .test_attack_handshake_stall import read_until_closed, send
 from .test_loopback import CHANNELS, Collector, bounded, stop

@@ -1,4 +1,4 @@
-"""mconn.websocket_frames.FrameReader, the hot path of reading an open WebSocket, fed bytes.
+"""mconn.net.websocket_frames.FrameReader, the hot path of reading an open WebSocket, fed bytes.
 
 No sockets: frames are built here (RFC 6455 section 5.2) and fed whole, split at every
 point, and one byte at a time; the payloads must come out unmasked and in order, and
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn.websocket_frames import SMALL_MASKING, FrameReader, binary_frames, masker
+from mconn.net.websocket_frames import SMALL_MASKING, FrameReader, binary_frames, masker
 
 LIMIT = 1 << 20
 

@@ -16,9 +16,9 @@ from twisted.internet import defer
 
 from helpers import the_reactor, until
 from mconn import ChannelDescriptor, Config, Switch
-from mconn.address import PeerAddress, parse_address
+from mconn.core.address import PeerAddress, parse_address
 from mconn.testing import FakePeer, MemoryNetwork
-from mconn.websocket_endpoints import transport_kind
+from mconn.net.websocket_endpoints import transport_kind
 from reactors.pex import PexReactor
 from reactors.pex_wire import PEX_CHANNEL, PexType, decode_message, encode_request
 

@@ -1,7 +1,7 @@
 """The resume scenarios of the fault proxy over ws:// (specs/websocket.md section 5).
 
 Two real Switches on 127.0.0.1; the dialer reaches the listener's ws:// endpoint through
-a FaultProxy (mconn/faultproxy.py) that resets the links, black-holes them, or cuts one
+a FaultProxy (mconn/ops/faultproxy.py) that resets the links, black-holes them, or cuts one
 after exactly N bytes, in the middle of a WebSocket frame. Sessions resume across the
 breaks as over TCP: every message arrives once and in order, one session throughout.
 The pair and the scenario bodies are test_resume_scenarios' (``pair_through_proxy`` with
@@ -17,7 +17,7 @@ import pytest_twisted
 
 from helpers import sleep
 from mconn import Config
-from mconn.websocket_endpoints import transport_kind
+from mconn.net.websocket_endpoints import transport_kind
 
 from .test_resume_scenarios import (
     BULK_CHANNELS,

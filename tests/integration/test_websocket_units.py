@@ -15,9 +15,10 @@ from twisted.internet.protocol import Factory
 
 from helpers import RawPeer, the_reactor, until
 from mconn import Config, NodeKey
-from mconn.address import parse_address
-from mconn.websocket_common import WebSocketError
-from mconn.websocket_endpoints import ProxyError, _no_proxy, proxy_for
+from mconn.core.address import parse_address
+from mconn.errors import WebSocketError
+from mconn.errors import ProxyError
+from mconn.net.websocket_endpoints import _no_proxy, proxy_for
 
 from .test_loopback import bounded, stop
 from .test_websocket import PATH, node, upgrade_request, ws_listen, raw_client

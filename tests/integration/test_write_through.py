@@ -1,4 +1,4 @@
-"""Write-through on real loopback sockets (mconn/write_through.py, specs/connection.md
+"""Write-through on real loopback sockets (mconn/net/write_through.py, specs/connection.md
 section 7): a reply written while a read is handled reaches the kernel before the
 reactor's callback returns; a second write of the same read, and a send outside a read,
 wait in Twisted's buffer as before; what the kernel does not take follows in order; a
@@ -17,7 +17,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 
 from helpers import bounded, buffered, sleep, the_reactor
 from mconn import ChannelDescriptor, Reactor, Switch
-from mconn.write_through import plain_tcp
+from mconn.net.write_through import plain_tcp
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from twisted.internet import threads
 from twisted.web import resource, server
 
 from mconn import NodeKey
-from mconn.cli import format_duration, format_round_trip, format_status, main, status_url
+from mconn.ops.cli import format_duration, format_round_trip, format_status, main, status_url
 
 ID_A, ID_B = "a1" * 20, "b2" * 20
 

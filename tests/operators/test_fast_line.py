@@ -1,4 +1,4 @@
-"""A telemetry line written straight from the event (``lean_text``, mconn/telemetry_file.py)
+"""A telemetry line written straight from the event (``lean_text``, mconn/ops/telemetry_file.py)
 against the record built first (``lean_record``) and json.dumps: the same text, or the
 same kind of error, for any event; and ``format_record``'s line the same either way."""
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
-from mconn.telemetry_file import _strict, format_record, lean_record, lean_text
+from mconn.ops.telemetry_file import _strict, format_record, lean_record, lean_text
 from operators.test_fast_record import values
 
 #: Keys a real event has (envelope, Twisted's, the legacy bridge's, mconn's ``message``), and others.

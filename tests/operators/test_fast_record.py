@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.logger import Logger, LogLevel, LogPublisher
 
-from mconn import telemetry
-from mconn.telemetry_file import encode_record, format_record
+from mconn.switch import telemetry
+from mconn.ops.telemetry_file import encode_record, format_record
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(),
@@ -91,7 +91,7 @@ def test_the_file_keeps_only_this_nodes_mconn_events(tmp_path):
     """The service's one-function observer writes exactly what its filter promises: mconn
     and mconn.* events with an event name and this node's id; not another node's, not
     another namespace's (``mconnx`` included), not an mconn message without an event."""
-    from mconn.telemetry_file import TelemetryFileService, read_events
+    from mconn.ops.telemetry_file import TelemetryFileService, read_events
 
     publisher = LogPublisher()
     service = TelemetryFileService(tmp_path / "t.jsonl", "n1", publisher=publisher)
@@ -99,7 +99,7 @@ def test_the_file_keeps_only_this_nodes_mconn_events(tmp_path):
     try:
         for namespace, fields in [
             ("mconn", {"event": "listening", "node_id": "n1", "address": "a"}),
-            ("mconn.dialer", {"event": "dial_attempt", "node_id": "n1", "attempt": 1}),
+            ("mconn.switch.dialer", {"event": "dial_attempt", "node_id": "n1", "attempt": 1}),
             ("mconn", {"event": "listening", "node_id": "n2", "address": "b"}),
             ("mconnx", {"event": "listening", "node_id": "n1", "address": "c"}),
             ("other", {"event": "listening", "node_id": "n1", "address": "d"}),

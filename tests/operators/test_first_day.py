@@ -21,10 +21,10 @@ import warnings
 import pytest
 
 from mconn import Config, SessionExpired, SessionRejected
-from mconn.peer import PeerStats
-from mconn.node_help import CONFIG_FIELDS, config_field_docs
-from mconn.node_settings import Options
-from mconn.telemetry_file import read_events
+from mconn.switch.peer import PeerStats
+from mconn.ops.node_help import CONFIG_FIELDS, config_field_docs
+from mconn.ops.node_settings import Options
+from mconn.ops.telemetry_file import read_events
 from operators.twistd_nodes import ENV, ROOT, STATUS_LINE, TIMEOUT, TWISTD, wait_until
 
 pytestmark = pytest.mark.integration

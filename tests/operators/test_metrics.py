@@ -1,4 +1,4 @@
-"""Prometheus metrics of a Switch (mconn/metrics.py, specs/status.md section 4).
+"""Prometheus metrics of a Switch (mconn/ops/metrics.py, specs/status.md section 4).
 
 Real Switches on 127.0.0.1 in this process; each test reads its Switch's own registry
 (``SwitchMetrics.registry``, rendered and parsed back with prometheus_client) after
@@ -22,9 +22,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import defer, threads
 
 from helpers import the_reactor, until as poll
-from mconn import ChannelDescriptor, Config, Reactor, Switch, telemetry
-from mconn.metrics import MAX_LABEL_VALUES, SwitchMetrics, round_trip_histogram
-from mconn.status import serve_status
+from mconn import ChannelDescriptor, Config, Reactor, Switch
+from mconn.switch import telemetry
+from mconn.ops.metrics import MAX_LABEL_VALUES, SwitchMetrics, round_trip_histogram
+from mconn.ops.status import serve_status
 
 pytestmark = pytest.mark.integration
 

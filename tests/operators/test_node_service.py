@@ -12,8 +12,8 @@ from twisted.internet import defer
 
 from helpers import sleep, the_reactor, until as poll
 from mconn import NodeKey
-from mconn.node import Options, StartupError, build_service
-from mconn.telemetry_file import read_events
+from mconn.ops.node import Options, StartupError, build_service
+from mconn.ops.telemetry_file import read_events
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import textwrap
 import pytest
 
 from mconn import Config, NodeKey
-from mconn.address import PeerAddress
-from mconn.node import NodeService, Options, build_service, makeService
+from mconn.core.address import PeerAddress
+from mconn.ops.node import NodeService, Options, build_service, makeService
 
 ID = "ab" * 20
 #: The Config of a twistd node when nothing is set: a --peer down at start is dialed until it is up.
@@ -232,7 +232,7 @@ def test_bad_endpoints_reactors_and_files_stop_startup_and_write_no_key(tmp_path
 
 def test_build_service_raises_usage_errors_for_callers_other_than_twistd():
     """build_service raises ConfigurationError for a bad endpoint, for callers other than twistd."""
-    from mconn.node import ConfigurationError
+    from mconn.ops.node import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="^--listen: endpoint 'tcp:x' is not valid"):
         build_service(parse("--listen", "tcp:x").settings)

@@ -25,7 +25,7 @@ from twisted.internet import defer, task
 
 from helpers import RecordingReactor, the_reactor
 from mconn import Config, Switch
-from mconn.address import PeerAddress, parse_address
+from mconn.core.address import PeerAddress, parse_address
 from mconn.testing import FakePeer, MemoryNetwork
 from operators.twistd_nodes import LOOPBACK, Node
 from reactors.pex import PexReactor

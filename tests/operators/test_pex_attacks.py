@@ -25,8 +25,8 @@ from twisted.internet import defer, endpoints, task
 
 from helpers import RawPeer, RecordingReactor, hello_packet, msg_packet, record_dials, sleep, the_reactor, until
 from mconn import Config, PeerClosed, Switch
-from mconn.address import PeerAddress
-from mconn.faultproxy import FaultProxy
+from mconn.core.address import PeerAddress
+from mconn.ops.faultproxy import FaultProxy
 from mconn.testing import FakePeer, MemoryNetwork
 from operators.test_pex import CONFIG as MEMORY_CONFIG
 from operators.test_pex import Solo, address_of, fake_address, pex_node

@@ -30,7 +30,7 @@ from twisted.internet import defer, endpoints
 from helpers import RawPeer, hello_packet, msg_packet, parse_packets, record_dials, the_reactor, until
 from integration.test_websocket import client_frame, upgrade_request
 from mconn import Config, NodeKey, Switch, TLSOptions
-from mconn.address import parse_address
+from mconn.core.address import parse_address
 from mconn.testing import FakePeer, MemoryNetwork
 from reactors.addrbook import NO_HOST_GROUP
 from reactors.pex import PexReactor

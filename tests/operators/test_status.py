@@ -1,4 +1,4 @@
-"""The status page (mconn/status.py, specs/status.md) of a live three-node network on 127.0.0.1.
+"""The status page (mconn/ops/status.py, specs/status.md) of a live three-node network on 127.0.0.1.
 
 Real Switches and a real twisted.web server in this process; ``/status.json`` is checked
 against the Switches and against the spec's field table, and the HTML page is rendered by
@@ -29,8 +29,8 @@ from twisted.internet import defer, task, threads
 
 from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, the_reactor, until as poll
 from mconn import ChannelDescriptor, Config, Reactor, Switch
-from mconn.cli import format_status
-from mconn.status import PAGE, StatusService, local_endpoint, serve_status
+from mconn.ops.cli import format_status
+from mconn.ops.status import PAGE, StatusService, local_endpoint, serve_status
 
 pytestmark = pytest.mark.integration
 
@@ -328,7 +328,7 @@ def test_rates_come_from_counter_deltas_restart_with_the_counter_and_stay_bounde
     zero; history keeps the last N; ended peers are forgotten."""
     from types import SimpleNamespace
 
-    from mconn.status import RateSampler
+    from mconn.ops.status import RateSampler
 
     clock, peer = task.Clock(), FakePeer()
     switch = SimpleNamespace(clock=clock, peers={"p": peer})
@@ -351,7 +351,7 @@ def test_rates_come_from_counter_deltas_restart_with_the_counter_and_stay_bounde
 async def test_a_node_whose_status_port_is_in_use_does_not_start(tmp_path):
     """A node whose status port is in use does not start, says which, and never opens its Switch port
     (the status page is bound first)."""
-    from mconn.node import Options, StartupError, build_service
+    from mconn.ops.node import Options, StartupError, build_service
 
     def node(*args):
         options = Options()

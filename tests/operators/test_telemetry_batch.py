@@ -1,4 +1,4 @@
-"""Telemetry records written once per reactor turn (mconn/telemetry_file.py,
+"""Telemetry records written once per reactor turn (mconn/ops/telemetry_file.py,
 ``JsonLinesObserver`` with a clock; specs/telemetry.md section 2): the records of one turn
 reach the file when it ends, in order and byte for byte as one at a time would write
 them, rotation cuts the files where it would have, and a stop writes what waits."""
@@ -8,7 +8,7 @@ import pathlib
 from twisted.internet.task import Clock
 from twisted.logger import LogPublisher
 
-from mconn.telemetry_file import JsonLinesObserver, TelemetryFileService, format_record, open_log_file, rotated_paths
+from mconn.ops.telemetry_file import JsonLinesObserver, TelemetryFileService, format_record, open_log_file, rotated_paths
 from operators.test_telemetry_record import NODE_ID, VECTORS, twisted_event
 
 EVENTS = [twisted_event(v) for v in VECTORS["version2"]] * 6

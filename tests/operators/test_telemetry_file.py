@@ -14,8 +14,8 @@ from twisted.internet import defer
 
 from adapter.test_telemetry import SPEC_EVENTS, fields_of
 from helpers import SPEC_TYPE_CHECKS, Telemetry, the_reactor, until as poll
-from mconn.node import Options, build_service
-from mconn.telemetry_file import ENVELOPE, read_events, rotated_paths
+from mconn.ops.node import Options, build_service
+from mconn.ops.telemetry_file import ENVELOPE, read_events, rotated_paths
 from operators.sample_reactors import CHAT
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ from helpers import bounded, close_packets_in, the_reactor, until
 from integration.test_attacks_sessions import claiming_hello, listen, node, raw_connect
 from integration.test_loopback import stop
 from mconn import Config
-from mconn.session_ref import session_ref
-from mconn.telemetry_file import FILE_MODE, TelemetryFileService, open_log_file, rotated_paths
+from mconn.core.session_ref import session_ref
+from mconn.ops.telemetry_file import FILE_MODE, TelemetryFileService, open_log_file, rotated_paths
 
 RECORD = b'{"v":2,"event":"listening","node_id":"' + b"ab" * 20 + b'","log_time":1.0,"level":"info"}\n'
 

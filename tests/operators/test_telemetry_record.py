@@ -15,7 +15,7 @@ from twisted.logger import LogLevel, Logger, LogPublisher
 
 from adapter.test_telemetry import SPEC_EVENTS
 from helpers import SPEC_TYPE_CHECKS
-from mconn.telemetry_file import ENVELOPE, TelemetryFileService, format_record, read_events, rotated_paths
+from mconn.ops.telemetry_file import ENVELOPE, TelemetryFileService, format_record, read_events, rotated_paths
 
 VECTORS = json.loads((pathlib.Path(__file__).resolve().parents[2] / "specs" / "vectors" / "telemetry.json").read_text())
 NODE_ID = VECTORS["version2"][0]["logged"]["node_id"]

@@ -1,5 +1,5 @@
 """Telemetry retention: rotated files are bounded in number and bytes, the oldest deleted
-first (specs/telemetry.md section 2.1, mconn/telemetry_file.py).
+first (specs/telemetry.md section 2.1, mconn/ops/telemetry_file.py).
 
 The first tests drive a TelemetryFileService through a private log publisher; the last
 runs a node built as twistd builds it and lets a stranger connect to it again and again
@@ -16,10 +16,10 @@ import pytest_twisted
 from twisted.logger import Logger, LogPublisher
 
 from helpers import Telemetry, the_reactor, until as poll
-from mconn.node import Options, build_service
-from mconn.node_config_file import COUNTS, ConfigurationError, Setting
-from mconn.node_settings import resolve
-from mconn.telemetry_file import (
+from mconn.ops.node import Options, build_service
+from mconn.ops.node_config_file import COUNTS, ConfigurationError, Setting
+from mconn.ops.node_settings import resolve
+from mconn.ops.telemetry_file import (
     DEFAULT_KEEP_BYTES,
     DEFAULT_KEEP_FILES,
     TelemetryFileService,

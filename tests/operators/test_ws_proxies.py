@@ -35,8 +35,9 @@ from cryptography.x509.oid import NameOID
 
 from helpers import sleep, the_reactor
 from mconn import ChannelDescriptor, Config, NodeKey, PeerIdMismatch, Switch, TLSError
-from mconn.tls import TLSOptions
-from mconn.websocket_endpoints import ProxyError, transport_kind
+from mconn.net.tls import TLSOptions
+from mconn.errors import ProxyError
+from mconn.net.websocket_endpoints import transport_kind
 from tests.integration.test_loopback import Collector, bounded, stop
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from mconn.telemetry_file import read_events
+from mconn.ops.telemetry_file import read_events
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TWISTD = pathlib.Path(sys.executable).with_name("twistd")

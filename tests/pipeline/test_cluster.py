@@ -30,7 +30,7 @@ import time
 import pyspark
 import pytest
 
-from mconn.node_key import NodeKey
+from mconn.core.node_key import NodeKey
 from mconn.pipeline.tables import TABLES
 
 from .fleetlog import FleetLog, Link

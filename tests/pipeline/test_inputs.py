@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from mconn.node_key import NodeKey
+from mconn.core.node_key import NodeKey
 from mconn.pipeline import cli, inputs
 
 from .fleetlog import FleetLog, record

@@ -13,7 +13,7 @@ from twisted.internet.interfaces import IStreamServerEndpointStringParser
 from twisted.plugin import IPlugin
 from zope.interface import implementer
 
-from mconn.websocket_endpoints import WebSocketServerEndpoint
+from mconn.net.websocket_endpoints import WebSocketServerEndpoint
 
 
 @implementer(IPlugin, IStreamServerEndpointStringParser)

@@ -1,0 +1,365 @@
+"""Channels: descriptors, send queues, chunking, reassembly and the priority scheduler.
+
+Theory of operation (specs/scheduling.md; the packet layout is specs/wire.md section 2.3).
+
+Sending. Each channel holds up to ``send_queue_capacity`` whole messages plus the one
+being cut into packets. Every packet but a message's last carries exactly the negotiated
+payload size (chunking: specs/wire.md section 4, specs/scheduling.md section 2). The next
+packet comes from the pending channel with the lowest ``recently_sent / priority``, ties
+to the channel declared first (specs/scheduling.md section 3.1). ``recently_sent`` counts
+the bytes a channel put on the wire (headers included) and decays continuously,
+``exp(-dt / DECAY_TAU)`` (the reference multiplies by 0.8 every 2 s, a step every 2 s;
+ours is the same average decay without the steps; section 3.2). Decaying every channel
+on every packet would cost O(channels); instead every channel stores
+``recently_sent * exp((t - epoch) / tau)`` so that one common factor decays them all at
+once, and comparisons need no decay at all. When the factor grows large the stored values
+are rescaled (section 8).
+
+Once a channel is chosen it keeps the wire while its ratio stays below the runner-up's;
+on a tie the choice is made again: the greedy choice per packet, computed per run of
+packets (section 8). What this guarantees, and what it does not, is section 6.
+
+Receiving. Payloads are collected per channel until eof, then joined once; a message
+is checked against ``recv_message_capacity`` before its bytes are kept. A payload piece of
+at least ``KEEP_VIEW_MIN`` bytes that is at least half of the read it came in (or a run
+of such pieces from one read that add up to half of it) is kept as a view of that read,
+not copied until the join; other pieces are copied into a bytearray between the
+views, so what a partial message keeps alive is at most about twice its bytes. (A
+BytesIO grew to the exact size at every 64 KiB write, each growth a realloc that
+copied or faulted in the whole buffer: ~0.4 ms per 1 MiB message, bench/RESULTS.md.)
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import dataclasses
+import math
+
+from mconn.core.codec import codec_for
+from mconn.errors import MessageTooLarge
+
+#: Time constant of the recently_sent decay, in seconds: 0.8 per 2 s on average.
+DECAY_TAU = 2.0 / math.log(1.25)
+_RESCALE_EXPONENT = math.log(1e12)
+
+#: Default largest reassembled message (21 MiB, CometBFT's RecvMessageCapacity).
+DEFAULT_RECV_MESSAGE_CAPACITY = 22020096
+#: A received payload piece this large, and at least half of the read it is a view of,
+#: is kept as that view until its message is whole; smaller ones are copied (see above).
+KEEP_VIEW_MIN = 4096
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChannelDescriptor:
+    """What a reactor declares about one of its channels.
+
+    :param id: the channel's byte id (0..255), unique across a Switch's reactors.
+    :param priority: relative share of bandwidth under contention (>= 1).
+    :param send_queue_capacity: whole messages queued per peer before ``try_send``
+        returns False (the one being sent is not counted).
+    :param recv_message_capacity: the largest reassembled message accepted.
+    :param message_type: a protobuf message class (typed messages, ``mconn.core.codec``):
+        ``receive`` gets decoded objects and ``send`` encodes them. None: raw bytes.
+    :param codec: any object with ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``,
+        instead of protobuf's; once built, ``codec`` is the channel's codec or None.
+    """
+
+    id: int
+    priority: int = 1
+    send_queue_capacity: int = 1
+    recv_message_capacity: int = DEFAULT_RECV_MESSAGE_CAPACITY
+    message_type: type | None = None
+    codec: object = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.id) or not 0 <= self.id <= 255:
+            raise ValueError(f"channel id must be an integer in 0..255, got {self.id!r}")
+        if not _is_int(self.priority) or self.priority < 1:
+            raise ValueError(f"channel {self.id:#04x}: priority must be an integer >= 1, got {self.priority!r}")
+        if not _is_int(self.send_queue_capacity) or self.send_queue_capacity < 1:
+            raise ValueError(
+                f"channel {self.id:#04x}: send_queue_capacity must be an integer >= 1, "
+                f"got {self.send_queue_capacity!r}"
+            )
+        if not _is_int(self.recv_message_capacity) or self.recv_message_capacity < 0:
+            raise ValueError(
+                f"channel {self.id:#04x}: recv_message_capacity must be an integer >= 0, "
+                f"got {self.recv_message_capacity!r}"
+            )
+        object.__setattr__(self, "codec", codec_for(self.id, self.message_type, self.codec))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@functools.lru_cache(maxsize=4096)
+def msg_header(channel_id: int, eof: bool, length: int) -> bytes:
+    """The bytes of a msg packet before its payload: 03 | ch | eof | uvarint length."""
+    size = (length.bit_length() + 7) // 8
+    return bytes((3, channel_id, 1 if eof else 0, size)) + length.to_bytes(size, "big")
+
+
+class ChannelStats:
+    """Counters of one channel on one connection."""
+
+    __slots__ = ("bytes_sent", "messages_sent", "bytes_received", "messages_received")
+
+    def __init__(self) -> None:
+        self.bytes_sent = 0
+        self.messages_sent = 0
+        self.bytes_received = 0
+        self.messages_received = 0
+
+
+class Channel:
+    """Per-connection state of one channel: its queue, its current message, reassembly."""
+
+    __slots__ = (
+        "id", "priority", "capacity", "recv_capacity", "queue", "sending", "offset",
+        "stored_sent", "receiving", "receiving_size", "stats", "_full_header", "_full_payload",
+    )
+
+    def __init__(self, desc: ChannelDescriptor) -> None:
+        self.id = desc.id
+        self.priority = desc.priority
+        self.capacity = desc.send_queue_capacity
+        self.recv_capacity = desc.recv_message_capacity
+        #: The messages waiting: ``()`` until the first one (an empty deque costs ~760
+        #: bytes, per channel and peer: much of an idle peer's memory), then a deque.
+        self.queue: collections.deque[bytes] | tuple = ()
+        self.sending: memoryview | None = None
+        self.offset = 0
+        self.stored_sent = 0.0
+        #: The pieces of the message being received (views and bytearrays), or None.
+        self.receiving: list | None = None
+        self.receiving_size = 0
+        self.stats = ChannelStats()
+        self._full_header = b""
+        self._full_payload = -1
+
+    @property
+    def queue_depth(self) -> int:
+        """Messages waiting, counting the one being sent."""
+        return len(self.queue) + (self.sending is not None)
+
+    @property
+    def is_pending(self) -> bool:
+        return self.sending is not None or bool(self.queue)
+
+    def enqueue(self, message: bytes) -> bool:
+        """Queue a whole message; False when ``send_queue_capacity`` are already waiting."""
+        if len(self.queue) >= self.capacity:
+            return False
+        self.writable_queue().append(message)
+        return True
+
+    def writable_queue(self) -> collections.deque:
+        """The queue as a deque (made on the first message)."""
+        queue = self.queue
+        if type(queue) is tuple:
+            queue = self.queue = collections.deque()
+        return queue
+
+    def emit(self, parts: list, payload: int, budget: int) -> tuple[int, int]:
+        """Append packets of the current message to ``parts`` until ``budget`` wire bytes.
+
+        Returns ``(wire_bytes, messages_finished)``. At least one packet is emitted. A
+        message that fits one packet goes out as it is (no view of it is made), and its
+        header is looked up once for a run of messages of one size.
+        """
+        if self._full_payload != payload:
+            self._full_header = msg_header(self.id, False, payload)
+            self._full_payload = payload
+        full = self._full_header
+        full_wire = len(full) + payload
+        append = parts.append
+        queue = self.queue
+        mv = self.sending
+        offset = self.offset
+        total = 0 if mv is None else len(mv)
+        last_size = -1
+        header = b""
+        wire = 0
+        finished = 0
+        while True:
+            if mv is None:
+                message = queue.popleft()
+                size = len(message)
+                if size <= payload:  # the whole message is its last packet
+                    if size != last_size:
+                        header = msg_header(self.id, True, size)
+                        last_size = size
+                    append(header)
+                    if size:
+                        append(message)
+                    wire += len(header) + size
+                    finished += 1
+                    if not queue or wire >= budget:
+                        break
+                    continue
+                mv = memoryview(message)
+                offset = 0
+                total = size
+            remaining = total - offset
+            if remaining > payload:
+                append(full)
+                append(mv[offset : offset + payload])
+                offset += payload
+                wire += full_wire
+                if wire >= budget:
+                    break
+                continue
+            last = msg_header(self.id, True, remaining)
+            append(last)
+            append(mv[offset:])
+            wire += len(last) + remaining
+            finished += 1
+            mv = None
+            if not queue or wire >= budget:
+                break
+        self.sending = mv
+        self.offset = offset
+        stats = self.stats
+        stats.messages_sent += finished
+        stats.bytes_sent += wire
+        return wire, finished
+
+    def _too_large(self, size: int) -> MessageTooLarge:
+        """Drop the partial message; the error the connection fails with."""
+        self.receiving = None
+        self.receiving_size = 0
+        return MessageTooLarge(
+            f"message on channel {self.id:#04x} reached {size} bytes, over its "
+            f"recv_message_capacity {self.recv_capacity}"
+        )
+
+    def reassemble_run(self, payloads: list) -> None:
+        """Add the payloads of consecutive not-last packets, or the part of a streamed
+        packet's payload that has arrived (frame_buffer.RUN)."""
+        size = self.receiving_size + sum(map(len, payloads))
+        if size > self.recv_capacity:
+            raise self._too_large(size)
+        parts = self.receiving
+        if parts is None:
+            parts = self.receiving = []
+        first = payloads[0] if payloads else None
+        whole = first.obj if type(first) is memoryview else None
+        added = size - self.receiving_size
+        if (
+            type(whole) is bytes and added >= KEEP_VIEW_MIN * len(payloads) and 2 * added >= len(whole)
+            and all(type(p) is memoryview and p.obj is whole for p in payloads)
+        ):
+            parts.extend(payloads)  # large views of one read, together at least half of it
+        else:
+            for piece in payloads:
+                _collect(parts, piece)
+        self.stats.bytes_received += added
+        self.receiving_size = size
+
+    def reassemble(self, eof: int, data: memoryview) -> bytes | None:
+        """Add one packet's payload; the whole message once ``eof`` is set (its pieces
+        joined: one copy of each byte)."""
+        size = self.receiving_size + len(data)
+        if size > self.recv_capacity:
+            raise self._too_large(size)
+        stats = self.stats
+        stats.bytes_received += len(data)
+        parts = self.receiving
+        if eof:
+            stats.messages_received += 1
+            if parts is None:
+                return bytes(data)
+            parts.append(data)
+            self.receiving = None
+            self.receiving_size = 0
+            return b"".join(parts)
+        if parts is None:
+            parts = self.receiving = []
+        _collect(parts, data)
+        self.receiving_size = size
+        return None
+
+
+def _collect(parts: list, piece) -> None:
+    """Keep ``piece`` (bytes or a memoryview of a read) in ``parts``: as it is when it is
+    at least ``KEEP_VIEW_MIN`` bytes and half of the (immutable) read it views (or of the
+    same read as the view before it, already kept alive), so that kept views never hold
+    more than twice their bytes; otherwise copied into a trailing
+    bytearray. (A run of views of one read that add up to half of it is kept whole by
+    ``reassemble_run``.)"""
+    size = len(piece)
+    last = parts[-1] if parts else None
+    if size >= KEEP_VIEW_MIN:
+        whole = piece.obj if type(piece) is memoryview else piece
+        kept_alive = type(last) is memoryview and last.obj is whole
+        if type(whole) is bytes and (2 * size >= len(whole) or kept_alive):  # bytes: immutable
+            parts.append(piece)
+            return
+    if type(last) is bytearray:
+        last += piece
+    else:
+        parts.append(bytearray(piece))
+
+
+class Scheduler:
+    """Chooses which channel's packets go out next (see the theory of operation above)."""
+
+    def __init__(self, channels: list[Channel], now: float) -> None:
+        self.channels = channels
+        self._epoch = now
+        #: Messages taken off the channel queues so far (each made room for a send).
+        self.taken = 0
+
+    def pending(self) -> bool:
+        for c in self.channels:
+            if c.sending is not None or c.queue:
+                return True
+        return False
+
+    def recently_sent(self, channel: Channel, now: float) -> float:
+        """The decayed byte count of ``channel`` at ``now`` (for statistics and tests)."""
+        return channel.stored_sent * math.exp(-(now - self._epoch) / DECAY_TAU)
+
+    def next_packets(self, now: float, payload: int, budget: int) -> tuple[list, int]:
+        """Packets worth about ``budget`` wire bytes, as a list of byte parts to join.
+
+        Returns ``(parts, wire_bytes)``; ``parts`` is empty when nothing is pending.
+        """
+        pending = [c for c in self.channels if c.sending is not None or c.queue]
+        if not pending:
+            return [], 0
+        exponent = (now - self._epoch) / DECAY_TAU
+        if exponent > _RESCALE_EXPONENT:
+            # Fold the decay into the stored values (they may underflow to 0: fine).
+            for c in self.channels:
+                c.stored_sent *= math.exp(-exponent)
+            self._epoch = now
+            exponent = 0.0
+        scale = math.exp(exponent)
+        parts: list = []
+        sent = 0
+        while pending and sent < budget:
+            if len(pending) == 1:
+                chosen = pending[0]
+                limit = budget - sent
+            else:
+                # Lowest ratio wins; ties go to the channel declared first.
+                chosen = min(pending, key=_ratio)
+                runner_up = min((c for c in pending if c is not chosen), key=_ratio)
+                # Bytes the chosen channel may send before its ratio passes the runner-up's.
+                room = (_ratio(runner_up) - _ratio(chosen)) * chosen.priority / scale
+                limit = max(1, min(budget - sent, int(room)))
+            queued = len(chosen.queue)
+            wire, _ = chosen.emit(parts, payload, limit)
+            self.taken += queued - len(chosen.queue)
+            chosen.stored_sent += wire * scale
+            sent += wire
+            if not chosen.is_pending:
+                pending.remove(chosen)
+        return parts, sent
+
+
+def _ratio(channel: Channel) -> float:
+    return channel.stored_sent / channel.priority

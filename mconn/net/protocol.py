@@ -1,0 +1,560 @@
+"""The Twisted adapter: a thin Protocol around the sans-I/O Connection.
+
+As Twisted's HTTP/2 protocol wraps h2, this module only moves bytes, events and time
+between the transport and ``mconn.core.connection.Connection``; every decision about the
+connection's peer is its owner's (``IConnectionOwner``, provided for a Switch by
+``mconn.switch.connection_set.ConnectionSet``), and its per-connection facts come in one frozen
+``ConnectionContext``.
+
+``dataReceived`` hands bytes to the core and dispatches the events it returns (and
+pumps only when the read left something to send: a bulk read delivers and returns);
+``pump`` writes what the core has to send until the transport pauses us (we are the
+transport's IPushProducer, so a slow peer stops the scheduler instead of growing a
+buffer); one timer (``mconn.net.timers``) follows ``core.next_deadline()``. Data reaches
+the transport in the same reactor turn it was queued in (no flush timer); on plain TCP
+the first write of a read's handling goes to the kernel at once, and an accepted
+connection reads what its dialer already sent as it is set up (``mconn.net.write_through``).
+
+The write-ahead (``mconn.net.write_ahead``, specs/connection.md section 7): ``pump`` pauses
+itself once its writes since Twisted last resumed it reach ``Config.write_ahead_time``
+at the link's measured drain rate, so that Twisted resumes it only once the kernel has
+taken them: what waits below the scheduler stays within ``tcp_notsent_lowat`` and two writes.
+
+One class, one module (about 570 lines): the adapter's duties (bytes, events, time,
+backpressure, the owner's decisions) share the protocol's state, and a mixin carved out
+to meet a line count would only hide which attributes they share.
+"""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mconn.core.admission import limit_key
+from mconn.core.connection import Connection, State, close_packet
+from mconn.errors import ConnectionLost, PeerClosed, PeerRejected, RemoteProtocolError, UnexpectedPacket
+from mconn.core.events import (
+    AckReceived,
+    CloseReceived,
+    ConnectionFailed,
+    HelloReceived,
+    MessageReceived,
+    PongReceived,
+    SessionAnswered,
+)
+from mconn.net.owner import ConnectionContext, IConnectionOwner
+from mconn.core.packet_size import payload_for_rate
+from mconn.net.socket_options import bytes_acked, set_socket_options, socket_of
+from mconn.net.timers import timers_of
+from mconn.net.write_ahead import WriteAhead
+from mconn.net.write_through import idle, plain_tcp, read_now, write_now
+
+log = Logger(namespace="mconn")
+#: The states the per-message path tests, as module constants (``State.OPEN`` is a
+#: descriptor call on Python 3.11).
+_OPEN, _CLOSING, _CLOSED = State.OPEN, State.CLOSING, State.CLOSED
+
+#: A timer that fires this much later than due means the event loop stalled: the
+#: keepalive verdict waits one loop turn so that bytes already received are read first.
+LOOP_STALL = 0.05
+
+
+@implementer(IPushProducer)
+class MConnectionProtocol(Protocol):
+    """One connection of a Switch. ``peer`` is set once the handshake is accepted."""
+
+    #: Rarely set (a stall, a close): class defaults, as CPython builds a dict per connection past ~30 attributes.
+    _after_stall, _linger = False, None
+
+    def __init__(self, owner, context: ConnectionContext) -> None:
+        self.owner = owner
+        self.context = context
+        self.core: Connection | None = None
+        #: The Peer whose session this connection carries, once decided (``carry``).
+        self.peer = None
+        self.hello = None
+        self.session_request = None  #: ours (outbound connections), sent in our hello
+        self.remote_address = ""
+        #: The key this inbound connection counts against (set once admitted): its remote
+        #: host's ``limit_key``, an IPv4 address or an IPv6 /64.
+        self.ip_key: str | None = None
+        #: Why the connection ended, once known (an mconn error instance).
+        self.end_reason: Exception | None = None
+        self._clock = owner.clock
+        self._config = owner.config
+        self.started = self._clock.seconds()
+        self._paused = False
+        #: Reading stopped because the peer's messages for busy reactors passed
+        #: ``Config.reactor_backlog_bytes`` or ``reactor_backlog_messages`` (PeerDelivery._hold in
+        #: mconn/switch/peer_delivery.py; specs/reactor-api.md 4.1).
+        self._backlogged = False
+        #: Sizes the writes while ``_pause_after_write`` (set in connectionMade).
+        self._ahead = WriteAhead(owner.config.write_ahead_time or 1.0, owner.config.write_batch_bytes)
+        self._pause_after_write = False
+        #: The TCP socket beneath the transport, asked for its acknowledged bytes (or None).
+        self._socket = None
+        #: Plain TCP; a read is handled and its first write may go through (write_through.py).
+        self._through_ok = self._through = False
+        self._rate_limited = owner.config.send_rate is not None
+        self._recv_limited = owner.config.recv_rate is not None
+        #: Our entry in the clock's Timers while one is armed (mconn/net/timers.py).
+        self._timer = None
+        self._timer_due = 0.0
+        #: Called with this protocol when bytes arrive (a duplicate probe waits), or None.
+        self._on_bytes = None
+        #: Events received while a decision is pending (an asynchronous authorize), or None.
+        self._held = None
+
+    #: The handshake's Deferred once asked for, and its outcome once known (the Peer,
+    #: or why it failed): an inbound one is rarely waited on, so none is made unless asked.
+    _handshake = _outcome = None
+
+    @property
+    def handshake(self) -> Deferred:
+        """Fires with the Peer once the handshake is accepted, or fails with why not."""
+        if self._handshake is None:
+            self._handshake = Deferred()
+            if not self.context.is_outbound:
+                self._handshake.addErrback(_ignore)  # nobody waits on inbound ones
+            if self._outcome is not None:
+                self._fire(self._outcome)
+        return self._handshake
+
+    handshake_ended = property(lambda self: self._outcome is not None, doc="Whether the handshake ended, either way.")
+
+    def end_handshake(self, outcome) -> None:
+        """The handshake ended with ``outcome``, the Peer or an exception (only the first counts)."""
+        if self._outcome is None:
+            self._outcome = outcome
+            if self._handshake is not None:
+                self._fire(outcome)
+
+    def _fire(self, outcome) -> None:
+        (self._handshake.errback if isinstance(outcome, BaseException) else self._handshake.callback)(outcome)
+
+    #: The context's facts, read through the protocol.
+    is_outbound = property(lambda self: self.context.is_outbound)
+    expected_node_id = property(lambda self: self.context.expected_node_id)
+    resuming = property(lambda self: self.context.resuming)
+    address = property(lambda self: self.context.address)
+
+    # -- what the owner may do ----------------------------------------------------
+
+    def carry(self, peer) -> None:
+        """Carry ``peer``'s session from now on (None: none any more)."""
+        self.peer = peer
+
+    def abort(self, reason: Exception) -> None:
+        """Drop the transport at once, without a close packet, for ``reason``."""
+        self.end_reason = reason
+        self.transport.abortConnection()
+
+    def ended_beneath(self, reason: Exception) -> None:
+        """A layer beneath (TLS) refused the connection for ``reason`` before mconn began."""
+        self.end_reason = reason
+
+    def probe(self) -> float:
+        """Ping the peer now, unless a ping is out, and arm the timer for its pong
+        deadline (a probe of the stats tick or of a duplicate connection); returns
+        the time the probe counts from (``Connection.probe``)."""
+        since = self.core.probe(self._clock.seconds())
+        self.pump()
+        self._rearm()
+        return since
+
+    def watch_bytes(self, callback) -> None:
+        """Call ``callback(self)`` whenever bytes arrive (None: stop)."""
+        self._on_bytes = callback
+
+    def watching(self, callback) -> bool:
+        return self._on_bytes == callback
+
+    # -- Protocol ----------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        self.remote_address = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+        host = getattr(peer, "host", None)
+        refusal = self.owner.admit(self, host)
+        if refusal is not None:  # refused before a Connection was built (specs/connection.md section 6)
+            self.end_reason = refusal
+            self.transport.write(close_packet(refusal.reason, str(refusal)))
+            self.transport.loseConnection()
+            return
+        if not self.context.is_outbound:  # released by this key, whatever the transport says later;
+            # Admission.key_of: an IPv4 address, an IPv6 /64 (specs/connection.md section 6)
+            self.ip_key = limit_key(host, self._config.ip_limit_prefix_v4, self._config.ip_limit_prefix_v6)
+        self.core, self.session_request = self.owner.new_core(self, self._clock.seconds())
+        set_socket_options(self.transport, self._config)
+        # Twisted's TCP transport (a FileDescriptor) pauses its producer past bufferSize
+        # and resumes it once its buffer is empty; we pause it after every write that
+        # fills the write-ahead instead.
+        # Asked of the class: a TLS wrapper forwards unknown attributes to the TCP
+        # transport beneath it, whose producer is not us.
+        self._pause_after_write = self._config.write_ahead_time is not None and hasattr(
+            type(self.transport), "producerPaused"
+        )
+        self._socket = socket_of(self.transport) if self._pause_after_write else None
+        self._through_ok = plain_tcp(self.transport)
+        # Packets of the unmeasured size until the write-ahead has measured the link.
+        self.core.set_packet_payload(payload_for_rate(None, self._config.write_ahead_time))
+        self.transport.registerProducer(self, True)
+        self.owner.connection_made(self)
+        if not (self._through_ok and not self.context.is_outbound and self._read_at_accept()):
+            self.pump()
+            self._rearm()
+
+    def _read_at_accept(self) -> bool:
+        """Read what the dialer sent before we accepted it, now (write_through.py); whether
+        it had sent anything. An exception is logged and drops the connection, as in the
+        reactor's own read."""
+        data = read_now(self.transport)
+        if data is None:
+            return False
+        try:
+            self.dataReceived(data)
+        except Exception:
+            log.failure("reading {address} failed", address=self.remote_address)
+            self.transport.abortConnection()
+        return True
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._on_bytes is not None:
+            self._on_bytes(self)
+        core = self.core
+        if core is None:
+            return  # refused in connectionMade: nothing is read until the transport closes
+        now = self._clock.seconds()
+        handlers = _HANDLERS
+        self._through = self._through_ok
+        for event in core.receive_data(data, now):
+            if self.end_reason is not None and type(event) is not ConnectionFailed:
+                continue  # we are closing: nothing more reaches the reactors
+            if type(event) is MessageReceived and self.peer is not None:  # the hot path
+                self.peer._deliver(event.channel_id, event.message)
+            elif self._held is not None and type(event) is not ConnectionFailed:
+                self._held.append(event)  # after the pending decision (decide)
+            else:
+                handlers[type(event)](self, event)
+        if core.state is not _OPEN or core.wants_to_send():
+            # A pong, a close, a handshake step: something to write. A read that queued
+            # nothing skips the pump (a send queues through Peer, which pumps itself).
+            self.pump()
+        self._through = False
+        if self._timer is None or self._timer_due > now + self._config.ping_interval or self._rate_limited:
+            # A read only moves the keepalive deadline later (to now + ping_interval):
+            # a timer due before that fires early, finds nothing due and re-arms.
+            self._rearm()
+        if self._recv_limited:
+            ready = core.receive_ready_at(now)
+            if ready > now and self.transport is not None and core.state is _OPEN:
+                self.transport.pauseProducing()
+                self._clock.callLater(ready - now, self._resume_reading)
+
+    def connectionLost(self, reason) -> None:
+        if self.core is None:
+            return  # refused in connectionMade: the Switch never took it on
+        self._paused = True
+        self._cancel_timer()
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        self._linger = None
+        if self.end_reason is None:
+            error = reason.value  # the TLS layer says what failed with an mconn TLSError
+            self.end_reason = error if isinstance(error, ConnectionLost) else ConnectionLost(
+                f"connection lost: {reason.getErrorMessage()}"
+            )
+        self.core.transport_lost()
+        self.owner.connection_lost(self, self.end_reason)
+
+    # -- IPushProducer -------------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        if self._pause_after_write:
+            # The kernel took everything written: a measure of the link (write_ahead.py).
+            if self._ahead.resumed(self._clock.seconds(), self._bytes_acked):
+                # Packets follow the measured rate (mconn/core/packet_size.py).
+                self.core.set_packet_payload(payload_for_rate(self._ahead.rate, self._config.write_ahead_time))
+        self.pump(room_only=True)
+
+    def _bytes_acked(self) -> int | None:
+        return None if self._socket is None else bytes_acked(self._socket)
+
+    def stopProducing(self) -> None:
+        self._paused = True
+
+    def _resume_reading(self) -> None:
+        if self.transport is not None and self.core.state is State.OPEN and self._held is None and not self._backlogged:
+            self.transport.resumeProducing()
+
+    def stop_reading(self) -> None:
+        """Read nothing more until ``resume_reading``: busy reactors hold too much of
+        this peer's messages (TCP's window then slows the peer down)."""
+        if not self._backlogged and self.transport is not None:
+            self._backlogged = True
+            self.transport.pauseProducing()
+
+    def resume_reading(self) -> None:
+        """The busy reactors' backlog drained: read again (unless the receive rate limit
+        or a pending decision holds reading, which resume it themselves)."""
+        if self._backlogged:
+            self._backlogged = False
+            if self.core.receive_ready_at(self._clock.seconds()) <= self._clock.seconds():
+                self._resume_reading()
+
+    # -- sending -------------------------------------------------------------------
+
+    def pump(self, room_only: bool = False) -> None:
+        """Write what the core has to send until it has nothing or the transport is full.
+
+        Sends waiting for room are then offered it; with ``room_only`` (the transport's
+        resume, which changes nothing else) only if a write took a message off a queue:
+        every other change that makes room (an ack, a new session) pumps without it.
+        """
+        core = self.core
+        write = self._write_first if self._through else self.transport.write
+        now = self._clock.seconds()
+        ahead = self._ahead if self._pause_after_write else None
+        budget = None if ahead is None else ahead.budget()
+        taken = core.messages_taken if room_only else -1
+        while True:
+            while not self._paused or core.state is not _OPEN:
+                # Once closing, only the close packet is left, and it goes out even when paused.
+                data = core.data_to_send(now, budget)
+                if not data:
+                    break
+                write(data)
+                if ahead is not None and core.state is _OPEN:
+                    if ahead.wrote(len(data), core.more_to_send):
+                        self._wait_until_written()
+                    else:
+                        budget = ahead.budget()  # short of it: no pause (write_ahead.py)
+                if not core.more_to_send:
+                    break  # everything that could go out now went out
+            # Sends waiting for room take the room just made, and go out too.
+            moved = self.peer is not None and taken != core.messages_taken and self.peer._drain_waiting()
+            if not moved or self._paused:
+                break
+        if core.state is _CLOSING or core.state is _CLOSED:
+            self._disconnect()
+        elif self._rate_limited:
+            self._rearm()  # send_rate may have left data for later
+
+    def _write_first(self, data: bytes) -> None:
+        """The pump's write while a read is handled: the first goes through."""
+        transport = self.transport
+        if self._through and idle(transport):
+            write_now(transport, data)
+        else:
+            transport.write(data)
+        self._through = False
+
+    def _wait_until_written(self) -> None:
+        """Pause until the transport has handed everything written to the kernel (it
+        resumes us then, as after its own pause past ``bufferSize``)."""
+        transport = self.transport
+        if not self._paused and transport.connected and not transport.disconnecting:
+            if self._through_ok and idle(transport):
+                # All went through: an empty send once writable resumes us, as a drain would.
+                transport.startWriting()
+            transport.producerPaused = True
+            self.pauseProducing()
+
+    def close(self, reason: Exception) -> None:
+        """Close on purpose: a close packet naming ``reason``, then disconnect."""
+        if self.end_reason is None:
+            self.end_reason = reason
+        if isinstance(reason, RemoteProtocolError):
+            code = type(reason).__name__  # specs/wire.md section 3.2
+        else:
+            code = getattr(reason, "code", None) or getattr(reason, "reason", "closed")
+        text = getattr(reason, "text", None)
+        self.core.close(code, str(reason) if text is None else text)
+        self.pump()
+
+    def _disconnect(self) -> None:
+        if self._linger is None:
+            # Done producing: a TLS transport closes only once its producer is gone.
+            self.transport.unregisterProducer()
+            self.transport.loseConnection()
+            self._linger = self._clock.callLater(self._config.close_linger, self.transport.abortConnection)
+
+    # -- timers --------------------------------------------------------------------
+
+    def _rearm(self) -> None:
+        """Follow the core's next deadline (one entry in the clock's ``Timers``)."""
+        deadline = self.core.next_deadline(sending=not self._paused)
+        if self._timer is not None:
+            if deadline is not None and self._timer_due <= deadline:
+                return  # it fires early, finds nothing due, and re-arms
+            self._cancel_timer()
+        if deadline is not None:
+            self._timer_due = deadline
+            self._timer = timers_of(self._clock).arm(deadline, self)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            timers_of(self._clock).cancel(self._timer)
+            self._timer = None
+
+    def _on_timer(self) -> None:
+        now = self._clock.seconds()
+        late = now - self._timer_due
+        if late > LOOP_STALL and not self._after_stall:
+            # The event loop itself stalled (a reactor blocked it): the peer's answer may
+            # be sitting unread in the socket. One turn of the loop reads it before any
+            # keepalive verdict, so our stall does not make a healthy peer look dead.
+            self._after_stall = True
+            self.owner.loop_stalled(self, late)
+            self._timer_due = now
+            self._timer = timers_of(self._clock).arm(now, self)  # the next turn
+            return
+        self._after_stall = False
+        for event in self.core.handle_timeout(now):
+            _HANDLERS[type(event)](self, event)
+        self.pump()
+        self._rearm()
+
+    # -- events --------------------------------------------------------------------
+
+    def _on_hello(self, event: HelloReceived) -> None:
+        self.hello = event.hello
+        self.decide(self.owner.hello_received, event)
+
+    def _on_session(self, event: SessionAnswered) -> None:
+        if self.core.state is not State.OPEN:
+            return  # a close or an error came in the same read: nothing can be resumed on it
+        self.decide(self.owner.session_answered, event.answer)
+
+    def _handle(self, event) -> None:
+        _HANDLERS[type(event)](self, event)
+
+    def _on_message(self, event: MessageReceived) -> None:
+        if self.peer is None:
+            self.fail(UnexpectedPacket(f"msg packet on channel {event.channel_id:#04x} before the session was established"))
+            return
+        self.peer._deliver(event.channel_id, event.message)
+
+    def _on_ack(self, event: AckReceived) -> None:
+        if self.peer is None:
+            self.fail(UnexpectedPacket("ack packet before the session was established"))
+            return
+        try:
+            self.peer._on_ack(event.delivered)
+        except RemoteProtocolError as error:
+            self.fail(error)
+
+    def fail(self, error: RemoteProtocolError) -> None:
+        """The peer broke the protocol above the core (sessions, acks): drop it."""
+        if self.end_reason is None:
+            self.owner.protocol_error(self, error)
+        self.close(error)
+
+    def _on_pong(self, event: PongReceived) -> None:
+        if self.peer is not None:
+            self.peer.round_trip = event.round_trip
+
+    def _on_close(self, event: CloseReceived) -> None:
+        self.end_reason = PeerClosed(event.code, event.text)
+        self._disconnect()
+
+    def _on_failed(self, event: ConnectionFailed) -> None:
+        self.end_reason = event.error
+        self.owner.protocol_error(self, event.error)
+
+
+    # -- the owner's decisions ---------------------------------------------------------
+    # A decision (the hello's: who the peer is, whether it may join; the session
+    # answer's) is the owner's (``IConnectionOwner``). One that returns a Deferred, an
+    # asynchronous ``authorize``, is pending: reading stops and the events that follow
+    # are held, then go on in order once it is made, or are dropped if it refuses the
+    # peer (specs/connection.md).
+
+    def decide(self, decision, argument) -> None:
+        """Run ``decision(self, argument)``, a decision of the owner; a refusal closes it.
+
+        A decision that returns a Deferred (an asynchronous ``authorize``) is pending: the
+        events that follow are held, and reading stops, until it fires.
+        """
+        try:
+            pending = decision(self, argument)
+        except (PeerRejected, RemoteProtocolError) as error:
+            self._refuse(error)
+            return
+        if isinstance(pending, Deferred):
+            self._held = []
+            self.transport.pauseProducing()
+            pending.addCallbacks(self._decided, self._decision_failed)
+
+    def _refuse(self, error) -> None:
+        if isinstance(error, PeerRejected):
+            self.owner.peer_rejected(self, self.hello, error)
+            self.close(error)
+        else:
+            self.fail(error)
+
+    def _decision_failed(self, failure) -> None:
+        """The pending decision refused the peer: the held events are dropped."""
+        self._held = None
+        if not failure.check(PeerRejected, RemoteProtocolError):
+            log.failure("a decision about {address} failed", failure, address=self.remote_address)
+            failure = Failure(PeerRejected("internal_error", f"deciding failed: {failure.getErrorMessage()}"))
+        if self.end_reason is None and self.transport is not None:
+            self._refuse(failure.value)
+
+    def _decided(self, _) -> None:
+        """The pending decision is made: the held events go on, in order."""
+        held, self._held = self._held or [], None
+        if self.end_reason is not None or self.transport is None:
+            return
+        if not self._backlogged:
+            self.transport.resumeProducing()
+        for index, event in enumerate(held):
+            if self._held is not None:  # an event started another pending decision
+                self._held.extend(held[index:])
+                break
+            if self.end_reason is None or type(event) is ConnectionFailed:
+                self._handle(event)
+        self.pump()
+        self._rearm()
+
+
+def _ignore(failure) -> None:
+    """An inbound connection's failed handshake: nobody waits on it (one function for all)."""
+
+
+#: Event type -> its handler, one table for every connection (a dict of bound methods per
+#: connection cost eight objects and ~700 bytes each, and the collector's time in a storm).
+_HANDLERS = {
+    HelloReceived: MConnectionProtocol._on_hello,
+    MessageReceived: MConnectionProtocol._on_message,
+    PongReceived: MConnectionProtocol._on_pong,
+    CloseReceived: MConnectionProtocol._on_close,
+    ConnectionFailed: MConnectionProtocol._on_failed,
+    AckReceived: MConnectionProtocol._on_ack,
+    SessionAnswered: MConnectionProtocol._on_session,
+}
+
+
+class MConnectionFactory(Factory):
+    """Builds the protocols of one owner (a Switch, or an ``IConnectionOwner``), all
+    with the same context."""
+
+    def __init__(
+        self, owner, *, is_outbound: bool, expected_node_id: str | None = None, resuming=None, address=None
+    ) -> None:
+        self.owner = IConnectionOwner(owner)
+        self.context = ConnectionContext(
+            is_outbound=is_outbound, expected_node_id=expected_node_id, resuming=resuming, address=address
+        )
+
+    def buildProtocol(self, addr):
+        return MConnectionProtocol(self.owner, self.context)

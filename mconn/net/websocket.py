@@ -1,0 +1,632 @@
+"""The WebSocket transport: mconn's byte stream in binary WebSocket messages (specs/websocket.md).
+
+autobahn (``autobahn.twisted.websocket``) speaks RFC 6455; the classes here stand
+between it and the protocol above, which sees an ordinary Twisted transport. What is
+above is the mconn protocol, or mconn's TLS around it (``ws://`` on a Switch with TLS
+options). Their factories are at the end of this module; mconn.net.websocket_endpoints the endpoints
+that use those.
+
+Theory of operation
+-------------------
+*Bytes in.* Once the connection is open, a ``FrameReader`` (mconn.net.websocket_frames)
+takes the binary frames and streams their payloads as they are read; control frames,
+and any frame it does not take, go to autobahn, which parses the upgrade, answers pings,
+runs the closing handshake and fails every frame that breaks RFC 6455 (its
+``onMessageFrameData`` streams payloads the same way while it parses). The payloads of
+one network read are given to the protocol above in one ``dataReceived``, as one bytes
+object: a listener's reader copies the payload bytes of every frame in the read into one
+buffer, unmasks them there in place and hands over its bytes (two copies per read,
+however many frames it holds); a dialer's joins the unmasked parts (one copy at most).
+Nothing is reassembled: a message or frame boundary means nothing to mconn's framing
+(specs/websocket.md section 3). What autobahn itself holds is bounded: the
+HTTP upgrade (at most ``MAX_UPGRADE_BYTES``, within ``Config.ws_handshake_timeout``), a
+frame header (14 bytes), a control frame (125 bytes). A text message, a message or frame
+over ``Config.ws_max_message_bytes``, a compressed frame (no extension is ever
+negotiated), pings past ``Config.max_pings_per_interval`` per ``ping_interval``, and
+every RFC 6455 violation end only that connection, with a ``WebSocketError`` that says
+which rule and values, as the reason the protocol above sees.
+
+*Bytes out.* ``write`` frames the data as one binary message (split at
+``SEND_MESSAGE_BYTES``; a client masks it, as RFC 6455 requires, in place in the one
+buffer its frames are built in) and writes it straight to the transport beneath, in one
+``write`` however many frames it took; autobahn's own send queue is used only for its chopped writes,
+which are never asked for. Backpressure flows through: ``registerProducer`` registers the
+protocol above as the producer of the transport beneath, so a full TCP buffer pauses
+mconn's scheduler directly, and the WebSocket layer holds no bytes of its own. Pausing
+reading is passed down the same way.
+
+*Ends.* ``loseConnection`` starts the closing handshake (code 1000), ``abortConnection``
+drops the transport beneath. The protocol above learns of the end once the transport
+beneath is gone, with the recorded ``WebSocketError`` if the WebSocket layer failed it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import os
+import re
+
+from autobahn.twisted.websocket import (
+    WebSocketClientFactory,
+    WebSocketClientProtocol,
+    WebSocketServerFactory,
+    WebSocketServerProtocol,
+)
+from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.types import ConnectionDeny
+from twisted.internet import defer
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.interfaces import IPushProducer, ITransport
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mconn.config import MAX_HTTP_HEAD_BYTES
+from mconn.errors import ConnectionLost, WebSocketError
+from mconn.net.tls_transport import tls_error_of
+from mconn.net.owner import IUpgradeAdmission
+from mconn.net.websocket_frames import FrameReader, binary_frames
+
+log = Logger(namespace="mconn.websocket")
+
+#: The WebSocket subprotocol a dialer asks for; a listener accepts a client that asks for
+#: none too (specs/websocket.md section 2).
+SUBPROTOCOL = "mconn"
+#: Largest HTTP upgrade request (or response) read before its end: nginx's default header
+#: buffers are 8 KiB; a node's own upgrade is a few hundred bytes.
+MAX_UPGRADE_BYTES = MAX_HTTP_HEAD_BYTES
+#: Largest message this side sends: the protocol above writes at most
+#: ``Config.write_batch_bytes`` (64 KiB) at a time; a larger write becomes several messages.
+SEND_MESSAGE_BYTES = 65536
+#: RFC 6455 close code "normal closure": the closing handshake of loseConnection.
+_NORMAL_CLOSE = 1000
+_OPEN = WebSocketProtocol.STATE_OPEN
+_CONNECTING = WebSocketProtocol.STATE_CONNECTING
+_CLOSED = WebSocketProtocol.STATE_CLOSED
+#: The states in which the FrameReader reads (once closing, frames may still be on the way).
+_READING = (_OPEN, WebSocketProtocol.STATE_CLOSING)
+
+
+@implementer(ITransport, IPushProducer)
+class _Carrier:
+    """What the WebSocket protocols add to autobahn's: the transport of the protocol above.
+
+    Mixed in before an autobahn protocol class; ``wrapped`` is the protocol above, built
+    by the factory at connect time and connected once the upgrade succeeds.
+    """
+
+    wrapped = None
+    #: Why the WebSocket layer failed the connection (a WebSocketError), once it did.
+    error: WebSocketError | None = None
+    #: Frame payloads of the network read being parsed.
+    _gathered: list | None = None
+    #: Reads the data frames once the connection is open (mconn.net.websocket_frames).
+    _reader: FrameReader | None = None
+    _opened = False
+    _lost = False
+    _pings = 0
+    _ping_window = 0.0
+
+    # -- bytes in -----------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._lost:
+            return
+        reader = self._reader
+        if reader is not None and self.state in _READING and self.current_frame is None and not self.data:
+            self._read_fast(reader, data)
+            return
+        if self.state == _CONNECTING and not self.data and data[:1] and not data[:1].isalpha():
+            hint = "a tcp:// mconn dialer at a ws listener?" if self.factory.isServer else "a tcp mconn listener?"
+            self._refuse_upgrade(f"not HTTP: the first byte is {data[0]:#04x} ({hint})", 400)
+            return
+        if self.state == _CONNECTING and len(self.data) + len(data) > MAX_UPGRADE_BYTES:
+            if (self.data + data).find(b"\r\n\r\n", 0, MAX_UPGRADE_BYTES + 4) < 0:
+                self._refuse_upgrade(f"the HTTP upgrade is over {MAX_UPGRADE_BYTES} bytes", 431)
+                return
+        self._deliver(self._read_slow(data))
+
+    def _read_slow(self, data: bytes) -> list:
+        """autobahn parses ``data``; the payloads of its data frames, in order."""
+        gathered = self._gathered = []
+        try:
+            super().dataReceived(data)
+        finally:
+            self._gathered = None
+        return gathered
+
+    def _read_fast(self, reader: FrameReader, data: bytes) -> None:
+        """The data frames by the FrameReader; whatever else, by autobahn (websocket_frames.py)."""
+        payloads = []
+        for _ in range(len(data) + 1):  # each turn consumes at least one frame
+            got, stop, data = reader.read(data)
+            payloads += got
+            if stop is None:
+                break
+            kind, detail = stop
+            self._deliver(payloads)  # what came before the stop goes first (a close, say)
+            payloads = []
+            if kind == "control":
+                self._deliver(self._read_slow(detail))
+            elif kind == "handoff":
+                self._deliver(self._read_slow(data))
+                return
+            elif kind == "too_large":
+                self._max_message_size_exceeded(
+                    detail[0], detail[1], f"received WebSocket message size {detail[0]} exceeds payload limit of "
+                    f"{detail[1]} octets"
+                )
+                return
+            else:
+                self._fail_connection(WebSocketProtocol.CLOSE_STATUS_CODE_PROTOCOL_ERROR, detail)
+                return
+            if self._lost or self.state == _CLOSED:
+                return
+        self._deliver(payloads)
+
+    def _deliver(self, payloads: list) -> None:
+        if payloads and self.wrapped is not None and not self._lost and not self.failedByMe:
+            self.wrapped.dataReceived(payloads[0] if len(payloads) == 1 else b"".join(payloads))
+
+    def onMessageBegin(self, isBinary: bool) -> None:
+        self.message_data_total_length = 0
+        if not isBinary:
+            self._fail_connection(
+                WebSocketProtocol.CLOSE_STATUS_CODE_UNSUPPORTED_DATA,
+                "a text message: mconn uses binary WebSocket messages only",
+            )
+
+    def onMessageFrameData(self, payload) -> None:
+        if not self.failedByMe and self._gathered is not None:
+            self._gathered.append(payload)
+
+    def onMessageFrameEnd(self) -> None:
+        self.frame_data = None  # nothing was kept: frame boundaries mean nothing here
+
+    def onMessageEnd(self) -> None:
+        self.message_data = None
+
+    def onPing(self, payload: bytes) -> None:
+        """Pings are answered (autobahn sends the pong) but bounded in number."""
+        config = self.factory.config
+        now = self.factory.clock.seconds()
+        if now - self._ping_window > config.ping_interval:
+            self._ping_window, self._pings = now, 0
+        self._pings += 1
+        if self._pings > config.max_pings_per_interval:
+            self._fail_connection(
+                WebSocketProtocol.CLOSE_STATUS_CODE_POLICY_VIOLATION,
+                f"{self._pings} WebSocket pings within {config.ping_interval} s; at most "
+                f"{config.max_pings_per_interval} are answered",
+            )
+        else:
+            super().onPing(payload)
+
+    # -- failures -----------------------------------------------------------------
+
+    def _fail_connection(self, code: int = 1001, reason: str = "going away") -> None:
+        """Every WebSocket failure after the upgrade: record it, send a close frame saying
+        it (best effort), and drop the transport once that is flushed."""
+        if self.state == _CLOSED:
+            return
+        self._note(f"WebSocket close {code}: {reason}")
+        self.failedByMe = True
+        self.wasClean = False
+        if self.state == _OPEN:
+            self.sendCloseFrame(code=code, reasonUtf8=reason.encode("ascii", "replace")[:123], isReply=False)
+        self.dropConnection(abort=False)
+
+    def onOpenHandshakeTimeout(self) -> None:
+        self._note(f"no WebSocket upgrade within ws_handshake_timeout ({self.openHandshakeTimeout} s)")
+        super().onOpenHandshakeTimeout()
+
+    def _note(self, message: str) -> None:
+        if self.error is None:
+            self.error = WebSocketError(f"{message} ({self._peer_text()})")
+            log.info("{error}", error=str(self.error))
+
+    def _peer_text(self) -> str:
+        peer = self.transport.getPeer() if self.transport is not None else None
+        return f"peer {getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
+
+    # -- the protocol above ---------------------------------------------------------
+
+    def onOpen(self) -> None:
+        self._opened = True
+        self._reader = FrameReader(masked=self.factory.isServer, max_message=self.factory.config.ws_max_message_bytes)
+        self.wrapped.makeConnection(self)
+
+    def onClose(self, wasClean, code, reason) -> None:
+        """autobahn's report of the end; the protocol above hears of it in connectionLost."""
+
+    def connectionLost(self, reason=None) -> None:
+        if self._lost:
+            return
+        self._lost = True
+        super().connectionLost(reason)
+        why = self._reason(reason)
+        if self._opened:
+            self.wrapped.connectionLost(why)
+        self._not_opened(why)
+
+    def _reason(self, reason) -> Failure:
+        if self.error is not None:
+            return Failure(self.error)
+        if reason is not None and isinstance(reason.value, ConnectionLost):
+            return reason  # a TLSError of mconn's TLS beneath says what failed
+        tls_error = tls_error_of(reason, None)  # the TLS of a wss dial to a TLS-terminating proxy
+        if tls_error is not None:
+            return Failure(tls_error)
+        text = reason.getErrorMessage() if reason is not None else "closed"
+        return Failure(ConnectionLost(f"connection lost: {text}"))
+
+    def _not_opened(self, why: Failure) -> None:
+        """A client's hook: the upgrade failed (its connect Deferred fails)."""
+
+    @property
+    def websocket_scheme(self) -> str:
+        """``ws`` or ``wss`` (mconn.net.websocket_endpoints.transport_kind asks)."""
+        return "wss" if self.factory.isSecure else "ws"
+
+    # -- ITransport for the protocol above --------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        if self.state != _OPEN:
+            return  # closing: nothing more goes out (the close packet went before)
+        keys = None if self.factory.isServer else os.urandom
+        self.transport.write(binary_frames(data, limit=SEND_MESSAGE_BYTES, keys=keys))
+
+    def writeSequence(self, parts) -> None:
+        self.write(b"".join(parts))
+
+    def loseConnection(self) -> None:
+        if self.state == _OPEN:
+            self.sendClose(_NORMAL_CLOSE)
+        elif self.state != _CLOSED:
+            self.dropConnection(abort=False)
+
+    def abortConnection(self) -> None:
+        self.transport.abortConnection()
+
+    def getPeer(self):
+        forwarded = getattr(self, "_forwarded_peer", None)
+        return forwarded if forwarded is not None else self.transport.getPeer()
+
+    def getHost(self):
+        return self.transport.getHost()
+
+    def getHandle(self):
+        """The handle beneath: the socket, or with wss the TLS connection (whose
+        certificate proves the peer's node id, specs/tls.md)."""
+        return self.transport.getHandle()
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        setter = getattr(self.transport, "setTcpNoDelay", None)
+        if setter is not None:
+            setter(enabled)
+
+    # -- IConsumer and IPushProducer: both pass through to the transport beneath -------
+
+    def registerProducer(self, producer, streaming) -> None:
+        self.transport.registerProducer(producer, streaming)
+
+    def unregisterProducer(self) -> None:
+        if self.transport is not None:
+            self.transport.unregisterProducer()
+
+    def pauseProducing(self) -> None:
+        self.transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self.transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self.transport.stopProducing()
+
+
+class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
+    """A listener's WebSocket connection (specs/websocket.md section 2).
+
+    Admitted at TCP accept by the owner of the connections above (``IUpgradeAdmission``,
+    the factory's ``admission``), as the pending handshake of ``above``, the mconn
+    protocol it will carry; a connection from a trusted proxy is counted by the client
+    its upgrade names once the upgrade is read (specs/websocket.md section 4).
+    """
+
+    #: The mconn protocol this connection will carry (the factory sets it).
+    above = None
+    #: The owner that admitted this connection at accept, or None.
+    _admission = None
+
+    def connectionMade(self) -> None:
+        factory = self.factory
+        admission = factory.admission
+        if admission is not None:
+            peer = self.transport.getPeer()
+            host = getattr(peer, "host", None)
+            proxied = is_trusted_proxy(host, factory.trusted_proxies)
+            refusal = admission.admit_upgrade(
+                self.above, None if proxied else host, f"{host}:{getattr(peer, 'port', '')}", self._give_way
+            )
+            if refusal is not None:
+                self._lost = True  # refused before anything: nothing above ever starts
+                log.info("WebSocket connection from {peer} refused: {why}", peer=str(peer), why=str(refusal))
+                self.transport.write(_http_refusal(refusal))
+                self.transport.loseConnection()
+                return
+            self._admission = admission
+        super().connectionMade()
+
+    def _give_way(self, rejection) -> None:
+        """A newcomer evicted this pending upgrade: answer and drop it."""
+        if self.state == _CONNECTING:
+            self.failHandshake(f"{rejection.reason}: {rejection}", _REFUSAL_STATUS.get(rejection.reason, 503))
+        else:
+            self._note(f"{rejection.reason}: {rejection}")
+            self.transport.abortConnection()
+
+    def processHandshake(self):
+        """The head is checked byte by byte before autobahn parses it (``head_problem``):
+        its parser also splits lines at 0x85 and other line breaks of Unicode, so a byte
+        that a proxy passes on inside a header's value could make a header of its own."""
+        end = self.data.find(b"\r\n\r\n")
+        if end >= 0:
+            problem = head_problem(self.data[: end + 4])
+            if problem is not None:
+                return self.failHandshake(problem, 400)
+        return super().processHandshake()
+
+    def onConnect(self, request):
+        factory = self.factory
+        if request.path != factory.path:
+            self._note(f"upgrade for path {request.path!r}; this listener's path is {factory.path!r}")
+            raise ConnectionDeny(ConnectionDeny.NOT_FOUND, f"no mconn endpoint at {request.path!r}")
+        allowed = factory.config.ws_allowed_origins
+        origin = request.headers.get("origin")
+        if origin is not None and not any(fnmatch.fnmatchcase(origin.lower(), p.lower()) for p in allowed):
+            because = "" if allowed else " (ws_allowed_origins is empty: nodes send no Origin)"
+            self._note(f"upgrade from origin {origin!r}, which ws_allowed_origins does not allow")
+            raise ConnectionDeny(ConnectionDeny.FORBIDDEN, f"origin {origin!r} is not allowed{because}")
+        tcp_peer = self.transport.getPeer()
+        if is_trusted_proxy(getattr(tcp_peer, "host", None), factory.trusted_proxies):
+            self._forwarded_peer = self._forwarded(request.headers.get("x-forwarded-for"))
+            if self._admission is not None:
+                refusal = self._admission.upgrade_addressed(self.above, self.getPeer().host)
+                if refusal is not None:
+                    self._note(f"{refusal.reason}: {refusal}")
+                    raise ConnectionDeny(_REFUSAL_STATUS.get(refusal.reason, 503), f"{refusal.reason}: {refusal}")
+        return SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
+
+    def _forwarded(self, header: str | None):
+        """The client a trusted proxy names, as an address (port 0), or None (no header:
+        the proxy itself is the peer). The head holds one X-Forwarded-For line at most
+        (``head_problem``); its last hop is what the proxy wrote."""
+        if header is None:
+            return None
+        try:
+            ip = forwarded_ip(header)
+        except ValueError as e:
+            self._note(str(e))
+            raise ConnectionDeny(ConnectionDeny.BAD_REQUEST, str(e)) from None
+        return IPv6Address("TCP", str(ip), 0) if ip.version == 6 else IPv4Address("TCP", str(ip), 0)
+
+    def failHandshake(self, reason: str, code: int = 400, responseHeaders=None):
+        self._refuse_noted(f"bad HTTP upgrade ({code}): {reason}")
+        super().failHandshake(reason, code, responseHeaders)
+
+    def _refuse_upgrade(self, why: str, code: int) -> None:
+        self.failHandshake(why, code)
+
+    def _refuse_noted(self, message: str) -> None:
+        self._note(message)
+
+    def connectionLost(self, reason=None) -> None:
+        if self._admission is not None:
+            self._admission.upgrade_gone(self.above)  # nothing if the protocol above connected
+        super().connectionLost(reason)
+
+
+class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):
+    """A dialer's WebSocket connection; ``opened`` fires with the protocol above once
+    the upgrade succeeded, or fails with a WebSocketError saying why it did not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = defer.Deferred()
+
+    def onConnect(self, response) -> None:
+        if response.protocol not in (SUBPROTOCOL, None, ""):
+            self._fail_connection(
+                WebSocketProtocol.CLOSE_STATUS_CODE_PROTOCOL_ERROR,
+                f"the listener chose subprotocol {response.protocol!r}; mconn asked for {SUBPROTOCOL!r}",
+            )
+
+    def failHandshake(self, reason):
+        self._note(f"the listener refused the WebSocket upgrade: {reason}")
+        super().failHandshake(reason)
+
+    def _refuse_upgrade(self, why: str, code: int) -> None:
+        self._note(f"the listener's answer to the upgrade: {why}")
+        self.dropConnection(abort=True)
+
+    def onOpen(self) -> None:
+        super().onOpen()
+        if not self.opened.called:
+            self.opened.callback(self.wrapped)
+
+    def _not_opened(self, why: Failure) -> None:
+        if not self.opened.called:
+            if type(why.value) is ConnectionLost:  # nothing more specific (a TLSError) is known
+                why = Failure(WebSocketError(f"the connection ended before the WebSocket upgrade: {why.getErrorMessage()}"))
+            self.opened.errback(why)
+
+
+#: The HTTP status of an upgrade refused by admission: 429 for the per-address limit
+#: (this client has too many), 503 for the others (the node is busy).
+_REFUSAL_STATUS = {"ip_limit": 429}
+#: A header line's name: an RFC 9110 token, then the colon at once.
+_HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:")
+#: Any byte that is not printable ASCII, a tab, or part of a CRLF line end.
+_NOT_HEAD = re.compile(rb"[^\t\x20-\x7e\r\n]|\r(?!\n)|(?<!\r)\n")
+
+
+def head_problem(head: bytes) -> str | None:
+    """What is wrong with an HTTP upgrade's head (request line and headers, ending in
+    CRLF CRLF), or None: every byte printable ASCII or a tab, every line ended by CRLF,
+    every header line ``NAME: VALUE`` (no folded line), at most one X-Forwarded-For line.
+    A byte that a proxy passes on inside a value must not become a line break here."""
+    bad = _NOT_HEAD.search(head)
+    if bad is not None:
+        byte, at = head[bad.start()], bad.start()
+        what = {0x0D: "a CR without LF", 0x0A: "an LF without CR"}.get(byte) or (
+            "a non-ASCII byte" if byte >= 0x80 else "a control byte"
+        )
+        return f"{what} ({byte:#04x}) at offset {at} of the HTTP head; header lines are printable ASCII ending in CRLF"
+    forwarded = 0
+    for number, line in enumerate(head[:-4].split(b"\r\n")[1:], start=2):
+        if _HEADER_NAME.match(line) is None:
+            return f"header line {number} is not NAME: VALUE: {line[:60].decode('ascii')!r}"
+        forwarded += line[: line.index(b":")].lower() == b"x-forwarded-for"
+    if forwarded > 1:
+        return f"{forwarded} X-Forwarded-For header lines; a proxy writes one"
+    return None
+
+
+def forwarded_ip(header: str):
+    """The last hop of an X-Forwarded-For value (what the proxy in front of us wrote):
+    an IP address and nothing else.
+
+    :raises ValueError: naming the value.
+    """
+    hop = header.rpartition(",")[2].strip()
+    try:
+        if "%" in hop:
+            raise ValueError
+        return ipaddress.ip_address(hop)
+    except ValueError:
+        raise ValueError(f"X-Forwarded-For's last hop {hop[:60]!r} is not an IP address") from None
+
+
+def is_trusted_proxy(host: str | None, trusted: frozenset) -> bool:
+    """Whether ``host`` is one of ``trusted`` (IP addresses in their canonical form)."""
+    if not trusted or host is None:
+        return False
+    try:
+        return str(ipaddress.ip_address(host)) in trusted
+    except ValueError:
+        return host in trusted
+
+
+def canonical_addresses(addresses) -> frozenset:
+    """IP addresses in their canonical form (``Config.ws_trusted_proxies``); any other
+    text as it is."""
+    out = set()
+    for text in addresses:
+        try:
+            out.add(str(ipaddress.ip_address(text)))
+        except ValueError:
+            out.add(text)
+    return frozenset(out)
+
+
+def _http_refusal(refusal) -> bytes:
+    """An HTTP answer to a connection that admission refused at accept, before its request."""
+    status = _REFUSAL_STATUS.get(refusal.reason, 503)
+    text = f"{refusal.reason}: {refusal}".encode("ascii", "replace")
+    return b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Length: 0\r\n\r\n" % (status, text)
+
+
+# -- the factories: a listener's, around the factory above (mconn's, or mconn's TLS), and a
+# dialer's; both take their limits from the Switch's Config (specs/websocket.md section 4).
+
+
+def _set_options(factory, config) -> None:
+    factory.setProtocolOptions(
+        maxFramePayloadSize=config.ws_max_message_bytes,
+        maxMessagePayloadSize=config.ws_max_message_bytes,
+        openHandshakeTimeout=config.ws_handshake_timeout,
+        closeHandshakeTimeout=config.close_linger,
+        autoPingInterval=0,  # mconn's own pings keep the link alive (specs/connection.md 3)
+        failByDrop=False,
+        utf8validateIncoming=False,
+        tcpNoDelay=config.tcp_nodelay,
+    )
+
+
+class WebSocketServerCarrierFactory(WebSocketServerFactory):
+    """Wraps the factory above (mconn's, or mconn's TLS): one WebSocket connection per
+    TCP connection, upgraded at ``path``."""
+
+    protocol = WebSocketServerCarrier
+    noisy = False
+
+    def __init__(self, wrapped_factory, *, path: str, secure: bool, config, clock) -> None:
+        scheme = "wss" if secure else "ws"
+        super().__init__(url=f"{scheme}://localhost{path}", protocols=[SUBPROTOCOL], reactor=clock)
+        self.wrapped_factory = wrapped_factory
+        self.path = path
+        self.config = config
+        self.clock = clock
+        #: Who admits a connection at accept (the Switch's ConnectionSet), or None.
+        self.admission = _admission_of(wrapped_factory)
+        #: Config.ws_trusted_proxies, each address in its canonical form.
+        self.trusted_proxies = canonical_addresses(config.ws_trusted_proxies)
+        _set_options(self, config)
+        # Origins are checked in onConnect against Config.ws_allowed_origins (autobahn's own
+        # check is a browser's same-origin rule, which a node's listener has no use for).
+        self.setProtocolOptions(webStatus=False, requireMaskedClientFrames=True)
+
+    def buildProtocol(self, addr):
+        carrier = super().buildProtocol(addr)
+        carrier.wrapped = self.wrapped_factory.buildProtocol(addr)
+        carrier.above = _innermost(carrier.wrapped)
+        return carrier
+
+    def startFactory(self) -> None:
+        self.wrapped_factory.doStart()
+        super().startFactory()
+
+    def stopFactory(self) -> None:
+        self.wrapped_factory.doStop()
+        super().stopFactory()
+
+
+class WebSocketClientCarrierFactory(WebSocketClientFactory):
+    """A dialer's factory: upgrades at ``url`` (its host and port name the Host header)."""
+
+    protocol = WebSocketClientCarrier
+    noisy = False
+
+    def __init__(self, wrapped_factory, *, url: str, config, clock) -> None:
+        super().__init__(url=url, protocols=[SUBPROTOCOL], reactor=clock)
+        self.wrapped_factory = wrapped_factory
+        self.config = config
+        self.clock = clock
+        _set_options(self, config)
+
+    def buildProtocol(self, addr):
+        carrier = super().buildProtocol(addr)
+        carrier.wrapped = self.wrapped_factory.buildProtocol(addr)
+        return carrier
+
+
+def _admission_of(factory):
+    """The ``IUpgradeAdmission`` of the owner of ``factory``'s connections (through a TLS
+    factory), or None: the protocol above is admitted once upgraded, by its own owner."""
+    for _ in range(4):
+        owner = IUpgradeAdmission(getattr(factory, "owner", None), None)
+        if owner is not None:
+            return owner
+        factory = getattr(factory, "wrappedFactory", None)
+    return None
+
+
+def _innermost(protocol):
+    """The mconn protocol at the top of ``protocol`` (mconn's TLS wraps it in ws+tls)."""
+    for _ in range(4):
+        inner = getattr(protocol, "wrappedProtocol", None)
+        if inner is None:
+            return protocol
+        protocol = inner
+    return protocol

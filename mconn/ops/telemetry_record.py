@@ -1,0 +1,232 @@
+"""A telemetry record's text: one mconn event as a version 2 JSON line (specs/telemetry.md section 2).
+
+``format_record`` is what ``mconn.ops.telemetry_file`` writes for each event: ``lean_text``
+writes the line straight from the event in one pass (its shape's plan, its head kept per
+event name and node), and anything it leaves goes through ``lean_record`` and
+``encode_record``, which are ``json.dumps`` of the lean record. Hypothesis tests prove
+them equal (tests/operators/test_fast_record.py, test_fast_line.py). Moved out of
+``mconn.ops.telemetry_file``, which re-exports these names.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from json.encoder import encode_basestring_ascii as _quote
+
+from twisted.logger import LogLevel
+
+#: The version of the records this module writes (specs/telemetry.md section 2). Version 1
+#: is Twisted's ``jsonFileLogObserver`` output, which older nodes wrote; it has no ``v``.
+RECORD_VERSION = 2
+#: The keys every version 2 record starts with, in this order (specs/telemetry.md 2).
+ENVELOPE = ("v", "event", "node_id", "log_time", "level")
+#: Keys that the legacy ``twisted.python.log`` bridge adds to an event it forwards (in
+#: place, so later observers see them too): not fields of the event, never written.
+#: ``message`` is one only when it is not a string (mconn's own ``message`` fields are).
+_LEGACY_KEYS = frozenset({"time", "system", "format", "isError", "failure", "why"})
+#: Keys that are never a record's own fields: the envelope's, the legacy bridge's, and
+#: the ``log_*`` keys Twisted's Logger sets (others starting ``log_`` are skipped too).
+_NOT_FIELDS = frozenset(ENVELOPE) | _LEGACY_KEYS | {
+    "log_logger", "log_level", "log_namespace", "log_source", "log_format", "log_time", "log_failure",
+}
+
+
+def lean_record(event: dict) -> dict:
+    """The version 2 record of one mconn event: the ``ENVELOPE`` keys, then the event's
+    own fields in the order they were logged, then ``failure`` (the traceback text) when
+    the event was logged with one (``reactor_error``)."""
+    level = event.get("log_level")
+    record = {
+        "v": RECORD_VERSION, "event": event.get("event"), "node_id": event.get("node_id"),
+        "log_time": event.get("log_time"), "level": getattr(level, "name", level),
+    }
+    for key, value in event.items():
+        if key in _NOT_FIELDS or key.startswith("log_"):
+            continue
+        if key == "message" and not isinstance(value, str):
+            continue
+        record[key] = value
+    failure = event.get("log_failure")
+    if failure is not None:
+        record["failure"] = failure.getTraceback()
+    return record
+
+
+#: json.dumps(record, separators=(",", ":"), allow_nan=False), without building an encoder
+#: per call (a connection storm writes three records per connection).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+_INT = int.__repr__
+_FLOAT = float.__repr__
+
+
+def _float(value: float) -> str | None:
+    return _FLOAT(value) if value - value == 0 else None  # None: not finite
+
+
+#: The JSON of a value of exactly these types, by type (a subclass goes to the encoder).
+_SCALARS = {
+    str: _quote, int: _INT, float: _float, type(None): lambda value: "null",
+    bool: lambda value: "true" if value else "false",
+}
+_SCALAR_OF = _SCALARS.get
+
+
+def _scalar(value) -> str | None:
+    """The JSON of a str, int, finite float, bool or None; None for anything else."""
+    encode = _SCALAR_OF(type(value))
+    return None if encode is None else encode(value)
+
+
+def _encode_value(value) -> str:
+    text = _scalar(value)
+    return _encode_compound(value) if text is None else text
+
+
+def _encode_compound(value) -> str:
+    """The JSON of a value ``_scalar`` does not write (a list, a dict, a subclass...)."""
+    if type(value) is list:  # a list of scalars (handshake_done's channels), else the encoder
+        items = [_scalar(item) for item in value]
+        if None not in items:
+            return "[" + ",".join(items) + "]"
+    return _ENCODE(value)
+
+
+def encode_record(record: dict) -> str:
+    """``json.dumps(record, separators=(",", ":"), allow_nan=False)``, the same text and
+    the same errors, about twice as fast for a flat record of strings and numbers: the
+    top level is joined here, and only what is not a str, int, float, bool or None goes
+    through the encoder (tests/operators/test_fast_record.py proves them equal)."""
+    for key in record:
+        if type(key) is not str:
+            return _ENCODE(record)
+    return "{" + ",".join([_quote(key) + ":" + _encode_value(value) for key, value in record.items()]) + "}"
+
+
+def format_record(event: dict) -> bytes:
+    """One line of a telemetry file: the event's lean record as compact JSON and a newline.
+
+    Strict JSON: a non-finite float is written as null, a value JSON has no type for as
+    its ``str``, so that a record is never lost to its values. ``lean_text`` writes the
+    line straight from the event; an event it leaves (a key that is not a str) and one
+    with values JSON cannot hold go through ``lean_record``.
+    """
+    try:
+        text = lean_text(event)
+        if text is None:
+            text = encode_record(lean_record(event))
+    except (TypeError, ValueError):
+        text = json.dumps(_strict(lean_record(event)), separators=(",", ":"), allow_nan=False, default=str)
+    return text.encode("ascii") + b"\n"
+
+
+#: key -> the text before its value in a record (``,"key":``), or "" for a key that is
+#: not a field (lean_record's rule); at most _FIELD_TEXTS_MAX keys are remembered.
+_FIELD_TEXTS: dict = {}
+_FIELD_TEXTS_MAX = 4096
+
+
+def _field_text(key: str) -> str:
+    text = _FIELD_TEXTS.get(key)
+    if text is None:
+        text = "" if key in _NOT_FIELDS or key.startswith("log_") else "," + _quote(key) + ":"
+        if len(_FIELD_TEXTS) < _FIELD_TEXTS_MAX:
+            _FIELD_TEXTS[key] = text
+    return text
+
+
+#: The event's keys, in order -> its fields' (key, the text before the value), the plan
+#: of ``lean_text``: one lookup per event instead of one per key. The events of a Switch
+#: come in a few dozen shapes; at most _PLANS_MAX shapes are remembered.
+_PLANS: dict = {}
+_PLANS_MAX = 1024
+
+
+#: (event, node_id, level) -> the text of a record before its log_time and that of its
+#: level (``_head``); at most _PLANS_MAX of them.
+_HEADS: dict = {}
+
+
+#: The type of Twisted's LogLevels (a NamedConstant): ``lean_text`` keeps each head under
+#: (event, node_id, the LogLevel) in _HEADS too, and finds it there without ``_head``.
+_NAMED = type(LogLevel.info)
+
+
+def _head(name, node_id, level) -> tuple[str, str]:
+    """A record's text up to its ``log_time``, and its ``level`` part: the same for
+    every event of one name from one node, so kept when all three are str."""
+    if type(name) is str and type(node_id) is str and type(level) is str:
+        key = (name, node_id, level)
+        head = _HEADS.get(key)
+        if head is None:
+            head = _head_text(name, node_id, level)
+            if len(_HEADS) < _PLANS_MAX:
+                _HEADS[key] = head
+        return head
+    return _head_text(name, node_id, level)
+
+
+def _head_text(name, node_id, level) -> tuple[str, str]:
+    return (
+        '{"v":2,"event":' + _encode_value(name) + ',"node_id":' + _encode_value(node_id) + ',"log_time":',
+        ',"level":' + _encode_value(level),
+    )
+
+
+def _plan(keys: tuple) -> tuple | None:
+    """The fields of an event with ``keys``, each with its ``_field_text``; None if a key
+    is not a str (``lean_text`` leaves those to ``lean_record``)."""
+    if not all(type(key) is str for key in keys):
+        return None
+    plan = tuple((key, text) for key in keys for text in (_field_text(key),) if text)
+    if len(_PLANS) < _PLANS_MAX:
+        _PLANS[keys] = plan
+    return plan
+
+
+def lean_text(event: dict) -> str | None:
+    """``encode_record(lean_record(event))`` in one pass over the event's fields, without
+    the record dict (a connect storm writes three records per connection); None for an
+    event with a key that is not a str. tests/operators/test_fast_record.py proves it
+    equal, text and errors, on any event."""
+    keys = tuple(event)
+    plan = _PLANS.get(keys)
+    if plan is None:
+        plan = _plan(keys)
+        if plan is None:
+            return None
+    name, node_id, level = event.get("event"), event.get("node_id"), event.get("log_level")
+    kept = type(level) is _NAMED and type(name) is str and type(node_id) is str
+    head = _HEADS.get((name, node_id, level)) if kept else None
+    if head is None:
+        head = _head(name, node_id, getattr(level, "name", level))
+        if kept and len(_HEADS) < _PLANS_MAX:
+            _HEADS[(name, node_id, level)] = head
+    when = event.get("log_time")
+    # A finite float (time.time()) as _scalar writes it; anything else the general way.
+    parts = [head[0], _FLOAT(when) if type(when) is float and when - when == 0 else _encode_value(when), head[1]]
+    append = parts.append
+    for key, text in plan:
+        value = event[key]
+        if key == "message" and not isinstance(value, str):
+            continue
+        encode = _SCALAR_OF(type(value))
+        value_text = None if encode is None else encode(value)
+        append(text)
+        append(_encode_compound(value) if value_text is None else value_text)
+    failure = event.get("log_failure")
+    if failure is not None:
+        append(',"failure":')
+        append(_encode_value(failure.getTraceback()))
+    append("}")
+    return "".join(parts)
+
+
+def _strict(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value

@@ -1,0 +1,506 @@
+"""Peer: one session with another node, as reactors see it; sending happens here.
+
+A Peer outlives its transports (specs/resume.md): its state is a ``PeerState``
+(``mconn.core.session_table``; it compares equal to the strings ``"connected"``,
+``"suspended"``: the transport broke and the session waits ``resume_grace`` to be resumed,
+``"connecting"``: a new transport is up and the resume is being negotiated, and
+``"closed"``). Only ``mconn.switch.session_manager.SessionManager`` changes it, by its transition table.
+Reactors keep the same Peer object across a resume.
+
+``send`` and ``try_send`` accept whole messages (specs/reactor-api.md section 3). An
+accepted message is kept in the session's recovery buffer until the peer confirms it, so
+it survives transport breaks; while suspended, up to ``send_queue_capacity`` messages
+per channel are accepted and go out on resume. ``send`` waits up to
+``Config.send_timeout`` for room, in FIFO order with other waiting sends on that
+channel; ``try_send`` never waits and never overtakes a waiting ``send``.
+``send_confirmed`` fires once the peer's reactor has the message. Receiving: ``mconn.switch.peer_delivery``.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from twisted.internet import defer
+
+from mconn.core.address import transport_host
+from mconn.core.connection import State
+from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, ReactorError
+from mconn.core.node_info import node_info_of
+from mconn.switch.peer_delivery import PeerDelivery
+from mconn.switch.peer_stats import ChannelStatsSnapshot, PeerStats, snapshot
+from mconn.core.session_table import PeerState
+from mconn.core.wire import ChannelInfo, Hello
+
+CONNECTING = PeerState.CONNECTING
+CONNECTED = PeerState.CONNECTED
+SUSPENDED = PeerState.SUSPENDED
+CLOSED = PeerState.CLOSED
+_OPEN = State.OPEN
+_BYTES_ONLY = {bytes}
+
+__all__ = ["ChannelStatsSnapshot", "Peer", "PeerStats"]
+
+
+class Peer:
+    """A session with a node. Created by the Switch when a session starts; never by users.
+
+    :param sessions: the ``SessionManager`` that owns it (clock, config, channels,
+        routing, closing, node counters).
+
+    Slotted and light until used (a connect storm builds one per handshake): our
+    channels' facts are shared (``mconn.switch.channel_shape``), the receiving side is built at the
+    first message received.
+    """
+
+    __slots__ = (
+        "node_id", "is_outbound", "listen_address", "remote_address", "address", "_announced", "_channels", "node_info",
+        "remote_host", "state", "proven", "ip_key", "suspended_at", "round_trip", "session", "connects", "disconnects",
+        "resumes", "_sessions", "_protocol", "_clock", "_config", "_shape", "_limits", "_queues", "_core",
+        "_connected_at", "_waiting", "_held", "_confirms", "data", "_receiving", "_deliver", "_flush_timer",
+        "_flush_reason",
+    )
+
+    def __init__(self, *, sessions, protocol, hello: Hello, session, is_outbound: bool, address=None) -> None:
+        self.node_id = hello.node_id
+        #: True if this node dialed when the session started (it re-dials after breaks).
+        self.is_outbound = is_outbound
+        self.listen_address = hello.listen_address
+        self.remote_address = protocol.remote_address
+        #: The host the connection comes from, as its transport says (``getPeer().host``;
+        #: a trusted proxy's client for a proxied WebSocket), or None if it has none: what
+        #: a peer is grouped by (specs/pex.md section 3.4), never the node id it claims.
+        self.remote_host = transport_host(protocol.transport)
+        #: The address this node dialed (outbound sessions), for re-dialing.
+        self.address = address
+        #: The ChannelInfos of the peer's hello (``channels`` by id, when first read).
+        self._announced = hello.channels
+        self._channels: dict[int, ChannelInfo] | None = None
+        #: What the peer said it is (a ``mconn.NodeInfo``: network, protocol versions,
+        #: moniker, other), or None if its hello carried none (specs/handshake.md 6).
+        self.node_info = node_info_of(hello)
+        self.state: PeerState = CONNECTED
+        #: The node id is proven by a TLS certificate (not merely claimed in the hello);
+        #: only a connection proving it too may resume, probe for or replace the session.
+        self.proven = False
+        #: The key an inbound session counts against (``mconn.core.admission.limit_key`` of
+        #: its host: an IPv4 address, an IPv6 /64; None for outbound ones).
+        self.ip_key: str | None = None
+        #: When the session was last suspended (clock seconds).
+        self.suspended_at = 0.0
+        #: Last measured ping round trip, in seconds (None before the first pong).
+        self.round_trip: float | None = None
+        self.session = session
+        self.connects = 1
+        self.disconnects = 0
+        self.resumes = 0
+        self._sessions = sessions
+        self._protocol = protocol
+        self._clock = sessions.clock
+        self._config = sessions.config
+        #: Our channels' send and receive capacities and codecs (``ChannelShape``, shared).
+        self._shape = sessions.shape
+        #: Per channel both sides have: the largest message it accepts (the smaller
+        #: recv_message_capacity). Channels outside it are refused.
+        self._limits = self._shape.limits(hello.channels)
+        #: The connection's channels (its queues) while connected, else None.
+        self._queues = protocol.core.channels
+        #: The connection's core while connected, else None (the per-message state check).
+        self._core = protocol.core
+        self._connected_at = self._clock.seconds()
+        self._waiting: dict[int, collections.deque] = {}
+        self._held: dict[int, int] = {}  # accepted while suspended, per channel
+        self._confirms: dict[int, collections.deque] = {}
+        #: Data the node's reactors share about this peer (CometBFT's peer.Set / Get).
+        self.data: dict = {}
+        #: The receiving side (``_delivery``), None until the first message comes.
+        self._receiving: PeerDelivery | None = None
+        #: ``_deliver(channel_id, message)``, called by the protocol for each whole message.
+        self._deliver = self._first_delivery
+        #: While ``close(flush=True)`` waits for the peer's acks: its timeout, else None.
+        self._flush_timer = None
+        self._flush_reason = ""
+
+    @property
+    def channels(self) -> dict[int, ChannelInfo]:
+        """Channels the peer announced when the session started, by id."""
+        channels = self._channels
+        if channels is None:
+            channels = self._channels = {c.id: c for c in self._announced}
+        return channels
+
+    @property
+    def _delivery(self) -> PeerDelivery:
+        """The receiving side: delivery to reactors, busy channels, acks
+        (mconn.switch.peer_delivery), built when first needed."""
+        delivery = self._receiving
+        if delivery is None:
+            sessions = self._sessions
+            delivery = self._receiving = PeerDelivery(self, route=sessions.route, clock=self._clock, config=self._config)
+            self._deliver = delivery.deliver
+        return delivery
+
+    def _first_delivery(self, channel_id: int, message: bytes) -> None:
+        """The first message received: the receiving side, built now, takes it and the rest."""
+        self._delivery.deliver(channel_id, message)
+
+    def __repr__(self) -> str:
+        direction = "outbound" if self.is_outbound else "inbound"
+        return f"<Peer {self.node_id} {direction} {self.remote_address} {self.state}>"
+
+    # -- sending -------------------------------------------------------------------
+
+    def _live(self) -> bool:
+        """Connected, and the connection still carries messages."""
+        core = self._core
+        return core is not None and core.state is _OPEN
+
+    def _closing(self) -> bool:
+        """Over, or ending: nothing more can be accepted.
+
+        A connection that is going away for a break (a keepalive failure, a reset)
+        before the session is suspended does not count: from the moment the transport
+        fails, sends are held for the resume exactly as while suspended (specs/resume.md
+        section 1.3). A close, ours or the peer's, or a protocol error does.
+        """
+        core = self._core
+        if core is not None:
+            return core.state is not _OPEN and not self._sessions.would_suspend(self._protocol.end_reason)
+        return self.state is CLOSED
+
+    def _accepts(self, channel_id: int, message) -> bool:
+        """False for channels either side lacks; ValueError for oversized messages."""
+        if self._closing() or self._flush_timer is not None:
+            return False
+        limit = self._limits.get(channel_id)
+        if limit is None:
+            return False
+        if len(message) > limit:
+            raise ValueError(
+                f"message of {len(message)} bytes on channel {channel_id:#04x} is larger than its "
+                f"recv_message_capacity {limit} (ours {self._shape.recv_capacity[channel_id]}, "
+                f"peer's {self.channels[channel_id].recv_message_capacity})"
+            )
+        return True
+
+    def _accept(self, channel_id: int, message: bytes) -> int | None:
+        """Take a checked message into the session; its sequence number, or None if full.
+
+        The per-message path: one call into the connection's channel queue, one into the
+        session (``Session.admit``); a message the session refuses leaves the queue again.
+        """
+        core = self._core
+        if core is not None and core.state is _OPEN:
+            channel = self._queues[channel_id]
+            if not channel.enqueue(message):
+                return None
+            sequence = self.session.admit(channel_id, message)
+            if sequence is None:
+                channel.queue.pop()  # the recovery buffer is full: not accepted after all
+            return sequence
+        held = self._held.get(channel_id, 0)
+        if held >= self._shape.send_capacity[channel_id]:
+            return None
+        sequence = self.session.admit(channel_id, message)
+        if sequence is not None:
+            self._held[channel_id] = held + 1
+        return sequence
+
+    def try_send(self, channel_id: int, message: bytes) -> bool:
+        """Queue ``message`` now if there is room; True if it was accepted."""
+        if type(message) is not bytes:
+            message = self._bytes_of(channel_id, message)
+        if not self._accepts(channel_id, message) or self._waiting.get(channel_id):
+            return False
+        if self._accept(channel_id, message) is None:
+            return False
+        core = self._core
+        if core is not None and core.state is _OPEN:
+            self._protocol.pump()
+        return True
+
+    def try_send_many(self, channel_id: int, messages) -> int:
+        """``try_send`` each of ``messages`` in order until one is not accepted, writing
+        once at the end instead of once per message.
+
+        While connected, what does not depend on the message (the session's state, the
+        channel, waiting sends) is checked once per batch and again after each write,
+        not once per message; each message is then one size test, one ``Session.admit``
+        and one append to the channel's queue (issue 13's per-message cost). A list of
+        bytes that fits the queue and the recovery buffer whole is taken in one step
+        (``Session.admit_many``).
+
+        :returns: how many were accepted (a prefix of ``messages``: the rest were not).
+        """
+        core = self._core
+        if core is None or core.state is not _OPEN:
+            return self._try_send_each(channel_id, messages)
+        if not self._accepts(channel_id, b"") or self._waiting.get(channel_id):
+            return 0
+        limit = self._limits[channel_id]
+        queue = self._queues[channel_id].writable_queue()
+        capacity = self._queues[channel_id].capacity
+        if (
+            type(messages) is list and messages and len(messages) <= capacity - len(queue)
+            and set(map(type, messages)) == _BYTES_ONLY and max(map(len, messages)) <= limit
+            and self.session.admit_many(channel_id, messages, sum(map(len, messages))) is not None
+        ):
+            queue.extend(messages)
+            self._protocol.pump()
+            return len(messages)
+        admit = self.session.admit
+        accepted = pending = 0
+        for message in messages:
+            if type(message) is not bytes:
+                message = self._bytes_of(channel_id, message)
+            if len(message) > limit:
+                self._accepts(channel_id, message)  # raises the ValueError naming the sizes
+            if len(queue) >= capacity:
+                if not pending:
+                    break
+                self._protocol.pump()  # the queue is full: what fits goes out, then try again
+                pending = 0
+                if core.state is not _OPEN or len(queue) >= capacity:
+                    break
+                if not self._accepts(channel_id, b"") or self._waiting.get(channel_id):
+                    break
+            if admit(channel_id, message) is None:
+                break  # the recovery buffer is full
+            queue.append(message)
+            accepted += 1
+            pending += 1
+        if pending and core.state is _OPEN:
+            self._protocol.pump()
+        return accepted
+
+    def _try_send_each(self, channel_id: int, messages) -> int:
+        """``try_send_many`` while not connected (sends are held for the resume)."""
+        accepted = pending = 0
+        for message in messages:
+            if type(message) is not bytes:
+                message = self._bytes_of(channel_id, message)
+            if not self._accepts(channel_id, message) or self._waiting.get(channel_id):
+                break
+            if self._accept(channel_id, message) is None:
+                if not pending or not self._live():
+                    break
+                self._protocol.pump()  # the queue is full: what fits goes out, then try again
+                pending = 0
+                if self._accept(channel_id, message) is None:
+                    break
+            accepted += 1
+            pending += 1
+        if pending and self._live():
+            self._protocol.pump()
+        return accepted
+
+    def send(self, channel_id: int, message: bytes) -> defer.Deferred:
+        """Queue ``message``, waiting up to send_timeout for room.
+
+        :returns: a Deferred that fires True once the message is accepted, False if no
+            room came within ``send_timeout`` or the session ended.
+        """
+        if type(message) is not bytes:
+            message = self._bytes_of(channel_id, message)
+        return self._send(channel_id, message, confirm=False)
+
+    def send_confirmed(self, channel_id: int, message: bytes) -> defer.Deferred:
+        """Send, and fire once the peer has delivered the message to its reactor.
+
+        :returns: a Deferred firing True on confirmation, False if the message could not
+            even be accepted (as ``send``), or failing with DeliveryNotConfirmed if the
+            session ends first.
+        """
+        if type(message) is not bytes:
+            message = self._bytes_of(channel_id, message)
+        return self._send(channel_id, message, confirm=True)
+
+    def _send(self, channel_id: int, message: bytes, *, confirm: bool) -> defer.Deferred:
+        if not self._accepts(channel_id, message):
+            return defer.succeed(False)
+        if not self._waiting.get(channel_id):
+            sequence = self._accept(channel_id, message)
+            if sequence is not None:
+                if self._live():
+                    self._protocol.pump()
+                return self._confirmation(channel_id, sequence) if confirm else defer.succeed(True)
+        d = defer.Deferred()
+        entry = [message, d, None, confirm]
+        entry[2] = self._clock.callLater(self._config.send_timeout, self._send_timed_out, channel_id, entry)
+        self._waiting.setdefault(channel_id, collections.deque()).append(entry)
+        return d
+
+    def _bytes_of(self, channel_id: int, message) -> bytes:
+        return self._shape.bytes_of(channel_id, message)
+
+    def _confirmation(self, channel_id: int, sequence: int) -> defer.Deferred:
+        d = defer.Deferred()
+        self._confirms.setdefault(channel_id, collections.deque()).append((sequence, d))
+        return d
+
+    def _send_timed_out(self, channel_id: int, entry: list) -> None:
+        waiting = self._waiting[channel_id]
+        waiting.remove(entry)
+        if not waiting:
+            del self._waiting[channel_id]  # _drain_waiting finds nothing to do at once
+        entry[1].callback(False)
+
+    def _drain_waiting(self) -> bool:
+        """Accept waiting sends that now have room (called after each pump and on resume).
+
+        Returns True if any were accepted. Their Deferreds fire after the move, so a
+        callback that sends again sees consistent queues.
+        """
+        if not self._waiting or not self._live():
+            return False
+        fired = []
+        moved = 0
+        for channel_id, waiting in list(self._waiting.items()):
+            while waiting:
+                sequence = self._accept(channel_id, waiting[0][0])
+                if sequence is None:
+                    break
+                _, d, timer, confirm = waiting.popleft()
+                timer.cancel()
+                moved += 1
+                if confirm:
+                    self._confirms.setdefault(channel_id, collections.deque()).append((sequence, d))
+                else:
+                    fired.append(d)
+            if not waiting:
+                del self._waiting[channel_id]
+        for d in fired:
+            d.callback(True)
+        return moved > 0
+
+    # -- the peer's acks (called by the protocol) ------------------------------------
+
+    def _on_ack(self, delivered: dict[int, int]) -> None:
+        """The peer confirmed deliveries: drop them from the recovery buffer, confirm."""
+        for channel_id, _, acked in self.session.on_ack(delivered):
+            self._confirm_up_to(channel_id, acked)
+        if self._waiting and self.state is CONNECTED:
+            self._protocol.pump()  # room in the recovery buffer: waiting sends may go
+        if self._flush_timer is not None:
+            self._check_flushed()
+
+    def _confirm_up_to(self, channel_id: int, acked: int) -> None:
+        """Fire the send_confirmed Deferreds of messages before sequence ``acked``."""
+        confirms = self._confirms.get(channel_id)
+        while confirms and confirms[0][0] < acked:
+            confirms.popleft()[1].callback(True)
+
+    # -- lifecycle (called by the SessionManager, which sets ``state``) ----------------
+
+    def _detach(self) -> None:
+        """The transport is gone: sends are held for the next one."""
+        self._protocol = None
+        self._queues = None
+        self._core = None
+        self.disconnects += 1
+        self._held = {}
+        if self._receiving is not None:
+            self._receiving.detach()
+
+    def _attach(self, protocol, resend: dict[int, list[bytes]]) -> None:
+        """A new transport carries the session on: re-send what the peer lacks
+        (``resend``: ``Session.to_resend`` of the peer's delivered counts)."""
+        self._protocol = protocol
+        self._queues = protocol.core.channels
+        self._core = protocol.core
+        self.remote_address = protocol.remote_address
+        self.remote_host = transport_host(protocol.transport)
+        self.connects += 1
+        self._held = {}
+        core = protocol.core
+        if core.state is _OPEN:  # a core that failed later in the same read takes nothing; the
+            for channel_id, messages in resend.items():  # messages stay for the next resume
+                core.requeue(channel_id, messages)
+        for channel_id in list(self._confirms):  # to_resend applied the peer's counts
+            self._confirm_up_to(channel_id, self.session.acked(channel_id))
+        if self.session.ack_pending:
+            self._delivery.send_ack()
+
+    def _end(self, reason: Exception) -> None:
+        """The session is over: fail what waits on it."""
+        self._protocol = None
+        self._queues = None
+        self._core = None
+        if self._receiving is not None:
+            self._receiving.end()
+        self._cancel_flush()
+        for waiting in self._waiting.values():
+            while waiting:
+                _, d, timer, _ = waiting.popleft()
+                timer.cancel()
+                d.callback(False)
+        for channel_id, confirms in self._confirms.items():
+            while confirms:
+                sequence, d = confirms.popleft()
+                d.errback(DeliveryNotConfirmed(channel_id, sequence, reason))
+
+    def close(self, reason=None, *, flush: bool = False) -> None:
+        """End the session with a close packet; the reactors get ``remove_peer``.
+
+        The other side ends the session at once, without a grace window. With
+        ``flush=True`` nothing new is accepted, and the close waits (up to
+        ``Config.send_timeout``) until every message accepted so far, and every waiting
+        ``send``, is sent and confirmed delivered: the reason's ``unconfirmed`` is then
+        empty, or counts exactly those the timeout cut off (specs/reactor-api.md 5.4).
+        """
+        text = "" if reason is None else str(reason)
+        if not flush or self.state is CLOSED or self._closing():
+            self._cancel_flush()
+            self._sessions.close(self, ConnectionClosed("closed", text))
+            return
+        if self._flush_timer is None:
+            self._flush_reason = text
+            self._flush_timer = self._clock.callLater(self._config.send_timeout, self._flushed)
+        self._check_flushed()
+
+    def _check_flushed(self) -> None:
+        if self._flush_timer is not None and not self._waiting and not self.session.unconfirmed():
+            self._flushed()
+
+    def _flushed(self) -> None:
+        """Everything was confirmed, or send_timeout passed: close now."""
+        self._cancel_flush()
+        if self.state is not CLOSED:
+            self._sessions.close(self, ConnectionClosed("closed", self._flush_reason))
+
+    def _cancel_flush(self) -> None:
+        timer, self._flush_timer = self._flush_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def stop_for_error(self, reason) -> None:
+        """Drop the peer for misbehaving (CometBFT's StopPeerForError): like ``close``,
+        but the reason reactors get in ``remove_peer`` is a ``ReactorError`` (code
+        ``reactor_error``) carrying ``reason``; a ReactorError is used as it is."""
+        if not isinstance(reason, ReactorError):
+            reason = ReactorError(None, None, reason, method="stop_for_error")
+        self._cancel_flush()
+        self._sessions.close(self, reason)
+
+    def get(self, key, default=None):
+        """``peer.data.get(key, default)`` (CometBFT's peer.Get)."""
+        return self.data.get(key, default)
+
+    def set(self, key, value) -> None:
+        """``peer.data[key] = value`` (CometBFT's peer.Set): shared by every reactor."""
+        self.data[key] = value
+
+    @property
+    def is_persistent(self) -> bool:
+        """Whether this node keeps the peer connected (``dial(..., persistent=True)``)."""
+        return self._sessions.is_persistent(self.node_id)
+
+    def force_reconnect(self) -> None:
+        """Drop the transport and resume the session on a new one (outbound sessions)."""
+        if self.state is CONNECTED:
+            self._protocol.transport.abortConnection()
+
+    @property
+    def stats(self) -> PeerStats:
+        """A ``PeerStats`` snapshot of the session's counters now (mconn.switch.peer_stats)."""
+        return snapshot(self)
+

@@ -1,0 +1,143 @@
+"""A Peer's receiving side: whole messages handed to reactors, held for busy channels,
+and acknowledged (specs/reactor-api.md section 4.1, specs/resume.md section 2.3).
+
+A message counts as delivered, for the peer's recovery buffer, once its reactor has it:
+``receive`` was called. An ack goes out when the session says one is due
+(``ack_every_messages``, ``ack_every_bytes``), else after ``Config.ack_interval``.
+
+A reactor whose ``receive`` returns a Deferred that has not fired makes its channel
+*busy*: later messages of that channel wait here, in order, not counted delivered, until
+the Deferred fires; then they go on until one makes the channel busy again. A held
+message costs its payload and the Python objects that hold it, so the backlog is counted
+twice: its cost in bytes (payload + ``MESSAGE_OVERHEAD`` per message) against
+``Config.reactor_backlog_bytes``, and its messages against
+``Config.reactor_backlog_messages``. At either bound the connection stops reading
+(backpressure on the peer); it reads again once both are below. When the transport
+goes, held messages are dropped: the peer re-sends them on a resume, as it never had
+acks for them.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from mconn.core.session import MESSAGE_OVERHEAD  # a held message costs what an unacknowledged one does
+from mconn.core.session_table import PeerState
+
+CONNECTED = PeerState.CONNECTED
+
+
+class PeerDelivery:
+    """The receiving side of one ``mconn.switch.peer.Peer``; it reads the Peer's current
+    transport and state when it uses them."""
+
+    __slots__ = (
+        "_peer", "_session", "_route", "_clock", "_config", "_ack_timer", "busy", "backlog_bytes", "backlog_messages",
+    )
+
+    def __init__(self, peer, *, route, clock, config) -> None:
+        self._peer = peer
+        self._session = peer.session
+        self._route = route
+        self._clock = clock
+        self._config = config
+        self._ack_timer = None
+        #: Busy channels (their reactor's receive returned a Deferred not yet fired), each
+        #: with the messages read since, waiting in order (specs/reactor-api.md 4.1).
+        self.busy: dict[int, collections.deque] = {}
+        #: What the messages held in ``busy`` cost, in bytes: payloads plus
+        #: ``MESSAGE_OVERHEAD`` each; and how many they are.
+        self.backlog_bytes = 0
+        self.backlog_messages = 0
+
+    def deliver(self, channel_id: int, message: bytes) -> None:
+        """Hand a whole message to its reactor, count it, and acknowledge when due; on a
+        busy channel, hold it until the reactor's Deferred fires (specs/reactor-api.md 4.1)."""
+        if self.busy and channel_id in self.busy:
+            self._hold(channel_id, message)
+            return
+        pending = self._hand(channel_id, message)
+        if pending is not None:
+            self.busy[channel_id] = collections.deque()
+            pending.addBoth(self._receive_done, channel_id)
+
+    def _hand(self, channel_id: int, message: bytes):
+        """Route one message, count it delivered: the reactor has it (specs/resume.md 2.3).
+        Returns the Deferred its ``receive`` returned, if that has not fired yet."""
+        pending = self._route(channel_id, self._peer, message)
+        if self._session.record_delivered(channel_id, len(message)):
+            self.send_ack()
+        elif self._ack_timer is None:
+            self._ack_timer = self._clock.callLater(self._config.ack_interval, self.send_ack)
+        return pending
+
+    def _hold(self, channel_id: int, message: bytes) -> None:
+        """Keep a message for a busy channel; at ``reactor_backlog_bytes`` of cost or
+        ``reactor_backlog_messages`` held, stop reading. It is not counted delivered (nor
+        acknowledged) until its reactor has it."""
+        self.busy[channel_id].append(message)
+        self.backlog_bytes += len(message) + MESSAGE_OVERHEAD
+        self.backlog_messages += 1
+        if not self._below_bounds():
+            protocol = self._peer._protocol
+            if protocol is not None:
+                protocol.stop_reading()
+
+    def _below_bounds(self) -> bool:
+        """Whether the backlog is below both bounds (reading may go on)."""
+        config = self._config
+        return self.backlog_bytes < config.reactor_backlog_bytes and self.backlog_messages < config.reactor_backlog_messages
+
+    def _receive_done(self, _, channel_id: int) -> None:
+        """The reactor's Deferred fired: the channel's held messages go on, in order,
+        until one makes it busy again; reading resumes once the backlog is small."""
+        backlog = self.busy.get(channel_id)
+        if backlog is None:
+            return  # the session ended meanwhile
+        pending = None
+        while backlog and pending is None:
+            protocol = self._peer._protocol
+            if protocol is None or protocol.end_reason is not None:
+                break  # not delivered: resent on a resume, or counted undelivered by the peer
+            message = backlog.popleft()
+            self.backlog_bytes -= len(message) + MESSAGE_OVERHEAD
+            self.backlog_messages -= 1
+            pending = self._hand(channel_id, message)
+        if self.busy.get(channel_id) is not backlog:
+            return  # the session ended inside that receive
+        if pending is not None:
+            pending.addBoth(self._receive_done, channel_id)  # busy again, with what is still held
+        else:
+            self.backlog_bytes -= sum(map(len, backlog)) + len(backlog) * MESSAGE_OVERHEAD
+            self.backlog_messages -= len(backlog)
+            del self.busy[channel_id]
+        protocol = self._peer._protocol
+        if protocol is not None and self._below_bounds():
+            protocol.resume_reading()
+
+    def send_ack(self) -> None:
+        """Acknowledge the deliveries not acknowledged yet, if connected."""
+        self.cancel_ack_timer()
+        if self._peer.state is CONNECTED and self._session.ack_pending:
+            protocol = self._peer._protocol
+            protocol.core.send_ack(self._session.take_ack())
+            protocol.pump()
+
+    def cancel_ack_timer(self) -> None:
+        if self._ack_timer is not None and self._ack_timer.active():
+            self._ack_timer.cancel()
+        self._ack_timer = None
+
+    def detach(self) -> None:
+        """The transport is gone: no ack is due on it, and held messages were never
+        counted delivered, so the peer re-sends them on a resume; the channels stay busy
+        until their Deferreds fire."""
+        self.cancel_ack_timer()
+        for backlog in self.busy.values():
+            backlog.clear()
+        self.backlog_bytes = self.backlog_messages = 0
+
+    def end(self) -> None:
+        """The session is over: as ``detach``, and no channel is busy any more."""
+        self.detach()
+        self.busy = {}

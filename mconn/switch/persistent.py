@@ -1,0 +1,294 @@
+"""Persistent dialing: keep nodes connected, re-dial suspended sessions (specs/resume.md 7.1).
+
+Theory of operation. One ``_Redial`` per node id: a ``mconn.switch.dialer.Dialer`` over the
+node's ``AddressPool``, plus the ``dial`` calls waiting for a session with it. A
+persistent one lives as long as the Switch: it re-dials a suspended session (the
+resume of section 4) and, once a session has ended for any reason but the Switch
+stopping, dials again for a fresh one. Others serve one purpose: re-dialing one
+suspended session (they end with it), or a first dial that retries
+(``retry_initial_dial``, keyed by nothing until the node answers).
+
+``PersistentDialing`` sees the rest of the Switch through a few callables only:
+``connect(address, node_id)`` (one attempt, firing with the Peer), ``session_for(node_id)``,
+and ``gave_up``/``failed_attempt`` (the session manager's inputs from the dialer). A
+dial that lost a race to a session being made by another connection (close code
+``duplicate`` or ``simultaneous_dial``) waits up to ``handshake_timeout`` for that
+session and fires with its Peer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from twisted.internet import defer
+
+from mconn.switch import telemetry
+from mconn.core.address import PeerAddress, announced_address, discovered_problem, parse_address
+from mconn.switch.dialer import AddressPool, Dialer
+from mconn.errors import ConnectionLost, DialGaveUp, PeerRejected
+from mconn.core.session_table import PeerState
+
+#: Refusals that mean another connection brings (or has) the session with that node.
+LOST_RACE = frozenset({"duplicate", "simultaneous_dial"})
+
+
+class PersistentDialing:
+    """The re-dialers and waiting dials of one Switch.
+
+    :param connect: ``connect(address, node_id) -> Deferred[Peer]``, one attempt.
+    :param session_for: ``session_for(node_id) -> Peer | None``.
+    :param gave_up: ``gave_up(node_id, why)``, called when a re-dialer gives up.
+    :param failed_attempt: ``failed_attempt(node_id)``, called after each failed attempt.
+    :param reconnect_delay: ``reconnect_delay(attempt) -> seconds``.
+    :param choose_address: returns the ``choose_address(pool, last_info)`` hook in force,
+        or None for the default order.
+    :param listen_addresses: returns this node's listen addresses (``host:port``): a
+        learnt address that leads back to one of them never joins a pool.
+    """
+
+    def __init__(
+        self, *, node_id, clock, config, connect, session_for, gave_up, failed_attempt, reconnect_delay, choose_address,
+        listen_addresses=lambda: (),
+    ):
+        self.node_id = node_id
+        self.clock = clock
+        self.config = config
+        self.connect = connect
+        self.session_for = session_for
+        self.gave_up = gave_up
+        self.reconnect_delay = reconnect_delay
+        self.choose_address = choose_address
+        #: node id -> the _Redial keeping it connected (persistent) or resuming it.
+        self.redials: dict[str, _Redial] = {}
+        #: First dials that retry (retry_initial_dial) without a node id to key them by.
+        self.initial: set = set()
+        #: node id -> Deferreds waiting for a session with it (a dial that lost a race).
+        self._waiters: dict[str, list] = {}
+        self.failed_attempt = failed_attempt
+        self.listen_addresses = listen_addresses
+
+    # -- what Switch.dial and friends ask --------------------------------------------
+
+    def dial(self, target: PeerAddress, *, persistent: bool, retry: bool) -> defer.Deferred:
+        """``Switch.dial`` once the address is checked (specs/resume.md section 7.1)."""
+        existing = self.session_for(target.node_id) if target.node_id is not None else None
+        if persistent:
+            redial = self.redials.get(target.node_id)
+            if redial is None:
+                redial = self.redials[target.node_id] = _Redial(self, target.node_id, [target], persistent=True)
+            else:
+                redial.persistent = True
+                redial.dialer.pool.add_configured(target)
+            if existing is not None:
+                return defer.succeed(existing)
+            return redial.first_session(retry)
+        if existing is not None:
+            return defer.fail(PeerRejected("duplicate", f"node {target.node_id} is already connected"))
+        if retry:
+            redial = _Redial(self, target.node_id, [target], persistent=False, initial=True)
+            self.initial.add(redial)
+            return redial.first_session(True)
+        return self.attempt(target, target.node_id)
+
+    def set_pool(self, node_id: str, addresses) -> None:
+        redial = self.redials.get(node_id)
+        if redial is None or not redial.persistent:
+            raise KeyError(f"node {node_id} is not a persistent peer; dial it with persistent=True first")
+        redial.dialer.set_address_pool([with_node_id(a, node_id) for a in addresses])
+
+    def stop_dialing(self, node_id: str) -> None:
+        redial = self.redials.pop(node_id, None)
+        if redial is not None:
+            redial.stop(DialGaveUp(node_id, "stop_dialing was called"))
+
+    def pool(self, node_id: str):
+        redial = self.redials.get(node_id)
+        return redial.dialer.pool if redial is not None else None
+
+    def is_persistent(self, node_id: str) -> bool:
+        redial = self.redials.get(node_id)
+        return redial is not None and redial.persistent
+
+    def knows(self, node_id: str) -> bool:
+        return node_id in self.redials
+
+    def stop(self) -> None:
+        """The Switch stops: every dialer stops, every waiting dial fails."""
+        for redial in list(self.redials.values()) + list(self.initial):
+            redial.stop(DialGaveUp(redial.node_id, "the node is stopping"))
+        self.redials.clear()
+        self.initial.clear()
+
+    # -- one attempt -----------------------------------------------------------------
+
+    def attempt(self, target: PeerAddress, node_id: str | None) -> defer.Deferred:
+        """One dial attempt; a lost race waits for the winning session."""
+        return self.connect(target, node_id).addErrback(self._lost_race, node_id)
+
+    def _lost_race(self, failure, node_id: str | None):
+        error = failure.value
+        word = getattr(error, "reason", None) if isinstance(error, PeerRejected) else getattr(error, "code", None)
+        if node_id is None or word not in LOST_RACE:
+            return failure
+        peer = self.session_for(node_id)
+        if peer is not None and peer.state is not PeerState.CLOSED:
+            return peer
+        d = defer.Deferred()
+        waiters = self._waiters.setdefault(node_id, [])
+        waiters.append(d)
+
+        def timed_out():
+            if d in waiters:
+                waiters.remove(d)
+                d.callback(failure)
+
+        timer = self.clock.callLater(self.config.handshake_timeout, timed_out)
+        return d.addBoth(_cancelling(timer))
+
+    # -- what the session manager tells ------------------------------------------------
+
+    def session_up(self, peer) -> None:
+        """A session started or resumed: fire the dials that wait for it; learn the
+        node's listen address for its pool, if the rules of learnt addresses allow it
+        (specs/pex.md section 3.5; the dialer tries it after the configured ones)."""
+        for d in self._waiters.pop(peer.node_id, []):
+            d.callback(peer)
+        redial = self.redials.get(peer.node_id)
+        if redial is None or self.config.ignore_discovered_addresses:
+            return
+        source_host, allow_private = peer.remote_host, self.config.allow_discovered_private
+        address = announced_address(peer.node_id, peer.listen_address, remote_host=source_host)
+        problem = discovered_problem(
+            address, source_host=source_host, allow_private=allow_private, listen_addresses=self.listen_addresses()
+        ) if address is not None else "none"
+        if problem is not None:
+            return  # specs/pex.md 3.5: never link-local, metadata, private (by default)...
+        redial.dialer.pool.add_discovered(address)
+
+    def redial(self, peer) -> None:
+        """The side that dialed re-dials a suspended session (specs/resume.md section 4)."""
+        redial = self.redials.get(peer.node_id)
+        if redial is None:
+            redial = self.redials[peer.node_id] = _Redial(self, peer.node_id, [peer.address], persistent=False)
+        redial.start()
+
+    def session_settled(self, node_id: str, *, stop_dialer: bool) -> None:
+        """A session resumed or ended: its re-dialer stops (``stop_dialer``), and is
+        forgotten unless persistent."""
+        redial = self.redials.get(node_id)
+        if stop_dialer and redial is not None:
+            redial.dialer.stop()
+            if not redial.persistent:
+                del self.redials[node_id]
+
+    def session_ended(self, node_id: str) -> None:
+        """A session ended (not by the Switch stopping): a persistent node is dialed again."""
+        redial = self.redials.get(node_id)
+        if redial is not None and redial.persistent:
+            redial.start()
+
+
+class _Redial:
+    """The Dialer of one node (or one address), and the ``dial`` calls waiting on it."""
+
+    def __init__(self, owner: PersistentDialing, node_id: str | None, addresses, *, persistent: bool, initial=False):
+        self.owner = owner
+        self.node_id = node_id
+        self.persistent = persistent
+        self.initial = initial
+        self.ever_connected = False
+        self._waiters: list[tuple[defer.Deferred, bool]] = []
+        config = owner.config
+        pool = AddressPool(
+            addresses, retain_order=config.retain_address_order, ignore_discovered=config.ignore_discovered_addresses
+        )
+        self.dialer = Dialer(
+            clock=owner.clock,
+            connect=lambda address: owner.attempt(address, node_id),
+            pool=pool,
+            reconnect_delay=lambda attempt: owner.reconnect_delay(attempt),
+            max_reconnects=config.max_reconnects,
+            choose_address=self._choose,
+            on_attempt=self._attempted,
+            on_connected=self._connected,
+            on_give_up=self._gave_up,
+        )
+
+    def start(self) -> None:
+        self.dialer.start()
+
+    def stop(self, error: Exception) -> None:
+        self.dialer.stop()
+        self._fail_waiters(error, everyone=True)
+
+    def first_session(self, retry: bool) -> defer.Deferred:
+        d = defer.Deferred()
+        self._waiters.append((d, retry))
+        self.start()
+        return d
+
+    def _choose(self, pool, last_info):
+        hook = self.owner.choose_address()
+        return hook(pool, last_info) if hook is not None else None
+
+    def _attempted(self, info: dict) -> None:
+        telemetry.emit("dial_attempt", node_id=self.owner.node_id, peer_id=self.node_id, **info)
+        if info["result"] != "connected":
+            self.owner.failed_attempt(self.node_id)
+        if info["result"] == "connected" or self.ever_connected or not self._waiters:
+            return  # a re-dial of a session tries until max_reconnects or the grace ends
+        state = self.dialer.pool.get(info["address"])
+        error = state.last_error if state is not None and state.last_error is not None else ConnectionLost(info["error"])
+        self._fail_waiters(error, everyone=False)
+        if not self._waiters:
+            self._forget()
+            self.dialer.stop()
+
+    def _connected(self, peer, state) -> None:
+        self.ever_connected = True
+        waiters, self._waiters = self._waiters, []
+        for d, _ in waiters:
+            d.callback(peer)
+        if not self.persistent:
+            self._forget()
+
+    def _gave_up(self, reason: str) -> None:
+        telemetry.emit("dial_gave_up", node_id=self.owner.node_id, peer_id=self.node_id, reason=reason)
+        self._forget()
+        self._fail_waiters(DialGaveUp(self.node_id, reason), everyone=True)
+        self.owner.gave_up(self.node_id, reason)
+
+    def _forget(self) -> None:
+        owner = self.owner
+        if self.node_id is not None and owner.redials.get(self.node_id) is self:
+            del owner.redials[self.node_id]
+        owner.initial.discard(self)
+
+    def _fail_waiters(self, error: Exception, *, everyone: bool) -> None:
+        keep = []
+        for d, retry in self._waiters:
+            if everyone or not retry:
+                d.errback(error)
+            else:
+                keep.append((d, retry))
+        self._waiters = keep
+
+
+def with_node_id(address, node_id: str) -> PeerAddress:
+    """``address`` (text or PeerAddress) as an address of ``node_id``.
+
+    :raises ValueError: if it does not parse or names another node.
+    """
+    parsed = address if isinstance(address, PeerAddress) else parse_address(address)
+    if parsed.node_id is not None and parsed.node_id != node_id:
+        raise ValueError(f"address {address} names node {parsed.node_id}, not {node_id}")
+    return dataclasses.replace(parsed, node_id=node_id)
+
+
+def _cancelling(timer):
+    def cancel(result):
+        if timer.active():
+            timer.cancel()
+        return result
+
+    return cancel

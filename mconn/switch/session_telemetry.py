@@ -1,0 +1,62 @@
+"""The telemetry of a session's lifecycle: ``session_started``, ``session_suspended``,
+``session_resumed`` and ``session_ended`` (specs/telemetry.md section 4).
+
+The ``SessionManager`` (mconn/switch/session_manager.py) calls one of these where the table of
+``mconn.core.session_table`` says a session started, or where a row's ``NOTIFY_SUSPENDED``,
+``RESUME`` or ``END`` effect runs; each writes one event with the fields that section
+lists for it.
+"""
+
+from __future__ import annotations
+
+from mconn.switch import telemetry
+
+
+def started(node_id: str, peer, proto, refusal: str) -> None:
+    """A fresh session on ``proto``; ``refusal`` says why a resume was refused, if one was.
+    (``_emit``'s fields written out: one per handshake of a connect storm.)"""
+    telemetry.emit(
+        "session_started", node_id=node_id, peer_id=peer.node_id, session_id=peer.session.id.hex(),
+        remote_address=proto.remote_address,
+        direction="outbound" if peer.is_outbound else "inbound",
+        resume_refused=refusal,
+    )
+
+
+def suspended(node_id: str, peer, reason: Exception, grace: float) -> None:
+    """The transport of ``peer`` broke for ``reason``; it is held for ``grace`` seconds."""
+    _emit(
+        "session_suspended", node_id, peer,
+        reason_type=type(reason).__name__,
+        reason=str(reason),
+        grace=grace,
+    )
+
+
+def resumed(node_id: str, peer, proto, resend: dict) -> None:
+    """``peer`` carries on on ``proto``, re-sending ``resend`` (messages by channel)."""
+    _emit(
+        "session_resumed", node_id, peer,
+        remote_address=proto.remote_address,
+        resent=sum(len(messages) for messages in resend.values()),
+        resumes=peer.resumes,
+    )
+
+
+def ended(node_id: str, peer, reason: Exception) -> None:
+    """The session of ``peer`` ended for ``reason`` (its ``unconfirmed`` counts are set)."""
+    _emit(
+        "session_ended", node_id, peer,
+        reason_type=type(reason).__name__,
+        reason=str(reason),
+        # The telemetry field keeps its name (the pipeline reads it); it counts messages
+        # not confirmed delivered (specs/telemetry.md, session_ended).
+        undelivered=[{"channel_id": c, "count": n} for c, n in sorted(reason.unconfirmed.items())],
+        resumes=peer.resumes,
+        channels=telemetry.session_counters(peer.session),
+    )
+
+
+def _emit(event: str, node_id: str, peer, **fields) -> None:
+    """One event of ``peer``'s session: node_id, peer_id and session_id, then ``fields``."""
+    telemetry.emit(event, node_id=node_id, peer_id=peer.node_id, session_id=peer.session.id.hex(), **fields)
