@@ -107,7 +107,7 @@ class Role:
         # Only the --ack-* fields given: the code before the session layer has none.
         fields = {k: v for k, v in vars(self.args).items() if k.startswith("ack_") and v is not None}
         # Experiments: MCONN_BENCH_CONFIG='{"write_batch_bytes": 262144}' sets any Config
-        # field of both mconn roles (bench/RESULTS.md names it next to such figures).
+        # field of both mconn roles (bench/history/*.md name it next to such figures).
         fields.update(json.loads(os.environ.get("MCONN_BENCH_CONFIG") or "{}"))
         if self.args.max_packet_payload is not None:
             fields["max_packet_payload"] = self.args.max_packet_payload

@@ -39,7 +39,7 @@ class Config:
     #: smaller. Within it a sender cuts packets of a quarter of write_ahead_time at the
     #: link's measured drain rate, at least 1024 (16 KiB where it is not measured: TLS, WebSocket),
     #: so a slow link keeps small packets; 64 KiB lets fast links carry bulk with a
-    #: fraction of the per-packet work of CometBFT's 1024 (bench/RESULTS.md). At least
+    #: fraction of the per-packet work of CometBFT's 1024 (bench/history/2026-11-24-evening.md). At least
     #: MIN_PACKET_PAYLOAD (1024), and a hello announcing less is refused.
     max_packet_payload: int = 65536
     #: Seconds ``Peer.send`` waits for room in a full queue before it fires False
@@ -119,7 +119,7 @@ class Config:
     tcp_nodelay: bool = True
     #: TCP_NOTSENT_LOWAT in bytes (None: leave the kernel default). Bytes handed to the
     #: kernel can no longer be reordered by priority; without this bound Linux queues
-    #: megabytes of bulk data ahead of a high-priority message (bench/RESULTS.md).
+    #: megabytes of bulk data ahead of a high-priority message (bench/history/2026-11-22.md).
     tcp_notsent_lowat: int | None = 16384
     #: Seconds a broken session stays suspended, waiting to be resumed (0: no resume);
     #: 30 s outlasts a Wi-Fi roam or a restart of a peer under a supervisor.

@@ -26,7 +26,7 @@ of such pieces from one read that add up to half of it) is kept as a view of tha
 not copied until the join; other pieces are copied into a bytearray between the
 views, so what a partial message keeps alive is at most about twice its bytes. (A
 BytesIO grew to the exact size at every 64 KiB write, each growth a realloc that
-copied or faulted in the whole buffer: ~0.4 ms per 1 MiB message, bench/RESULTS.md.)
+copied or faulted in the whole buffer: ~0.4 ms per 1 MiB message, bench/history/2026-11-24-night.md.)
 """
 
 from __future__ import annotations

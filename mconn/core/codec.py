@@ -15,7 +15,7 @@ the peer is dropped as for a malformed packet, whatever the reactor error policy
 ``peer.send``/``try_send`` encode objects; ``bytes`` (and bytearray, memoryview) are
 taken as already encoded, so a message can be encoded once and sent to many peers. Raw
 channels (the default) pay nothing: the Switch routes them straight to ``receive`` and
-the send path converts only what is not ``bytes`` (bench/RESULTS.md, typed messages).
+the send path converts only what is not ``bytes`` (bench/history/2026-11-24-afternoon.md, typed messages).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Theory of operation
 A packet is never split: once the scheduler has cut one, a message queued after it on a
 higher-priority channel waits for all of it. So the packet size is the grain of the
 priority guarantee, and large packets are what makes bulk cheap (the per-packet work of
-1 KiB packets bounded bulk throughput, bench/RESULTS.md). The sender therefore cuts
+1 KiB packets bounded bulk throughput, bench/history/2026-11-24-evening.md). The sender therefore cuts
 packets of a quarter of what a write carries at the link's drain rate (``PER_WRITE``
 packets per ``write_ahead_time``, the budget that sizes the writes, so the packet that
 crosses a write's budget adds at most a quarter of it), never below ``FLOOR`` and never

@@ -24,7 +24,7 @@ write that ran out of data says nothing about the link, and restarts the window)
 not say, the bytes the transport took (an over-estimate while the path's queues fill).
 Samples are averaged with weight 1/4. A counter over a window, rather than the kernel's
 per-acknowledgement ``tcpi_delivery_rate``, because the latter jumps to several times the
-link's rate when acknowledgements bunch up (bench/RESULTS.md, issue 13). On loopback the
+link's rate when acknowledgements bunch up (bench/history/2026-11-24-afternoon.md, issue 13). On loopback the
 rate is hundreds of MB/s and a write stays ``write_batch_bytes``; at 20 Mbit/s it is
 about 2.5 KB, at 2 Mbit/s one packet.
 """

@@ -3,7 +3,7 @@
 A Peer used to build these per session: three small dicts per handshake that never
 change once the Switch is built (its channels are fixed at construction). The
 ``SessionManager`` builds one ``ChannelShape`` and every Peer refers to it
-(bench/RESULTS.md, connect storm round 5).
+(bench/history/2026-11-24-night.md, connect storm round 5).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A listener's inbound handshake does its per-peer work once (issue 13 part 3, bench/
-RESULTS.md round 6): the pending count of Admission ends without a callback on the
+history/2026-11-25.md round 6): the pending count of Admission ends without a callback on the
 handshake Deferred, the session answer comes from bytes encoded once, and peers that
 announce the same channels share one table of message limits. The behaviour is the same.
 """

@@ -1,4 +1,4 @@
-"""A Peer is light until used (bench/RESULTS.md, connect storm round 5): slotted, its
+"""A Peer is light until used (bench/history/2026-11-24-night.md, connect storm round 5): slotted, its
 receiving side built at the first message it receives, our channels' capacities and codecs
 shared by every Peer of a Switch (mconn.switch.channel_shape). Over mconn.testing's in-memory network.
 """
