@@ -94,6 +94,8 @@ class SessionManager:
     def __init__(self, *, node_id, clock, config, channels, admission, dialing, notify, route, dialing_to) -> None:
         self.node_id = node_id
         self.clock = clock
+        #: Unacknowledged bytes of all sessions (``Config.max_unacked_bytes``; follows ``config``).
+        self.budget = Budget(config.max_unacked_bytes)
         self.config = config
         self.channels = channels
         #: What every Peer shares about our channels (mconn.switch.channel_shape).
@@ -109,8 +111,6 @@ class SessionManager:
         #: node id -> counters that outlive sessions (PeerStats, status page).
         self.node_counters = NodeCounters()
         self.stopping = False
-        #: Unacknowledged bytes of all sessions (``Config.max_unacked_bytes``).
-        self.budget = Budget(config.max_unacked_bytes)
         self._grace_timers: dict = {}
         self._probes = DuplicateProbes(self)
         self._limits = SessionLimits(self, admission)
@@ -123,6 +123,18 @@ class SessionManager:
             Effect.RESUME: self._resume_effect,
             Effect.END: self._end_effect,
         }
+
+    @property
+    def config(self):
+        """The Switch's Config. A new one applies to sessions and connections made from
+        then on, and at once to the node-wide budget of unacknowledged bytes
+        (``max_unacked_bytes``), which every session shares."""
+        return self._config
+
+    @config.setter
+    def config(self, config) -> None:
+        self._config = config
+        self.budget.limit = config.max_unacked_bytes
 
     # -- the table -------------------------------------------------------------------
 

@@ -163,7 +163,8 @@ class Switch(Service):
 
     @property
     def config(self) -> Config:
-        """The Config; setting it applies to every part, for connections made from then on."""
+        """The Config; setting it applies to every part: to connections and sessions made
+        from then on, and at once to the node-wide budget of unacknowledged bytes."""
         return self._config
 
     @config.setter

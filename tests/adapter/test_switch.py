@@ -16,6 +16,7 @@ from helpers import (
     hello_packet,
     msg_packet,
     new_node_id,
+    open_switch_connection,
 )
 from mconn import (
     ChannelDescriptor,
@@ -520,3 +521,28 @@ def test_stop_service_reports_each_sessions_own_undelivered_counts(network):
     assert reasons[left.switch.node_id] is not reasons[right.switch.node_id]
     assert reasons[left.switch.node_id].unconfirmed == {0x20: 2}
     assert reasons[right.switch.node_id].unconfirmed == {0x20: 1}
+
+
+
+def accepted_until_refused(h, size: int = 4000, at_most: int = 200) -> int:
+    """try_send ``size``-byte messages on 0x20 until one is refused: how many were taken."""
+    for count in range(at_most):
+        if not h.peer.try_send(0x20, bytes(size)):
+            return count
+    return at_most
+
+
+def test_a_new_config_reaches_the_node_wide_budget_of_unacknowledged_bytes():
+    """``switch.config = ...`` applies at once to the budget every session shares: past
+    the channel's reserve, a node whose max_unacked_bytes was lowered after it was made
+    refuses where one made with that limit does, and a node with the old limit does not."""
+    channels = [ChannelDescriptor(0x20, send_queue_capacity=256, recv_message_capacity=1 << 20)]
+    roomy = Config(max_unacked_bytes=1 << 30, recovery_buffer_bytes=1 << 30)
+    tight = roomy.replace(max_unacked_bytes=5_000)
+    changed = open_switch_connection(channels=channels, config=roomy)
+    changed.switch.config = tight
+    made_tight = open_switch_connection(channels=channels, config=tight)
+    left_roomy = open_switch_connection(channels=channels, config=roomy)
+    limit = accepted_until_refused(made_tight)
+    assert accepted_until_refused(changed) == limit
+    assert accepted_until_refused(left_roomy) > limit
