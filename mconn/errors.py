@@ -46,8 +46,8 @@ class MConnError(Exception):
 
 
 def warn_renamed(old: str, new: str) -> None:
-    """Warn that ``old`` is the deprecated name of ``new`` (issue 15: the count is of
-    messages not confirmed delivered, some of which the peer may have)."""
+    """Warn that ``old`` is the deprecated name of ``new`` (the count is of messages
+    not confirmed delivered, some of which the peer may have received)."""
     warnings.warn(
         f"{old} is deprecated: it counts messages not confirmed delivered, some of which the peer "
         f"may have received; use {new}",

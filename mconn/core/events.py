@@ -29,7 +29,7 @@ class MessageReceived:
 
     Not frozen, unlike the other events: one is made per message, and a frozen
     dataclass's ``__init__`` (``object.__setattr__`` per field) costs twice as much
-    (bench/history/2026-11-22.md, "Session cost, round 2"). Nothing changes it after it is made.
+    (bench/history/2026-11-22.md, "MessageReceived not frozen"). Nothing changes it after it is made.
     """
 
     channel_id: int

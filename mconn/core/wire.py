@@ -234,7 +234,7 @@ def decode_hello(body: bytes) -> Hello:
     channels, each once, each with priority >= 1 (specs/handshake.md section 2).
 
     Read by hand (``_hello_parts``: construct took ~0.45 ms per hello, a handshake's
-    largest cost, issue 13 part 3); a body the hand-written reader does not take is
+    largest cost in a connect storm); a body the hand-written reader does not take is
     parsed with ``HelloBody``, so every error (and its message) is the declaration's.
     tests/core/test_fast_hello.py proves the two identical on valid and malformed bodies.
     """

@@ -4,7 +4,7 @@ Each ``MConnectionProtocol`` follows its core's next deadline (a ping due, a pon
 handshake overdue, a send-rate budget). With one Twisted DelayedCall each, a listener
 with 10,000 peers kept 10,000 of them in the reactor's heap, each with three bound
 methods for the garbage collector to walk, and a connect storm paid for one per
-handshake (bench/history/2026-11-25.md, handshakes round 7). ``Timers`` keeps the deadlines in
+handshake (bench/history/2026-11-25.md, "read at accept, one timer per clock"). ``Timers`` keeps the deadlines in
 one heap of entries ``[when, number, protocol]`` and one DelayedCall for the earliest, so
 the timing is exactly that of one DelayedCall per connection: a protocol's timer runs
 at its deadline, or as late as the event loop is (which the protocol measures); timers

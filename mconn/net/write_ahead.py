@@ -5,9 +5,9 @@ Theory of operation
 -------------------
 Bytes written into the transport are beyond the scheduler's reach: a high-priority
 message waits behind them. Twisted's TCP transport pauses its producer only past its
-``bufferSize`` (64 KiB) and resumes it only once its buffer is empty, so the protocol
-used to leave up to 64 KiB in user space ahead of the next message, on top of the
-kernel's unsent queue (``tcp_notsent_lowat``): 33 ms at 20 Mbit/s. Instead the protocol
+``bufferSize`` (64 KiB) and resumes it only once its buffer is empty, so a protocol paused
+only by Twisted would leave up to 64 KiB in user space ahead of the next message, on top
+of the kernel's unsent queue (``tcp_notsent_lowat``): 33 ms at 20 Mbit/s. Instead the protocol
 writes at most ``W`` bytes, ``write_ahead_time`` seconds at the link's drain rate,
 between two moments when it knows the transport empty: once its writes since the last
 one reach ``W`` it pauses itself, and Twisted resumes it once the kernel has taken them
@@ -24,7 +24,8 @@ write that ran out of data says nothing about the link, and restarts the window)
 not say, the bytes the transport took (an over-estimate while the path's queues fill).
 Samples are averaged with weight 1/4. A counter over a window, rather than the kernel's
 per-acknowledgement ``tcpi_delivery_rate``, because the latter jumps to several times the
-link's rate when acknowledgements bunch up (bench/history/2026-11-24-afternoon.md, issue 13). On loopback the
+link's rate when acknowledgements bunch up (bench/history/2026-11-24-afternoon.md, "Priority under a shaped
+bottleneck"). On loopback the
 rate is hundreds of MB/s and a write stays ``write_batch_bytes``; at 20 Mbit/s it is
 about 2.5 KB, at 2 Mbit/s one packet.
 """

@@ -27,7 +27,7 @@ accepts a connection its hello is usually in the socket already. An inbound plai
 connection reads once as soon as it is set up, instead of a turn of the event loop
 later: the hello is handled there, and the listener's hello and session answer go out
 in one write-through send, with no watch for writability and no later read and write
-callbacks (bench/history/2026-11-25.md, handshakes round 7). Nothing there yet, an end or an error
+callbacks (bench/history/2026-11-25.md, "read at accept, one timer per clock"). Nothing there yet, an end or an error
 are left to the reactor, which finds them as it always does.
 """
 

@@ -1,9 +1,9 @@
 """What every Peer of a Switch shares about the Switch's own channels (``ChannelShape``).
 
-A Peer used to build these per session: three small dicts per handshake that never
-change once the Switch is built (its channels are fixed at construction). The
+Built per session, these would be three small dicts per handshake that never change
+once the Switch is built (its channels are fixed at construction). The
 ``SessionManager`` builds one ``ChannelShape`` and every Peer refers to it
-(bench/history/2026-11-24-night.md, connect storm round 5).
+(bench/history/2026-11-24-night.md, "Connect storm": lighter peers).
 """
 
 from __future__ import annotations

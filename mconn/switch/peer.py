@@ -225,7 +225,7 @@ class Peer:
         While connected, what does not depend on the message (the session's state, the
         channel, waiting sends) is checked once per batch and again after each write,
         not once per message; each message is then one size test, one ``Session.admit``
-        and one append to the channel's queue (issue 13's per-message cost). A list of
+        and one append to the channel's queue (the per-message cost of a batch). A list of
         bytes that fits the queue and the recovery buffer whole is taken in one step
         (``Session.admit_many``).
 

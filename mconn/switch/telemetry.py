@@ -62,7 +62,7 @@ def emit(event: str, **fields) -> None:
 
     The event is the one ``Logger.info`` (or ``warn``) would emit, built here: the
     Logger's check of its level and keyword plumbing cost a connection storm more than
-    the record's own fields (bench/history/2026-11-24-evening.md, handshakes round 3).
+    the record's own fields (bench/history/2026-11-24-evening.md, "Handshakes, round trip and bulk").
 
     A ``session_id`` field is given as the id's hex and logged as the session's
     reference (``mconn.core.session_ref``): the id is the resume secret in plaintext mode.
