@@ -296,7 +296,7 @@ def main() -> None:
             lines += summary(name, results[name])
             print("\n".join(summary(name, results[name])), flush=True)
         os.makedirs(OUT_DIR, exist_ok=True)
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
         path = os.path.join(OUT_DIR, f"many-peers-{stamp}.json")
         with open(path, "w") as out:
             json.dump({"settings": vars(args), "results": results}, out, indent=1)

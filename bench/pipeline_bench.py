@@ -720,7 +720,7 @@ def main(argv=None) -> int:
     text = table(args, rows)
     print(text)
     os.makedirs(OUT_DIR, exist_ok=True)
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d-%H%M%S")
     with open(os.path.join(OUT_DIR, f"pipeline-{stamp}.json"), "w") as f:
         record = {"args": vars(args), "rows": rows, "table": text, "loadavg": os.getloadavg()}
         json.dump(record, f, indent=1, default=str)

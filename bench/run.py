@@ -381,7 +381,7 @@ def orchestrate(args) -> int:
     digest = report.source_digest(MCONN_DIR)
     load = os.getloadavg()
     doc = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": " ".join([".venv/bin/python", "bench/run.py"] + sys.argv[1:]),
         "machine": report.machine(),
         "mconn_sources": digest,

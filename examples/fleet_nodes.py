@@ -125,7 +125,7 @@ class _Process(protocol.ProcessProtocol):
 class Node:
     """One node of the fleet: its key, its directory, and its twistd process (one at a time)."""
 
-    def __init__(self, fleet: "Fleet", index: int) -> None:
+    def __init__(self, fleet: Fleet, index: int) -> None:
         self.fleet = fleet
         self.name = f"n{index}"
         self.directory = fleet.run_dir / "nodes" / self.name

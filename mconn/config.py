@@ -303,7 +303,7 @@ class Config:
         if not (type(self.stats_interval) in (int, float) and self.stats_interval == 0):
             _check_positive("stats_interval", self.stats_interval)
 
-    def replace(self, **changes) -> "Config":
+    def replace(self, **changes) -> Config:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 

@@ -258,7 +258,7 @@ class BlocksyncReactor(Reactor):
         serving.waiting.append(height)
         self._serve(serving)
 
-    def _serve(self, serving: "_Serving") -> None:
+    def _serve(self, serving: _Serving) -> None:
         """Send the peer its requested blocks, one ``peer.send`` waiting at a time: a block
         is encoded (a copy of up to MAX_BLOCK_BYTES) only once the channel took the one
         before, so the work follows the bytes the peer reads, not the requests it sends.
@@ -276,7 +276,7 @@ class BlocksyncReactor(Reactor):
         finally:
             serving.looping = False
 
-    def _served(self, accepted: bool, serving: "_Serving") -> None:
+    def _served(self, accepted: bool, serving: _Serving) -> None:
         serving.busy = False  # accepted or not (send_timeout, the session ended): the next
         if self._serving.get(serving.peer.node_id) is serving:
             self._serve(serving)

@@ -85,7 +85,7 @@ def check(node_id: str, expected: int, message: bytes) -> int:
 class _Stream:
     """The bulk stream to one peer (see the theory of operation)."""
 
-    def __init__(self, owner: "BulkReactor", peer) -> None:
+    def __init__(self, owner: BulkReactor, peer) -> None:
         self.owner = owner
         self.peer = peer
         self.clock = owner.switch.clock

@@ -299,7 +299,7 @@ class Telemetry:
     def __init__(self) -> None:
         self.observer = EventLoggingObserver()
 
-    def start(self) -> "Telemetry":
+    def start(self) -> Telemetry:
         globalLogPublisher.addObserver(self.observer)
         return self
 

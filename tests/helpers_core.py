@@ -146,7 +146,7 @@ class CorePair:
         channels_a: list[ChannelDescriptor] | None = None,
         channels_b: list[ChannelDescriptor] | None = None,
         now: float = 0.0,
-    ) -> "CorePair":
+    ) -> CorePair:
         a = make_connection(node_id=NODE_A, channels=channels_a, config=config_a, now=now)
         b = make_connection(node_id=NODE_B, channels=channels_b, config=config_b, now=now)
         return cls(a, b)

@@ -29,7 +29,7 @@ class Input(enum.Enum):
     TRANSPORT_LOST = "transport lost"
 
 
-S, I = State, Input
+S, I = State, Input  # noqa: E741 -- one letter each keeps a table row on one line
 #: (state, input) -> next state. Anything missing is a protocol error.
 TRANSITIONS: dict[tuple[State, Input], State] = {
     (S.HANDSHAKING, I.HELLO): S.OPEN,

@@ -144,7 +144,8 @@ class SessionStateError(LocalProtocolError):
         self.input = input_
 
 
-S, I, E, D, L, B = PeerState, SessionInput, Effect, Side.DIALER, Side.LISTENER, Side.BOTH
+# One letter each keeps a table row on one line.
+S, I, E, D, L, B = PeerState, SessionInput, Effect, Side.DIALER, Side.LISTENER, Side.BOTH  # noqa: E741
 _SUSPEND = (E.DETACH, E.NOTIFY_SUSPENDED, E.START_GRACE, E.REDIAL)
 _REPLACE = (E.DROP_TRANSPORT, E.DETACH, E.END)
 

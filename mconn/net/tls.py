@@ -253,7 +253,7 @@ class TLSOptions:
 def self_signed_certificate(node_key: NodeKey, *, now: datetime.datetime | None = None) -> x509.Certificate:
     """The identity-mode certificate of ``node_key`` (specs/tls.md section 3): subject and
     issuer CN = the node id, the node's Ed25519 public key, signed by that key."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, node_key.node_id)])
     return (
         x509.CertificateBuilder()
@@ -315,7 +315,7 @@ def _read_certificates(path: str, what: str) -> list[x509.Certificate]:
 
 def _check_validity(chain: list[x509.Certificate], path: str, now: datetime.datetime | None = None) -> None:
     """Refuse to start with a certificate of our own that peers would refuse for its dates."""
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     for depth, certificate in enumerate(chain):
         start, end = certificate.not_valid_before_utc, certificate.not_valid_after_utc
         if start <= now <= end:

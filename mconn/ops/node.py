@@ -228,7 +228,7 @@ def _check_validity(setting: Setting, now: datetime.datetime | None = None) -> N
         leaf = x509.load_pem_x509_certificates(data)[0]
     except ValueError:
         return
-    now = now or datetime.datetime.now(datetime.timezone.utc)
+    now = now or datetime.datetime.now(datetime.UTC)
     if now > leaf.not_valid_after_utc:
         raise ConfigurationError(
             f"{setting.where}: certificate {setting.value} expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M} UTC; "

@@ -44,7 +44,7 @@ def parse_time(text: str) -> float:
             f"{text!r} is neither seconds since the epoch nor an ISO 8601 time"
         ) from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=datetime.timezone.utc)
+        moment = moment.replace(tzinfo=datetime.UTC)
     return moment.timestamp()
 
 

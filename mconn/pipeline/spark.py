@@ -170,7 +170,7 @@ class Progress:
         self.done = 0
         self.timings: dict[str, float] = {}
 
-    def stage(self, name: str) -> "_Stage":
+    def stage(self, name: str) -> _Stage:
         """A context manager for one stage; set ``.detail`` on it to say what it made."""
         return _Stage(self, name)
 
@@ -190,7 +190,7 @@ class _Stage:
         self.name = name
         self.detail = ""
 
-    def __enter__(self) -> "_Stage":
+    def __enter__(self) -> _Stage:
         p = self.progress
         p.done += 1
         self.prefix = f"[{p.done}/{p.total}] {self.name}"

@@ -10,7 +10,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionRefusedError
 from twisted.test import iosim
 
-from mconn import ChannelDescriptor, Config, DialGaveUp, PeerClosed, SessionRejected
+from mconn import ChannelDescriptor, Config, DialGaveUp, SessionRejected
 from mconn.net.protocol import MConnectionFactory
 from mconn.testing import MemoryNetwork
 

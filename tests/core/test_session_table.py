@@ -43,7 +43,7 @@ SPEC_TEXT = (pathlib.Path(__file__).resolve().parents[2] / "specs" / "resume.md"
 #: The two tables: section 3 and section 3.1.
 MARKERS = ("session-states", "session-states-more")
 
-S, I = PeerState, SessionInput
+S, I = PeerState, SessionInput  # noqa: E741 -- the names mconn/core/session_table.py uses
 
 
 # -- the spec's tables ---------------------------------------------------------------------

@@ -14,7 +14,8 @@ hypothesis. So one generator serves both. Imports no Twisted and no hypothesis.
 from __future__ import annotations
 
 import dataclasses
-from typing import Protocol, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 

@@ -30,7 +30,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mconn.core import wire
+from mconn.core import wire  # noqa: E402
 from mconn.core.wire import HelloTag, PacketType  # noqa: E402
 from reactors.chat_wire import FILE  # noqa: E402
 from tests.fuzz.declared import Reader  # noqa: E402

@@ -233,7 +233,7 @@ def hoard(target: Target, index: int, deadline: float, counts: dict) -> None:
                 try:
                     if not sock.recv(1 << 16):
                         break
-                except socket.timeout:
+                except TimeoutError:
                     continue
         except OSError:
             pass
@@ -346,7 +346,7 @@ def cut_small(peer: Wire, sock: socket.socket, deadline: float) -> bool:
     while seen < 65536 and time.monotonic() < until:
         try:
             data = peer.recv()
-        except socket.timeout:
+        except TimeoutError:
             continue
         if not data:
             break

@@ -42,7 +42,7 @@ class Cell:
         self.switch.startService()
         self.address: PeerAddress | None = None
 
-    async def listen(self) -> "Cell":
+    async def listen(self) -> Cell:
         tcp = f"{'tcp6' if ':' in self.host else 'tcp'}:0:interface={self.host.replace(':', chr(92) + ':')}"
         ws = self.transport in ("ws", "wss")
         port = await self.switch.listen(f"{self.transport}:{tcp}:path={PATH}" if ws else tcp)

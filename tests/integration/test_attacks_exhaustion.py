@@ -77,7 +77,7 @@ def hello_read_and_drop(port: int, source: str, *, read: int = 0) -> None:
         while (got < read or not answered) and time.monotonic() < deadline:
             try:
                 data = sock.recv(1 << 16)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             if not data:
                 break

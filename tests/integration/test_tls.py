@@ -57,7 +57,7 @@ CHANNELS = [
 ]
 CONFIG = Config(stats_interval=0, max_reconnect_delay=0.05)
 CLOSE_LINGER = Config().close_linger
-NOW = datetime.datetime.now(datetime.timezone.utc)
+NOW = datetime.datetime.now(datetime.UTC)
 DAY = datetime.timedelta(days=1)
 
 

@@ -326,7 +326,7 @@ def pki(tmp_path):
 
     import datetime
 
-    now, day = datetime.datetime.now(datetime.timezone.utc), datetime.timedelta(days=1)
+    now, day = datetime.datetime.now(datetime.UTC), datetime.timedelta(days=1)
     return {
         "ca": str(ca.write(tmp_path / "ca.pem")),
         "cert": cert("node.pem"),

@@ -191,7 +191,7 @@ def test_an_expired_own_certificate_stops_twistd_saying_so(tmp_path):
     ca.write(tmp_path / "ca.pem")
     key = NodeKey.generate()
     key.save(tmp_path / "node.key")
-    now, day = datetime.datetime.now(datetime.timezone.utc), datetime.timedelta(days=1)
+    now, day = datetime.datetime.now(datetime.UTC), datetime.timedelta(days=1)
     expired = ca.issue(key, not_before=now - 10 * day, not_after=now - day)
     (tmp_path / "node.pem").write_bytes(expired.public_bytes(serialization.Encoding.PEM))
     result = run_twistd(

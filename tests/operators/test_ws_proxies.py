@@ -114,7 +114,7 @@ def workdir():
 
 def write_ca_and_server_cert(directory: pathlib.Path, name: str) -> tuple[pathlib.Path, pathlib.Path, pathlib.Path]:
     """A CA, and a certificate it signs for localhost and 127.0.0.1; (ca, cert, key) paths."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} test CA")])
     ca = (

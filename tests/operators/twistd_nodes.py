@@ -71,7 +71,7 @@ class Node:
         self.output = directory / f"{name}.out"
         self.process: subprocess.Popen | None = None
 
-    def start(self, *args: str) -> "Node":
+    def start(self, *args: str) -> Node:
         with open(self.output, "wb") as out:
             self.process = subprocess.Popen(
                 [str(TWISTD), "-n", "--pidfile", "", "mconn", "--key", str(self.key), "--create-key",

@@ -49,7 +49,7 @@ def record(event: str, t: float, **fields) -> str:
 
 
 class Node:
-    def __init__(self, fleet: "FleetLog", name: str, port: int, current: bool = False) -> None:
+    def __init__(self, fleet: FleetLog, name: str, port: int, current: bool = False) -> None:
         self.fleet = fleet
         self.name = name
         self.id = node_id(name)
@@ -128,13 +128,13 @@ class Link:
 
     def _connect(self, t: float) -> None:
         self._port = next(self._inbound_port)
-        d, l = self.dialer, self.listener
-        d.emit("connection_made", t, direction="outbound", remote_address=l.address)
-        l.emit("connection_made", t + self.rtt / 2, direction="inbound", remote_address=self._remote(l))
-        for node, at in ((l, t + self.rtt / 2 + 0.0001), (d, t + self.rtt)):
+        dialer, listener = self.dialer, self.listener
+        dialer.emit("connection_made", t, direction="outbound", remote_address=listener.address)
+        listener.emit("connection_made", t + self.rtt / 2, direction="inbound", remote_address=self._remote(listener))
+        for node, at in ((listener, t + self.rtt / 2 + 0.0001), (dialer, t + self.rtt)):
             node.emit(
                 "handshake_done", at, peer_id=self.other(node).id, remote_address=self._remote(node),
-                direction="outbound" if node is d else "inbound", max_packet_payload=1024,
+                direction="outbound" if node is dialer else "inbound", max_packet_payload=1024,
                 channels=sorted(self.channels), listen_address=self.other(node).address,
             )
 

@@ -19,7 +19,7 @@ import pytest
 
 from .fleetlog import FleetLog, Link, node_id, record, session_id
 
-A, B, C, D, E, F, G, H, I = (node_id(n) for n in "ABCDEFGHI")
+A, B, C, D, E, F, G, H, I = (node_id(n) for n in "ABCDEFGHI")  # noqa: E741 -- nodes A to I
 S_LOST, S_DUP, S_RESUME, S_EXPIRE, S_OLD, S_NEW, S_GH, S_GI = (
     session_id(n) for n in ("s-lost", "s-dup", "s-resume", "s-expire", "s-old", "s-new", "s-gh", "s-gi")
 )
