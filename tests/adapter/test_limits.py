@@ -536,8 +536,8 @@ def test_a_refused_connection_costs_under_3_5_kib():
     test's StringTransport itself (about 1.5 KiB in all; no Deferred is made for an
     inbound handshake nobody waits on). An admitted connection, even before it buffered
     anything, costs over 1 KiB more (its Connection: channels, scheduler, frame buffer;
-    ~1.35 KiB since its frame buffer shares its limits, Admission adds no callback
-    (bench/history/2026-11-25.md round 6) and its timer is an entry in the clock's Timers, round 7)."""
+    ~1.35 KiB since its frame buffer shares its limits, Admission adds no callback and its
+    timer is an entry in the clock's Timers: bench/history/2026-11-25.md, "Connect storm")."""
     switch = Switch([RecordingReactor(CHANNELS)], clock=Clock(), config=Config(max_connections_per_ip=1))
     factory = MConnectionFactory(switch, is_outbound=False)
     address = IPv4Address("TCP", "198.51.100.7", 5000)

@@ -1,4 +1,4 @@
-"""What a reactor author relies on beyond send and receive (issue 17, specs/reactor-api.md
+"""What a reactor author relies on beyond send and receive (specs/reactor-api.md
 sections 2.1, 4, 4.1, 5.4 and 6.1): the error policy, receive returning a Deferred,
 the reactor lifecycle, and the Peer and Switch API a node needs. Real Switches over
 mconn.testing's in-memory network, on one Clock.

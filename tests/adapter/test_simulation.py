@@ -1,4 +1,4 @@
-"""A deterministic simulation: a mesh of Switches under a seeded schedule of faults (issue 3).
+"""A deterministic simulation: a mesh of Switches under a seeded schedule of faults.
 
 Four Switches listen on a MemoryNetwork and keep a mesh of persistent sessions, each with
 three channels of different priorities. A ``random.Random(seed)`` picks every step: a

@@ -1,4 +1,4 @@
-"""The per-message fast paths of issue 13 give the same packets and bytes as the plain ones.
+"""The per-message fast paths give the same packets and bytes as the plain ones.
 
 * ``FrameBuffer.feed`` with an incomplete packet kept completes it from a bounded prefix
   of the new bytes and decodes the rest in place (``SPLICE_MIN``); it must decode, and
@@ -154,7 +154,7 @@ def test_write_ahead_pauses_once_the_writes_since_a_resume_reach_its_size(writes
 
 
 def test_an_idle_channel_holds_no_deque_until_its_first_message():
-    """Memory per peer (issue 13 part 3): an empty deque costs ~760 bytes, so a channel
+    """Memory per peer: an empty deque costs ~760 bytes, so a channel
     makes its queue on its first message; enqueue, requeue and emit work from there."""
     channel = Channel(ChannelDescriptor(0x42, send_queue_capacity=2))
     assert channel.queue == () and not channel.is_pending and channel.queue_depth == 0

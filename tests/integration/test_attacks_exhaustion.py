@@ -1,4 +1,4 @@
-"""Lockout and memory exhaustion through dormant sessions, on real sockets (issue 12, 4-5).
+"""Lockout and memory exhaustion through dormant sessions, on real sockets.
 
 A suspended session keeps a peer slot and its recovery buffer for ``resume_grace``. Two
 attacks used that: one address opening and dropping sessions with made-up node ids until

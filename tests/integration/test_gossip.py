@@ -1,6 +1,6 @@
 """Two CometBFT reactors ported to mconn (reactors/mempool.py, reactors/blocksync.py) on
 four real Switches on 127.0.0.1, in a line, each link through a FaultProxy that resets it
-while transactions gossip and blocks sync (issue 17; specs/reactor-api.md section 9).
+while transactions gossip and blocks sync (specs/reactor-api.md section 9).
 
 Every node ends with every transaction and every block; a peer sending a garbage
 transaction, or a block nobody asked it for, is dropped while the others carry on; a node

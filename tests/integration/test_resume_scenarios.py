@@ -1,4 +1,5 @@
-"""The resume scenarios of issue 3, "Tests that must exist", on real sockets.
+"""The resume scenarios on real sockets: resets mid-message and mid-transfer, black holes healed
+within and after the grace, a restarted node, close packets, and send_confirmed around a reset.
 
 Two real Switches on 127.0.0.1 (pytest-twisted); the dialer reaches the listener through a
 FaultProxy (tests/faultproxy.py) that resets, black-holes or cuts the link. One scenario

@@ -1,4 +1,4 @@
-"""A slow reactor does not stall the other peers (issue 17 item 3, specs/reactor-api.md
+"""A slow reactor does not stall the other peers (specs/reactor-api.md
 section 4.1), on real Switches on 127.0.0.1 with a real thread doing the slow work.
 
 No timing is asserted (bench/slow_reactor.py measures the latencies): the test shows the

@@ -1,9 +1,9 @@
-"""A node operator's first day (issue 15): the commands as a new user types them.
+"""A node operator's first day: the commands as a new user types them.
 
 Real ``twistd -n mconn`` processes started from one directory with no ``--pidfile``, the
 ``mconn`` command in a shell pipe, ``twistd mconn --help``, a TOML file with a typo and
-the chat example. Each test names the items of the issue it covers. Every process a
-test starts is stopped by its PID (the ``typed`` fixture), every wait is bounded.
+the chat example. Every process a test starts is stopped by its PID (the ``typed``
+fixture), every wait is bounded.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def assert_clean_stop(node: Typed, status: int) -> None:
 
 
 def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
-    """Items 1, 3, 8 and 9. A --key that does not exist stops twistd with one line saying how to make
+    """A --key that does not exist stops twistd with one line saying how to make
     one, writing nothing. Two ``twistd -n mconn`` nodes started from one directory without --pidfile
     each write the pid file named after their key (not both ./twistd.pid), connect, and stop cleanly
     removing it; one more on a running node's key stops with one line naming the running process; a
@@ -165,7 +165,7 @@ def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
     assert "with None" not in a.log()
 
     document = json.loads(urllib.request.urlopen(url + "status.json", timeout=TIMEOUT).read())
-    [channel] = document["peers"][0]["channels"]  # item 6: named for what it counts
+    [channel] = document["peers"][0]["channels"]  # named for what it counts
     assert channel["unconfirmed"] == 0 and "undelivered" not in channel
     assert ">unconfirmed</th>" in urllib.request.urlopen(url, timeout=TIMEOUT).read().decode()
 
@@ -186,7 +186,7 @@ def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
 
 
 def test_a_port_in_use_stops_the_node_in_one_line(tmp_path):
-    """Item 2. A --listen or --status port already in use stops ``twistd -n mconn`` with one line on
+    """A --listen or --status port already in use stops ``twistd -n mconn`` with one line on
     stderr, exit status 1, no traceback in its log, no node_started event and no pid file left."""
     keygen(tmp_path, "n")
     with socket.socket() as taken:
@@ -226,7 +226,7 @@ def shown(value) -> str:
 
 
 def test_help_states_each_config_fields_meaning_and_true_default(tmp_path):
-    """Item 4. ``twistd mconn --help`` gives every Config field's option the comment above the field in
+    """``twistd mconn --help`` gives every Config field's option the comment above the field in
     mconn/config.py and the default a twistd node really uses (Config's, except retry_initial_dial, which
     says both); a boolean field is a pair of flags, and --no-tcp-keepalive turns it off."""
     result = run([TWISTD, "mconn", "--help"], tmp_path)
@@ -253,7 +253,7 @@ def test_help_states_each_config_fields_meaning_and_true_default(tmp_path):
 
 
 def test_a_plaintext_node_gives_up_on_a_tls_only_node_at_once_saying_why(tmp_path, typed):
-    """Item 7. A plaintext node whose --peer is a TLS-only node is refused with close code tls_required
+    """A plaintext node whose --peer is a TLS-only node is refused with close code tls_required
     and stops dialing it after that one attempt, logging why, instead of retrying forever."""
     tls_id, _ = keygen(tmp_path, "tls"), keygen(tmp_path, "plain")
     tls = typed("tls", "-n", "mconn", "--key", "tls.key", "--tls", "--listen", LOOPBACK, "--telemetry", "tls.json")
@@ -271,7 +271,7 @@ def test_a_plaintext_node_gives_up_on_a_tls_only_node_at_once_saying_why(tmp_pat
 
 
 def test_toml_typo_dashed_key_lonely_node_chat_on_loopback_and_layout(tmp_path, typed):
-    """Items 8, 10 and 11. A TOML key with a typo stops twistd with one short line naming the closest
+    """A TOML key with a typo stops twistd with one short line naming the closest
     valid key; a dashed key (``ping-interval = 5``) is the setting of the same name; a node with neither
     --listen nor --peer warns that nobody can reach it; the chat example's ``--listen tcp:0`` listens on
     127.0.0.1 only; the README's layout names every tests/ directory and the pipeline's events table."""
@@ -300,7 +300,7 @@ def test_toml_typo_dashed_key_lonely_node_chat_on_loopback_and_layout(tmp_path, 
 
 
 def test_the_count_a_session_ends_with_is_named_not_confirmed_delivered():
-    """Item 6. The reason a session ends with counts the messages not confirmed delivered as
+    """The reason a session ends with counts the messages not confirmed delivered as
     ``unconfirmed`` and says so in its message; ``undelivered``, the old name on reasons and on
     ``peer.stats``, still answers the same counts and warns that it is deprecated."""
     expired, rejected = SessionExpired(30.0, {0x10: 2}), SessionRejected("unknown_session", {})

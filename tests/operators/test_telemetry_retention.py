@@ -3,7 +3,7 @@ first (specs/telemetry.md section 2.1, mconn/ops/telemetry_file.py).
 
 The first tests drive a TelemetryFileService through a private log publisher; the last
 runs a node built as twistd builds it and lets a stranger connect to it again and again
-on 127.0.0.1, which is how the files used to pile up. Every wait is bounded.
+on 127.0.0.1, which is how unbounded files would pile up. Every wait is bounded.
 """
 
 import functools

@@ -1,4 +1,4 @@
-"""The pipeline on a real Spark standalone cluster, and what the audit must never do (issue 14 parts 2 and 4).
+"""The pipeline on a real Spark standalone cluster, and what the audit must never do.
 
 One hand-made fleet (fleetlog.py) sits in a directory beside a node's private key: node A
 restarted and its first run is in the rotated file ``A.json.1``, one message of A to B

@@ -70,7 +70,7 @@ def test_a_version_1_line_gives_the_same_row_as_the_version_2_line_of_the_same_e
 
 def test_each_golden_malformed_line_is_malformed_with_its_reason(spark, tmp_path):
     """Each golden malformed line, a wrong JSON type inside a list item among them (session_ended's
-    ``channels[].delivered`` as a string, which used to be read as null), is counted malformed with the
+    ``channels[].delivered`` as a string, which must not be read as null), is counted malformed with the
     golden reason, its file and its text kept (as read, for a record the parser took whole: its fields but
     ``level``); the well-formed line after them is read."""
     good = VECTORS["version2"][1]["line"]
