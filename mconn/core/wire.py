@@ -236,7 +236,7 @@ def decode_hello(body: bytes) -> Hello:
     Read by hand (``_hello_parts``: construct took ~0.45 ms per hello, a handshake's
     largest cost in a connect storm); a body the hand-written reader does not take is
     parsed with ``HelloBody``, so every error (and its message) is the declaration's.
-    tests/core/test_fast_hello.py proves the two identical on valid and malformed bodies.
+    tests/core/test_handshake_codec_equivalence.py proves the two identical on valid and malformed bodies.
     """
     parts = _hello_parts(body)
     if parts is None:
@@ -433,7 +433,7 @@ def _read_counts(data: bytes, at: int) -> tuple[dict[int, int] | None, int]:
 
 def encode_session_answer(answer: SessionAnswer) -> bytes:
     """Hand-written like encode_ack (a handshake's cost); proven byte-identical to
-    ``SessionAnswerBody`` (tests/core/test_fast_hello.py); whatever it cannot encode is
+    ``SessionAnswerBody`` (tests/core/test_handshake_codec_equivalence.py); whatever it cannot encode is
     built with the declaration, whose error is raised."""
     session_id, reason, delivered = answer.session_id, answer.reason, answer.delivered
     if (

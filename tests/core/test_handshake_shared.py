@@ -1,5 +1,5 @@
-"""What a listener's handshake builds once instead of once per peer (issue 13 part 3,
-bench/history/2026-11-25.md round 6): the fresh session answer's bytes around the session id
+"""What a listener's handshake builds once instead of once per peer (bench/history/2026-11-25.md,
+"Connect storm": the listener's work once per Switch): the fresh session answer's bytes around the session id
 (``handshake.fresh_answer_parts``), the frame buffer's read-only extension limits, the
 reasonless session verdicts. Each must give exactly what the per-peer way gave.
 """

@@ -68,6 +68,6 @@ def test_lean_text_is_the_lean_records_json(event):
 
 @settings(max_examples=200, deadline=None)
 @given(events())
-def test_format_record_writes_the_same_line_as_before(event):
+def test_format_record_writes_the_line_of_the_record_built_first(event):
     """format_record's line equals the line of the record built first, for any event, whatever path it takes."""
     assert format_record(event) == _reference_line(event)

@@ -1,5 +1,5 @@
 """``Peer.try_send_many`` checks once per batch what does not depend on the message
-(issue 13's per-message cost); what it accepts and refuses must stay what ``try_send``
+(the per-message cost of a batch); what it accepts and refuses must stay what ``try_send``
 one message at a time would (specs/reactor-api.md 5.1.1).
 """
 

@@ -1,5 +1,5 @@
-"""A Peer is light until used (bench/history/2026-11-24-night.md, connect storm round 5): slotted, its
-receiving side built at the first message it receives, our channels' capacities and codecs
+"""A Peer costs little memory until used (bench/history/2026-11-24-night.md, "Connect storm": lighter
+peers): slotted, its receiving side built at the first message it receives, our channels' capacities and codecs
 shared by every Peer of a Switch (mconn.switch.channel_shape). Over mconn.testing's in-memory network.
 """
 
@@ -24,7 +24,7 @@ def _pair(network, listener_reactor, dialer_channels=CHANNELS):
     return listener, dialed.result
 
 
-def test_the_receiving_side_is_built_at_the_first_message_and_then_delivers_as_before():
+def test_the_receiving_side_is_built_at_the_first_message_and_delivers_every_message_in_order():
     """A new session's Peer has no __dict__, no PeerDelivery and no dict of the peer's
     channels until read; the first message builds the receiving side and is delivered, later ones go straight to it, in order, and are acknowledged
     (ack_every_messages 2: the sender's recovery buffer empties)."""

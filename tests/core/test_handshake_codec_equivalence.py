@@ -1,4 +1,4 @@
-"""The handshake's hand-written codecs are the construct declarations (issue 13 part 3).
+"""The handshake's hand-written codecs are the construct declarations.
 
 ``wire.decode_hello`` reads a hello by hand (``_hello_parts``), and falls back to
 ``HelloBody`` for anything it does not take; ``decode_session_request`` and

@@ -1,7 +1,8 @@
-"""A listener's inbound handshake does its per-peer work once (issue 13 part 3, bench/
-history/2026-11-25.md round 6): the pending count of Admission ends without a callback on the
+"""A listener's inbound handshake does its per-peer work once (bench/history/2026-11-25.md,
+"Connect storm": the listener's work once per Switch): the pending count of Admission ends without a callback on the
 handshake Deferred, the session answer comes from bytes encoded once, and peers that
-announce the same channels share one table of message limits. The behaviour is the same.
+announce the same channels share one table of message limits. What a peer sees is what
+per-peer work would give it.
 """
 
 from twisted.internet.address import IPv4Address
