@@ -1,6 +1,6 @@
 """bench/run.py's ``storm`` and ``shaped`` scenarios: bench/many_peers.py and
-bench/shaped.py run as they are, their JSON read back and judged against issue 13's
-targets, each figure a ratio to (or a bound from) a baseline of the same run.
+bench/shaped.py run as they are, their JSON read back and judged against their
+targets (bench/RESULTS.md), each figure a ratio to (or a bound from) a baseline of the same run.
 
 * ``storm``: ``--storm-runs`` runs of many_peers.py (``--storm-peers`` peers over
   ``--storm-dialers`` dialer processes; --quick: 3,000 over 2, one run). Handshakes per

@@ -3,7 +3,7 @@
     .venv/bin/python bench/handshake_codec.py
 
 A listener decodes the dialer's hello and its session request and encodes its session
-answer once per handshake (issue 13 part 3). This times each of them both ways in the
+answer once per handshake (a share of a connect storm's cost). This times each of them both ways in the
 same run, on a hello like a node's (6 channels, a session request, a node info): the
 declaration (``wire.hello_parts_declared``, ``SessionRequestBody``, ``SessionAnswerBody``)
 is the baseline, the hand-written code (``wire.decode_hello``'s reader,

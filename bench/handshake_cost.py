@@ -4,7 +4,7 @@
         [--telemetry file|none] [--profile FILE] [--count]
 
 What bench/many_peers.py's storm costs the listening Switch in Python, without the
-kernel's accept, read and send or Twisted's event loop (issue 13 part 3): a Switch at the
+kernel's accept, read and send or Twisted's event loop: a Switch at the
 default Config with the admission limits raised for ``--peers`` (as the storm's), its
 telemetry written to a file (``TelemetryFileService``, its batch written every 50
 connections, about a storm's reactor turn). The clock is Twisted's reactor, never run:

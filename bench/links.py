@@ -248,7 +248,7 @@ class MconnLink:
 
     def offer_many(self, channel: int, msgs: list) -> int:
         try_send_many = getattr(self.peer, "try_send_many", None)
-        if try_send_many is None:  # a tree from before issue 13's batch API
+        if try_send_many is None:  # a tree whose Peer has no batch API
             return RawLink.offer_many(self, channel, msgs)
         return try_send_many(channel, msgs)
 

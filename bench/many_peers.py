@@ -1,4 +1,4 @@
-"""Many peers on one listening Switch (issue 13, part 3): connect storm, memory, idle CPU, broadcast.
+"""Many peers on one listening Switch: connect storm, memory, idle CPU, broadcast.
 
     .venv/bin/python bench/many_peers.py [--peers 10000] [--dialers 4] [--idle 40]
         [--before REV] [--telemetry file|none] [--profile FILE] [--py-spy PREFIX]
@@ -18,7 +18,7 @@ line):
 1. ``raw``: every dialer opens its share of ``--peers`` plain TCP connections to a plain
    Twisted port of the listener, at most ``CONCURRENCY`` under way per dialer, then closes
    them. The listener times its accepts, first to last: raw TCP connects per second.
-   Nothing is read or written: the figure issue 13 first compared with (``accept_ratio``).
+   Nothing is read or written: the baseline of ``accept_ratio``.
 1b. ``round``: the same with the socket work of a handshake, to another plain port: the
    listener writes the bytes of its hello at once and those of a session answer once a
    dialer's hello's worth has arrived; a dialer writes a hello's bytes and is done once

@@ -1,4 +1,4 @@
-"""What Prometheus metrics cost (issue 14 part 3): a scrape with many peers, and the message path.
+"""What Prometheus metrics cost: a scrape with many peers, and the message path.
 
     .venv/bin/python bench/metrics_bench.py [--peers 2000] [--rounds 5]
 

@@ -131,7 +131,7 @@ def measure_rtt(config: Config, batches: int = 40, batch: int = 500) -> dict:
 
 
 def _supported(scenario: str) -> bool:
-    """``small_many`` needs ``Peer.try_send_many`` (issue 13); older trees skip it."""
+    """``small_many`` needs ``Peer.try_send_many`` (the batch API); a tree without it skips it."""
     from mconn.switch.peer import Peer
 
     return not scenario.endswith("_many") or hasattr(Peer, "try_send_many")

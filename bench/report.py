@@ -112,9 +112,8 @@ def rows_of(results: dict) -> list[dict]:
     return rows
 
 
-#: figure -> (target, whether (mconn/raw, mconn value) meets it), as the issues state them
-#: (issue 13 part 2 for bulk, small and the round trip; the first issue's were 0.30,
-#: 0.15 and 1.4).
+#: figure -> (target, whether (mconn/raw, mconn value) meets it): the targets of
+#: bench/RESULTS.md for bulk, small messages, the round trip and priority.
 CHECKS = {
     "bulk 1 MiB msgs": ("mconn/raw >= 0.6", lambda ratio, value: ratio >= 0.6),
     "small 100 B msgs": ("mconn/raw >= 0.25", lambda ratio, value: ratio >= 0.25),
@@ -263,7 +262,7 @@ def source_digest(package_dir: str) -> dict:
 
 # -- the acks scenario: mconn before the session layer, now, and now with rare acks ----
 
-#: The issue 3 budget: acknowledgements cost at most 5% of throughput.
+#: The session layer's budget: acknowledgements cost at most 5% of throughput.
 ACK_TARGET = 0.95
 
 
@@ -352,7 +351,7 @@ def print_variants(rows: list[dict], ratios: tuple[str, str]) -> None:
 
 # -- the resume scenario -----------------------------------------------------------
 
-#: The issue 3 target: the first re-delivered message within 50 ms of a reset (loopback).
+#: The resume target: the first re-delivered message within 50 ms of a reset (loopback).
 RESUME_TARGET_MS = 50.0
 
 

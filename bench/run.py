@@ -18,7 +18,7 @@ through that process group's id.
 table for each: before and after in one run. The bulk and small senders hand mconn 64
 messages at a time with ``try_send_many`` (``--one-by-one``: ``try_send`` each).
 
-Two scenarios measure the session layer (issue 3) instead of mconn against raw:
+Two scenarios measure the session layer instead of mconn against raw:
 
 * ``acks``: bulk and small throughput of mconn at ``--before`` (default 82a45f3, the core
   before sessions: no recovery buffer, no acks), of mconn now (the working tree), and
@@ -35,7 +35,7 @@ Two scenarios measure the session layer (issue 3) instead of mconn against raw:
   and first new message, against fresh connect + handshake times from the same run
   (resume.py).
 
-And two of issue 13, run by their own scripts (external.py): ``storm`` (many_peers.py:
+And two of many peers and a shaped bottleneck, run by their own scripts (external.py): ``storm`` (many_peers.py:
 a connect storm of ``--storm-peers`` against the raw round, memory, idle CPU) and
 ``shaped`` (shaped.py: priority under a 20 and a 2 Mbit/s bottleneck; needs root).
 

@@ -12,8 +12,8 @@ Senders. ``bulk`` and ``small`` keep one channel's queue full (Filler): ``offer_
 of 64 messages at a time (mconn: ``try_send_many``; raw: ``offer`` each, written in
 batches) until one is refused, then ``offer_later`` (mconn: ``peer.send``; raw: the
 transport's ``resumeProducing``) and go on when that fires, for ``duration`` seconds;
-then an E message. (Before issue 13's batch API the mconn side called ``try_send`` once
-per message: ``--one-by-one`` measures that.) ``priority`` does the same with 1 MiB messages on a
+then an E message. (``--one-by-one`` has the mconn side call ``try_send`` once per
+message instead, as a sender without the batch API would.) ``priority`` does the same with 1 MiB messages on a
 priority-1 channel and sends a probe every 5 ms on a priority-10 channel (raw: the probe
 is written behind whatever the transport already buffers; there are no priorities).
 ``rtt`` keeps one 100-byte request outstanding; the sender times it with

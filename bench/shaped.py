@@ -1,4 +1,4 @@
-"""Priority under a shaped bottleneck (issue 13): a probe's delay beyond the network's own.
+"""Priority under a shaped bottleneck: a probe's delay beyond the network's own.
 
 Needs root and iproute2 (``ip netns``, veth, ``tc tbf``); not part of ``make test``.
 
@@ -44,8 +44,8 @@ BULK_SIZE = 64 * 1024
 PROBE_SIZE = 100
 PROBE_INTERVAL = 0.05
 WARMUP = 3.0
-#: The mconn configurations measured, as Config fields. "before" is the write path before
-#: issue 13 (write_batch_bytes per write, Twisted pausing us only past 64 KiB).
+#: The mconn configurations measured, as Config fields. "before" is the write path without
+#: the write-ahead (write_batch_bytes per write, Twisted pausing us only past 64 KiB).
 VARIANTS = {
     "raw": None,
     "mconn-before": {"write_ahead_time": None},

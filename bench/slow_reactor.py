@@ -1,5 +1,5 @@
-"""What one peer's slow ``receive`` costs the other peers (issue 17 item 3;
-specs/reactor-api.md section 4.1).
+"""What one peer's slow ``receive`` costs the other peers (specs/reactor-api.md
+section 4.1).
 
 A hub Switch in this process runs ``examples.slow_reactor.Verifier``. A child process (this
 script with ``--senders``) runs two Switches that dial it over 127.0.0.1: "heavy" sends

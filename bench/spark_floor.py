@@ -3,7 +3,7 @@
     .venv/bin/python bench/spark_floor.py [--events 1000000,3000000] [--nodes 100] [--degree 8]
         [--master local[2]] [--data DIR] [--keep]
 
-Issue 14 asks the pipeline for at least the Python baseline's speed (bench/pipeline_baseline.py,
+The pipeline's target is at least the Python baseline's speed (bench/pipeline_baseline.py,
 one process, ``json.loads`` of every line, the delivery audit only) at 1 M events and above.
 This bench measures the floor under that target: on the same files, in the same run, each
 in a fresh process, with the pipeline's own session settings (``build_session``):

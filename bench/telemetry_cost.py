@@ -1,4 +1,4 @@
-"""CPU per telemetry event, written to a telemetry file, in one process (issue 13).
+"""CPU per telemetry event, written to a telemetry file, in one process.
 
     PYTHONPATH=<tree> .venv/bin/python bench/telemetry_cost.py [--per-turn N]
 

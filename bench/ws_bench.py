@@ -24,7 +24,7 @@ on a shared machine it is steadier than the rates.
 and profiles the sender's side of each transport too (DIR/<impl>-<round>-sender.prof);
 profiled figures are not the real ones.
 
-Targets (issue 16): ws bulk >= 0.8 of TCP mconn, small >= 0.7, round trip <= 1.3x.
+Targets: ws bulk >= 0.8 of TCP mconn, small >= 0.7, round trip <= 1.3x.
 """
 
 from __future__ import annotations
