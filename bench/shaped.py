@@ -368,7 +368,7 @@ def role_main(args) -> None:
 
 
 def bound_ms(mbit: float, config_fields: dict | None) -> float:
-    """The issue's bound on added p99: the kernel's unsent bound plus two packets'
+    """The target's bound on added p99: the kernel's unsent bound plus two packets'
     serialization plus 5 ms (a packet: the payload the sender cuts at the shaped rate,
     mconn.core.packet_size, and its header, on the wire)."""
     from mconn import Config

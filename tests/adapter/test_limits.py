@@ -322,7 +322,7 @@ def test_a_full_budget_evicts_the_oldest_handshake_of_the_largest_group(telemetr
 
 
 def test_stalled_sockets_from_eight_addresses_of_one_24_cannot_take_the_budget():
-    """The issue's attack, 64 silent sockets from 8 addresses, when the 8 share a /24: they get
+    """The handshake-stall attack, 64 silent sockets from 8 addresses, when the 8 share a /24: they get
     max_pending_per_group (16) handshakes, the rest are refused, and the budget stays open."""
     switch, factory = clocked_switch()
     ends = [accept(factory, f"198.51.100.{2 + n % 8}", 6000 + n)[0].end_reason for n in range(64)]
@@ -335,7 +335,7 @@ def test_stalled_sockets_from_eight_addresses_of_one_24_cannot_take_the_budget()
 
 
 def test_attackers_renewing_their_stalled_sockets_never_push_out_a_newcomer():
-    """The issue's attack from 8 /24s: 64 silent sockets fill max_pending_handshakes and every evicted
+    """The handshake-stall attack from 8 /24s: 64 silent sockets fill max_pending_handshakes and every evicted
     one reconnects from its group, again and again. A newcomer from a new address is admitted, is never
     the one that gives way, and completes its handshake whenever it sends its hello."""
     switch, factory = clocked_switch()

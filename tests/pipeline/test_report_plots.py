@@ -1,4 +1,4 @@
-"""The report's plots draw no empty axes: an empty panel says "nothing to plot" (operators' issue, item 12)."""
+"""The report's plots draw no empty axes: an empty panel says "nothing to plot"."""
 
 from mconn.pipeline import plots
 
