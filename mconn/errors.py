@@ -144,8 +144,8 @@ class DecodeError(RemoteProtocolError):
 class PeerRejected(MConnError):
     """The Switch refused a peer (duplicate, self, limits, id mismatch).
 
-    ``reason`` is a short stable word (``duplicate``, ``self``, ``inbound_limit``...)
-    that telemetry and close packets carry.
+    ``reason`` is the close code (specs/wire.md section 3.2): a short stable word
+    (``duplicate``, ``self``, ``inbound_limit``...) that telemetry and the close packet carry.
     """
 
     def __init__(self, reason: str, message: str) -> None:
@@ -156,8 +156,8 @@ class PeerRejected(MConnError):
 class AuthenticationError(PeerRejected):
     """The address answered but refused our credentials: dialing it again is pointless.
 
-    A dial that fails with it (or with a PeerRejected / PeerClosed whose reason / code is
-    ``unauthorized``) bans that address from the peer's address pool.
+    A dial that fails with it (or with a PeerRejected / PeerClosed whose close code,
+    ``reason`` / ``code``, is ``unauthorized``) bans that address from the peer's address pool.
     """
 
     def __init__(self, message: str) -> None:

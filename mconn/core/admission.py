@@ -5,7 +5,7 @@ same job with its ``ConnFilterFunc``): per-address connection counts (``limit_ke
 IPv4 address, every address of an IPv6 /64 as one), the inbound handshakes under way,
 and the peer limits per direction. Every refusal is a
 ``PeerRejected`` whose reason is the close code and whose message names the limit and
-the values; ``refusals`` counts them by reason (``Switch.refusals``, the status page).
+the values; ``refusals`` counts them by close code (``Switch.refusals``, the status page).
 
 Theory of operation (pending handshakes). A stranger can open sockets and say nothing
 until ``handshake_timeout``; without more, a few addresses fill
@@ -110,7 +110,7 @@ class Admission:
         self.pending_groups: dict[str | None, dict[object, None]] = {}
         #: Every pending handshake -> its group, oldest first.
         self._pending: dict[object, str | None] = {}
-        #: Connections refused, by reason.
+        #: Connections refused, by close code.
         self.refusals: dict[str, int] = {}
 
     @property

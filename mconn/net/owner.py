@@ -51,7 +51,7 @@ class IConnectionOwner(Interface):
 
         :returns: None once decided, or a Deferred while an asynchronous decision is
             pending (the protocol holds the events that follow until it fires).
-        :raises PeerRejected: the peer is refused (close packet with its reason).
+        :raises PeerRejected: the peer is refused (a close packet with its close code).
         :raises RemoteProtocolError: the peer broke the protocol (connection failed).
         """
 

@@ -20,7 +20,7 @@ starts, with the Switch): bytes of connections that ended before are not include
 
 Labels are bounded. ``state``, ``direction``, ``channel`` (this node's own channels) and
 ``stage`` have fixed value sets; ``reason``, ``error``, ``outcome``, ``result``,
-``method`` come from mconn's own code (class names, refusal reasons), and each metric
+``method`` come from mconn's own code (class names, close codes), and each metric
 keeps at most ``MAX_LABEL_VALUES`` of them, counting the rest as ``other``. Node ids of
 peers appear only with ``per_peer`` (``Config.metrics_per_peer``, or
 ``StatusService(..., per_peer_metrics=True)``): a node with 10,000 peers then exposes

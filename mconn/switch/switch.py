@@ -196,7 +196,7 @@ class Switch(Service):
 
     @property
     def refusals(self) -> dict[str, int]:
-        """Connections refused, by reason: before a Connection was built (``pending_limit``,
+        """Connections refused, by close code: before a Connection was built (``pending_limit``,
         ``ip_limit``, ``pending_group_limit``: connection_refused), a pending handshake that
         gave way (``pending_evicted``) or after the hello (peer_rejected: ``duplicate``,
         ``unproven``, ``session_held``, a peer limit, ...)."""
