@@ -21,6 +21,8 @@ the send path converts only what is not ``bytes`` (bench/history/2026-11-24-afte
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from typing import Any
 
 from mconn.errors import DecodeError
 
@@ -29,12 +31,14 @@ from mconn.errors import DecodeError
 class ProtobufCodec:
     """The codec of a protobuf message class: ``SerializeToString`` and ``FromString``."""
 
-    message_type: type
+    # A protobuf message class; Any, as nothing here imports protobuf's types.
+    message_type: Any
 
-    def encode(self, message) -> bytes:
-        return message.SerializeToString()
+    def encode(self, message: Any) -> bytes:
+        data: bytes = message.SerializeToString()
+        return data
 
-    def decode(self, data: bytes):
+    def decode(self, data: bytes) -> Any:
         return self.message_type.FromString(data)
 
     def __repr__(self) -> str:
@@ -43,7 +47,7 @@ class ProtobufCodec:
         return f"ProtobufCodec({name})"
 
 
-def codec_for(channel_id: int, message_type, codec):
+def codec_for(channel_id: int, message_type: Any, codec: Any) -> Any:
     """The codec of a channel declared with ``message_type`` and/or ``codec`` (None: raw).
 
     :raises ValueError: naming the channel, if ``codec`` lacks ``encode``/``decode`` or a
@@ -67,7 +71,9 @@ def codec_for(channel_id: int, message_type, codec):
     return codec
 
 
-def typed_receiver(receive, codec, on_error):
+def typed_receiver(
+    receive: Callable[[int, Any, Any], Any], codec: Any, on_error: Callable[[Any, DecodeError], object]
+) -> Callable[[int, Any, bytes], Any]:
     """``receive(channel_id, peer, message)`` that decodes ``message`` with ``codec`` first.
 
     A message that does not decode is not given to ``receive``: ``on_error(peer, error)``
@@ -76,7 +82,7 @@ def typed_receiver(receive, codec, on_error):
     """
     decode = codec.decode
 
-    def receive_decoded(channel_id: int, peer, message: bytes):
+    def receive_decoded(channel_id: int, peer: Any, message: bytes) -> Any:
         try:
             decoded = decode(message)
         except Exception as error:
@@ -87,7 +93,7 @@ def typed_receiver(receive, codec, on_error):
     return receive_decoded
 
 
-def encode_message(codec, message_type, channel_id: int, message) -> bytes:
+def encode_message(codec: Any, message_type: Any, channel_id: int, message: Any) -> bytes:
     """The bytes of ``message`` on a typed channel: bytes-like ones as they are (already
     encoded), other objects through ``codec.encode``.
 

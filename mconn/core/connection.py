@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 from types import MappingProxyType
+from typing import Any
 
 from mconn.core.channel import Channel, ChannelDescriptor, Scheduler
 from mconn.config import MIN_PACKET_PAYLOAD, Config
@@ -77,7 +78,7 @@ _INPUT_OF_TYPE = {PING: Input.PING, PONG: Input.PONG, MSG: Input.MSG, RUN: Input
 
 
 @functools.lru_cache(maxsize=16)
-def _extension_limits(max_hello_size: int, max_control_size: int) -> MappingProxyType:
+def _extension_limits(max_hello_size: int, max_control_size: int) -> MappingProxyType[int, int]:
     """The frame buffer's body limits per extension type: read-only, so every connection
     with these sizes shares one (FrameBuffer keeps a read-only mapping as it is)."""
     counts = max_control_size + CHANNEL_COUNTS_LIMIT
@@ -141,7 +142,7 @@ class Connection:
 
     # -- inbound -----------------------------------------------------------------
 
-    def receive_data(self, data: bytes, now: float) -> list:
+    def receive_data(self, data: bytes, now: float) -> list[object]:
         """Feed bytes from the transport; returns the events they complete.
 
         A protocol violation ends the list with ConnectionFailed; the events before it
@@ -153,7 +154,8 @@ class Connection:
         self.bytes_received += len(data)
         if self._recv_bucket is not None:
             self._recv_bucket.spend(len(data), now)
-        events: list = []
+        events: list[object] = []
+        error: RemoteProtocolError | None
         packets, error = self._buffer.feed(data)
         while True:
             try:
@@ -169,7 +171,7 @@ class Connection:
             packets, error = self._buffer.feed(b"")
         return events
 
-    def _process(self, packets: list, events: list, now: float) -> None:
+    def _process(self, packets: list[Any], events: list[object], now: float) -> None:
         channels = self.channels
         append = events.append
         is_open = self.state is _OPEN
@@ -185,7 +187,7 @@ class Connection:
                     message = packet[3]
                     size = len(message)
                     if size > channel.recv_capacity:
-                        raise channel._too_large(size)
+                        raise channel.too_large(size)
                     stats = channel.stats
                     stats.bytes_received += size
                     stats.messages_received += 1
@@ -212,7 +214,7 @@ class Connection:
             f"(channels: {', '.join(f'{c:#04x}' for c in self.channels) or 'none'})"
         )
 
-    def _process_other(self, kind: int, packet: tuple, events: list, now: float) -> None:
+    def _process_other(self, kind: int, packet: tuple[Any, ...], events: list[object], now: float) -> None:
         """Every packet but a msg packet on an open connection."""
         append = events.append
         if kind in _INPUT_OF_TYPE:
@@ -266,7 +268,7 @@ class Connection:
             )
         self._control.append(PONG_BYTES)
 
-    def _transition(self, event: Input, packet: tuple) -> None:
+    def _transition(self, event: Input, packet: tuple[Any, ...]) -> None:
         new = TRANSITIONS.get((self.state, event))
         if new is None:
             if event is Input.MSG and self.state is _HANDSHAKING:
@@ -274,14 +276,14 @@ class Connection:
             raise UnexpectedPacket(f"{event.value} packet not allowed while the connection is {self.state.value}")
         self.state = new
 
-    def _open(self, hello: Hello, events: list) -> None:
+    def _open(self, hello: Hello, events: list[object]) -> None:
         self.max_packet_payload = check_hello(self.hello, hello)
         self._buffer.max_payload = self.max_packet_payload
         self.set_packet_payload(self._payload_cap)
         self.peer_hello = hello
         events.append(HelloReceived(hello=hello, max_packet_payload=self.max_packet_payload))
 
-    def _fail(self, error: RemoteProtocolError, events: list) -> None:
+    def _fail(self, error: RemoteProtocolError, events: list[object]) -> None:
         """The connection is over; the only thing left to send is a close naming why."""
         self.error = error
         if isinstance(error, PongTimeout):
@@ -389,7 +391,7 @@ class Connection:
             else:
                 self.more_to_send = False  # the common call after a write: nothing left
                 return b""
-        parts: list = []
+        parts: list[Any] = []
         if self._control:
             parts.extend(self._control)
             self._control.clear()
@@ -425,7 +427,7 @@ class Connection:
             return None  # the adapter bounds the close itself (Config.close_linger)
         if self.state is _HANDSHAKING:
             return self._started + self.config.handshake_timeout
-        if self._awaiting_pong():
+        if self._ping_sent_at is not None and self._awaiting_pong():
             deadline = self._ping_sent_at + self.config.pong_timeout
         else:
             deadline = self._last_received + self.config.ping_interval
@@ -463,9 +465,9 @@ class Connection:
         ready = None if self._recv_bucket is None else self._recv_bucket.ready_time()
         return now if ready is None else max(now, ready)
 
-    def handle_timeout(self, now: float) -> list:
+    def handle_timeout(self, now: float) -> list[object]:
         """Run the timers that are due; returns the events they cause."""
-        events: list = []
+        events: list[object] = []
         if self.state is _HANDSHAKING and now >= self._started + self.config.handshake_timeout:
             self._fail(
                 HandshakeTimeout(f"no hello from the peer within handshake_timeout {self.config.handshake_timeout}s"),
@@ -479,7 +481,7 @@ class Connection:
                 events,
             )
         elif self.state is _OPEN:
-            if self._awaiting_pong():
+            if self._ping_sent_at is not None and self._awaiting_pong():
                 if now >= self._ping_sent_at + self.config.pong_timeout:
                     self._fail(
                         PongTimeout(

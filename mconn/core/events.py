@@ -8,11 +8,17 @@ hot path, is not frozen). The Twisted adapter
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from mconn.errors import RemoteProtocolError
 from mconn.core.wire import Hello, SessionAnswer
 
-_event = dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+_T = typing.TypeVar("_T")
+
+
+@typing.dataclass_transform(frozen_default=True, kw_only_default=True)
+def _event(cls: type[_T]) -> type[_T]:
+    return dataclasses.dataclass(frozen=True, kw_only=True, slots=True)(cls)
 
 
 @_event
@@ -62,7 +68,7 @@ class ConnectionFailed:
 class AckReceived:
     """The peer confirmed per-channel counts of messages delivered to its reactor."""
 
-    delivered: dict
+    delivered: dict[int, int]
 
 
 @_event

@@ -36,10 +36,13 @@ kept, joined and copied again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from types import MappingProxyType
+from typing import Any
 
 from mconn.errors import MalformedPacket, PacketTooLarge, UnknownPacketType
-from mconn.core.wire import FIRST_EXTENSION_TYPE, MAX_UVARINT_SIZE, PacketType
+from mconn.core.wire import FIRST_EXTENSION_TYPE, PacketType
+from mconn.core.wire_primitives import MAX_UVARINT_SIZE
 
 #: Not a wire type: a run of full, not-last msg packets of one channel (see feed).
 RUN = 0x100
@@ -65,18 +68,18 @@ class FrameBuffer:
         *,
         max_payload: int,
         default_extension_limit: int,
-        extension_limits: dict[int, int] | None = None,
+        extension_limits: Mapping[int, int] | None = None,
         stream_payloads: bool = False,
     ) -> None:
         self.max_payload = max_payload
         self.default_extension_limit = default_extension_limit
         # A read-only mapping is kept as it is (connections with one Config share one).
         limits = extension_limits
-        self.extension_limits = limits if type(limits) is MappingProxyType else dict(limits or {})
+        self.extension_limits: Mapping[int, int] = limits if type(limits) is MappingProxyType else dict(limits or {})
         self.stream_payloads = stream_payloads
         #: The msg packet whose payload is being streamed: [channel id, eof, bytes still
         #: to come, whether any came out], or None.
-        self._partial: list | None = None
+        self._partial: list[Any] | None = None
         self._tail = b""
         #: True when the last ``feed`` stopped after an extension packet with bytes left.
         self.paused = False
@@ -108,7 +111,7 @@ class FrameBuffer:
     #: least this many bytes (smaller ones are kept until whole, as without streaming).
     STREAM_MIN = 4096
 
-    def feed(self, data: bytes, *, stop_after_extension: bool = True) -> tuple[list, Exception | None]:
+    def feed(self, data: bytes, *, stop_after_extension: bool = True) -> tuple[list[Any], MalformedPacket | None]:
         """Decode as many whole packets as ``data`` completes.
 
         Returns ``(packets, error)``. ``error`` is a MalformedPacket subclass when the
@@ -142,10 +145,11 @@ class FrameBuffer:
             return out, None
         return out, self._keep(data, pos, error, stopped)
 
-    def _continue_payload(self, data: bytes) -> tuple[list, int]:
+    def _continue_payload(self, data: bytes) -> tuple[list[Any], int]:
         """The next bytes of the payload being streamed: its packets, and where in
         ``data`` the packets after it begin (``len(data)`` when it goes on past it)."""
         partial = self._partial
+        assert partial is not None
         channel_id, eof, left, streamed = partial
         take = min(left, len(data))
         if take < left:
@@ -160,13 +164,15 @@ class FrameBuffer:
         rest = memoryview(data)[:take] if streamed else data[:take]
         return [(MSG, channel_id, 1, rest)], take
 
-    def _keep(self, data: bytes, pos: int, error: Exception | None, stopped: bool) -> Exception | None:
+    def _keep(self, data: bytes, pos: int, error: MalformedPacket | None, stopped: bool) -> MalformedPacket | None:
         """Keep what follows ``pos`` (an incomplete packet, or bytes after a pause)."""
         self.paused = stopped
         self._tail = b"" if error is not None or pos >= len(data) else bytes(memoryview(data)[pos:])
         return error
 
-    def _feed_spliced(self, tail: bytes, data: bytes, stop_after_extension: bool):
+    def _feed_spliced(
+        self, tail: bytes, data: bytes, stop_after_extension: bool
+    ) -> tuple[list[Any], MalformedPacket | None] | None:
         """``feed`` of ``tail + data`` without building it: the packet that ``tail``
         begins is completed from at most one packet's worth of ``data``, the rest is
         decoded from ``data`` itself. None when that does not apply (after a pause
@@ -189,22 +195,24 @@ class FrameBuffer:
             out += more
         return out, self._keep(data, pos, error, stopped)
 
-    def _decode(self, data: bytes, pos: int, stop: int, stop_after_extension: bool, base: int) -> tuple:
+    def _decode(
+        self, data: bytes, pos: int, stop: int, stop_after_extension: bool, base: int
+    ) -> tuple[list[Any], int, MalformedPacket | None, bool]:
         """Decode the packets of ``data`` that start at ``pos`` up to ``stop``:
         ``(packets, position after the last whole one, error, paused)``. ``base`` is
         where ``data`` starts in what ``feed`` was given (for error messages)."""
         mv = memoryview(data)
         n = len(data)
-        out: list = []
+        out: list[Any] = []
         append = out.append
         max_payload = self._max_payload
         full_tail = self._full_tail
         startswith = data.startswith
         full_skip = 2 + len(full_tail)
         stride = full_skip + max_payload
-        error = None
+        error: MalformedPacket | None = None
         stopped = False
-        run: list = []
+        run: list[Any] = []
         run_channel = -1
         while pos < stop:
             t = data[pos]
@@ -315,7 +323,7 @@ class FrameBuffer:
         return MalformedPacket(f"{what} length has size byte {size:#04x}, over the go-wire maximum {MAX_UVARINT_SIZE}")
 
     @staticmethod
-    def _check_partial_length(head: bytes, size: int, limit: int, what: str) -> Exception | None:
+    def _check_partial_length(head: bytes, size: int, limit: int, what: str) -> MalformedPacket | None:
         """With only the first bytes of a big-endian length, fail early if it must exceed ``limit``."""
         lower_bound = int.from_bytes(head, "big") << (8 * (size - len(head)))
         if lower_bound > limit:

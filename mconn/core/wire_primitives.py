@@ -10,6 +10,8 @@ composes the packets from them.
 
 from __future__ import annotations
 
+from typing import IO, Any
+
 from construct import (
     Adapter,
     Construct,
@@ -35,7 +37,7 @@ class GoWireUvarint(Construct):
     on read, as go-wire does; writes are always minimal.
     """
 
-    def _parse(self, stream, context, path):
+    def _parse(self, stream: IO[bytes], context: Any, path: str) -> int:
         size = stream_read(stream, 1, path)[0]
         if size > MAX_UVARINT_SIZE:
             raise MalformedPacket(f"varint size byte {size:#04x} is over {MAX_UVARINT_SIZE}")
@@ -43,14 +45,14 @@ class GoWireUvarint(Construct):
             return 0
         return int.from_bytes(stream_read(stream, size, path), "big")
 
-    def _build(self, obj, stream, context, path):
+    def _build(self, obj: object, stream: IO[bytes], context: Any, path: str) -> int:
         if not isinstance(obj, int) or obj < 0 or obj >= 1 << (8 * MAX_UVARINT_SIZE):
             raise MalformedPacket(f"varint value {obj!r} is not an integer in 0..2**64-1")
         size = (obj.bit_length() + 7) // 8
         stream_write(stream, bytes([size]) + obj.to_bytes(size, "big"), size + 1, path)
         return obj
 
-    def _sizeof(self, context, path):
+    def _sizeof(self, context: Any, path: str) -> int:
         raise NotImplementedError("a go-wire varint has a variable size")
 
 
@@ -65,14 +67,14 @@ String = PascalString(uvarint, "utf8")
 class BoolByte(Adapter):
     """A byte that must be 00 or 01 (the msg packet's eof, the session flags)."""
 
-    def _decode(self, obj, context, path):
+    def _decode(self, obj: int, context: Any, path: str) -> bool:
         return bool(obj)
 
-    def _encode(self, obj, context, path):
+    def _encode(self, obj: object, context: Any, path: str) -> int:
         return 1 if obj else 0
 
 
-def parse(declaration, data: bytes, what: str):
+def parse(declaration: Any, data: bytes, what: str) -> Any:
     """Parse ``data`` with a declaration; every failure becomes MalformedPacket."""
     try:
         return declaration.parse(data)
