@@ -43,14 +43,14 @@ class DuplicateProbes:
             )
         self.pending[newcomer] = _Probe(self, newcomer, peer, proven)
 
-    def connection_lost(self, proto) -> None:
+    def connection_lost(self, protocol) -> None:
         """A newcomer gone: its probe is dropped. A probed connection gone: the newcomer
         may have the session."""
         for probe in list(self.pending.values()):
-            if probe.newcomer is proto:
+            if probe.newcomer is protocol:
                 probe.cancel()
-                del self.pending[proto]
-            elif probe.old is proto:
+                del self.pending[protocol]
+            elif probe.old is protocol:
                 probe.finish(alive=False)
 
     def cancel_all(self) -> None:
@@ -87,7 +87,9 @@ class DuplicateProbes:
 
         def accept() -> None:
             newcomer.decide(
-                lambda proto, hello: sessions.accept(proto, hello, session_request_of(hello), reason, proven=probe.proven),
+                lambda protocol, hello: sessions.accept(
+                    protocol, hello, session_request_of(hello), reason, proven=probe.proven
+                ),
                 newcomer.hello,
             )
             newcomer.pump()

@@ -64,8 +64,8 @@ class SessionLimits:
         hosts = [p.ip_key for p in peers if not p.is_outbound and p.ip_key is not None]
         assert self.inbound_per_host == {h: hosts.count(h) for h in set(hosts)}, "per-host session counts"
 
-    def check(self, proto) -> None:
-        """May a session start on ``proto``? Suspended sessions make room rather than
+    def check(self, protocol) -> None:
+        """May a session start on ``protocol``? Suspended sessions make room rather than
         lock a node out (specs/connection.md section 6): one address (``ip_key``: an
         IPv4 address, an IPv6 /64) holds at most
         ``max_connections_per_ip`` inbound sessions, suspended ones included (its oldest
@@ -74,11 +74,11 @@ class SessionLimits:
 
         :raises PeerRejected: ``ip_limit``, or ``inbound_limit`` / ``outbound_limit``.
         """
-        outbound = proto.context.is_outbound
+        outbound = protocol.context.is_outbound
         sessions = self.sessions
-        if not outbound and proto.ip_key is not None:
-            self._room_for_address(proto.ip_key)
-        if proto.hello is not None and proto.hello.node_id in sessions.config.unconditional_peers:
+        if not outbound and protocol.ip_key is not None:
+            self._room_for_address(protocol.ip_key)
+        if protocol.hello is not None and protocol.hello.node_id in sessions.config.unconditional_peers:
             return  # unconditional peers bypass the peer limits (Config.unconditional_peers)
         count = self.per_direction[outbound]
         limit = sessions.config.max_inbound_peers

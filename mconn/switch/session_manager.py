@@ -175,22 +175,22 @@ class SessionManager:
         self.apply(peer, I.EVICTED, self.rejected(peer, f"evicted: {why}"))
 
     def _resume_effect(self, peer: Peer, step_: _Step) -> None:
-        proto = step_.protocol
+        protocol = step_.protocol
         self._stop_waiting(peer, dialer=False)  # a dialer that got here stops by itself
-        proto.carry(peer)
+        protocol.carry(peer)
         self._limits.counted(peer, -1)
-        peer.ip_key = proto.ip_key  # the resumed session counts against its new address
+        peer.ip_key = protocol.ip_key  # the resumed session counts against its new address
         self._limits.counted(peer, 1)
         if step_.answer:
-            proto.core.send_session_answer(
+            protocol.core.send_session_answer(
                 SessionAnswer(session_id=peer.session.id, resumed=True, delivered=peer.session.delivered_counts())
             )
-        peer._attach(proto, step_.resend)
+        peer._attach(protocol, step_.resend)
         peer.resumes += 1
-        session_telemetry.resumed(self.node_id, peer, proto, step_.resend)
+        session_telemetry.resumed(self.node_id, peer, protocol, step_.resend)
         self._notify("peer_resumed", peer, peer)
-        proto.pump()
-        self._handshake_done(proto, peer)
+        protocol.pump()
+        self._handshake_done(protocol, peer)
         self._dialing.session_up(peer)
 
     def _end_effect(self, peer: Peer, step_: _Step) -> None:
@@ -201,9 +201,9 @@ class SessionManager:
         peer.session.release()
         if isinstance(reason, SessionRejected):
             self.count(peer.node_id, "resume_rejections")
-        proto = peer._protocol
-        if proto is not None:
-            proto.carry(None)
+        protocol = peer._protocol
+        if protocol is not None:
+            protocol.carry(None)
         peer._end(reason)
         if self.peers.get(peer.node_id) is peer:
             del self.peers[peer.node_id]
@@ -226,25 +226,25 @@ class SessionManager:
             return SessionRequest(session_id=session.id, resume=True, delivered=session.delivered_counts())
         return SessionRequest(session_id=os.urandom(SESSION_ID_BYTES), resume=False)
 
-    def connection_made(self, proto) -> None:
-        resuming = proto.context.resuming
+    def connection_made(self, protocol) -> None:
+        resuming = protocol.context.resuming
         if resuming is not None and resuming.state is S.SUSPENDED:
             self.apply(resuming, I.REDIAL_CONNECTED)
 
-    def accept(self, proto, hello, request, refusal: str, *, proven: bool = False) -> None:
-        """The listener starts a fresh session on ``proto`` and answers it."""
-        self._check_limits(proto)
+    def accept(self, protocol, hello, request, refusal: str, *, proven: bool = False) -> None:
+        """The listener starts a fresh session on ``protocol`` and answers it."""
+        self._check_limits(protocol)
         if request is None or request.resume:  # a refused resume starts under a new id
             session_id = os.urandom(SESSION_ID_BYTES)
         else:
             session_id = request.session_id
-        proto.core.send_fresh_session_answer(session_id, refusal)
-        self._start(proto, hello, session_id, refusal, proven=proven)
+        protocol.core.send_fresh_session_answer(session_id, refusal)
+        self._start(protocol, hello, session_id, refusal, proven=proven)
 
-    def _check_limits(self, proto) -> None:
-        self._limits.check(proto)
+    def _check_limits(self, protocol) -> None:
+        self._limits.check(protocol)
 
-    def _start(self, proto, hello, session_id: bytes, refusal: str, *, proven: bool) -> Peer:
+    def _start(self, protocol, hello, session_id: bytes, refusal: str, *, proven: bool) -> Peer:
         config = self.config
         session = Session(
             session_id,
@@ -254,30 +254,30 @@ class SessionManager:
             ack_every_bytes=config.ack_every_bytes,
             budget=self.budget,
         )
-        context = proto.context
+        context = protocol.context
         peer = Peer(
-            sessions=self, protocol=proto, hello=hello, session=session, is_outbound=context.is_outbound,
+            sessions=self, protocol=protocol, hello=hello, session=session, is_outbound=context.is_outbound,
             address=context.address,
         )
         peer.proven = proven
-        peer.ip_key = proto.ip_key
+        peer.ip_key = protocol.ip_key
         self.peers[peer.node_id] = peer
         self._limits.counted(peer, 1)
-        proto.carry(peer)
-        session_telemetry.started(self.node_id, peer, proto, refusal)
+        protocol.carry(peer)
+        session_telemetry.started(self.node_id, peer, protocol, refusal)
         self._notify("add_peer", peer, peer)
-        self._handshake_done(proto, peer)
+        self._handshake_done(protocol, peer)
         self._dialing.session_up(peer)
         return peer
 
-    def _handshake_done(self, proto, peer: Peer) -> None:
-        """``proto``'s handshake ended with ``peer``'s session: it is pending no more
+    def _handshake_done(self, protocol, peer: Peer) -> None:
+        """``protocol``'s handshake ended with ``peer``'s session: it is pending no more
         (``Admission``) and its ``handshake`` Deferred fires."""
-        self._admission.handshake_over(proto)
-        proto.end_handshake(peer)
+        self._admission.handshake_over(protocol)
+        protocol.end_handshake(peer)
 
-    def _resume(self, proto, peer: Peer, peer_delivered: dict, *, answer: bool) -> None:
-        """Resume ``peer`` on ``proto``; a newcomer that proves the session takes over
+    def _resume(self, protocol, peer: Peer, peer_delivered: dict, *, answer: bool) -> None:
+        """Resume ``peer`` on ``protocol``; a newcomer that proves the session takes over
         the live transport at once. Impossible counts end the session (AckError)."""
         if peer.state is S.CONNECTED:
             self.apply(peer, I.TAKEOVER, why="the session moved to a new connection")
@@ -286,11 +286,11 @@ class SessionManager:
         except AckError as error:
             self.apply(peer, I.IMPOSSIBLE_COUNTS, error)
             raise
-        self.apply(peer, I.RESUME_ACCEPTED, protocol=proto, resend=resend, answer=answer)
+        self.apply(peer, I.RESUME_ACCEPTED, protocol=protocol, resend=resend, answer=answer)
 
     # -- a hello on a listening connection -----------------------------------------------
 
-    def hello_authorized(self, proto, hello, *, proven: bool = False) -> None:
+    def hello_authorized(self, protocol, hello, *, proven: bool = False) -> None:
         """The peer may join: the listener decides the session now; the dialer waits for
         the answer (specs/resume.md sections 4 and 7).
 
@@ -298,7 +298,7 @@ class SessionManager:
         :raises PeerRejected: a simultaneous dial this connection loses, a connection
             whose id is not proven claiming a session that was (``unproven``), or a limit.
         """
-        if proto.context.is_outbound:
+        if protocol.context.is_outbound:
             return
         existing = self.peers.get(hello.node_id)
         if existing is not None and existing.proven and not proven:
@@ -330,26 +330,26 @@ class SessionManager:
                 f"key cannot end it (resume it with its session id, or start a new one once it has ended)",
             )
         if verdict.decision is Decision.RESUME:
-            self._resume(proto, existing, request.delivered, answer=True)
+            self._resume(protocol, existing, request.delivered, answer=True)
         elif verdict.decision is Decision.PROBE:
-            self._probes.start(proto, existing, proven=proven)
+            self._probes.start(protocol, existing, proven=proven)
         elif verdict.decision is Decision.SIMULTANEOUS:
             self.count(hello.node_id, "simultaneous_dials")
             raise PeerRejected(SIMULTANEOUS_DIAL, simultaneous_why(hello.node_id, self.node_id))
         elif verdict.ends is not None:
             self.apply(
                 existing, verdict.ends, self.rejected(existing, verdict.reason), why="the session's channels changed",
-                then=lambda: self.accept(proto, hello, request, verdict.reason, proven=proven),
+                then=lambda: self.accept(protocol, hello, request, verdict.reason, proven=proven),
             )
         else:
-            self.accept(proto, hello, request, verdict.reason, proven=proven)
+            self.accept(protocol, hello, request, verdict.reason, proven=proven)
 
     # -- the answer on a dialing connection --------------------------------------------
 
-    def session_answered(self, proto, answer: SessionAnswer, *, proven: bool = False) -> None:
+    def session_answered(self, protocol, answer: SessionAnswer, *, proven: bool = False) -> None:
         """The listener's answer to our session request (specs/resume.md section 2.2)."""
-        request, resuming = proto.session_request, proto.context.resuming
-        if not proto.context.is_outbound or proto.peer is not None or request is None or proto.hello is None:
+        request, resuming = protocol.session_request, protocol.context.resuming
+        if not protocol.context.is_outbound or protocol.peer is not None or request is None or protocol.hello is None:
             raise UnexpectedPacket("session packet where none was asked for")
         held = resuming is not None and resuming.state is not S.CLOSED
         check_answer(
@@ -357,19 +357,19 @@ class SessionManager:
             resumed=answer.resumed, resumable=held,
         )
         if answer.resumed:
-            self._resume(proto, resuming, answer.delivered, answer=False)
+            self._resume(protocol, resuming, answer.delivered, answer=False)
         elif held:
             # The dialer goes on: this attempt connected, to a fresh session.
             why = answer.reason or "the peer started a new session"
             self.apply(
                 resuming, I.RESUME_REFUSED, self.rejected(resuming, why), stop_dialer=False,
-                then=lambda: self._answered_fresh(proto, answer, proven),
+                then=lambda: self._answered_fresh(protocol, answer, proven),
             )
         else:
-            self._answered_fresh(proto, answer, proven)
+            self._answered_fresh(protocol, answer, proven)
 
-    def _answered_fresh(self, proto, answer: SessionAnswer, proven: bool) -> None:
-        node_id = proto.hello.node_id
+    def _answered_fresh(self, protocol, answer: SessionAnswer, proven: bool) -> None:
+        node_id = protocol.hello.node_id
         existing = self.peers.get(node_id)
         held = existing.state if existing is not None else None
         verdict = decide_answer(
@@ -377,8 +377,8 @@ class SessionManager:
         )
 
         def start() -> None:
-            self._check_limits(proto)
-            self._start(proto, proto.hello, answer.session_id, answer.reason, proven=proven)
+            self._check_limits(protocol)
+            self._start(protocol, protocol.hello, answer.session_id, answer.reason, proven=proven)
 
         if verdict.decision is Decision.SIMULTANEOUS or verdict.ends is I.SIMULTANEOUS_DIAL:
             # Both dialed and each side's listener accepted: keep the connection dialed by
@@ -402,11 +402,11 @@ class SessionManager:
 
     # -- breaks, ends, timers ----------------------------------------------------------
 
-    def connection_lost(self, proto, reason: Exception) -> None:
+    def connection_lost(self, protocol, reason: Exception) -> None:
         """A transport ended: its session suspends or ends; a resume attempt fails or ends."""
-        peer = proto.peer
-        resuming = proto.context.resuming
-        if peer is not None and peer._protocol is proto:
+        peer = protocol.peer
+        resuming = protocol.context.resuming
+        if peer is not None and peer._protocol is protocol:
             self.apply(peer, self._input_for(reason), reason)
         elif resuming is not None and resuming.state is S.CONNECTING:
             if isinstance(reason, PeerClosed) and reason.code in ENDS_SESSION:
@@ -414,9 +414,9 @@ class SessionManager:
             else:
                 self.apply(resuming, I.BREAK)  # this attempt failed; the dialer tries again
 
-    def forget_probes(self, proto) -> None:
+    def forget_probes(self, protocol) -> None:
         """A connection is gone: the probes it waited for, or that probed it, are over."""
-        self._probes.connection_lost(proto)
+        self._probes.connection_lost(protocol)
 
     def _input_for(self, reason: Exception) -> SessionInput:
         return input_for_loss(reason, stopping=self.stopping, grace=self.config.resume_grace)
@@ -479,12 +479,12 @@ class SessionManager:
         for node_id, peer in self.peers.items():
             assert peer.node_id == node_id and peer.state is not S.CLOSED, f"peer table corrupt at {node_id}"
             if peer.state is S.CONNECTED:
-                proto = peer._protocol
-                assert proto in connections and proto.peer is peer, f"{node_id}: connected without a connection"
+                protocol = peer._protocol
+                assert protocol in connections and protocol.peer is peer, f"{node_id}: connected without a connection"
             else:
                 assert peer._protocol is None, f"{node_id}: {peer.state} but holds a connection"
                 assert self.config.resume_grace > 0, f"{node_id}: {peer.state} although resume is off"
-        for proto in connections:
-            if proto.peer is not None:
-                assert self.peers.get(proto.peer.node_id) is proto.peer, "a connection carries a forgotten Peer"
+        for protocol in connections:
+            if protocol.peer is not None:
+                assert self.peers.get(protocol.peer.node_id) is protocol.peer, "a connection carries a forgotten Peer"
         self._limits.check_invariants(self.peers.values())

@@ -12,12 +12,12 @@ from __future__ import annotations
 from mconn.switch import telemetry
 
 
-def started(node_id: str, peer, proto, refusal: str) -> None:
-    """A fresh session on ``proto``; ``refusal`` says why a resume was refused, if one was.
+def started(node_id: str, peer, protocol, refusal: str) -> None:
+    """A fresh session on ``protocol``; ``refusal`` says why a resume was refused, if one was.
     (``_emit``'s fields written out: one per handshake of a connect storm.)"""
     telemetry.emit(
         "session_started", node_id=node_id, peer_id=peer.node_id, session_id=peer.session.id.hex(),
-        remote_address=proto.remote_address,
+        remote_address=protocol.remote_address,
         direction="outbound" if peer.is_outbound else "inbound",
         resume_refused=refusal,
     )
@@ -33,11 +33,11 @@ def suspended(node_id: str, peer, reason: Exception, grace: float) -> None:
     )
 
 
-def resumed(node_id: str, peer, proto, resend: dict) -> None:
-    """``peer`` carries on on ``proto``, re-sending ``resend`` (messages by channel)."""
+def resumed(node_id: str, peer, protocol, resend: dict) -> None:
+    """``peer`` carries on on ``protocol``, re-sending ``resend`` (messages by channel)."""
     _emit(
         "session_resumed", node_id, peer,
-        remote_address=proto.remote_address,
+        remote_address=protocol.remote_address,
         resent=sum(len(messages) for messages in resend.values()),
         resumes=peer.resumes,
     )

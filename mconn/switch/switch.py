@@ -371,7 +371,7 @@ class Switch(Service):
         resuming = peer if peer is not None and peer.state in (PeerState.SUSPENDED, PeerState.CONNECTING) else None
         factory = MConnectionFactory(self, is_outbound=True, expected_node_id=node_id, resuming=resuming, address=target)
         d = self._endpoint(target).connect(factory)
-        return d.addCallback(lambda proto: proto.handshake)
+        return d.addCallback(lambda protocol: protocol.handshake)
 
     def broadcast(self, channel_id: int, message: bytes) -> defer.Deferred:
         """``send`` to every connected peer; fires with {node_id: bool}."""
@@ -450,11 +450,11 @@ class Switch(Service):
             if before is not None and before[1] == sample:
                 continue  # only our own pings and pongs moved
             telemetry.channel_stats(self.node_id, peer, sample)
-            proto = peer._protocol
-            if proto is not None and peer.state is PeerState.CONNECTED and (
+            protocol = peer._protocol
+            if protocol is not None and peer.state is PeerState.CONNECTED and (
                 peer.round_trip is None or _carried_traffic(sample, before and before[1])
             ):
-                proto.probe()
+                protocol.probe()
         if start + STATS_SLICE < len(peers):
             self._stats_call = self.clock.callLater(0, self._stats_slice, peers, start + STATS_SLICE)
 
