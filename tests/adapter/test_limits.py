@@ -287,7 +287,7 @@ def test_a_full_budget_evicts_the_oldest_handshake_of_the_largest_group(telemetr
     """All max_pending_handshakes taken: a newcomer from a smaller group is admitted, and the oldest
     pending handshake of the largest group is closed with pending_evicted (peer_rejected, counted in
     refusals), stops counting as pending at once, and releases its address when it is gone. A newcomer
-    of the largest group evicts nobody: it is refused with pending_limit, as before."""
+    of the largest group evicts nobody: it is refused with pending_limit."""
     switch, factory = clocked_switch(max_pending_handshakes=4)
     (oldest, oldest_transport), *_ = [accept(factory, f"198.51.100.{i}") for i in (1, 2, 3)]
     accept(factory, "203.0.113.1")

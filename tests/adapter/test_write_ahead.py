@@ -133,7 +133,8 @@ def test_without_write_ahead_time_the_transport_holds_a_whole_batch():
 
 
 def test_a_transport_that_does_not_pause_like_twisted_gets_whole_batches():
-    """A transport without producerPaused (a StringTransport) is written as before."""
+    """A transport without producerPaused (a StringTransport) is written in whole batches,
+    with no write-ahead pauses."""
     transport = StringTransport()
     h = open_switch_connection(channels=CHANNELS, transport=transport, config=Config(write_batch_bytes=8192))
     assert h.peer.try_send(BULK, bytes(65536))

@@ -1,7 +1,7 @@
 """What a listener's handshake builds once instead of once per peer (bench/history/2026-11-25.md,
 "Connect storm": the listener's work once per Switch): the fresh session answer's bytes around the session id
 (``handshake.fresh_answer_parts``), the frame buffer's read-only extension limits, the
-reasonless session verdicts. Each must give exactly what the per-peer way gave.
+reasonless session verdicts. Each must give exactly what building it per peer would.
 """
 
 import pytest
@@ -75,7 +75,7 @@ def test_a_hello_asks_for_a_session_only_with_the_session_field():
 
 
 def test_connections_with_one_config_share_read_only_extension_limits():
-    """Two connections with equal sizes share one mapping of the same limits as before
+    """Two connections with equal sizes share one mapping of their limits
     (hello, ack, session), which nobody can change; a FrameBuffer given a plain dict
     still keeps a copy of its own."""
     config = Config(max_hello_size=3000, max_control_size=900)

@@ -101,7 +101,7 @@ def test_an_unmeasured_link_gets_16_kib_packets():
 
 def test_without_a_payload_the_core_cuts_at_the_negotiated_maximum():
     """A core whose driver does not size packets (no set_packet_payload, or None) cuts
-    at the negotiated max_packet_payload, as before."""
+    at the negotiated max_packet_payload."""
     conn = bulk_connection()
     sent = conn.data_to_send(1.0, 1 << 20)
     assert {len(data) for _, eof, data in msg_payloads(sent) if not eof} == {65536}

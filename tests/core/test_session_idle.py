@@ -1,5 +1,5 @@
 """A session's channels that have carried nothing share one idle stream (mconn/core/session.py,
-``_IDLE``): no stream and no deque per idle channel, and the same answers as before."""
+``_IDLE``): no stream and no deque per idle channel, and the same answers as a stream of its own."""
 
 import pytest
 

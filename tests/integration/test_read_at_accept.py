@@ -95,8 +95,8 @@ async def test_a_hello_sent_before_the_accept_is_answered_as_the_connection_is_s
 
 @pytest_twisted.ensureDeferred
 async def test_a_dialer_that_speaks_later_is_read_when_it_does(made):
-    """Nothing was sent before the accept: our hello goes out as before (buffered, sent
-    in the next turn), and the dialer's hello is read when it comes."""
+    """Nothing was sent before the accept: our hello goes out like any other write (buffered,
+    sent in the next turn), and the dialer's hello is read when it comes."""
     (listener,), port = await listening_switches([RecordingReactor([ChannelDescriptor(CH)])])
     s = client(port)
     try:

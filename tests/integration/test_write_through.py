@@ -1,7 +1,7 @@
 """Write-through on real loopback sockets (mconn/net/write_through.py, specs/connection.md
 section 7): a reply written while a read is handled reaches the kernel before the
 reactor's callback returns; a second write of the same read, and a send outside a read,
-wait in Twisted's buffer as before; what the kernel does not take follows in order; a
+wait in Twisted's buffer like any other write; what the kernel does not take follows in order; a
 write that fills the write-ahead and went through whole still resumes the protocol.
 """
 
