@@ -35,6 +35,7 @@ import collections
 import functools
 import dataclasses
 import math
+from typing import Any, cast
 
 from mconn.core.codec import codec_for
 from mconn.errors import MessageTooLarge
@@ -90,7 +91,7 @@ class ChannelDescriptor:
         object.__setattr__(self, "codec", codec_for(self.id, self.message_type, self.codec))
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -128,12 +129,12 @@ class Channel:
         self.recv_capacity = desc.recv_message_capacity
         #: The messages waiting: ``()`` until the first one (an empty deque costs ~760
         #: bytes, per channel and peer: much of an idle peer's memory), then a deque.
-        self.queue: collections.deque[bytes] | tuple = ()
+        self.queue: collections.deque[bytes] | tuple[()] = ()
         self.sending: memoryview | None = None
         self.offset = 0
         self.stored_sent = 0.0
         #: The pieces of the message being received (views and bytearrays), or None.
-        self.receiving: list | None = None
+        self.receiving: list[Any] | None = None
         self.receiving_size = 0
         self.stats = ChannelStats()
         self._full_header = b""
@@ -155,14 +156,14 @@ class Channel:
         self.writable_queue().append(message)
         return True
 
-    def writable_queue(self) -> collections.deque:
+    def writable_queue(self) -> collections.deque[bytes]:
         """The queue as a deque (made on the first message)."""
         queue = self.queue
-        if type(queue) is tuple:
+        if isinstance(queue, tuple):
             queue = self.queue = collections.deque()
         return queue
 
-    def emit(self, parts: list, payload: int, budget: int) -> tuple[int, int]:
+    def emit(self, parts: list[Any], payload: int, budget: int) -> tuple[int, int]:
         """Append packets of the current message to ``parts`` until ``budget`` wire bytes.
 
         Returns ``(wire_bytes, messages_finished)``. At least one packet is emitted. A
@@ -175,7 +176,8 @@ class Channel:
         full = self._full_header
         full_wire = len(full) + payload
         append = parts.append
-        queue = self.queue
+        # A message is pending: popleft is reached only with one queued, so in a deque.
+        queue = cast("collections.deque[bytes]", self.queue)
         mv = self.sending
         offset = self.offset
         total = 0 if mv is None else len(mv)
@@ -226,8 +228,9 @@ class Channel:
         stats.bytes_sent += wire
         return wire, finished
 
-    def _too_large(self, size: int) -> MessageTooLarge:
-        """Drop the partial message; the error the connection fails with."""
+    def too_large(self, size: int) -> MessageTooLarge:
+        """Drop the partial message; the error the connection fails with (``size``: the
+        message's bytes so far, over ``recv_capacity``)."""
         self.receiving = None
         self.receiving_size = 0
         return MessageTooLarge(
@@ -235,12 +238,12 @@ class Channel:
             f"recv_message_capacity {self.recv_capacity}"
         )
 
-    def reassemble_run(self, payloads: list) -> None:
+    def reassemble_run(self, payloads: list[Any]) -> None:
         """Add the payloads of consecutive not-last packets, or the part of a streamed
         packet's payload that has arrived (frame_buffer.RUN)."""
         size = self.receiving_size + sum(map(len, payloads))
         if size > self.recv_capacity:
-            raise self._too_large(size)
+            raise self.too_large(size)
         parts = self.receiving
         if parts is None:
             parts = self.receiving = []
@@ -263,7 +266,7 @@ class Channel:
         joined: one copy of each byte)."""
         size = self.receiving_size + len(data)
         if size > self.recv_capacity:
-            raise self._too_large(size)
+            raise self.too_large(size)
         stats = self.stats
         stats.bytes_received += len(data)
         parts = self.receiving
@@ -282,7 +285,7 @@ class Channel:
         return None
 
 
-def _collect(parts: list, piece) -> None:
+def _collect(parts: list[Any], piece: bytes | memoryview) -> None:
     """Keep ``piece`` (bytes or a memoryview of a read) in ``parts``: as it is when it is
     at least ``KEEP_VIEW_MIN`` bytes and half of the (immutable) read it views (or of the
     same read as the view before it, already kept alive), so that kept views never hold
@@ -322,7 +325,7 @@ class Scheduler:
         """The decayed byte count of ``channel`` at ``now`` (for statistics and tests)."""
         return channel.stored_sent * math.exp(-(now - self._epoch) / DECAY_TAU)
 
-    def next_packets(self, now: float, payload: int, budget: int) -> tuple[list, int]:
+    def next_packets(self, now: float, payload: int, budget: int) -> tuple[list[Any], int]:
         """Packets worth about ``budget`` wire bytes, as a list of byte parts to join.
 
         Returns ``(parts, wire_bytes)``; ``parts`` is empty when nothing is pending.
@@ -338,7 +341,7 @@ class Scheduler:
             self._epoch = now
             exponent = 0.0
         scale = math.exp(exponent)
-        parts: list = []
+        parts: list[Any] = []
         sent = 0
         while pending and sent < budget:
             if len(pending) == 1:

@@ -10,6 +10,7 @@ Switch's decision, made on the HelloReceived event.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from mconn.core.channel import ChannelDescriptor
 from mconn.config import MIN_PACKET_PAYLOAD
@@ -88,14 +89,15 @@ def hello_packet(hello: Hello) -> bytes:
     The last one is found by identity first: a Hello's hash walks all its fields."""
     last = _last_hello
     if last[0] is hello:
-        return last[1]
+        packet: bytes = last[1]
+        return packet
     packet = _hello_packet(hello)
     _last_hello[:] = (hello, packet)
     return packet
 
 
 #: The Hello ``hello_packet`` encoded last, and its packet.
-_last_hello: list = [None, b""]
+_last_hello: list[Any] = [None, b""]
 
 
 @functools.lru_cache(maxsize=16)

@@ -23,7 +23,7 @@ import types
 from collections.abc import Iterable, Mapping
 
 from mconn.errors import IncompatibleNode, MalformedPacket
-from mconn.core.wire import HelloTag, NodeInfoBody
+from mconn.core.wire import Hello, HelloTag, NodeInfoBody
 from mconn.core.wire_primitives import MAX_UVARINT_SIZE, parse
 
 #: ``HelloTag.NODE_INFO`` as a module constant (an Enum member lookup is a descriptor
@@ -136,12 +136,13 @@ class NodeInfo:
     def encode(self) -> bytes:
         """The hello field's value (``wire.NodeInfoBody``); ``other`` in key order."""
         p = self.protocol
-        return NodeInfoBody.build(
+        built: bytes = NodeInfoBody.build(
             dict(
                 p2p=p.p2p, block=p.block, app=p.app, network=self.network, version=self.version,
                 moniker=self.moniker, other=[dict(key=k, value=v) for k, v in self.other.items()],
             )
         )
+        return built
 
     @classmethod
     def decode(cls, value: bytes) -> NodeInfo:
@@ -175,7 +176,7 @@ def _uvarint_size(value: int) -> int:
     return 1 + (value.bit_length() + 7) // 8
 
 
-def _check_text(name: str, value, limit: int) -> None:
+def _check_text(name: str, value: object, limit: int) -> None:
     if not isinstance(value, str) or not (value.isprintable()):
         raise ValueError(f"{name} must be printable text, got {value!r}")
     size = len(value.encode())
@@ -188,7 +189,7 @@ def node_info_field(info: NodeInfo) -> tuple[int, bytes]:
     return (HelloTag.NODE_INFO, info.encode())
 
 
-def node_info_of(hello) -> NodeInfo | None:
+def node_info_of(hello: Hello) -> NodeInfo | None:
     """The node info a hello carries, or None if it has none (an older node's hello).
 
     :raises MalformedPacket: if the field does not decode, or appears twice.

@@ -32,7 +32,8 @@ PRE_HELLO_SIZE = 8
 
 def encode_pre_hello() -> bytes:
     """The pre-hello (its only form: version 1, TLS follows)."""
-    return PreHello.build(dict(version=PRE_HELLO_VERSION, next=PRE_HELLO_NEXT_TLS))
+    built: bytes = PreHello.build(dict(version=PRE_HELLO_VERSION, next=PRE_HELLO_NEXT_TLS))
+    return built
 
 
 def decode_pre_hello(data: bytes) -> None:

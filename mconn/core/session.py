@@ -36,6 +36,7 @@ import collections
 import hmac
 import itertools
 import math
+from collections.abc import Iterable
 
 # AckError lives with the other errors; ``from mconn.core.session import AckError`` still works.
 from mconn.errors import AckError, warn_renamed
@@ -64,10 +65,11 @@ class _Stream:
 #: of its own), so an idle peer costs no stream and no deque per channel. Its ``unacked``
 #: is a tuple: a write that skipped that step fails instead of sharing.
 _IDLE = _Stream.__new__(_Stream)
-_IDLE.acked, _IDLE.unacked, _IDLE.unacked_bytes, _IDLE.delivered = 0, (), 0, 0
+# The tuple is on purpose (see above): typed as the deque every other stream has.
+_IDLE.acked, _IDLE.unacked, _IDLE.unacked_bytes, _IDLE.delivered = 0, (), 0, 0  # type: ignore[assignment]
 
 
-class _IdleTable(dict):
+class _IdleTable(dict[int, _Stream]):
     """A streams table whose channels are all ``_IDLE``, shared by every session over the
     same channels (``_idle_table``); a session copies it before its first write."""
 
@@ -75,15 +77,15 @@ class _IdleTable(dict):
 
 
 #: channel ids (a tuple) -> their shared _IdleTable; a handful per node.
-_IDLE_TABLES: dict = {}
+_IDLE_TABLES: dict[tuple[int, ...], dict[int, _Stream]] = {}
 
 
-def _idle_table(channel_ids) -> dict:
+def _idle_table(channel_ids: Iterable[int]) -> dict[int, _Stream]:
     """The streams table of a new session: shared while idle (one dict fewer per peer
     that never carries a message), a plain dict for ids that are not a tuple."""
     if type(channel_ids) is not tuple:
         return dict.fromkeys(channel_ids, _IDLE)
-    table = _IDLE_TABLES.get(channel_ids)
+    table: dict[int, _Stream] | None = _IDLE_TABLES.get(channel_ids)
     if table is None:
         table = _IdleTable.fromkeys(channel_ids, _IDLE)
         if len(_IDLE_TABLES) < 64:
@@ -97,7 +99,7 @@ class Budget:
 
     __slots__ = ("limit", "used")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: float) -> None:
         self.limit = limit
         self.used = 0
 
@@ -122,7 +124,7 @@ class Session:
     def __init__(
         self,
         session_id: bytes,
-        channel_ids,
+        channel_ids: Iterable[int],
         *,
         recovery_buffer_bytes: int,
         ack_every_messages: int,
@@ -148,7 +150,7 @@ class Session:
         self.resent = 0
 
     @property
-    def channel_ids(self) -> frozenset:
+    def channel_ids(self) -> frozenset[int]:
         return frozenset(self._streams)
 
     def proves(self, session_id: bytes) -> bool:
@@ -190,7 +192,7 @@ class Session:
         budget.used += size
         return stream.acked + len(unacked) - 1
 
-    def admit_many(self, channel_id: int, messages: list, total: int) -> int | None:
+    def admit_many(self, channel_id: int, messages: list[bytes], total: int) -> int | None:
         """``admit`` of all of ``messages`` (``total`` bytes) in one step, when the
         session-wide bounds take them all: the first one's sequence number. Then ``admit``
         one at a time would have taken each (the counts it tests only grow, and it
@@ -225,7 +227,7 @@ class Session:
             stream = self._owned_streams()[channel_id] = _Stream()
         return stream
 
-    def _owned_streams(self) -> dict:
+    def _owned_streams(self) -> dict[int, _Stream]:
         """The streams table, to be written: the shared idle one is copied first."""
         streams = self._streams
         if type(streams) is _IdleTable:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 from construct import (
     Bytes,
@@ -212,7 +213,7 @@ class Hello:
 
 def encode_hello(hello: Hello) -> bytes:
     """The hello body (without the extension header)."""
-    return HelloBody.build(
+    built: bytes = HelloBody.build(
         dict(
             version=hello.version,
             node_id=bytes.fromhex(hello.node_id),
@@ -225,6 +226,7 @@ def encode_hello(hello: Hello) -> bytes:
             fields=[dict(tag=t, value=v) for t, v in hello.fields],
         )
     )
+    return built
 
 
 def decode_hello(body: bytes) -> Hello:
@@ -264,11 +266,11 @@ def decode_hello(body: bytes) -> Hello:
 #: their ChannelInfos (frozen, so shared): the nodes of one network announce a handful
 #: of lists, and a connect storm decodes the same one thousands of times. At most
 #: CHANNEL_INFOS_KEPT lists are kept; the others are decoded each time.
-_CHANNEL_INFOS: dict = {}
+_CHANNEL_INFOS: dict[tuple[tuple[int, int, int], ...], tuple[ChannelInfo, ...]] = {}
 CHANNEL_INFOS_KEPT = 64
 
 
-def _channel_infos(channels: tuple) -> tuple[ChannelInfo, ...]:
+def _channel_infos(channels: tuple[tuple[int, int, int], ...]) -> tuple[ChannelInfo, ...]:
     """The ChannelInfos of a hello's ``(id, priority, capacity)`` triples, checked: at
     most MAX_CHANNELS, each id once, each priority >= 1."""
     if len(channels) > MAX_CHANNELS:
@@ -283,7 +285,12 @@ def _channel_infos(channels: tuple) -> tuple[ChannelInfo, ...]:
     return tuple(ChannelInfo(id=i, priority=p, recv_message_capacity=r) for i, p, r in channels)
 
 
-def hello_parts_declared(body: bytes) -> tuple:
+#: A hello body's parts: version, node id bytes, max_packet_payload, the channels'
+#: (id, priority, recv_message_capacity), listen address, the (tag, value) fields.
+_HelloParts = tuple[int, bytes, int, list[tuple[int, int, int]], str, list[tuple[int, bytes]]]
+
+
+def hello_parts_declared(body: bytes) -> _HelloParts:
     """``HelloBody``'s parse of a hello body, as the tuple ``_hello_parts`` returns."""
     c = _parse(HelloBody, body, "hello")
     return (
@@ -296,7 +303,7 @@ def hello_parts_declared(body: bytes) -> tuple:
     )
 
 
-def _hello_parts(body: bytes) -> tuple | None:
+def _hello_parts(body: bytes) -> _HelloParts | None:
     """A hello body read by hand, as ``(version, node id bytes, max_packet_payload,
     [(id, priority, recv_message_capacity)], listen address, [(tag, value)])``; None
     for anything ``HelloBody`` might refuse (or list more than MAX_CHANNELS channels):
@@ -337,7 +344,8 @@ def _hello_parts(body: bytes) -> tuple | None:
 
 def encode_close(code: str, text: str = "") -> bytes:
     """The close body (without the extension header)."""
-    return CloseBody.build(dict(code=code, text=text))
+    built: bytes = CloseBody.build(dict(code=code, text=text))
+    return built
 
 
 def decode_close(body: bytes) -> tuple[str, str]:
@@ -346,7 +354,7 @@ def decode_close(body: bytes) -> tuple[str, str]:
     return c.code, c.text
 
 
-def _counts(parsed) -> dict[int, int]:
+def _counts(parsed: Any) -> dict[int, int]:
     counts: dict[int, int] = {}
     for entry in parsed:
         if entry.channel_id in counts:
@@ -355,7 +363,7 @@ def _counts(parsed) -> dict[int, int]:
     return counts
 
 
-def _count_list(counts: dict[int, int]) -> list:
+def _count_list(counts: dict[int, int]) -> list[dict[str, int]]:
     return [dict(channel_id=c, count=n) for c, n in sorted(counts.items())]
 
 
@@ -368,7 +376,8 @@ def encode_ack(delivered: dict[int, int]) -> bytes:
     parts = [uvarint_bytes(len(delivered))]
     for channel_id, count in sorted(delivered.items()):
         if not 0 <= channel_id <= 0xFF or not 0 <= count < 1 << (8 * MAX_UVARINT_SIZE):
-            return AckBody.build(dict(delivered=_count_list(delivered)))  # its error says why
+            built: bytes = AckBody.build(dict(delivered=_count_list(delivered)))  # its error says why
+            return built
         parts.append(bytes((channel_id,)))
         parts.append(uvarint_bytes(count))
     return b"".join(parts)
@@ -398,9 +407,10 @@ def decode_ack(body: bytes) -> dict[int, int]:
 
 
 def encode_session_request(request: SessionRequest) -> bytes:
-    return SessionRequestBody.build(
+    built: bytes = SessionRequestBody.build(
         dict(session_id=request.session_id, resume=request.resume, delivered=_count_list(request.delivered))
     )
+    return built
 
 
 def decode_session_request(value: bytes) -> SessionRequest:
@@ -444,7 +454,7 @@ def encode_session_answer(answer: SessionAnswer) -> bytes:
         return b"".join((
             session_id, b"\x01" if answer.resumed else b"\x00", uvarint_bytes(len(text)), text, encode_ack(delivered),
         ))
-    return SessionAnswerBody.build(
+    built: bytes = SessionAnswerBody.build(
         dict(
             session_id=answer.session_id,
             resumed=answer.resumed,
@@ -452,6 +462,7 @@ def encode_session_answer(answer: SessionAnswer) -> bytes:
             delivered=_count_list(answer.delivered),
         )
     )
+    return built
 
 
 def decode_session_answer(body: bytes) -> SessionAnswer:
@@ -466,20 +477,23 @@ def encode_extension(packet_type: int, body: bytes) -> bytes:
     (tests/core/test_codec_equivalence.py).
     """
     if not FIRST_EXTENSION_TYPE <= packet_type <= 0xFF:
-        return Packet.build(dict(type=packet_type, payload=dict(body=body)))  # its error says why
+        built: bytes = Packet.build(dict(type=packet_type, payload=dict(body=body)))  # its error says why
+        return built
     return bytes((packet_type,)) + uvarint_bytes(len(body)) + body
 
 
-def encode_packet(packet_type: int, **payload) -> bytes:
+def encode_packet(packet_type: int, **payload: Any) -> bytes:
     """Build any packet from the declaration (the reference encoder; not the hot path)."""
     if packet_type in (PacketType.PING, PacketType.PONG):
-        return Packet.build(dict(type=packet_type, payload=None))
+        built: bytes = Packet.build(dict(type=packet_type, payload=None))
+        return built
     if packet_type == PacketType.MSG:
-        return Packet.build(dict(type=packet_type, payload=payload))
+        built = Packet.build(dict(type=packet_type, payload=payload))
+        return built
     return encode_extension(packet_type, payload["body"])
 
 
-def decode_packet(data: bytes):
+def decode_packet(data: bytes) -> tuple[int, Any]:
     """Parse exactly one whole packet with the declaration (the reference decoder).
 
     Returns ``(type, payload)`` where payload is None for ping/pong, a
@@ -496,4 +510,5 @@ def decode_packet(data: bytes):
 
 def encode_uvarint(value: int) -> bytes:
     """go-wire uvarint bytes for ``value``."""
-    return uvarint.build(value)
+    built: bytes = uvarint.build(value)
+    return built
