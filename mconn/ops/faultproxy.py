@@ -174,7 +174,8 @@ class FaultProxy:
                 self._cut = None
         return nbytes, direction
 
-    def _link_closed(self, link):
+    def link_closed(self, link):
+        """A link's two sockets are gone: the proxy forgets it."""
         if link in self.links:
             self.links.remove(link)
         log.debug("fault proxy: link {link_id} closed", link_id=link.id)

@@ -5,7 +5,7 @@ live connection: reset (RST both ends), black hole, a cut after exactly N bytes,
 proxy's delay. The FaultProxy that accepts connections and makes links is in
 mconn/ops/faultproxy.py; this module knows it only as the ``proxy`` a Link is made with
 (its ``clock``, ``target_host``/``target_port``, ``delay``, byte counters and
-``_link_closed``).
+``link_closed``).
 
 Theory of operation
 -------------------
@@ -388,7 +388,7 @@ class Link:
         self.closed = True
         for pipe in (self.up, self.down):
             pipe.cancel()
-        self._proxy._link_closed(self)
+        self._proxy.link_closed(self)
         waiters, self._close_waiters = self._close_waiters, []
         for d in waiters:
             d.callback(self)

@@ -305,7 +305,7 @@ def per_peer_metrics(switch):
                                  labels=("peer",))
     resumes = CounterMetricFamily("mconn_peer_resumes", "Times this session was resumed.", labels=("peer",))
     for node_id, peer in sorted(switch.peers.items()):
-        proto = peer._protocol
+        proto = peer.connection
         core = proto.core if proto is not None else None
         up.add_metric((node_id, peer.state.value, "outbound" if peer.is_outbound else "inbound"), 1)
         if peer.round_trip is not None:

@@ -170,7 +170,7 @@ def status_document(switch, sampler: RateSampler, listen_addresses) -> dict:
 def _transport(peer) -> str | None:
     """What carries the peer's connection (``tcp``, ``tls``, ``ws``, ``wss``, ``ws+tls``),
     or None while it has none (specs/websocket.md section 7)."""
-    protocol = peer._protocol
+    protocol = peer.connection
     return transport_kind(protocol.transport) if protocol is not None and protocol.transport is not None else None
 
 

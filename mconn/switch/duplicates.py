@@ -66,7 +66,7 @@ class DuplicateProbes:
         if newcomer.end_reason is not None or newcomer.core.state is not State.OPEN:
             return
         node_id = peer.node_id
-        if alive and peer.state is PeerState.CONNECTED and peer._protocol is old:
+        if alive and peer.state is PeerState.CONNECTED and peer.connection is old:
             sessions.apply(peer, SessionInput.DUPLICATE_REFUSED)
             sessions.count(node_id, "duplicates_refused")
             self._event(newcomer, old, "refused")
@@ -121,7 +121,7 @@ class _Probe:
         self.newcomer = newcomer
         self.peer = peer
         self.proven = proven  # the newcomer's node id is proven by its certificate
-        self.old = peer._protocol
+        self.old = peer.connection
         clock, config = probes.sessions.clock, probes.sessions.config
         self.old.probe()
         self.old.watch_bytes(self._answered)

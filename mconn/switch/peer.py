@@ -129,6 +129,14 @@ class Peer:
         return channels
 
     @property
+    def connection(self):
+        """The connection (``MConnectionProtocol``) that carries the session now, or None
+        while it has none (suspended, connecting, closed). Read-only: the session manager
+        alone gives a Peer its connection and takes it away. Status pages and metrics read
+        its facts (byte counters, transport); reactors send through the Peer, not through it."""
+        return self._protocol
+
+    @property
     def _delivery(self) -> PeerDelivery:
         """The receiving side: delivery to reactors, busy channels, acks
         (mconn.switch.peer_delivery), built when first needed."""
@@ -502,5 +510,13 @@ class Peer:
     @property
     def stats(self) -> PeerStats:
         """A ``PeerStats`` snapshot of the session's counters now (mconn.switch.peer_stats)."""
-        return snapshot(self)
+        sessions = self._sessions
+        return snapshot(
+            self,
+            descriptors=sessions.channels,
+            held=self._held,
+            waiting=self._waiting,
+            uptime=self._clock.seconds() - self._connected_at,
+            node_counters=sessions.node_counters.get(self.node_id, {}),
+        )
 

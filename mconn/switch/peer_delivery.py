@@ -79,7 +79,7 @@ class PeerDelivery:
         self.backlog_bytes += len(message) + MESSAGE_OVERHEAD
         self.backlog_messages += 1
         if not self._below_bounds():
-            protocol = self._peer._protocol
+            protocol = self._peer.connection
             if protocol is not None:
                 protocol.stop_reading()
 
@@ -96,7 +96,7 @@ class PeerDelivery:
             return  # the session ended meanwhile
         pending = None
         while backlog and pending is None:
-            protocol = self._peer._protocol
+            protocol = self._peer.connection
             if protocol is None or protocol.end_reason is not None:
                 break  # not delivered: resent on a resume, or counted undelivered by the peer
             message = backlog.popleft()
@@ -111,7 +111,7 @@ class PeerDelivery:
             self.backlog_bytes -= sum(map(len, backlog)) + len(backlog) * MESSAGE_OVERHEAD
             self.backlog_messages -= len(backlog)
             del self.busy[channel_id]
-        protocol = self._peer._protocol
+        protocol = self._peer.connection
         if protocol is not None and self._below_bounds():
             protocol.resume_reading()
 
@@ -119,7 +119,7 @@ class PeerDelivery:
         """Acknowledge the deliveries not acknowledged yet, if connected."""
         self.cancel_ack_timer()
         if self._peer.state is CONNECTED and self._session.ack_pending:
-            protocol = self._peer._protocol
+            protocol = self._peer.connection
             protocol.core.send_ack(self._session.take_ack())
             protocol.pump()
 

@@ -67,20 +67,23 @@ class PeerStats:
         return self.unconfirmed
 
 
-def snapshot(peer) -> PeerStats:
-    """``peer.stats``: the counters of ``peer``'s session, its current connection and its node."""
-    protocol = peer._protocol
+def snapshot(peer, *, descriptors, held: dict, waiting: dict, uptime: float, node_counters: dict) -> PeerStats:
+    """``peer.stats``: the counters of ``peer``'s session, its current connection and its
+    node. The Peer hands in what it alone holds: our channels' ``descriptors``, the
+    messages ``held`` while suspended and the sends ``waiting`` for room (per channel),
+    the session's ``uptime``, and its node's counters."""
+    protocol = peer.connection
     core = protocol.core if protocol is not None else None
     session = peer.session
     channels = []
-    for desc in peer._sessions.channels:
+    for desc in descriptors:
         c = core.channels[desc.id] if core is not None else None
         channels.append(
             ChannelStatsSnapshot(
                 channel_id=desc.id,
                 priority=desc.priority,
-                queue_depth=c.queue_depth if c is not None else peer._held.get(desc.id, 0),
-                waiting_sends=len(peer._waiting.get(desc.id, ())),
+                queue_depth=c.queue_depth if c is not None else held.get(desc.id, 0),
+                waiting_sends=len(waiting.get(desc.id, ())),
                 bytes_sent=c.stats.bytes_sent if c is not None else 0,
                 messages_sent=c.stats.messages_sent if c is not None else 0,
                 bytes_received=c.stats.bytes_received if c is not None else 0,
@@ -94,7 +97,7 @@ def snapshot(peer) -> PeerStats:
         node_id=peer.node_id,
         is_outbound=peer.is_outbound,
         state=peer.state.value,
-        uptime=peer._clock.seconds() - peer._connected_at,
+        uptime=uptime,
         bytes_sent=core.bytes_sent if core is not None else 0,
         bytes_received=core.bytes_received if core is not None else 0,
         round_trip=peer.round_trip,
@@ -105,5 +108,5 @@ def snapshot(peer) -> PeerStats:
         messages_resent=session.resent,
         unacked_bytes=session.unacked_bytes,
         unconfirmed=session.unconfirmed(),
-        **peer._sessions.node_counters.get(peer.node_id, {}),
+        **node_counters,
     )

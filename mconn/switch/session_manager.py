@@ -153,7 +153,7 @@ class SessionManager:
             then()
 
     def _drop_transport(self, peer: Peer, step_: _Step) -> None:
-        old = peer._protocol
+        old = peer.connection
         if old is not None:
             old.carry(None)
             step_.dropped = ConnectionClosed("replaced", step_.why)
@@ -201,7 +201,7 @@ class SessionManager:
         peer.session.release()
         if isinstance(reason, SessionRejected):
             self.count(peer.node_id, "resume_rejections")
-        protocol = peer._protocol
+        protocol = peer.connection
         if protocol is not None:
             protocol.carry(None)
         peer._end(reason)
@@ -387,7 +387,7 @@ class SessionManager:
             why = simultaneous_why(node_id, self.node_id)
             if verdict.decision is Decision.SIMULTANEOUS:
                 raise PeerRejected(SIMULTANEOUS_DIAL, why)
-            old = existing._protocol
+            old = existing.connection
 
             def replace() -> None:
                 old.close(PeerRejected(SIMULTANEOUS_DIAL, why))
@@ -406,7 +406,7 @@ class SessionManager:
         """A transport ended: its session suspends or ends; a resume attempt fails or ends."""
         peer = protocol.peer
         resuming = protocol.context.resuming
-        if peer is not None and peer._protocol is protocol:
+        if peer is not None and peer.connection is protocol:
             self.apply(peer, self._input_for(reason), reason)
         elif resuming is not None and resuming.state is S.CONNECTING:
             if isinstance(reason, PeerClosed) and reason.code in ENDS_SESSION:
@@ -439,8 +439,8 @@ class SessionManager:
     def close(self, peer: Peer, reason: Exception) -> None:
         """``Peer.close``: a close packet if connected (the session ends when the
         transport goes), else the session ends now."""
-        if peer._protocol is not None:
-            peer._protocol.close(reason)
+        if peer.connection is not None:
+            peer.connection.close(reason)
         else:
             self.apply(peer, I.PEER_CLOSE, reason)
 
@@ -465,7 +465,7 @@ class SessionManager:
         their connections close), and pending probes are dropped."""
         self.stopping = True
         for peer in list(self.peers.values()):
-            if peer._protocol is None:
+            if peer.connection is None:
                 self.apply(peer, I.SWITCH_STOP, ConnectionClosed("shutdown", "the node is stopping"))
         self._probes.cancel_all()
 
@@ -479,10 +479,10 @@ class SessionManager:
         for node_id, peer in self.peers.items():
             assert peer.node_id == node_id and peer.state is not S.CLOSED, f"peer table corrupt at {node_id}"
             if peer.state is S.CONNECTED:
-                protocol = peer._protocol
+                protocol = peer.connection
                 assert protocol in connections and protocol.peer is peer, f"{node_id}: connected without a connection"
             else:
-                assert peer._protocol is None, f"{node_id}: {peer.state} but holds a connection"
+                assert peer.connection is None, f"{node_id}: {peer.state} but holds a connection"
                 assert self.config.resume_grace > 0, f"{node_id}: {peer.state} although resume is off"
         for protocol in connections:
             if protocol.peer is not None:

@@ -413,7 +413,7 @@ class Switch(Service):
         """A message on a typed channel did not decode (a ``DecodeError``): the sender
         broke its channel's contract and is dropped like a malformed packet (a
         protocol_error, close code ``DecodeError``; specs/reactor-api.md section 11)."""
-        protocol = peer._protocol
+        protocol = peer.connection
         if protocol is not None and protocol.end_reason is None:
             protocol.fail(error)
         else:
@@ -450,7 +450,7 @@ class Switch(Service):
             if before is not None and before[1] == sample:
                 continue  # only our own pings and pongs moved
             telemetry.channel_stats(self.node_id, peer, sample)
-            protocol = peer._protocol
+            protocol = peer.connection
             if protocol is not None and peer.state is PeerState.CONNECTED and (
                 peer.round_trip is None or _carried_traffic(sample, before and before[1])
             ):

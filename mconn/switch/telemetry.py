@@ -138,7 +138,7 @@ def sample_key(peer) -> tuple:
     mean equal samples. Queue depths and counters move only with bytes through the
     connection or messages accepted; a resume changes ``connects``, a new session or
     connection the objects themselves."""
-    protocol = peer._protocol
+    protocol = peer.connection
     core = protocol.core if protocol is not None else None
     session = peer.session
     accepted = sum(session.accepted(c) for c in session.channel_ids)

@@ -26,7 +26,7 @@ class Unread:
     """The Peer a PeerDelivery reads: no session needed for holding, no transport."""
 
     session = None
-    _protocol = None
+    connection = None
 
 
 def read_messages(size: int) -> list[bytes]:

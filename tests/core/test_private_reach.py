@@ -35,87 +35,47 @@ _NAMED_ACCESS = {"getattr", "setattr", "hasattr", "delattr"}
 
 #: (accessing module, attribute) -> why it is still reached from outside its owner.
 ALLOWED: dict[tuple[str, str], str] = {
-    # -- across packages: the connection calls into its Peer (net -> switch) ----------------
+    # -- across packages: the connection calls into the Peer it carries (net -> switch) -----
     ("mconn.net.protocol", "_deliver"): (
-        "each whole message to Peer._deliver, the per-message read path; to be declared on an interface in net/owner.py"
+        "each whole message to its Peer, on the per-message read path; no interface in net/owner.py declares it yet"
     ),
-    (
-        "mconn.net.protocol",
-        "_on_ack",
-    ): "an ack packet to the Peer's send side; to be declared on an interface in net/owner.py",
+    ("mconn.net.protocol", "_on_ack"): (
+        "an ack packet to the Peer's send side, to confirm sends; no interface in net/owner.py declares it yet"
+    ),
     ("mconn.net.protocol", "_drain_waiting"): (
-        "the scheduler took messages: the Peer moves waiting sends; to be declared on an interface in net/owner.py"
+        "the scheduler took messages: the Peer moves waiting sends in; no interface in net/owner.py declares it yet"
     ),
-    (
-        "mconn.ops.metrics",
-        "_protocol",
-    ): "the peer's live connection, for its byte counters; no public accessor on Peer yet",
-    (
-        "mconn.ops.status",
-        "_protocol",
-    ): "the peer's live connection, for its transport's kind; no public accessor on Peer yet",
     # -- within a package ----------------------------------------------------------------------
-    ("mconn.core.connection", "_too_large"): (
-        "Channel.reassemble inlined on the per-packet read path raises the channel's MessageTooLarge"
+    ("mconn.net.timers", "_on_timer"): (
+        "the shared timer wheel fires a connection's timer: one device with the protocol, hidden from its users"
     ),
-    ("mconn.net.timers", "_on_timer"): "the shared timer wheel fires a connection's timer: the protocol's own device",
-    ("mconn.net.timers", "_timer"): "the timer wheel clears the protocol's handle on its entry as it fires it",
+    ("mconn.net.timers", "_timer"): "the timer wheel clears the protocol's handle on the entry it fires",
     ("mconn.net.write_through", "_tempDataLen"): (
-        "Twisted's FileDescriptor count of bytes not yet in dataBuffer: is the TCP buffer empty; Twisted has no public one"
+        "Twisted's TCP transport's count of bytes not yet in dataBuffer (is it empty?); Twisted has no public one"
     ),
-    (
-        "mconn.ops.faultproxy_link",
-        "_link_closed",
-    ): "a link tells its FaultProxy it closed; no public method on the proxy yet",
-    ("mconn.switch.duplicates", "_protocol"): "the peer's live connection, to probe it; no public accessor on Peer yet",
-    ("mconn.switch.peer_delivery", "_protocol"): (
-        "the peer's live connection, to stop or resume reading and send acks; no public accessor on Peer yet"
-    ),
-    (
-        "mconn.switch.peer_stats",
-        "_protocol",
-    ): "the peer's live connection, for its counters; no public accessor on Peer yet",
-    ("mconn.switch.peer_stats", "_sessions"): "the Peer's SessionManager, for our channels and the node's counters",
-    ("mconn.switch.peer_stats", "_held"): "the Peer's messages accepted while suspended, per channel",
-    ("mconn.switch.peer_stats", "_waiting"): "the Peer's sends waiting for room, per channel",
-    ("mconn.switch.peer_stats", "_clock"): "the Peer's clock, for the session's uptime",
-    ("mconn.switch.peer_stats", "_connected_at"): "when the Peer's session started, for its uptime",
     ("mconn.switch.session_manager", "_attach"): (
-        "the session manager, the one owner of a Peer's lifecycle, gives it a resumed connection (not for reactors)"
+        "the session manager, sole owner of a Peer's lifecycle, gives it a resumed connection; not for reactors"
     ),
     ("mconn.switch.session_manager", "_detach"): (
-        "the session manager takes a broken connection from a suspended Peer (a table effect; not for reactors)"
+        "the session manager takes a broken connection from a suspending Peer (a table effect); not for reactors"
     ),
-    (
-        "mconn.switch.session_manager",
-        "_end",
-    ): "the session manager ends a Peer's session (a table effect; not for reactors)",
-    ("mconn.switch.session_manager", "_protocol"): (
-        "the peer's live connection, to close, drop or check it; no public accessor on Peer yet"
+    ("mconn.switch.session_manager", "_end"): (
+        "the session manager ends a Peer's session (a table effect); not for reactors"
     ),
-    (
-        "mconn.switch.switch",
-        "_protocol",
-    ): "the peer's live connection, to fail or probe it; no public accessor on Peer yet",
-    (
-        "mconn.switch.telemetry",
-        "_protocol",
-    ): "the peer's live connection, for its counters; no public accessor on Peer yet",
-    # -- the test doubles: one package, a link's parts -----------------------------------------
+    # -- the test doubles: one package, a MemoryLink's parts -----------------------------------
     ("mconn.testing.fabric", "_path"): "the network path a MemoryLink runs on, to find the links a fault touches",
-    ("mconn.testing.fabric", "_schedule"): "a healed black hole makes a MemoryLink move what it held",
-    ("mconn.testing.network", "_vanish"): "a killed node's MemoryLinks lose their side, silently or with a reset",
+    ("mconn.testing.fabric", "_schedule"): "a healed black hole makes each MemoryLink on it move what it held",
+    ("mconn.testing.network", "_vanish"): "a killed node's MemoryLinks lose its side, silently or with a reset",
     ("mconn.testing.network", "_wrappedProtocol"): (
-        "Twisted's endpoint wrapper hides the protocol whose owner names the dialing node; no public accessor"
+        "Twisted's endpoint wrapper holds the protocol whose owner names the dialing node; no public accessor"
     ),
     ("mconn.testing.transport", "_wrappedProtocol"): (
-        "Twisted's endpoint wrapper hides the protocol a MemoryLink joins; no public accessor"
+        "Twisted's endpoint wrapper holds the protocol a MemoryLink joins; no public accessor"
     ),
     # -- pyspark, which offers no public way to these --------------------------------------------
-    (
-        "mconn.pipeline.cli",
-        "_active_spark_context",
-    ): "pyspark's running SparkContext, if any: a caller's session is left running",
+    ("mconn.pipeline.cli", "_active_spark_context"): (
+        "pyspark's running SparkContext, if any: a caller's session is left running"
+    ),
     ("mconn.pipeline.ingest", "_jvm"): "pyspark's JVM gateway, for Hadoop's FileSystem, which pyspark does not wrap",
     ("mconn.pipeline.ingest", "_jsc"): "pyspark's Java SparkContext, for the Hadoop configuration of that FileSystem",
     ("mconn.pipeline.spark", "_ensure_initialized"): (
