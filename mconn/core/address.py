@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import string
-from typing import NoReturn
+from collections.abc import Iterable
+from typing import Any, NoReturn
 
 _HEX_DIGITS = frozenset(string.hexdigits)
 _NODE_ID_LENGTH = 40
@@ -205,7 +206,7 @@ def _fail(text: str, problem: str) -> NoReturn:
 # -- which learnt addresses may be dialed (specs/pex.md section 3.5) -------------------------
 
 
-def _ip(host: str):
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """``host`` as an IP address (an IPv4-mapped one as IPv4), or None for a name."""
     try:
         ip = ipaddress.ip_address(host)
@@ -234,7 +235,7 @@ def host_scope(host: str) -> str:
     return PUBLIC if ip.is_global else PRIVATE
 
 
-def is_own_address(address: PeerAddress, listen_addresses) -> bool:
+def is_own_address(address: PeerAddress, listen_addresses: Iterable[str | PeerAddress]) -> bool:
     """Whether ``address`` leads to one of our listeners (``host:port`` texts or
     PeerAddress objects): the same IP and port, or, for a wildcard listener (``0.0.0.0``,
     ``::``), a loopback or unspecified IP with its port."""
@@ -255,7 +256,7 @@ def is_own_address(address: PeerAddress, listen_addresses) -> bool:
     return False
 
 
-def transport_host(transport) -> str | None:
+def transport_host(transport: Any) -> str | None:
     """The host a Twisted transport's peer connects from (``getPeer().host``: for a
     WebSocket listener's connection from a trusted proxy, the client the proxy names),
     or None if it has none (a UNIX socket, an in-memory transport without one)."""
@@ -304,16 +305,21 @@ def announced_address(
         host = announced.host
         ip = _ip(host)
         if ip is not None and ip.is_unspecified:
-            host = remote_host if remote_host is not None else host_of(remote_address)
-            if host is None:
+            seen = remote_host if remote_host is not None else host_of(remote_address)
+            if seen is None:
                 return None
+            host = seen
         return PeerAddress(node_id, host, announced.port, announced.scheme, announced.path)
     except ValueError:
         return None
 
 
 def discovered_problem(
-    address: PeerAddress, *, source_host: str | None, allow_private: bool, listen_addresses=()
+    address: PeerAddress,
+    *,
+    source_host: str | None,
+    allow_private: bool,
+    listen_addresses: Iterable[str | PeerAddress] = (),
 ) -> str | None:
     """Why ``address``, learnt from a peer whose connection comes from ``source_host``,
     must not be dialed, as one word, or None if it may be (specs/pex.md section 3.5):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ipaddress
+from collections.abc import Iterable
 
 from mconn.config import Config
 from mconn.errors import PeerRejected
@@ -194,9 +195,9 @@ class Admission:
     def handshake_over(self, handshake: object) -> None:
         """An admitted connection's handshake ended (a session, the connection lost, or
         evicted); again for the same handshake does nothing."""
-        group = self._pending.pop(handshake, _NOT_PENDING)
-        if group is _NOT_PENDING:
+        if handshake not in self._pending:
             return
+        group = self._pending.pop(handshake)
         members = self.pending_groups[group]
         del members[handshake]
         if not members:
@@ -228,12 +229,12 @@ class Admission:
         """Count a refusal by its reason."""
         self.refusals[rejection.reason] = self.refusals.get(rejection.reason, 0) + 1
 
-    def check_invariants(self, live_hosts, live_pending: int) -> None:
+    def check_invariants(self, live_hosts: Iterable[str | None], live_pending: int) -> None:
         """The counts agree with the live connections: ``live_hosts`` has the host (or
         its key, ``key_of`` the host) of every admitted connection still open,
         ``live_pending`` how many still handshake; the groups hold exactly the pending
         handshakes, and no group is empty."""
-        per_ip: dict[str, int] = {}
+        per_ip: dict[str | None, int] = {}
         for host in live_hosts:
             key = self.key_of(host)
             per_ip[key] = per_ip.get(key, 0) + 1
@@ -242,6 +243,3 @@ class Admission:
         grouped = {h: g for g, members in self.pending_groups.items() for h in members}
         assert grouped == self._pending, f"pending by group {self.pending_groups} != pending {self._pending}"
         assert all(self.pending_groups.values()), f"an empty group in {self.pending_groups}"
-
-
-_NOT_PENDING = object()

@@ -61,7 +61,7 @@ class NodeKey:
         return cls(ed25519.Ed25519PrivateKey.generate())
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> NodeKey:
+    def load(cls, path: str | os.PathLike[str]) -> NodeKey:
         """Read a key written by :meth:`save`.
 
         :raises ValueError: if the file is missing or unreadable, readable by group or
@@ -71,7 +71,7 @@ class NodeKey:
         return cls(_parse_pem(path, _read_private_file(path)))
 
     @classmethod
-    def load_or_create(cls, path: str | os.PathLike) -> NodeKey:
+    def load_or_create(cls, path: str | os.PathLike[str]) -> NodeKey:
         """Load the key at ``path``, or generate one and save it there if there is none.
 
         Two processes creating the same missing file at once may each keep a different key;
@@ -83,7 +83,7 @@ class NodeKey:
         key.save(path)
         return key
 
-    def save(self, path: str | os.PathLike) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write the key to ``path`` as PEM (PKCS8, unencrypted), mode 0600, atomically.
 
         An existing file at ``path`` is replaced.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
 from mconn.errors import (
     ConnectionClosed,
@@ -33,7 +34,7 @@ from mconn.errors import (
 )
 from mconn.core.handshake import session_field
 from mconn.core.session_ref import session_ref
-from mconn.core.wire import SessionRequest, decode_session_request
+from mconn.core.wire import Hello, SessionRequest, decode_session_request
 
 
 class PeerState(enum.StrEnum):
@@ -353,7 +354,7 @@ def simultaneous_why(their_id: str, our_id: str) -> str:
     )
 
 
-def session_request_of(hello) -> SessionRequest | None:
+def session_request_of(hello: Hello) -> SessionRequest | None:
     """The dialer's session request from its hello (None if it sent none).
 
     :raises MalformedPacket: if the field does not parse.
@@ -362,7 +363,7 @@ def session_request_of(hello) -> SessionRequest | None:
     return None if value is None else decode_session_request(value)
 
 
-def channel_change(peer, hello) -> str:
+def channel_change(peer: Any, hello: Hello) -> str:
     """Why ``hello``'s channels differ from those ``peer``'s session started with ('' if
     they do not): each (channel, priority) pair removed or added, in ascending order."""
     before = {(c.id, c.priority) for c in peer.channels.values()}
