@@ -4,7 +4,7 @@ STAMP := $(VENV)/.installed
 # How long `make run`'s fleet runs, in seconds (starting, stopping and the audit come on top).
 RUN_SECONDS ?= 60
 
-.PHONY: test run bench clean
+.PHONY: test lint run bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	# Debian packages the tests use: java for Spark, tmux for the chat terminal test,
@@ -32,7 +32,13 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e '.[test,pipeline,chat,typed]'
 	touch $(STAMP)
 
-test: $(STAMP)
+# ruff and mypy read their settings from pyproject.toml (ruff skips .venv, bench/out and
+# tests/artifacts; mypy checks mconn/, strict for mconn/core/).
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+test: lint
 	$(PY) -m pytest -q
 
 run: $(STAMP)

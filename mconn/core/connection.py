@@ -44,7 +44,8 @@ from mconn.core.events import (
 from mconn.core.frame_buffer import MSG, PING, PONG, RUN, FrameBuffer
 from mconn.core.handshake import asks_for_session, check_hello, fresh_answer_parts, hello_packet
 from mconn.core.rate import TokenBucket
-from mconn.core.connection_table import TRANSITIONS, Input, State  # State, Input, TRANSITIONS: also mconn.core.connection's names
+# State, Input, TRANSITIONS: also mconn.core.connection's names (``X as X`` re-exports them).
+from mconn.core.connection_table import TRANSITIONS as TRANSITIONS, Input as Input, State as State
 from mconn.core.wire import (
     FIRST_OPTIONAL_TYPE,
     SESSION_ID_BYTES,

@@ -57,7 +57,7 @@ from mconn.core.session_table import (
 )
 from mconn.core.wire import SESSION_ID_BYTES, SessionAnswer, SessionRequest
 
-S, I = PeerState, SessionInput
+S, I = PeerState, SessionInput  # noqa: E741 -- the names mconn/core/session_table.py's table uses
 
 #: The close code and PeerRejected reason of the connection that loses a simultaneous dial.
 SIMULTANEOUS_DIAL = "simultaneous_dial"
