@@ -36,7 +36,7 @@ _LAST_OPTIONS: list = [None, ()]
 #: Listening port -> (the options set on its socket, the names its accepted sockets
 #: inherit, {name: (level, option, the value it had before)}).
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_NOTHING = frozenset()
+_NOTHING: frozenset[str] = frozenset()
 
 
 def _options_of(config) -> tuple:

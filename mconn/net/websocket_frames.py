@@ -145,7 +145,7 @@ def binary_frames(data, *, limit: int, keys=None) -> bytes:
     if keys is None:
         if count == 1:
             return _header(_BINARY, 0, n) + data
-        parts = []
+        parts: list[bytes | memoryview] = []
         for start in range(0, n, limit):
             chunk = view[start : start + limit]
             parts += (_header(_BINARY, 0, len(chunk)), chunk)

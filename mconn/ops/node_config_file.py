@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import tomllib
 import types
 import typing
 
@@ -24,12 +25,6 @@ from twisted.python import usage
 from mconn.config import Config
 from mconn.ops.node_help import CONFIG_FIELDS
 from mconn.ops.telemetry_file import DEFAULT_KEEP_BYTES, DEFAULT_KEEP_FILES, DEFAULT_ROTATE_BYTES
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    tomllib = None
-
 
 #: Settings that may be repeated; the rest take one value.
 REPEATABLE = ("listen", "peer", "reactor")
@@ -94,10 +89,8 @@ def _setting_type(name: str) -> tuple[type, bool]:
     return hint, False
 
 
-def read_toml(path: str) -> dict:
+def read_toml(path: str) -> dict[str, Setting]:
     """{setting: Setting} from a TOML file; unknown keys are errors."""
-    if tomllib is None:
-        raise ConfigurationError(f"--config {path}: reading TOML needs Python 3.11 or later")
     try:
         with open(path, "rb") as f:
             data = tomllib.load(f)
@@ -106,7 +99,7 @@ def read_toml(path: str) -> dict:
     except tomllib.TOMLDecodeError as e:
         raise ConfigurationError(f"--config {path}: not valid TOML: {e}") from None
     base = os.path.dirname(os.path.abspath(path))
-    given = {}
+    given: dict[str, Setting] = {}
     for key, value in data.items():
         name = key.replace("-", "_")  # dashes as on the command line are accepted
         where = f"{path}: {key}"

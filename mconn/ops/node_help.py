@@ -26,7 +26,8 @@ def config_field_docs() -> dict[str, str]:
     The comment says what the field means, its unit and why its default; a field
     without one has no entry (tests/operators/test_first_day.py requires one for each).
     """
-    docs, comment = {}, []
+    docs: dict[str, str] = {}
+    comment: list[str] = []
     try:
         source = inspect.getsource(Config)
     except (OSError, TypeError):  # installed without its .py files: help without comments

@@ -74,8 +74,8 @@ class _Rates:
 
     def __init__(self, samples: int) -> None:
         self.last: tuple[int, int] | None = None
-        self.send = collections.deque(maxlen=samples)
-        self.receive = collections.deque(maxlen=samples)
+        self.send: collections.deque[float] = collections.deque(maxlen=samples)
+        self.receive: collections.deque[float] = collections.deque(maxlen=samples)
 
     def add(self, sent: int, received: int, elapsed: float) -> None:
         if self.last is not None and elapsed > 0:

@@ -235,7 +235,7 @@ def prune_rotated(path: str | os.PathLike, keep_files: int, keep_bytes: int) -> 
     if rotated and rotated[-1] == os.fspath(path):
         rotated.pop()  # the live file is bounded by rotate_bytes, not pruned
     kept = total = 0
-    deleted = []
+    deleted: list[str] = []
     for name in reversed(rotated):  # newest first
         size = os.path.getsize(name)
         if deleted or kept == keep_files or total + size > keep_bytes:

@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import os
 
-from pyspark.sql import Observation, functions as F
+from pyspark.sql import DataFrame, Observation, functions as F
 
 from mconn.pipeline import audit, channels, errors, ingest, latency, links, reconnects, sessions, summary
 from mconn.pipeline.spark import Progress
@@ -148,7 +148,7 @@ class _Shared:
 
     def __init__(self, events) -> None:
         self.events = events
-        self._cached = []
+        self._cached: list[DataFrame] = []
 
     def _keep(self, df):
         self._cached.append(df.cache())

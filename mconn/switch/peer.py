@@ -331,7 +331,7 @@ class Peer:
                 if self._live():
                     self._protocol.pump()
                 return self._confirmation(channel_id, sequence) if confirm else defer.succeed(True)
-        d = defer.Deferred()
+        d: defer.Deferred[bool] = defer.Deferred()
         entry = [message, d, None, confirm]
         entry[2] = self._clock.callLater(self._config.send_timeout, self._send_timed_out, channel_id, entry)
         self._waiting.setdefault(channel_id, collections.deque()).append(entry)
@@ -340,8 +340,8 @@ class Peer:
     def _bytes_of(self, channel_id: int, message) -> bytes:
         return self._shape.bytes_of(channel_id, message)
 
-    def _confirmation(self, channel_id: int, sequence: int) -> defer.Deferred:
-        d = defer.Deferred()
+    def _confirmation(self, channel_id: int, sequence: int) -> defer.Deferred[bool]:
+        d: defer.Deferred[bool] = defer.Deferred()
         self._confirms.setdefault(channel_id, collections.deque()).append((sequence, d))
         return d
 

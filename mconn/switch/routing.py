@@ -19,6 +19,7 @@ for ``add_peer`` and ``receive`` judged by the reactor's ``on_error`` or
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
 from twisted.internet import defer
 
@@ -39,7 +40,7 @@ class ReactorSet:
     def __init__(self, reactors, switch, decode_failed) -> None:
         self._switch = switch
         self.reactors, self.by_name = _named(reactors)
-        self.by_channel = {}
+        self.by_channel: dict[int, Any] = {}
         self.channels = []
         for reactor in self.reactors:
             for desc in reactor.get_channels():

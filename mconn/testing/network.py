@@ -246,7 +246,7 @@ class MemoryNetwork:
         (``connectTCP``) and listening ports (``listenTCP``). A dial to a port nobody
         listens on fails with ConnectionRefusedError.
         """
-        links = []
+        links: list[MemoryLink] = []
         if not self.fabric.recording:
             return links  # on a plain Clock, dials connect by themselves
         while self.clock.tcpClients:
