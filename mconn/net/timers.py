@@ -21,7 +21,9 @@ live ones.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from heapq import heapify, heappop, heappush
+from typing import Any
 
 from twisted.logger import Logger
 
@@ -36,6 +38,7 @@ class Timers:
     """The timers of the protocols on ``clock`` (an ``IReactorTime``)."""
 
     def __init__(self, clock) -> None:
+        self._clock: Callable[[], Any]
         try:  # weakly: the connections' protocols hold the clock anyway
             self._clock = weakref.ref(clock)
         except TypeError:

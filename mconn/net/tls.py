@@ -38,6 +38,7 @@ import datetime
 import ipaddress
 import os
 import secrets
+from collections.abc import Callable
 
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ed25519
@@ -354,6 +355,7 @@ def _context(chain, private_key, verify_flags: int, authorities=None) -> SSL.Con
         ctx.check_privatekey()
     if authorities is not None:
         store = ctx.get_cert_store()
+        assert store is not None  # a context always has its store
         for authority in authorities:
             store.add_cert(crypto.X509.from_cryptography(authority))
     ctx.set_verify(verify_flags)  # each connection sets its own callback (PeerCheck)
@@ -393,6 +395,7 @@ class PeerCheck:
 
 def _host_mismatch(certificate: x509.Certificate, host: str) -> str | None:
     """Why the certificate does not name ``host`` (service_identity), or None if it does."""
+    check: Callable[[x509.Certificate, str], None]
     if is_ip(host):
         check, kind = verify_certificate_ip_address, "IP address"
     else:

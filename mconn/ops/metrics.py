@@ -281,9 +281,9 @@ def round_trip_histogram(round_trips: list[float]) -> GaugeHistogramMetricFamily
         else:
             counts[-1] += 1
     buckets, running = [], 0
-    for bound, count in zip((*(repr(b) for b in ROUND_TRIP_BUCKETS), "+Inf"), counts):
+    for label, count in zip((*(repr(b) for b in ROUND_TRIP_BUCKETS), "+Inf"), counts):
         running += count
-        buckets.append((bound, running))
+        buckets.append((label, running))
     return GaugeHistogramMetricFamily(
         "mconn_peer_round_trip_seconds",
         "Connected peers by their last measured ping round trip, seconds.",

@@ -14,6 +14,7 @@ import base64
 import dataclasses
 import html
 import os
+import typing
 
 from pyspark.sql import functions as F
 
@@ -60,7 +61,7 @@ def timeline_lanes(links, sessions, breaks) -> tuple[list[dict], float]:
         sessions.select("node_id", "peer_id", "session_id", "observed_until"), ["node_id", "peer_id", "session_id"]
     ).select("node_id", "peer_id", "break_at", F.coalesce("resolved_at", "observed_until"))
     gaps = gaps.limit(200 * LANES).collect()
-    lanes = {
+    lanes: dict[tuple[str, str], dict[str, typing.Any]] = {
         (r[0], r[1]): {"label": f"{short(r[0])} > {short(r[1])}", "sessions": [], "breaks": []} for r in pairs_rows
     }
     for node, peer, start, end, outcome in spans:

@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+import typing
 
 #: log4j2 configuration for a local driver: warnings only, Hadoop's native-library
 #: notice and Spark's loopback-address notice silenced.
@@ -199,7 +200,7 @@ class _Stage:
             p._write(f"{self.prefix} ...")
         return self
 
-    def __exit__(self, kind, value, tb) -> bool:
+    def __exit__(self, kind, value, tb) -> typing.Literal[False]:
         p = self.progress
         elapsed = time.monotonic() - self.started
         p.timings[self.name] = elapsed

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import os
 import sys
+import typing
 
 PROG = "mconn-pipeline-submit"
 
 
-def command(spark_args: list[str], pipeline_args: list[str], environ: dict) -> tuple[list[str], dict]:
+def command(
+    spark_args: list[str], pipeline_args: list[str], environ: typing.Mapping[str, str]
+) -> tuple[list[str], dict[str, str]]:
     """The spark-submit command line and its environment."""
     import pyspark
 
@@ -44,7 +47,7 @@ def command(spark_args: list[str], pipeline_args: list[str], environ: dict) -> t
     return argv, env
 
 
-def main(argv=None) -> int:
+def main(argv=None) -> int | str | None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
         print(f"{PROG}: error: put -- between spark-submit's options and the pipeline's arguments "

@@ -9,6 +9,7 @@ lists for it.
 
 from __future__ import annotations
 
+from mconn.errors import MConnError
 from mconn.switch import telemetry
 
 
@@ -43,7 +44,7 @@ def resumed(node_id: str, peer, protocol, resend: dict) -> None:
     )
 
 
-def ended(node_id: str, peer, reason: Exception) -> None:
+def ended(node_id: str, peer, reason: MConnError) -> None:
     """The session of ``peer`` ended for ``reason`` (its ``unconfirmed`` counts are set)."""
     _emit(
         "session_ended", node_id, peer,

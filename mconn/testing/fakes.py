@@ -85,7 +85,7 @@ class FakePeer:
         #: Channel ids whose queue the test wants to look full.
         self.full_channels: set[int] = set()
         #: The ``reason`` given to ``close``, once it was called.
-        self.close_reason = None
+        self.close_reason: Exception | None = None
 
     def __repr__(self) -> str:
         return f"<FakePeer {self.node_id} {self.state}>"
