@@ -181,7 +181,7 @@ class MemoryLink:
     def __init__(self, fabric: Fabric, outbound, inbound, path: Path) -> None:
         self.outbound = getattr(outbound, "_wrappedProtocol", outbound)  # endpoints wrap it
         self.inbound = inbound
-        self.transports: tuple[MemoryTransport, MemoryTransport] | tuple[()] = ()
+        self.transports: tuple[MemoryTransport, MemoryTransport] = ()
         self.delivered_bytes = 0
         self.lost_bytes = 0
         self._fabric = fabric
