@@ -449,7 +449,7 @@ class Connection:
         """
         if self.state is _OPEN and not self._awaiting_pong():
             self._ping_sent_at = now
-            self._control.append(PING_BYTES)
+            self._queue_ping()
         return self._ping_sent_at if self._ping_sent_at is not None else now
 
     @property
@@ -493,5 +493,12 @@ class Connection:
                     )
             elif now >= self._last_received + self.config.ping_interval:
                 self._ping_sent_at = now
-                self._control.append(PING_BYTES)
+                self._queue_ping()
         return events
+
+    def _queue_ping(self) -> None:
+        """Queue our ping, unless one is still queued unsent: a peer that sends now and
+        then but never reads would otherwise make us keep one more ping every interval
+        (the queue holds at most ``max_control_backlog`` pongs and one ping of ours)."""
+        if PING_BYTES not in self._control:
+            self._control.append(PING_BYTES)

@@ -353,6 +353,20 @@ def test_outgoing_traffic_does_not_delay_the_ping():
     assert conn.data_to_send(60.0) == PING
 
 
+def test_a_peer_that_never_reads_holds_at_most_one_of_our_pings():
+    """A peer that sends a byte now and then but never reads what we send: each silent
+    interval asks for a ping, but one still queued unsent is not queued again."""
+    conn = open_connection()
+    now = 0.0
+    for _ in range(50):  # never data_to_send: the peer does not read
+        now += 60.0
+        conn.handle_timeout(now)
+        assert conn.state is State.OPEN
+        conn.receive_data(msg(CH, b"x"), now + 1.0)  # alive, but reading nothing
+        now += 1.0
+    assert conn.data_to_send(now) == PING
+
+
 def test_every_ping_is_answered_with_a_pong():
     """Each ping received gets its own pong."""
     conn = open_connection()

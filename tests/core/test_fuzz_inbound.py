@@ -84,3 +84,15 @@ def test_the_atheris_target_accepts_any_bytes(data):
     """tests/fuzz/fuzz_inbound.py's target, so that the harness cannot rot unnoticed."""
     fuzz_one(data)
     assert schedule_from_bytes(bytes([1, 7]) + data)[0] is True
+
+
+def test_a_full_pong_queue_and_our_own_ping_stay_within_the_bound():
+    """Found by the fuzzer: a peer that pings up to max_control_backlog and never reads,
+    then falls silent for ping_interval, has our own ping queued beside its pongs: the
+    bound is the pongs plus that one ping (tests/core/test_connection.py shows that no
+    second ping is ever queued beside it)."""
+    conn = new_connection(False)
+    conn.data_to_send(0.0)
+    pings = bytes([PacketType.PING]) * CONFIG.max_control_backlog
+    run(conn, [(peer_hello() + pings, 0.0, False), (b"", CONFIG.ping_interval + 1, False)])
+    assert conn.state is State.OPEN and len(conn._control) == CONFIG.max_control_backlog + 1

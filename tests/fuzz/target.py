@@ -126,7 +126,8 @@ def check_bounds(conn: Connection, config: Config = CONFIG) -> None:
     assert conn._buffer.buffered <= MAX_BUFFERED, conn._buffer.buffered
     for channel in conn.channels.values():
         assert channel.receiving_size <= channel.recv_capacity
-    assert len(conn._control) <= config.max_control_backlog, len(conn._control)
+    # Pongs up to max_control_backlog, and at most one ping of ours (specs/connection.md 6).
+    assert len(conn._control) <= config.max_control_backlog + 1, len(conn._control)
 
 
 def check_events(events: list) -> None:
