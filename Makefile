@@ -35,6 +35,7 @@ $(STAMP): setup.cfg pyproject.toml
 # ruff and mypy read their settings from pyproject.toml (ruff skips .venv, bench/out and
 # tests/artifacts; mypy checks mconn/, strict for mconn/core/).
 lint: $(STAMP)
+	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 

@@ -62,12 +62,18 @@ def shown_target(fig: dict) -> str:
 
 
 def markdown(figures: list[dict]) -> str:
-    rows = ["| figure | value | target | result | measured | command | from |",
-            "|---|---|---|---|---|---|---|"]
+    rows = ["| figure | value | target | result | measured | command | from |", "|---|---|---|---|---|---|---|"]
     for fig in figures:
         src = fig["source"]
-        cells = [fig["figure"], shown_value(fig), shown_target(fig), fig["result"], fig["date"],
-                 f"`{fig['command']}`", f"[{pathlib.Path(src['file']).name}]({src['file']}), \"{src['section']}\""]
+        cells = [
+            fig["figure"],
+            shown_value(fig),
+            shown_target(fig),
+            fig["result"],
+            fig["date"],
+            f"`{fig['command']}`",
+            f'[{pathlib.Path(src["file"]).name}]({src["file"]}), "{src["section"]}"',
+        ]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -82,8 +88,14 @@ def panel(ax, figures: list[dict], of_bound: bool) -> None:
         mark = 1.0 if of_bound else bound
         ax.barh(y, length, height=0.6, color="#4c9a5b" if passes(fig) else "#c0504d")
         ax.plot([mark, mark], [y - 0.4, y + 0.4], color="black", linewidth=2)
-        ax.annotate(f"{shown_value(fig)}; target {shown_target(fig)}", (max(length, mark), y),
-                    xytext=(6, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.annotate(
+            f"{shown_value(fig)}; target {shown_target(fig)}",
+            (max(length, mark), y),
+            xytext=(6, 0),
+            textcoords="offset points",
+            va="center",
+            fontsize=8,
+        )
     ax.set_yticks(list(ys), names, fontsize=8)
     ax.set_xlim(0, 1.9)
     ax.grid(axis="x", alpha=0.3)

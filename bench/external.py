@@ -28,8 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def _run_script(command: list[str], marker: str, timeout: float) -> dict:
     """Run a bench script, echo its output, and load the JSON it names after ``marker``."""
-    out = subprocess.run([sys.executable, *command], cwd=os.path.dirname(HERE), capture_output=True, text=True,
-                         timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, *command], cwd=os.path.dirname(HERE), capture_output=True, text=True, timeout=timeout
+    )
     sys.stdout.write(out.stdout)
     if out.returncode != 0:
         raise RuntimeError(f"{command[0]} failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -49,31 +50,56 @@ def run_storm(args) -> dict:
     results = []
     for index in range(runs):
         print(f"storm run {index + 1}/{runs}: {peers} peers, {dialers} dialers", flush=True)
-        doc = _run_script(["bench/many_peers.py", "--peers", str(peers), "--dialers", str(dialers), "--idle", "1",
-                           "--settle", "4"], "results:", timeout=900)
+        doc = _run_script(
+            ["bench/many_peers.py", "--peers", str(peers), "--dialers", str(dialers), "--idle", "1", "--settle", "4"],
+            "results:",
+            timeout=900,
+        )
         results.append(doc["results"]["now"])
     ratio = [r["handshake_ratio"] for r in results]
     bracketed = [r["handshake_ratio_bracketed"] for r in results]
     storms = [r["storm"] for r in results]
     rows = [
         ("handshakes / raw round before", statistics.median(ratio), ">= 0.5", sum(x >= 0.5 for x in ratio)),
-        ("handshakes / mean of rounds before and after", statistics.median(bracketed), ">= 0.5",
-         sum(x >= 0.5 for x in bracketed)),
-        ("storm wall, s (all connected, none refused)", statistics.median(s["wall"] for s in storms), "<= 30",
-         sum(s["wall"] <= 30 and s["connected"] == peers and s["refused"] == 0 and s["failed"] == 0 for s in storms)),
-        ("RSS per peer, KiB", statistics.median(r["rss"]["per_peer"] / 1024 for r in results), "<= 10",
-         sum(r["rss"]["per_peer"] <= 10 * 1024 for r in results)),
-        ("idle CPU, %", statistics.median(r["idle"]["cpu_share"] * 100 for r in results), "< 5",
-         sum(r["idle"]["cpu_share"] < 0.05 for r in results)),
+        (
+            "handshakes / mean of rounds before and after",
+            statistics.median(bracketed),
+            ">= 0.5",
+            sum(x >= 0.5 for x in bracketed),
+        ),
+        (
+            "storm wall, s (all connected, none refused)",
+            statistics.median(s["wall"] for s in storms),
+            "<= 30",
+            sum(s["wall"] <= 30 and s["connected"] == peers and s["refused"] == 0 and s["failed"] == 0 for s in storms),
+        ),
+        (
+            "RSS per peer, KiB",
+            statistics.median(r["rss"]["per_peer"] / 1024 for r in results),
+            "<= 10",
+            sum(r["rss"]["per_peer"] <= 10 * 1024 for r in results),
+        ),
+        (
+            "idle CPU, %",
+            statistics.median(r["idle"]["cpu_share"] * 100 for r in results),
+            "< 5",
+            sum(r["idle"]["cpu_share"] < 0.05 for r in results),
+        ),
     ]
     print(f"\nstorm: {peers} peers, medians of {runs} run(s)")
     for name, value, target, passed in rows:
         print(f"  {name:48s} {value:10.3f}  {target:7s} {_verdict(passed, runs)}")
-    print(f"  listener CPU per handshake, us: {[round(s['cpu_us_per_session']) for s in storms]}; "
-          f"raw round's: {[round(r['round']['cpu_us_per_round']) for r in results]}; "
-          f"DelayedCalls with every peer connected: {[r['idle']['delayed_calls'][1] for r in results]}")
-    return {"peers": peers, "dialers": dialers, "runs": results,
-            "rows": [dict(zip(("figure", "median", "target", "passed"), row)) for row in rows]}
+    print(
+        f"  listener CPU per handshake, us: {[round(s['cpu_us_per_session']) for s in storms]}; "
+        f"raw round's: {[round(r['round']['cpu_us_per_round']) for r in results]}; "
+        f"DelayedCalls with every peer connected: {[r['idle']['delayed_calls'][1] for r in results]}"
+    )
+    return {
+        "peers": peers,
+        "dialers": dialers,
+        "runs": results,
+        "rows": [dict(zip(("figure", "median", "target", "passed"), row)) for row in rows],
+    }
 
 
 def run_shaped(args) -> dict:
@@ -82,8 +108,11 @@ def run_shaped(args) -> dict:
         print(reason)
         return {"not_measured": reason}
     duration = max(10.0, args.duration * 8)
-    doc = _run_script(["bench/shaped.py", "--rates", "20,2", "--duration", str(duration), "--variants", "raw,mconn"],
-                      "wrote ", timeout=900)
+    doc = _run_script(
+        ["bench/shaped.py", "--rates", "20,2", "--duration", str(duration), "--variants", "raw,mconn"],
+        "wrote ",
+        timeout=900,
+    )
     print("\nshaped: the probe's added delay beyond the network's, p99 against its bound")
     rows = []
     for row in doc["rows"]:
@@ -91,10 +120,19 @@ def run_shaped(args) -> dict:
             continue
         raw = next((r for r in doc["rows"] if r["variant"] == "raw" and r["mbit"] == row["mbit"]), None)
         passed = row["added_ms"]["p99"] <= row["bound_ms"] and row["goodput_of_shaped_rate"] >= 0.9
-        rows.append({"mbit": row["mbit"], "added_p99_ms": row["added_ms"]["p99"], "bound_ms": row["bound_ms"],
-                     "goodput": row["goodput_of_shaped_rate"],
-                     "raw_added_p99_ms": raw["added_ms"]["p99"] if raw else None, "passed": passed})
+        rows.append(
+            {
+                "mbit": row["mbit"],
+                "added_p99_ms": row["added_ms"]["p99"],
+                "bound_ms": row["bound_ms"],
+                "goodput": row["goodput_of_shaped_rate"],
+                "raw_added_p99_ms": raw["added_ms"]["p99"] if raw else None,
+                "passed": passed,
+            }
+        )
         raw_p99 = "-" if raw is None else f"{raw['added_ms']['p99']:.1f}"
-        print(f"  {row['mbit']:4.0f} Mbit/s: added p99 {row['added_ms']['p99']:.1f} ms (bound {row['bound_ms']:.1f}; "
-              f"raw TCP {raw_p99}), goodput {row['goodput_of_shaped_rate']:.3f} (>= 0.9)  {'PASS' if passed else 'MISS'}")
+        print(
+            f"  {row['mbit']:4.0f} Mbit/s: added p99 {row['added_ms']['p99']:.1f} ms (bound {row['bound_ms']:.1f}; "
+            f"raw TCP {raw_p99}), goodput {row['goodput_of_shaped_rate']:.3f} (>= 0.9)  {'PASS' if passed else 'MISS'}"
+        )
     return {"rows": rows, "shaped": doc}

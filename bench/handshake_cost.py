@@ -72,14 +72,19 @@ def _round(args, tmp: str, seed: int, mode: str = "") -> dict:
         def get_channels(self):
             return [ChannelDescriptor(CHANNEL, priority=1)]
 
-    limits = {"max_inbound_peers": args.peers, "max_connections_per_ip": args.peers,
-              "max_pending_handshakes": 1024, "max_pending_per_group": 1024}
+    limits = {
+        "max_inbound_peers": args.peers,
+        "max_connections_per_ip": args.peers,
+        "max_pending_handshakes": 1024,
+        "max_pending_per_group": 1024,
+    }
     fields = set(Config.__dataclass_fields__)
     switch = Switch([Quiet()], config=Config(**{k: v for k, v in limits.items() if k in fields}), clock=clock)
     telemetry = None
     if args.telemetry == "file":
-        telemetry = TelemetryFileService(os.path.join(tmp, f"telemetry-{seed}.jsonl"), switch.node_id,
-                                         publisher=globalLogPublisher, clock=clock)
+        telemetry = TelemetryFileService(
+            os.path.join(tmp, f"telemetry-{seed}.jsonl"), switch.node_id, publisher=globalLogPublisher, clock=clock
+        )
         telemetry.startService()
     switch.startService()
     factory = MConnectionFactory(switch, is_outbound=False)
@@ -117,8 +122,12 @@ def _round(args, tmp: str, seed: int, mode: str = "") -> dict:
     switch._stats_loop and switch._stats_loop.running and switch._stats_loop.stop()
     if telemetry is not None:
         telemetry.stopService()
-    return {"us_per_handshake": spent / args.peers * 1e6, "connected": connected, "answered": answered,
-            "counts": counts}
+    return {
+        "us_per_handshake": spent / args.peers * 1e6,
+        "connected": connected,
+        "answered": answered,
+        "counts": counts,
+    }
 
 
 class _Counters:

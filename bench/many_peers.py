@@ -90,8 +90,12 @@ class Role:
 
     def __init__(self, argv, env) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            env=env, text=True, start_new_session=True,
+            [sys.executable, os.path.abspath(__file__), *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            text=True,
+            start_new_session=True,
         )
 
     def send(self, **command) -> None:
@@ -127,8 +131,10 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
     roles = []
     try:
         profile = ["--profile", f"{args.profile}.{name}"] if args.profile else []
-        listener_role = Role(["--role", "listener", "--peers", str(args.peers), "--telemetry", args.telemetry,
-                              "--tmp", tmp, *profile], env)
+        listener_role = Role(
+            ["--role", "listener", "--peers", str(args.peers), "--telemetry", args.telemetry, "--tmp", tmp, *profile],
+            env,
+        )
         roles.append(listener_role)
         hello = listener_role.read(30)
         dialers = [Role(["--role", "dialer", "--index", str(i)], env) for i in range(args.dialers)]
@@ -146,17 +152,32 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         for d in dialers:
             d.ask(do="close_raw")
         time.sleep(2.0)  # the listener sees the raw connections go
-        result["raw"] = dict(raw, rate=raw["accepted"] / raw["seconds"] if raw["seconds"] else None,
-                             dialers=raw_dialers)
+        result["raw"] = dict(
+            raw, rate=raw["accepted"] / raw["seconds"] if raw["seconds"] else None, dialers=raw_dialers
+        )
         # 1b. the raw round: the same socket work as a handshake, without mconn
         result["round"] = raw_round(listener_role, dialers, counts, hello)
         result["base_rss"] = listener_role.ask(do="base")["rss"]
         # 2. connect storm
         spy = None
         if args.py_spy:
-            spy = subprocess.Popen([args.py_spy_bin, "record", "-p", str(listener_role.proc.pid), "-r", "400", "-f",
-                                    "raw", "-o", f"{args.py_spy}.{name}.txt"], stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL, start_new_session=True)
+            spy = subprocess.Popen(
+                [
+                    args.py_spy_bin,
+                    "record",
+                    "-p",
+                    str(listener_role.proc.pid),
+                    "-r",
+                    "400",
+                    "-f",
+                    "raw",
+                    "-o",
+                    f"{args.py_spy}.{name}.txt",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             time.sleep(1.0)  # py-spy attaches
         listener_role.ask(do="profile_storm")
         t0 = time.time()
@@ -170,10 +191,13 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 spy.wait(30)
         result["storm"] = dict(
-            span, wall=(span["last_up"] - t0) if span["last_up"] else None,
+            span,
+            wall=(span["last_up"] - t0) if span["last_up"] else None,
             rate=span["sessions"] / span["seconds"] if span["seconds"] else None,
-            answered=sum(s["answered"] for s in storm_dialers), refused=sum(s["refused"] for s in storm_dialers),
-            failed=sum(s["failed"] for s in storm_dialers), dialers=storm_dialers,
+            answered=sum(s["answered"] for s in storm_dialers),
+            refused=sum(s["refused"] for s in storm_dialers),
+            failed=sum(s["failed"] for s in storm_dialers),
+            dialers=storm_dialers,
         )
         rates = result["storm"]["rate"], result["raw"]["rate"], result["round"]["rate"]
         result["accept_ratio"] = rates[0] / rates[1] if all(rates[:2]) else None
@@ -219,8 +243,12 @@ def raw_round(listener_role, dialers, counts, hello) -> dict:
     for d in dialers:
         d.ask(do="close_raw")
     time.sleep(2.0)
-    return dict(rounds, rate=rounds["answered"] / rounds["seconds"] if rounds["seconds"] else None,
-                answer_size=hello["answer_size"], dialers=round_dialers)
+    return dict(
+        rounds,
+        rate=rounds["answered"] / rounds["seconds"] if rounds["seconds"] else None,
+        answer_size=hello["answer_size"],
+        dialers=round_dialers,
+    )
 
 
 def archive(rev: str, into: str) -> str:
@@ -274,8 +302,9 @@ def main() -> None:
     parser.add_argument("--order", default="before,now")
     parser.add_argument("--telemetry", choices=["file", "none"], default="file")
     parser.add_argument("--profile", default=None)
-    parser.add_argument("--py-spy", default=None,
-                        help="record the listener with py-spy during the storm to PREFIX.<variant>.txt (raw)")
+    parser.add_argument(
+        "--py-spy", default=None, help="record the listener with py-spy during the storm to PREFIX.<variant>.txt (raw)"
+    )
     parser.add_argument("--py-spy-bin", default=os.path.join(os.path.dirname(sys.executable), "py-spy"))
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--tmp", default=None)

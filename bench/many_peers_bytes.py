@@ -16,8 +16,12 @@ def hello_template() -> bytes:
 
     request = wire.encode_session_request(SessionRequest(session_id=b"\xcd" * 16, resume=False))
     body = wire.encode_hello(
-        make_hello(node_id="ab" * 20, channels=[ChannelDescriptor(CHANNEL, priority=1)], max_packet_payload=1024,
-                   fields=((HelloTag.SESSION, request),))
+        make_hello(
+            node_id="ab" * 20,
+            channels=[ChannelDescriptor(CHANNEL, priority=1)],
+            max_packet_payload=1024,
+            fields=((HelloTag.SESSION, request),),
+        )
     )
     return wire.encode_extension(PacketType.HELLO, body)
 
@@ -29,9 +33,13 @@ def round_sizes(switch) -> dict:
     from mconn.core.handshake import make_hello
     from mconn.core.wire import PacketType, SessionAnswer
 
-    hello = make_hello(node_id=switch.node_id, channels=switch.channels,
-                       max_packet_payload=switch.config.max_packet_payload,
-                       listen_address=switch.listen_address, node_info=switch.node_info)
+    hello = make_hello(
+        node_id=switch.node_id,
+        channels=switch.channels,
+        max_packet_payload=switch.config.max_packet_payload,
+        listen_address=switch.listen_address,
+        node_info=switch.node_info,
+    )
     answer = wire.encode_session_answer(SessionAnswer(session_id=b"\x00" * 16, resumed=False))
     return {
         "hello_bytes": wire.encode_extension(PacketType.HELLO, wire.encode_hello(hello)),

@@ -197,9 +197,13 @@ def listener(args) -> None:
         elif name == "round_span":
             first, last = times["round"][:1], times["answered"][-1:]
             cpu = cpu_seconds() - storm_cpu[0]
-            Commands.reply(accepted=len(times["round"]), answered=len(times["answered"]),
-                           seconds=(last[0] - first[0]) if first and last else None, cpu_seconds=cpu,
-                           cpu_us_per_round=cpu / len(times["answered"]) * 1e6 if times["answered"] else None)
+            Commands.reply(
+                accepted=len(times["round"]),
+                answered=len(times["answered"]),
+                seconds=(last[0] - first[0]) if first and last else None,
+                cpu_seconds=cpu,
+                cpu_us_per_round=cpu / len(times["answered"]) * 1e6 if times["answered"] else None,
+            )
         elif name == "profile_storm":
             storm_cpu[0] = cpu_seconds()
             gc_time.update(seconds=0.0, collections=[0, 0, 0])
@@ -220,11 +224,16 @@ def listener(args) -> None:
                 profiler[0] = None
             up, first = sessions_up, times["made"][:1]
             Commands.reply(
-                sessions=len(up), connected=connected_count(), first_made=first[0] if first else None,
-                last_up=up[-1] if up else None, refusals=dict(switch.refusals),
+                sessions=len(up),
+                connected=connected_count(),
+                first_made=first[0] if first else None,
+                last_up=up[-1] if up else None,
+                refusals=dict(switch.refusals),
                 seconds=(up[-1] - first[0]) if up and first else None,
-                cpu_seconds=cpu, cpu_us_per_session=cpu / len(up) * 1e6 if up else None,
-                gc_seconds=gc_time["seconds"], gc_collections=list(gc_time["collections"]),
+                cpu_seconds=cpu,
+                cpu_us_per_session=cpu / len(up) * 1e6 if up else None,
+                gc_seconds=gc_time["seconds"],
+                gc_collections=list(gc_time["collections"]),
                 ticks_in_storm=sum(1 for t in ticks if t >= storm_began[0]),
             )
         elif name == "rss":
@@ -254,7 +263,10 @@ def listener(args) -> None:
                 profiler[0].disable()
                 profiler[0].dump_stats(args.profile)
             Commands.reply(
-                cpu_seconds=cpu, wall=wall, cpu_share=cpu / wall, peers=connected_count(),
+                cpu_seconds=cpu,
+                wall=wall,
+                cpu_share=cpu / wall,
+                peers=connected_count(),
                 delayed_calls=[timers0, len(clock.getDelayedCalls())],
             )
 
@@ -273,7 +285,12 @@ def listener(args) -> None:
             peers = connected_count()
             sent = sum(1 for ok in results[0].values() if ok) if results else None
             Commands.reply(
-                peers=peers, sent=sent, call_cpu=call_cpu, call_wall=call_wall, cpu=cpu, wall=wall,
+                peers=peers,
+                sent=sent,
+                call_cpu=call_cpu,
+                call_wall=call_wall,
+                cpu=cpu,
+                wall=wall,
                 call_us_per_peer=call_cpu / peers * 1e6 if peers else None,
                 delayed_calls=[timers0, len(clock.getDelayedCalls())],
             )
@@ -284,8 +301,11 @@ def listener(args) -> None:
         mconn_port, raw, round_port = ports
         sizes.update(round_sizes(switch))
         Commands.reply(
-            port=mconn_port.getHost().port, raw_port=raw.getHost().port, round_port=round_port.getHost().port,
-            mconn_file=mconn.__file__, answer_size=len(sizes["hello_bytes"]) + len(sizes["answer_bytes"]),
+            port=mconn_port.getHost().port,
+            raw_port=raw.getHost().port,
+            round_port=round_port.getHost().port,
+            mconn_file=mconn.__file__,
+            answer_size=len(sizes["hello_bytes"]) + len(sizes["answer_bytes"]),
             config={k: getattr(config, k) for k in limits(args.peers) if k in fields},
         )
 
@@ -317,8 +337,16 @@ def dialer(args) -> None:
     template = hello_template()
     node_at, session_at = template.index(b"\xab" * 20), template.index(b"\xcd" * 16)
     pong = bytes([PacketType.PONG])
-    stats = {"pings": 0, "messages": 0, "closed": 0, "refused": 0, "failed": 0, "answered": 0, "answer_at": None,
-             "round_failed": 0}
+    stats = {
+        "pings": 0,
+        "messages": 0,
+        "closed": 0,
+        "refused": 0,
+        "failed": 0,
+        "answered": 0,
+        "answer_at": None,
+        "round_failed": 0,
+    }
     held = []
 
     def hello() -> bytes:
@@ -451,8 +479,9 @@ def dialer(args) -> None:
             if self.finished is not None:
                 return
             self.finished = time.time()
-            Commands.reply(kind=self.kind, done=self.done, seconds=self.finished - self.t0, timed_out=timed_out,
-                           **stats)
+            Commands.reply(
+                kind=self.kind, done=self.done, seconds=self.finished - self.t0, timed_out=timed_out, **stats
+            )
 
     storm = Storm()
 
@@ -461,8 +490,13 @@ def dialer(args) -> None:
         if name == "raw":
             storm.start("raw", command["port"], protocol.Factory.forProtocol(Blank), command["count"])
         elif name == "round":
-            storm.start("round", command["port"], protocol.Factory.forProtocol(RoundPeer), command["count"],
-                        command["answer_size"])
+            storm.start(
+                "round",
+                command["port"],
+                protocol.Factory.forProtocol(RoundPeer),
+                command["count"],
+                command["answer_size"],
+            )
         elif name == "close_raw":
             for proto in held:
                 proto.transport.abortConnection()

@@ -43,8 +43,13 @@ from mconn.ops.status import RateSampler, status_document
 from mconn.testing import MemoryNetwork
 
 CHANNELS = (ChannelDescriptor(0x20, priority=1), ChannelDescriptor(0x30, priority=5, send_queue_capacity=2000))
-CONFIG = Config(stats_interval=0, max_inbound_peers=100_000, max_connections_per_ip=100_000,
-                max_pending_handshakes=100_000, max_pending_per_group=100_000)
+CONFIG = Config(
+    stats_interval=0,
+    max_inbound_peers=100_000,
+    max_connections_per_ip=100_000,
+    max_pending_handshakes=100_000,
+    max_pending_per_group=100_000,
+)
 
 
 class Sink(Reactor):
@@ -133,8 +138,12 @@ def message_cost(batches: int, batch: int = 1000, *, placebo: bool = False) -> d
         m.stop()
     globalLogPublisher.removeObserver(events.append)
     assert sink.received == 2 * batches * batch
-    return {"message_us_without": best["off"] * 1e6, "message_us_with": best["on"] * 1e6,
-            "message_with_vs_without": best["on"] / best["off"], "log_events_during_messages": len(events)}
+    return {
+        "message_us_without": best["off"] * 1e6,
+        "message_us_with": best["on"] * 1e6,
+        "message_with_vs_without": best["on"] / best["off"],
+        "log_events_during_messages": len(events),
+    }
 
 
 def event_cost(count: int = 20_000, rounds: int = 5) -> dict:
@@ -143,9 +152,22 @@ def event_cost(count: int = 20_000, rounds: int = 5) -> dict:
     network = MemoryNetwork()
     switch = network.switch([Sink()], config=CONFIG)
     metrics = SwitchMetrics(switch)
-    fields = dict(peer_id="0" * 40, channel_id=0x30, priority=5, queue_depth=0, bytes_sent=1, messages_sent=1,
-                  bytes_received=1, messages_received=1, accepted=1, acked=1, delivered=1, session_id="00" * 16,
-                  connection=1, round_trip=0.001)
+    fields = dict(
+        peer_id="0" * 40,
+        channel_id=0x30,
+        priority=5,
+        queue_depth=0,
+        bytes_sent=1,
+        messages_sent=1,
+        bytes_received=1,
+        messages_received=1,
+        accepted=1,
+        acked=1,
+        delivered=1,
+        session_id="00" * 16,
+        connection=1,
+        round_trip=0.001,
+    )
 
     def emit():
         for _ in range(count):
@@ -156,8 +178,11 @@ def event_cost(count: int = 20_000, rounds: int = 5) -> dict:
         metrics.start() if variant == "on" else metrics.stop()
         best[variant] = min(best.get(variant, float("inf")), smallest(emit, rounds) / count)
     metrics.stop()
-    return {"event_us_without": best["off"] * 1e6, "event_us_with": best["on"] * 1e6,
-            "event_with_vs_without": best["on"] / best["off"]}
+    return {
+        "event_us_without": best["off"] * 1e6,
+        "event_us_with": best["on"] * 1e6,
+        "event_with_vs_without": best["on"] / best["off"],
+    }
 
 
 def main(argv=None) -> None:
@@ -169,20 +194,30 @@ def main(argv=None) -> None:
     # The message and event phases first: the scrape's 10,000 Switches leave garbage behind
     # whose collection disturbs what follows (a 1.09 ratio once, with 0 events observed).
     placebo = message_cost(args.batches, placebo=True)
-    figures = {"peers": args.peers, **message_cost(args.batches), **event_cost(),
-               "message_placebo_ratio": placebo["message_with_vs_without"]}
+    figures = {
+        "peers": args.peers,
+        **message_cost(args.batches),
+        **event_cost(),
+        "message_placebo_ratio": placebo["message_with_vs_without"],
+    }
     figures.update(scrape_cost(args.peers, args.rounds))
-    print(f"peers {args.peers}: /status.json {figures['status_json_s'] * 1e3:.1f} ms, "
-          f"scrape {figures['scrape_s'] * 1e3:.1f} ms ({figures['scrape_vs_status_json']:.3f} of status.json, "
-          f"{figures['scrape_us_per_peer']:.2f} us per peer, {figures['scrape_bytes']} bytes), "
-          f"with per-peer series {figures['scrape_per_peer_s'] * 1e3:.1f} ms "
-          f"({figures['scrape_per_peer_vs_status_json']:.3f}, {figures['scrape_per_peer_bytes']} bytes)")
-    print(f"message path, 100-byte messages: {figures['message_us_without']:.2f} us without metrics, "
-          f"{figures['message_us_with']:.2f} us with: ratio {figures['message_with_vs_without']:.3f}; "
-          f"log events meanwhile (the observer's only work): {figures['log_events_during_messages']}; "
-          f"the same alternation starting nothing (noise): {figures['message_placebo_ratio']:.3f}")
-    print(f"one channel_stats event logged: {figures['event_us_without']:.2f} us without the observer, "
-          f"{figures['event_us_with']:.2f} us with: ratio {figures['event_with_vs_without']:.3f}")
+    print(
+        f"peers {args.peers}: /status.json {figures['status_json_s'] * 1e3:.1f} ms, "
+        f"scrape {figures['scrape_s'] * 1e3:.1f} ms ({figures['scrape_vs_status_json']:.3f} of status.json, "
+        f"{figures['scrape_us_per_peer']:.2f} us per peer, {figures['scrape_bytes']} bytes), "
+        f"with per-peer series {figures['scrape_per_peer_s'] * 1e3:.1f} ms "
+        f"({figures['scrape_per_peer_vs_status_json']:.3f}, {figures['scrape_per_peer_bytes']} bytes)"
+    )
+    print(
+        f"message path, 100-byte messages: {figures['message_us_without']:.2f} us without metrics, "
+        f"{figures['message_us_with']:.2f} us with: ratio {figures['message_with_vs_without']:.3f}; "
+        f"log events meanwhile (the observer's only work): {figures['log_events_during_messages']}; "
+        f"the same alternation starting nothing (noise): {figures['message_placebo_ratio']:.3f}"
+    )
+    print(
+        f"one channel_stats event logged: {figures['event_us_without']:.2f} us without the observer, "
+        f"{figures['event_us_with']:.2f} us with: ratio {figures['event_with_vs_without']:.3f}"
+    )
     print(json.dumps(figures))
 
 

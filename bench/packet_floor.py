@@ -173,8 +173,12 @@ async def loopback(payload: int, mib: int) -> float:
             return CHANNELS
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.Popen([sys.executable, __file__, "--receiver", str(payload), "--loopback-mib", str(mib)],
-                             stdout=subprocess.PIPE, env=env, start_new_session=True)
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--receiver", str(payload), "--loopback-mib", str(mib)],
+        stdout=subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+    )
     switch = Switch([Quiet()], clock=twisted_reactor, config=Config(stats_interval=0))
     try:
         hello = json.loads(child.stdout.readline())

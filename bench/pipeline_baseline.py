@@ -67,8 +67,14 @@ def audit(directory: str) -> dict:
             lost += lost_here
             duplicated += duplicated_here
             findings += bool(lost_here or duplicated_here)
-    return {"events": events, "session_ends": len(ends), "rows": rows, "lost": lost, "duplicated": duplicated,
-            "findings": findings}
+    return {
+        "events": events,
+        "session_ends": len(ends),
+        "rows": rows,
+        "lost": lost,
+        "duplicated": duplicated,
+        "findings": findings,
+    }
 
 
 if __name__ == "__main__":

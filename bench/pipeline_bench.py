@@ -103,8 +103,13 @@ def line_v1(event: str, t: float, fields: dict) -> str:
         flattened[name + "!s:"] = str(value)
         flattened[name + "!:"] = value
     body.update(
-        log_logger={"unpersistable": True}, log_level={"name": "info", "__class_uuid__": LEVEL_UUID},
-        log_namespace="mconn", log_source=None, log_format=fmt, log_time=ORIGIN + t, log_flattened=flattened,
+        log_logger={"unpersistable": True},
+        log_level={"name": "info", "__class_uuid__": LEVEL_UUID},
+        log_namespace="mconn",
+        log_source=None,
+        log_format=fmt,
+        log_time=ORIGIN + t,
+        log_flattened=flattened,
     )
     return "\x1e" + json.dumps(body) + "\n"
 
@@ -165,8 +170,13 @@ class Plan:
         grace_end = end - 30.0 if reason_type == "SessionExpired" else None
         return {
             "id": hashlib.md5(f"{a}-{b}-{k}-{start}".encode()).hexdigest(),
-            "start": start, "end": end, "reason_type": reason_type, "breaks": breaks, "rates": rates,
-            "grace_end": grace_end, "adjust": {},
+            "start": start,
+            "end": end,
+            "reason_type": reason_type,
+            "breaks": breaks,
+            "rates": rates,
+            "grace_end": grace_end,
+            "adjust": {},
         }
 
 
@@ -205,35 +215,92 @@ def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
 
     def connect(t):
         add("connection_made", t, direction=direction, remote_address=remote)
-        add("handshake_done", t + 0.002, peer_id=peer, remote_address=remote, direction=direction,
-            max_packet_payload=1024, channels=[c for c, _ in CHANNELS], listen_address=f"127.0.0.1:{20000 + j}")
+        add(
+            "handshake_done",
+            t + 0.002,
+            peer_id=peer,
+            remote_address=remote,
+            direction=direction,
+            max_packet_payload=1024,
+            channels=[c for c, _ in CHANNELS],
+            listen_address=f"127.0.0.1:{20000 + j}",
+        )
 
     def lost(t, reason_type):
-        add("connection_lost", t, peer_id=peer, remote_address=remote, direction=direction, reason_type=reason_type,
-            reason="the connection ended", duration=t - start, bytes_sent=int((t - start) * 3000),
-            bytes_received=int((t - start) * 2900), channels=[
+        add(
+            "connection_lost",
+            t,
+            peer_id=peer,
+            remote_address=remote,
+            direction=direction,
+            reason_type=reason_type,
+            reason="the connection ended",
+            duration=t - start,
+            bytes_sent=int((t - start) * 3000),
+            bytes_received=int((t - start) * 2900),
+            channels=[
                 {"channel_id": c, "bytes_sent": 0, "messages_sent": 0, "bytes_received": 0, "messages_received": 0}
-                for c, _ in CHANNELS], session_id=sid)
+                for c, _ in CHANNELS
+            ],
+            session_id=sid,
+        )
 
     connect(start)
-    add("session_started", start + 0.003, **ids, session_id=sid, remote_address=remote, direction=direction,
-        resume_refused="")
+    add(
+        "session_started",
+        start + 0.003,
+        **ids,
+        session_id=sid,
+        remote_address=remote,
+        direction=direction,
+        resume_refused="",
+    )
     resumes = 0
     for at, attempts, recovery in s["breaks"]:
         lost(at, "ConnectionLost")
-        add("session_suspended", at + 0.0001, **ids, session_id=sid, reason_type="ConnectionLost",
-            reason="Connection was reset", grace=30.0)
+        add(
+            "session_suspended",
+            at + 0.0001,
+            **ids,
+            session_id=sid,
+            reason_type="ConnectionLost",
+            reason="Connection was reset",
+            grace=30.0,
+        )
         if dialer:
             for k in range(1, attempts):
-                add("dial_attempt", at + recovery * k / attempts, **ids, address=f"{peer}@127.0.0.1:{20000 + j}",
-                    attempt=k, delay=0.0, result="failed", error="ConnectionRefusedError: refused")
+                add(
+                    "dial_attempt",
+                    at + recovery * k / attempts,
+                    **ids,
+                    address=f"{peer}@127.0.0.1:{20000 + j}",
+                    attempt=k,
+                    delay=0.0,
+                    result="failed",
+                    error="ConnectionRefusedError: refused",
+                )
             connect(at + recovery)
         resumes += 1
-        add("session_resumed", at + recovery + 0.004, **ids, session_id=sid, remote_address=remote, resent=3,
-            resumes=resumes)
+        add(
+            "session_resumed",
+            at + recovery + 0.004,
+            **ids,
+            session_id=sid,
+            remote_address=remote,
+            resent=3,
+            resumes=resumes,
+        )
         if dialer:
-            add("dial_attempt", at + recovery + 0.005, **ids, address=f"{peer}@127.0.0.1:{20000 + j}",
-                attempt=attempts, delay=0.0, result="connected", error=None)
+            add(
+                "dial_attempt",
+                at + recovery + 0.005,
+                **ids,
+                address=f"{peer}@127.0.0.1:{20000 + j}",
+                attempt=attempts,
+                delay=0.0,
+                result="connected",
+                error=None,
+            )
     stop = s["grace_end"] if s["grace_end"] is not None else end
     t = start - (start - phase) % TICK + TICK
     while t < end:
@@ -246,19 +313,53 @@ def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
             d = counts_at(s, j, c, t)
             ms = int(s["rates"][(i, c)] * (min(t, stop) - since)) if t < stop else 0
             mr = int(s["rates"][(j, c)] * (min(t, stop) - since)) if t < stop else 0
-            out.append((t + k * 1e-5, (_STATS_V2 if FORMAT == 2 else _STATS).format(
-                n=me, p=peer, c=c, pr=priority, q=(k * 7 + int(t)) % 4 if t < stop else 0, bs=ms * 400, ms=ms,
-                br=mr * 380, mr=mr, a=a, k=max(0, a - 1), d=max(0, d), s=sid, cn=1 + len(resumed), rt=rtt,
-                t=ORIGIN + t + k * 1e-5)))
+            out.append(
+                (
+                    t + k * 1e-5,
+                    (_STATS_V2 if FORMAT == 2 else _STATS).format(
+                        n=me,
+                        p=peer,
+                        c=c,
+                        pr=priority,
+                        q=(k * 7 + int(t)) % 4 if t < stop else 0,
+                        bs=ms * 400,
+                        ms=ms,
+                        br=mr * 380,
+                        mr=mr,
+                        a=a,
+                        k=max(0, a - 1),
+                        d=max(0, d),
+                        s=sid,
+                        cn=1 + len(resumed),
+                        rt=rtt,
+                        t=ORIGIN + t + k * 1e-5,
+                    ),
+                )
+            )
         t += TICK
     if s["grace_end"] is not None:
         lost(stop, "ConnectionLost")
-        add("session_suspended", stop + 0.0001, **ids, session_id=sid, reason_type="ConnectionLost",
-            reason="Connection was reset", grace=30.0)
+        add(
+            "session_suspended",
+            stop + 0.0001,
+            **ids,
+            session_id=sid,
+            reason_type="ConnectionLost",
+            reason="Connection was reset",
+            grace=30.0,
+        )
         if dialer:
             for k in range(1, 4):
-                add("dial_attempt", stop + k, **ids, address=f"{peer}@127.0.0.1:{20000 + j}", attempt=k, delay=1.0,
-                    result="failed", error="ConnectionRefusedError: refused")
+                add(
+                    "dial_attempt",
+                    stop + k,
+                    **ids,
+                    address=f"{peer}@127.0.0.1:{20000 + j}",
+                    attempt=k,
+                    delay=1.0,
+                    result="failed",
+                    error="ConnectionRefusedError: refused",
+                )
     else:
         lost(end, "ConnectionClosed")
     channels, undelivered = [], []
@@ -269,9 +370,17 @@ def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
         channels.append({"channel_id": c, "accepted": a, "acked": a - unconfirmed, "delivered": delivered})
         if unconfirmed:
             undelivered.append({"channel_id": c, "count": unconfirmed})
-    add("session_ended", end + 0.0002, **ids, session_id=sid, reason_type=s["reason_type"],
+    add(
+        "session_ended",
+        end + 0.0002,
+        **ids,
+        session_id=sid,
+        reason_type=s["reason_type"],
         reason="the node is stopping" if s["reason_type"] == "ConnectionClosed" else "grace ran out",
-        resumes=resumes, undelivered=undelivered, channels=channels)
+        resumes=resumes,
+        undelivered=undelivered,
+        channels=channels,
+    )
     return out
 
 
@@ -352,8 +461,9 @@ def timed(command: list[str], env=None, cwd=None) -> tuple[float, str, int, str,
     (user + system of every process of the tree, last seen every 0.5 s) say more than
     the wall time on a machine shared with other work."""
     started = time.monotonic()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True, cwd=cwd)
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True, cwd=cwd
+    )
     peak, heap, cpu = 0, "", {}
     import threading
 
@@ -424,8 +534,17 @@ def other_settings(nbytes: int) -> tuple[str, dict[str, str]]:
 def run_spark(args, data: str, out: str, conf: dict[str, str] | None = None, code: str = REPO) -> dict:
     """``mconn-pipeline`` on ``data`` in a fresh process, from the mconn sources at ``code``."""
     command = [
-        sys.executable, "-m", "mconn.pipeline", data, "--out", out, "--master", args.master,
-        "--conf", f"spark.driver.memory={args.driver_memory}", "--json",
+        sys.executable,
+        "-m",
+        "mconn.pipeline",
+        data,
+        "--out",
+        out,
+        "--master",
+        args.master,
+        "--conf",
+        f"spark.driver.memory={args.driver_memory}",
+        "--json",
     ]
     for key, value in (conf or {}).items():
         command += ["--conf", f"{key}={value}"]
@@ -433,8 +552,15 @@ def run_spark(args, data: str, out: str, conf: dict[str, str] | None = None, cod
     load = os.getloadavg()[0]
     seconds, stdout, peak, heap, cpu = timed(command, env, cwd=code)
     result = json.loads(stdout.strip().splitlines()[-1])
-    return {"seconds": seconds, "cpu_seconds": cpu, "peak_rss": peak, "heap": heap, "summary": result["summary"],
-            "stages": result["timings"], "load": (load, os.getloadavg()[0])}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "peak_rss": peak,
+        "heap": heap,
+        "summary": result["summary"],
+        "stages": result["timings"],
+        "load": (load, os.getloadavg()[0]),
+    }
 
 
 def run_baseline(data: str) -> dict:
@@ -461,8 +587,11 @@ def measure(args, size: int, workdir: str) -> dict:
     events, faults = generate(args, data)
     generated = time.monotonic() - started
     nbytes = du(data)
-    print(f"  generated {events:,} events, {nbytes / 1e9:.2f} GB in {args.nodes} files ({generated:.0f} s)",
-          file=sys.stderr, flush=True)
+    print(
+        f"  generated {events:,} events, {nbytes / 1e9:.2f} GB in {args.nodes} files ({generated:.0f} s)",
+        file=sys.stderr,
+        flush=True,
+    )
     log_dir, log_conf = event_log(args, f"events-{size}")
     spark = run_spark(args, data, os.path.join(workdir, f"out-{size}"), log_conf)
     if log_dir:
@@ -482,8 +611,14 @@ def measure(args, size: int, workdir: str) -> dict:
         shutil.rmtree(os.path.join(workdir, f"out-{size}"), ignore_errors=True)
     lost = sum(1 for f in faults if f[4] < 0)
     return {
-        "events": events, "bytes": nbytes, "lost_injected": lost, "duplicated_injected": len(faults) - lost,
-        "spark": spark, "baseline": baseline, "spark_other_settings": forced, "before": before,
+        "events": events,
+        "bytes": nbytes,
+        "lost_injected": lost,
+        "duplicated_injected": len(faults) - lost,
+        "spark": spark,
+        "baseline": baseline,
+        "spark_other_settings": forced,
+        "before": before,
     }
 
 
@@ -494,8 +629,11 @@ def event_log(args, name: str) -> tuple[str | None, dict | None]:
         return None, None
     log_dir = os.path.join(os.path.abspath(args.event_log), name)
     os.makedirs(log_dir, exist_ok=True)
-    return log_dir, {"spark.eventLog.enabled": "true", "spark.eventLog.dir": "file://" + log_dir,
-                     "spark.eventLog.compress": "false"}
+    return log_dir, {
+        "spark.eventLog.enabled": "true",
+        "spark.eventLog.dir": "file://" + log_dir,
+        "spark.eventLog.compress": "false",
+    }
 
 
 def measure_before(args, size: int, workdir: str, same: str | None = None) -> dict:
@@ -523,8 +661,14 @@ def measure_before(args, size: int, workdir: str, same: str | None = None) -> di
         if same is None:
             shutil.rmtree(data, ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
-    return {"events": events, "bytes": nbytes, "spark": spark, "baseline": baseline, "ref": args.before,
-            "records": 1 if same is None else 2}
+    return {
+        "events": events,
+        "bytes": nbytes,
+        "spark": spark,
+        "baseline": baseline,
+        "ref": args.before,
+        "records": 1 if same is None else 2,
+    }
 
 
 def _account(event: dict, stage_of_job: dict, totals: dict) -> None:
@@ -568,14 +712,20 @@ def profile(directory: str) -> list[str]:
         with open(name) as f:
             for text in f:
                 _account(json.loads(text), stage_of_job, totals)
-    lines = [f"{'stage (event log)':<18} {'jobs':>5} {'tasks':>6} {'run s':>8} {'cpu s':>8} {'gc s':>6} "
-             f"{'read MB':>9} {'shuffle MB':>10} {'written MB':>10}"]
+    lines = [
+        f"{'stage (event log)':<18} {'jobs':>5} {'tasks':>6} {'run s':>8} {'cpu s':>8} {'gc s':>6} "
+        f"{'read MB':>9} {'shuffle MB':>10} {'written MB':>10}"
+    ]
     for name, t in totals.items():
-        lines.append(f"{name[:18]:<18} {t[7]:>5} {t[0]:>6} {t[1]:>8.1f} {t[2]:>8.1f} {t[3]:>6.1f} "
-                     f"{t[4] / 1e6:>9.1f} {t[5] / 1e6:>10.1f} {t[6] / 1e6:>10.1f}")
+        lines.append(
+            f"{name[:18]:<18} {t[7]:>5} {t[0]:>6} {t[1]:>8.1f} {t[2]:>8.1f} {t[3]:>6.1f} "
+            f"{t[4] / 1e6:>9.1f} {t[5] / 1e6:>10.1f} {t[6] / 1e6:>10.1f}"
+        )
     every = [sum(t[k] for t in totals.values()) for k in range(8)]
-    lines.append(f"{'all':<18} {every[7]:>5} {every[0]:>6} {every[1]:>8.1f} {every[2]:>8.1f} {every[3]:>6.1f} "
-                 f"{every[4] / 1e6:>9.1f} {every[5] / 1e6:>10.1f} {every[6] / 1e6:>10.1f}")
+    lines.append(
+        f"{'all':<18} {every[7]:>5} {every[0]:>6} {every[1]:>8.1f} {every[2]:>8.1f} {every[3]:>6.1f} "
+        f"{every[4] / 1e6:>9.1f} {every[5] / 1e6:>10.1f} {every[6] / 1e6:>10.1f}"
+    )
     return lines
 
 
@@ -599,14 +749,19 @@ def table(args, rows: list[dict]) -> str:
 def _line(r: dict, label: str, truth: dict) -> str:
     """One table line: a pipeline run and the baseline on the same files."""
     s, b = r["spark"], r["baseline"]
-    found = (f"{s['summary']['lost']}/{truth['lost_injected']}",
-             f"{s['summary']['duplicated']}/{truth['duplicated_injected']}")
+    found = (
+        f"{s['summary']['lost']}/{truth['lost_injected']}",
+        f"{s['summary']['duplicated']}/{truth['duplicated_injected']}",
+    )
     return (
         f"{r['events']:>12,} {label:>9} {r['bytes'] / 1e9:>9.2f} {s['seconds']:>8.1f} {s['cpu_seconds']:>7.1f} "
         f"{r['events'] / s['seconds']:>10,.0f} "
-        + (f"{b['seconds']:>8.1f} {b['cpu_seconds']:>7.1f} {r['events'] / b['seconds']:>10,.0f} "
-           f"{b['seconds'] / s['seconds']:>10.2f} "
-           if b else f"{'-':>8} {'-':>7} {'-':>10} {'-':>10} ")
+        + (
+            f"{b['seconds']:>8.1f} {b['cpu_seconds']:>7.1f} {r['events'] / b['seconds']:>10,.0f} "
+            f"{b['seconds'] / s['seconds']:>10.2f} "
+            if b
+            else f"{'-':>8} {'-':>7} {'-':>10} {'-':>10} "
+        )
         + f"{found[0]:>9} {found[1]:>9} {s['peak_rss'] / 1e9:>8.2f}G"
     )
 
@@ -618,15 +773,19 @@ def _checks(args, rows: list[dict]) -> list[str]:
     for r in rows:
         if r["baseline"]:
             ratio = r["baseline"]["seconds"] / r["spark"]["seconds"]
-            checks.append(f"{r['events']:,} events: baseline time / spark time {ratio:.2f} (>= 1.0): "
-                          f"{'PASS' if ratio >= 1.0 else 'FAIL'}")
+            checks.append(
+                f"{r['events']:,} events: baseline time / spark time {ratio:.2f} (>= 1.0): "
+                f"{'PASS' if ratio >= 1.0 else 'FAIL'}"
+            )
         if r.get("before"):
             b = r["before"]
-            checks.append(f"{r['events']:,} events: before ({b['ref'][:7]}, version {b['records']} records) "
-                          f"{b['spark']['seconds']:.1f} s, {b['spark']['cpu_seconds']:.1f} CPU s; now "
-                          f"{r['spark']['seconds']:.1f} s, {r['spark']['cpu_seconds']:.1f} CPU s: "
-                          f"{b['spark']['seconds'] / r['spark']['seconds']:.2f}x faster, "
-                          f"{b['spark']['cpu_seconds'] / r['spark']['cpu_seconds']:.2f}x less CPU")
+            checks.append(
+                f"{r['events']:,} events: before ({b['ref'][:7]}, version {b['records']} records) "
+                f"{b['spark']['seconds']:.1f} s, {b['spark']['cpu_seconds']:.1f} CPU s; now "
+                f"{r['spark']['seconds']:.1f} s, {r['spark']['cpu_seconds']:.1f} CPU s: "
+                f"{b['spark']['seconds'] / r['spark']['seconds']:.2f}x faster, "
+                f"{b['spark']['cpu_seconds'] / r['spark']['cpu_seconds']:.2f}x less CPU"
+            )
     for small, large in zip(rows, rows[1:]):
         er = large["events"] / small["events"]
         tr = large["spark"]["seconds"] / small["spark"]["seconds"]
@@ -641,8 +800,10 @@ def _checks(args, rows: list[dict]) -> list[str]:
     )
     for r in rows:
         if r["spark"].get("profile"):
-            checks += [f"profile of {r['events']:,} events (Spark event log; JVM CPU of the whole run "
-                       f"{r['spark']['cpu_seconds']:.1f} s):"] + ["    " + p for p in r["spark"]["profile"]]
+            checks += [
+                f"profile of {r['events']:,} events (Spark event log; JVM CPU of the whole run "
+                f"{r['spark']['cpu_seconds']:.1f} s):"
+            ] + ["    " + p for p in r["spark"]["profile"]]
         stages = ", ".join(f"{k} {v:.1f}" for k, v in r["spark"]["stages"].items())
         checks.append(f"stages of {r['events']:,} events, seconds: {stages} (load {_load(r['spark'])})")
         if r.get("before"):
@@ -666,7 +827,9 @@ def _checks(args, rows: list[dict]) -> list[str]:
             ok = ok and (b["lost"], b["duplicated"]) == (r["lost_injected"], r["duplicated_injected"])
         if r.get("before"):
             runs = (r["before"]["spark"]["summary"], r["before"]["baseline"] or r["before"]["spark"]["summary"])
-            ok = ok and all((x["lost"], x["duplicated"]) == (r["lost_injected"], r["duplicated_injected"]) for x in runs)
+            ok = ok and all(
+                (x["lost"], x["duplicated"]) == (r["lost_injected"], r["duplicated_injected"]) for x in runs
+            )
         checks.append(f"audit of {r['events']:,} events finds exactly the injected faults: {'PASS' if ok else 'FAIL'}")
     return checks
 
@@ -695,17 +858,32 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=None, help="where to write the logs (a temporary directory by default)")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs and tables")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false")
-    parser.add_argument("--before", default=None, metavar="REF",
-                        help="also run the pipeline of git commit REF on the same fleet in version 1 records "
-                             "(what nodes wrote before), with the baseline on them")
-    parser.add_argument("--before-records", type=int, choices=(1, 2), default=1,
-                        help="the records --before REF reads: 1 (the fleet written again in version 1, the "
-                             "default) or 2 (the same files as this tree's run)")
-    parser.add_argument("--event-log", default=None, metavar="DIR",
-                        help="write the Spark event log of each pipeline run under DIR and print what each "
-                             "pipeline stage cost from it")
-    parser.add_argument("--compare-settings", action="store_true",
-                        help="also run with the other input size's settings forced, and print the ratio")
+    parser.add_argument(
+        "--before",
+        default=None,
+        metavar="REF",
+        help="also run the pipeline of git commit REF on the same fleet in version 1 records "
+        "(what nodes wrote before), with the baseline on them",
+    )
+    parser.add_argument(
+        "--before-records",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="the records --before REF reads: 1 (the fleet written again in version 1, the "
+        "default) or 2 (the same files as this tree's run)",
+    )
+    parser.add_argument(
+        "--event-log",
+        default=None,
+        metavar="DIR",
+        help="write the Spark event log of each pipeline run under DIR and print what each pipeline stage cost from it",
+    )
+    parser.add_argument(
+        "--compare-settings",
+        action="store_true",
+        help="also run with the other input size's settings forced, and print the ratio",
+    )
     args = parser.parse_args(argv)
     sizes = [int(float(x)) for x in args.events.split(",")]
     workdir = args.data or tempfile.mkdtemp(prefix="mconn-pipeline-bench-")

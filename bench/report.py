@@ -19,6 +19,7 @@ import statistics
 #: scenarios.BULK_SIZE (not imported: scenarios imports mconn and Twisted).
 BULK_SIZE = 1 << 20
 
+
 def figures(scenario: str, r: dict) -> dict:
     """The numbers one measurement reduces to, with each process's CPU share and cost.
 
@@ -74,13 +75,15 @@ def rows_of(results: dict) -> list[dict]:
     rows = []
 
     def row(name, unit, a, b, ratio=True):
-        rows.append({
-            "figure": name,
-            "unit": unit,
-            "raw": a,
-            "mconn": b,
-            "mconn_over_raw": (b / a) if ratio and a and b is not None else None,
-        })
+        rows.append(
+            {
+                "figure": name,
+                "unit": unit,
+                "raw": a,
+                "mconn": b,
+                "mconn_over_raw": (b / a) if ratio and a and b is not None else None,
+            }
+        )
 
     def cpu_rows(scenario, unit):
         for side, name in (("send", "sender"), ("recv", "receiver")):
@@ -174,10 +177,7 @@ def print_table(rows: list[dict]) -> None:
     The verdict is judged on the medians; "(k/n)" says in how many rounds it held alone.
     The spread is the per-round min..max of mconn/raw (of mconn where there is no ratio).
     """
-    header = (
-        f"{'figure':<26}{'unit':<7}{'raw':>11}{'mconn':>11}{'mconn/raw':>11}{'spread':>14}  "
-        f"{'target':<19}result"
-    )
+    header = f"{'figure':<26}{'unit':<7}{'raw':>11}{'mconn':>11}{'mconn/raw':>11}{'spread':>14}  {'target':<19}result"
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -269,8 +269,10 @@ ACK_TARGET = 0.95
 def _ack_values(figs: dict) -> list[tuple[str, str, float | None]]:
     """(figure, unit, value) of one variant's figures, in table order."""
     out = []
-    for scenario, name, key, unit in (("bulk", "bulk 1 MiB msgs", "MB_per_s", "MB"),
-                                      ("small", "small 100 B msgs", "messages_per_s", "msg")):
+    for scenario, name, key, unit in (
+        ("bulk", "bulk 1 MiB msgs", "MB_per_s", "MB"),
+        ("small", "small 100 B msgs", "messages_per_s", "msg"),
+    ):
         f = figs.get(scenario)
         if f is None:
             continue
@@ -320,8 +322,10 @@ def judge_msgcost(rounds: list[dict]) -> list[dict]:
     for scenario, unit in (("bulk", "us/MiB"), ("small", "us/msg")):
         for phase in ("send_us", "deliver_us", "total_us"):
             col = {v: [r[v][scenario][phase] for r in rounds] for v in rounds[0]}
-            ratios = {f"{other}_over_now": [b / n for n, b in zip(col["now"], col[other])]
-                      for other in ("before", "rare_acks")}
+            ratios = {
+                f"{other}_over_now": [b / n for n, b in zip(col["now"], col[other])]
+                for other in ("before", "rare_acks")
+            }
             judged = "before_over_now" if phase == "total_us" else None
             rows.append(_variant_row(f"{scenario} {phase[:-3]}", unit, col, ratios, judged))
     return rows
@@ -330,8 +334,10 @@ def judge_msgcost(rounds: list[dict]) -> list[dict]:
 def print_variants(rows: list[dict], ratios: tuple[str, str]) -> None:
     """The acks or msgcost table: values per variant, then the two ratios (row keys)."""
     labels = [key.replace("_over_", "/").replace("rare_acks", "rare") for key in ratios]
-    header = (f"{'figure':<20}{'unit':<8}{'before':>11}{'now':>11}{'rare acks':>11}"
-              f"{labels[0]:>11}{'spread':>12}{labels[1]:>10}{'spread':>12}  {'target':<21}result")
+    header = (
+        f"{'figure':<20}{'unit':<8}{'before':>11}{'now':>11}{'rare acks':>11}"
+        f"{labels[0]:>11}{'spread':>12}{labels[1]:>10}{'spread':>12}  {'target':<21}result"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -345,8 +351,10 @@ def print_variants(rows: list[dict], ratios: tuple[str, str]) -> None:
             verdict = "PASS" if r["pass"] else "MISS"
             if len(r["rounds_pass"]) > 1:
                 verdict += f" ({sum(r['rounds_pass'])}/{len(r['rounds_pass'])} rounds)"
-        print(f"{r['figure']:<20}{r['unit']:<8}{_fmt(r['before']):>11}{_fmt(r['now']):>11}"
-              f"{_fmt(r['rare_acks']):>11}{''.join(cells)}  {r['target'] or '':<21}{verdict}")
+        print(
+            f"{r['figure']:<20}{r['unit']:<8}{_fmt(r['before']):>11}{_fmt(r['now']):>11}"
+            f"{_fmt(r['rare_acks']):>11}{''.join(cells)}  {r['target'] or '':<21}{verdict}"
+        )
 
 
 # -- the resume scenario -----------------------------------------------------------
@@ -379,7 +387,8 @@ def resume_figures(result: dict) -> dict:
     if recv["out_of_order"] or recv["epoch_ahead"] or recv["stream_messages"] != send["stream_messages"]:
         raise RuntimeError(
             f"resume: stream broken: {recv['out_of_order']} out of order, {recv['epoch_ahead']} epoch errors, "
-            f"{recv['stream_messages']} delivered of {send['stream_messages']} accepted")
+            f"{recv['stream_messages']} delivered of {send['stream_messages']} accepted"
+        )
     if len(resets) != len(resumes):
         raise RuntimeError(f"resume: {len(resets)} resets but the receiver saw {len(resumes)} resumes")
 
@@ -399,20 +408,27 @@ def resume_figures(result: dict) -> dict:
         "fresh dial -> handshake (proxy)": fresh("proxy", "send", "handshake_ns"),
         "fresh dial -> first msg (direct)": fresh("direct", "recv", "arrival_ns"),
     }
+
     # The longest event-loop stall of each process that overlaps reset -> first delivery,
     # as [length ms, CPU ms the process used during it].
     def stalled(stalls: list, start: int, end: int | None) -> list:
         end = end if end is not None else start
-        return max(([late / 1e6, cpu / 1e6] for at, late, cpu in stalls if at - late < end and at > start),
-                   default=[0.0, 0.0])
+        return max(
+            ([late / 1e6, cpu / 1e6] for at, late, cpu in stalls if at - late < end and at > start), default=[0.0, 0.0]
+        )
 
-    stall_ms = {side: [stalled(result[side].get("stalls", []), r["reset_ns"], s["first_ns"])
-                       for r, s in zip(resets, resumes)] for side in ("send", "recv")}
-    events = sorted({e for r in resets for e in r.get("timeline_ns", {})},
-                    key=lambda e: statistics.median((r["timeline_ns"][e] - r["reset_ns"]) for r in resets
-                                                    if e in r["timeline_ns"]))
-    timeline = {e: percentiles([(r["timeline_ns"][e] - r["reset_ns"]) / 1e6 for r in resets
-                                if e in r.get("timeline_ns", {})]) for e in events}
+    stall_ms = {
+        side: [stalled(result[side].get("stalls", []), r["reset_ns"], s["first_ns"]) for r, s in zip(resets, resumes)]
+        for side in ("send", "recv")
+    }
+    events = sorted(
+        {e for r in resets for e in r.get("timeline_ns", {})},
+        key=lambda e: statistics.median((r["timeline_ns"][e] - r["reset_ns"]) for r in resets if e in r["timeline_ns"]),
+    )
+    timeline = {
+        e: percentiles([(r["timeline_ns"][e] - r["reset_ns"]) / 1e6 for r in resets if e in r.get("timeline_ns", {})])
+        for e in events
+    }
     return {
         "ms": {name: percentiles(values) for name, values in lists.items()},
         "dialer_timeline_ms": timeline,
@@ -446,24 +462,39 @@ def print_resume(figs: dict) -> None:
         if name == "reset -> first re-delivered msg" and p.get("n"):
             target = f"<= {RESUME_TARGET_MS:.0f} ms"
             verdict = ", ".join(f"{k} {'PASS' if p[k] <= RESUME_TARGET_MS else 'MISS'}" for k in ("p50", "p95", "max"))
-        print(f"{name:<34}{p.get('n', 0):>4}{_fmt(p.get('p50')):>9}{_fmt(p.get('p95')):>9}{_fmt(p.get('max')):>9}"
-              f"{_fmt(ratio, 2):>9}  {target:<13}{verdict}")
+        print(
+            f"{name:<34}{p.get('n', 0):>4}{_fmt(p.get('p50')):>9}{_fmt(p.get('p95')):>9}{_fmt(p.get('max')):>9}"
+            f"{_fmt(ratio, 2):>9}  {target:<13}{verdict}"
+        )
     timeline = figs.get("dialer_timeline_ms") or {}
     if timeline:
-        print("dialer's telemetry after a reset, p50 (p95) ms: " + ", ".join(
-            f"{e} {_fmt(p['p50'], 2)} ({_fmt(p['p95'], 2)})" for e, p in timeline.items()))
+        print(
+            "dialer's telemetry after a reset, p50 (p95) ms: "
+            + ", ".join(f"{e} {_fmt(p['p50'], 2)} ({_fmt(p['p95'], 2)})" for e, p in timeline.items())
+        )
     stalls = figs.get("stall_ms")
     if stalls:
         first = figs["samples_ms"]["reset -> first re-delivered msg"]
         worst = max(range(len(first)), key=first.__getitem__, default=None)
-        print("longest event-loop stall between a reset and its first delivery, p50 / max ms: " + ", ".join(
-            f"{side} {_fmt(percentiles([x[0] for x in v]).get('p50'), 2)} / "
-            f"{_fmt(percentiles([x[0] for x in v]).get('max'), 2)}" for side, v in stalls.items())
-            + ("" if worst is None else f"; in the slowest resume ({first[worst]:.1f} ms): " + ", ".join(
-                f"{side} {_fmt(v[worst][0], 2)} (CPU {_fmt(v[worst][1], 2)})" for side, v in stalls.items())))
+        print(
+            "longest event-loop stall between a reset and its first delivery, p50 / max ms: "
+            + ", ".join(
+                f"{side} {_fmt(percentiles([x[0] for x in v]).get('p50'), 2)} / "
+                f"{_fmt(percentiles([x[0] for x in v]).get('max'), 2)}"
+                for side, v in stalls.items()
+            )
+            + (
+                ""
+                if worst is None
+                else f"; in the slowest resume ({first[worst]:.1f} ms): "
+                + ", ".join(f"{side} {_fmt(v[worst][0], 2)} (CPU {_fmt(v[worst][1], 2)})" for side, v in stalls.items())
+            )
+        )
     attempts = figs["dial_attempts"]
     print(f"dial attempts per resume: at most {attempts['per_resume_max']}, after delays {attempts['delays']} s")
     resent, lost = figs["resent_per_resume"], figs["lost_at_reset"]
-    print(f"re-delivered per resume: p50 {resent.get('p50')} (max {resent.get('max')}); accepted in the reset's "
-          f"own turn: {lost.get('p50')}; stream: {figs['stream_messages']} messages exactly once and in order, "
-          f"{figs['refused']} refused while suspended")
+    print(
+        f"re-delivered per resume: p50 {resent.get('p50')} (max {resent.get('max')}); accepted in the reset's "
+        f"own turn: {lost.get('p50')}; stream: {figs['stream_messages']} messages exactly once and in order, "
+        f"{figs['refused']} refused while suspended"
+    )

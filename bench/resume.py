@@ -112,6 +112,7 @@ def sleep(clock, seconds: float) -> defer.Deferred:
 
 def bounded(clock, d: defer.Deferred, what: str) -> defer.Deferred:
     """``d``, failing with a TimeoutError naming ``what`` after WAIT seconds."""
+
     def timed_out(failure, timeout):
         failure.trap(defer.CancelledError)
         raise TimeoutError(f"{what}: nothing within {timeout}s")
@@ -150,11 +151,16 @@ class ResumeReceiver(Reactor):
 
     def peer_resumed(self, peer) -> None:
         if peer is self.stream_peer:
-            self._resumes.append({
-                "suspended_ns": self._suspended_ns,
-                "resumed_ns": time.monotonic_ns(),
-                "first_ns": None, "first_resent_ns": None, "first_new_ns": None, "resent": 0,
-            })
+            self._resumes.append(
+                {
+                    "suspended_ns": self._suspended_ns,
+                    "resumed_ns": time.monotonic_ns(),
+                    "first_ns": None,
+                    "first_resent_ns": None,
+                    "first_new_ns": None,
+                    "resent": 0,
+                }
+            )
             self._suspended_ns = None
 
     def receive(self, channel_id: int, peer, msg: bytes) -> None:
@@ -163,12 +169,14 @@ class ResumeReceiver(Reactor):
         if kind == STREAM:
             self._stream(now, int.from_bytes(msg[1:9], "big"), int.from_bytes(msg[9:13], "big"))
         elif kind == FRESH:
-            self._fresh.append({
-                "index": int.from_bytes(msg[1:5], "big"),
-                "mode": MODES[msg[5]],
-                "dial_ns": int.from_bytes(msg[6:14], "big"),
-                "arrival_ns": now,
-            })
+            self._fresh.append(
+                {
+                    "index": int.from_bytes(msg[1:5], "big"),
+                    "mode": MODES[msg[5]],
+                    "dial_ns": int.from_bytes(msg[6:14], "big"),
+                    "arrival_ns": now,
+                }
+            )
         elif kind == END and peer is self.stream_peer:
             self._finish()
 
@@ -196,14 +204,16 @@ class ResumeReceiver(Reactor):
         if self._done:
             return
         self._done = True
-        self._report({
-            "resumes": self._resumes,
-            "fresh": self._fresh,
-            "stream_messages": self._next_seq,
-            "out_of_order": self._out_of_order,
-            "epoch_ahead": self._epoch_ahead,
-            "stalls": self._stalls.stop(),
-        })
+        self._report(
+            {
+                "resumes": self._resumes,
+                "fresh": self._fresh,
+                "stream_messages": self._next_seq,
+                "out_of_order": self._out_of_order,
+                "epoch_ahead": self._epoch_ahead,
+                "stalls": self._stalls.stop(),
+            }
+        )
         if self.stream_peer is not None:
             self.stream_peer.close("benchmark done")
 
@@ -294,8 +304,14 @@ class ResumeDialer:
             if not await self.peer.send(STREAM_CHANNEL.id, bytes([END])):
                 raise RuntimeError("the end message was refused")
             await bounded(clock, self.reactor.removed, "the receiver's close")
-            return dict(self.samples, stream_messages=self.seq, refused=self.refused, stalls=stalls.stop(),
-                        peer_resumes=self.peer.resumes, messages_resent=self.peer.stats.messages_resent)
+            return dict(
+                self.samples,
+                stream_messages=self.seq,
+                refused=self.refused,
+                stalls=stalls.stop(),
+                peer_resumes=self.peer.resumes,
+                messages_resent=self.peer.stats.messages_resent,
+            )
         finally:
             stalls.stop()
             globalLogPublisher.removeObserver(self._observe)
@@ -325,10 +341,17 @@ class ResumeDialer:
         lost = self.seq - first_lost
         resumed_ns = await bounded(self.clock, self.reactor.resumed, f"resume after reset {index}")
         timeline, self._timeline = self._timeline, None
-        self.samples["resets"].append({
-            "index": index, "reset_ns": reset_ns, "resumed_ns": resumed_ns, "links": links,
-            "unsent_at_reset": lost, "timeline_ns": timeline, "dial_attempts": self._attempts,
-        })
+        self.samples["resets"].append(
+            {
+                "index": index,
+                "reset_ns": reset_ns,
+                "resumed_ns": resumed_ns,
+                "links": links,
+                "unsent_at_reset": lost,
+                "timeline_ns": timeline,
+                "dial_attempts": self._attempts,
+            }
+        )
         await sleep(self.clock, SETTLE)
 
     async def _fresh(self, index: int, mode: str, port: int) -> None:

@@ -80,8 +80,22 @@ RARE_ACKS = {"ack_every_messages": 256 * 256, "ack_every_bytes": 8 << 20, "ack_i
 #: The Config fields the --ack-* options set (role.py passes on only those given).
 ACK_FIELDS = ("ack_every_messages", "ack_every_bytes", "ack_interval")
 #: The options recorded with the results.
-SETTINGS = ("duration", "repeat", "rtt_count", "raw_framing", "pin", "nodelay", "notsent_lowat", "max_packet_payload",
-            "profile", "py_spy", "before", "pair_before", "one_by_one", "resets") + ACK_FIELDS
+SETTINGS = (
+    "duration",
+    "repeat",
+    "rtt_count",
+    "raw_framing",
+    "pin",
+    "nodelay",
+    "notsent_lowat",
+    "max_packet_payload",
+    "profile",
+    "py_spy",
+    "before",
+    "pair_before",
+    "one_by_one",
+    "resets",
+) + ACK_FIELDS
 
 # -- orchestration ------------------------------------------------------------------
 
@@ -104,17 +118,29 @@ def role_command(args, role: str, impl: str, scenario: str, extra: list[str], ta
     if args.profile:
         os.makedirs(args.profile, exist_ok=True)
         cmd += ["-m", "cProfile", "-o", os.path.join(args.profile, f"{scenario}-{tag}-{role}.prof")]
-    cmd += [
-        os.path.abspath(__file__),
-        "--role", role,
-        "--impl", impl,
-        "--scenario", scenario,
-        "--duration", str(args.duration),
-        "--deadline", str(deadline(args, scenario)),
-        "--resets", str(args.resets),
-        "--rtt-count", str(args.rtt_count),
-        "--raw-framing", args.raw_framing,
-    ] + ["--pin" if args.pin else "--no-pin"] + (["--nodelay"] if args.nodelay else [])
+    cmd += (
+        [
+            os.path.abspath(__file__),
+            "--role",
+            role,
+            "--impl",
+            impl,
+            "--scenario",
+            scenario,
+            "--duration",
+            str(args.duration),
+            "--deadline",
+            str(deadline(args, scenario)),
+            "--resets",
+            str(args.resets),
+            "--rtt-count",
+            str(args.rtt_count),
+            "--raw-framing",
+            args.raw_framing,
+        ]
+        + ["--pin" if args.pin else "--no-pin"]
+        + (["--nodelay"] if args.nodelay else [])
+    )
     cmd += ["--one-by-one"] if args.one_by_one else []
     if args.notsent_lowat:
         cmd += ["--notsent-lowat", str(args.notsent_lowat)]
@@ -248,13 +274,21 @@ def run_pairs_with_before(args, scenarios: list[str]) -> dict:
         rounds, role_results = run_rounds(args, scenarios, (tree, env))
     rows_before = report.judge([{"raw": r["raw"], "mconn": r["before"]} for r in rounds])
     rows = report.judge([{"raw": r["raw"], "mconn": r["mconn"]} for r in rounds])
-    print(f"\nbefore = mconn at {commit[:7]} (sources {digest['sha256']}), same rounds; "
-          f"medians of {args.repeat} round(s); mconn/raw is the median of the per-round ratios")
+    print(
+        f"\nbefore = mconn at {commit[:7]} (sources {digest['sha256']}), same rounds; "
+        f"medians of {args.repeat} round(s); mconn/raw is the median of the per-round ratios"
+    )
     report.print_table(rows_before)
     print("\nnow = this tree")
     report.print_table(rows)
-    return {"before_commit": commit, "before_sources": digest, "rows_before": rows_before, "rows": rows,
-            "rounds": rounds, "role_results": role_results}
+    return {
+        "before_commit": commit,
+        "before_sources": digest,
+        "rows_before": rows_before,
+        "rows": rows,
+        "rounds": rounds,
+        "role_results": role_results,
+    }
 
 
 # -- the session-layer scenarios ------------------------------------------------------
@@ -266,12 +300,14 @@ def before_tree(rev: str):
 
     Yields (directory, full commit id); the directory goes first on a role's PYTHONPATH.
     """
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", rev + "^{commit}"],
-                            check=True, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", REPO, "rev-parse", "--verify", rev + "^{commit}"], check=True, capture_output=True, text=True
+    ).stdout.strip()
     directory = tempfile.mkdtemp(prefix=f"mconn-bench-{commit[:7]}-", dir="/tmp")
     try:
-        archive = subprocess.Popen(["git", "-C", REPO, "archive", "--format=tar", commit, "mconn"],
-                                   stdout=subprocess.PIPE)
+        archive = subprocess.Popen(
+            ["git", "-C", REPO, "archive", "--format=tar", commit, "mconn"], stdout=subprocess.PIPE
+        )
         subprocess.run(["tar", "-x", "-C", directory], stdin=archive.stdout, check=True)
         archive.stdout.close()
         if archive.wait() != 0:
@@ -317,8 +353,7 @@ def run_acks(args) -> dict:
     then, per round and variant, msgcost.py."""
     rounds, costs = [], []
     with before_tree(args.before) as (tree, commit):
-        before_env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (tree, os.environ.get("PYTHONPATH")) if p))
+        before_env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
         digest = report.source_digest(os.path.join(tree, "mconn"))
         for n in range(args.repeat):
             order = ACK_VARIANTS if n % 2 == 0 else ACK_VARIANTS[::-1]
@@ -341,13 +376,22 @@ def run_acks(args) -> dict:
             costs.append(cost)
     rows = report.judge_acks(rounds)
     cost_rows = report.judge_msgcost(costs)
-    print(f"\nacks: medians of {args.repeat} round(s); before = mconn at {commit[:7]} "
-          f"(sources {digest['sha256']}), rare acks = {RARE_ACKS}")
+    print(
+        f"\nacks: medians of {args.repeat} round(s); before = mconn at {commit[:7]} "
+        f"(sources {digest['sha256']}), rare acks = {RARE_ACKS}"
+    )
     report.print_variants(rows, ("now_over_before", "now_over_rare_acks"))
     print("\nCPU per message in one process, no sockets (msgcost.py: smallest batch; medians of the rounds)")
     report.print_variants(cost_rows, ("before_over_now", "rare_acks_over_now"))
-    return {"before_commit": commit, "before_sources": digest, "rare_acks": RARE_ACKS,
-            "rows": rows, "rounds": rounds, "msgcost_rows": cost_rows, "msgcost_rounds": costs}
+    return {
+        "before_commit": commit,
+        "before_sources": digest,
+        "rare_acks": RARE_ACKS,
+        "rows": rows,
+        "rounds": rounds,
+        "msgcost_rows": cost_rows,
+        "msgcost_rounds": costs,
+    }
 
 
 def run_resume(args) -> dict:
@@ -405,8 +449,10 @@ def orchestrate(args) -> int:
     if "shaped" in scenarios:
         doc["shaped"] = external.run_shaped(args)
     doc["load_average"] = {"start": load, "end": os.getloadavg()}
-    print(f"\ntotal {time.monotonic() - started:.1f}s; mconn sources {digest['sha256']}; "
-          f"load average (1 min) {load[0]:.2f} at start, {doc['load_average']['end'][0]:.2f} at end")
+    print(
+        f"\ntotal {time.monotonic() - started:.1f}s; mconn sources {digest['sha256']}; "
+        f"load average (1 min) {load[0]:.2f} at start, {doc['load_average']['end'][0]:.2f} at end"
+    )
     if report.source_digest(MCONN_DIR) != digest:
         print("WARNING: mconn/*.py changed during the run; the rounds may have measured different code")
     print(f"wrote {write_json(doc)}")
@@ -421,37 +467,69 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="about 1 s per measurement (smoke run)")
     p.add_argument("--duration", type=float, default=None, help="seconds per measurement (default 2.5, --quick 1)")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS),
-                   help="comma-separated subset of " + ",".join(SCENARIOS) + " (priority implies bulk)")
+    p.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="comma-separated subset of " + ",".join(SCENARIOS) + " (priority implies bulk)",
+    )
     p.add_argument("--repeat", type=int, default=None, help="rounds; figures are medians (default 3, --quick 1)")
     p.add_argument("--rtt-count", type=int, default=None, help="timed round trips (default 5000, --quick 300)")
     p.add_argument("--profile", metavar="DIR", help="run every role under cProfile, writing DIR/*.prof")
     p.add_argument("--py-spy", metavar="DIR", help="run every role under py-spy record, writing DIR/*.txt")
     p.add_argument("--py-spy-bin", default="py-spy", help="the py-spy executable (pip install py-spy)")
-    p.add_argument("--raw-framing", choices=("hand", "int32"), default="hand",
-                   help="the raw receiver: hand-written (default, faster) or Int32StringReceiver")
-    p.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
-                   help="pin the sender and the receiver to different CPUs (default on)")
+    p.add_argument(
+        "--raw-framing",
+        choices=("hand", "int32"),
+        default="hand",
+        help="the raw receiver: hand-written (default, faster) or Int32StringReceiver",
+    )
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pin the sender and the receiver to different CPUs (default on)",
+    )
     p.add_argument("--nodelay", action="store_true", help="experiment: TCP_NODELAY on every connection")
-    p.add_argument("--notsent-lowat", type=int, metavar="BYTES",
-                   help="experiment: TCP_NOTSENT_LOWAT on every connection (mconn: via a private attribute)")
-    p.add_argument("--max-packet-payload", type=int, default=None, metavar="BYTES",
-                   help="experiment: mconn Config.max_packet_payload (default: Config's, the target's setting)")
-    p.add_argument("--before", default="82a45f3", metavar="REV",
-                   help="acks: the commit measured as 'before' (default 82a45f3, the core before sessions)")
-    p.add_argument("--pair-before", metavar="REV",
-                   help="bulk, priority, small, rtt: also measure mconn at REV in the same rounds")
-    p.add_argument("--one-by-one", action="store_true",
-                   help="bulk and small: the mconn sender calls try_send per message, not try_send_many")
+    p.add_argument(
+        "--notsent-lowat",
+        type=int,
+        metavar="BYTES",
+        help="experiment: TCP_NOTSENT_LOWAT on every connection (mconn: via a private attribute)",
+    )
+    p.add_argument(
+        "--max-packet-payload",
+        type=int,
+        default=None,
+        metavar="BYTES",
+        help="experiment: mconn Config.max_packet_payload (default: Config's, the target's setting)",
+    )
+    p.add_argument(
+        "--before",
+        default="82a45f3",
+        metavar="REV",
+        help="acks: the commit measured as 'before' (default 82a45f3, the core before sessions)",
+    )
+    p.add_argument(
+        "--pair-before", metavar="REV", help="bulk, priority, small, rtt: also measure mconn at REV in the same rounds"
+    )
+    p.add_argument(
+        "--one-by-one",
+        action="store_true",
+        help="bulk and small: the mconn sender calls try_send per message, not try_send_many",
+    )
     p.add_argument("--resets", type=int, default=None, help="resume: resets to time (default 20, --quick 5)")
     p.add_argument("--storm-peers", type=int, default=10000, help="storm: peers (default 10000, --quick 3000)")
     p.add_argument("--storm-dialers", type=int, default=4, help="storm: dialer processes (default 4, --quick 2)")
     p.add_argument("--storm-runs", type=int, default=3, help="storm: runs, figures are medians (default 3, --quick 1)")
     for name in ("ack_every_messages", "ack_every_bytes"):
-        p.add_argument("--" + name.replace("_", "-"), type=int,
-                       help=f"experiment: mconn Config.{name} (the raw-vs-mconn scenarios)")
-    p.add_argument("--ack-interval", type=float,
-                   help="experiment: mconn Config.ack_interval (the raw-vs-mconn scenarios)")
+        p.add_argument(
+            "--" + name.replace("_", "-"),
+            type=int,
+            help=f"experiment: mconn Config.{name} (the raw-vs-mconn scenarios)",
+        )
+    p.add_argument(
+        "--ack-interval", type=float, help="experiment: mconn Config.ack_interval (the raw-vs-mconn scenarios)"
+    )
     # role-process options (internal)
     p.add_argument("--role", choices=("send", "recv"), help=argparse.SUPPRESS)
     p.add_argument("--impl", choices=IMPLS, help=argparse.SUPPRESS)

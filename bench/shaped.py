@@ -94,8 +94,22 @@ def make_namespaces() -> None:
 def shape(mbit: float) -> str:
     """tbf on the router's egress towards the listener; returns the qdisc as tc shows it."""
     in_ns("mcs_r", "tc", "qdisc", "del", "dev", "mcs_rb", "root", check=False)
-    in_ns("mcs_r", "tc", "qdisc", "add", "dev", "mcs_rb", "root", "tbf",
-          "rate", f"{mbit}mbit", "burst", "8kb", "latency", "2s")
+    in_ns(
+        "mcs_r",
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        "mcs_rb",
+        "root",
+        "tbf",
+        "rate",
+        f"{mbit}mbit",
+        "burst",
+        "8kb",
+        "latency",
+        "2s",
+    )
     return in_ns("mcs_r", "tc", "qdisc", "show", "dev", "mcs_rb").stdout.strip()
 
 
@@ -117,14 +131,31 @@ def measure(variant: str, mbit: float, duration: float, dial_ns: str = "mcs_a") 
     me = [sys.executable, os.path.abspath(__file__)]
     common = ["--variant", variant, "--duration", str(duration), "--mbit", str(mbit)]
     env = dict(os.environ, PYTHONPATH=ROOT)
-    listener = subprocess.Popen(["ip", "netns", "exec", "mcs_b", *me, "--role", "listen", *common],
-                                stdout=subprocess.PIPE, text=True, env=env)
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", "mcs_b", *me, "--role", "listen", *common], stdout=subprocess.PIPE, text=True, env=env
+    )
     dialer = None
     try:
         hello = json.loads(listener.stdout.readline())
-        dialer = subprocess.Popen(["ip", "netns", "exec", dial_ns, *me, "--role", "dial", *common,
-                                   "--port", str(hello["port"]), "--node-id", hello.get("node_id") or ""],
-                                  stdout=subprocess.PIPE, text=True, env=env)
+        dialer = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                dial_ns,
+                *me,
+                "--role",
+                "dial",
+                *common,
+                "--port",
+                str(hello["port"]),
+                "--node-id",
+                hello.get("node_id") or "",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         result = json.loads(listener.stdout.readline())
         sender = json.loads(dialer.stdout.readline() or "{}")
         result["sender"] = sender
@@ -142,8 +173,10 @@ def measure(variant: str, mbit: float, duration: float, dial_ns: str = "mcs_a") 
 def channels():
     from mconn import ChannelDescriptor
 
-    return [ChannelDescriptor(0x10, priority=1, send_queue_capacity=64),
-            ChannelDescriptor(0x30, priority=10, send_queue_capacity=1000)]
+    return [
+        ChannelDescriptor(0x10, priority=1, send_queue_capacity=64),
+        ChannelDescriptor(0x30, priority=10, send_queue_capacity=1000),
+    ]
 
 
 def committed_below(transport) -> tuple[int, int]:
@@ -198,11 +231,17 @@ class Listener:
         sent_in_window = sum(1 for s, _ in self.probes.values() if start <= s <= end)
         bulk = sum(n for t, n in self.bulk if start <= t <= end)
         goodput = bulk / (end - start) / (self.args.mbit * 1e6 / 8)
-        summary = {"probes": len(absolute), "probes_without_datagram": sent_in_window - len(absolute),
-                   "goodput_of_shaped_rate": goodput}
+        summary = {
+            "probes": len(absolute),
+            "probes_without_datagram": sent_in_window - len(absolute),
+            "goodput_of_shaped_rate": goodput,
+        }
         for name, values in (("added_ms", added), ("absolute_ms", absolute), ("network_ms", network)):
-            summary[name] = {"p50": percentile(values, 50), "p99": percentile(values, 99),
-                             "max": max(values) if values else None}
+            summary[name] = {
+                "p50": percentile(values, 50),
+                "p99": percentile(values, 99),
+                "max": max(values) if values else None,
+            }
         print(json.dumps(summary), flush=True)
         self.clock.callLater(0.2, self.clock.stop)
 
@@ -238,10 +277,17 @@ class Dialer:
         info = self.info  # at the last probe: the listener may have closed by now
         twisted_bytes = [t for t, _ in self.below[20:]]
         total = [t + k for t, k in self.below[20:]]
-        print(json.dumps({"total_retrans": struct.unpack_from("=I", info, 100)[0] if info else None,
-                          "twisted_buffer_p99": percentile(twisted_bytes, 99),
-                          "committed_below_p50": percentile(total, 50),
-                          "committed_below_p99": percentile(total, 99)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "total_retrans": struct.unpack_from("=I", info, 100)[0] if info else None,
+                    "twisted_buffer_p99": percentile(twisted_bytes, 99),
+                    "committed_below_p50": percentile(total, 50),
+                    "committed_below_p99": percentile(total, 99),
+                }
+            ),
+            flush=True,
+        )
         self.clock.stop()
 
 
@@ -274,8 +320,13 @@ def run_mconn(clock, args) -> None:
                 while await peer.send(0x10, message):
                     pass
 
-            Dialer(clock, args, lambda: ensureDeferred(fill()),
-                   lambda probe: peer.try_send(0x30, probe), lambda: transport_of(peer))
+            Dialer(
+                clock,
+                args,
+                lambda: ensureDeferred(fill()),
+                lambda probe: peer.try_send(0x30, probe),
+                lambda: transport_of(peer),
+            )
 
         def receive(self, channel_id, peer, message):
             listener.message(channel_id, message)
@@ -286,8 +337,9 @@ def run_mconn(clock, args) -> None:
         listener = Listener(clock, args)
         listen_udp(clock, listener)
         d = switch.listen(f"tcp:{args.port}:interface={LISTENER_IP}")
-        d.addCallback(lambda port: print(json.dumps({"port": port.getHost().port, "node_id": switch.node_id}),
-                                         flush=True))
+        d.addCallback(
+            lambda port: print(json.dumps({"port": port.getHost().port, "node_id": switch.node_id}), flush=True)
+        )
     else:
         switch.dial(f"{args.node_id}@{LISTENER_IP}:{args.port}")
 
@@ -344,8 +396,8 @@ def run_raw(clock, args) -> None:
                 (length,) = struct.unpack_from(">I", self.buffer)
                 if len(self.buffer) < 4 + length:
                     break
-                listener.message(0, self.buffer[4:4 + length])
-                self.buffer = self.buffer[4 + length:]
+                listener.message(0, self.buffer[4 : 4 + length])
+                self.buffer = self.buffer[4 + length :]
 
     factory = Factory.forProtocol(Raw)
     if args.role == "listen":
@@ -395,8 +447,13 @@ def main() -> None:
     parser.add_argument("--mbit", type=float, default=20.0)
     parser.add_argument("--port", type=int, default=27000)
     parser.add_argument("--node-id", default="")
-    parser.add_argument("--loopback", type=int, default=0, metavar="ROUNDS",
-                        help="instead: bulk MB/s of --variants over loopback (both ends in mcs_b), ROUNDS rounds")
+    parser.add_argument(
+        "--loopback",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="instead: bulk MB/s of --variants over loopback (both ends in mcs_b), ROUNDS rounds",
+    )
     args = parser.parse_args()
     if args.role:
         role_main(args)
@@ -414,8 +471,12 @@ def main() -> None:
             print(qdisc)
             for variant in args.variants.split(","):
                 row = measure(variant, mbit, args.duration)
-                row.update(variant=variant, mbit=mbit, qdisc=qdisc,
-                           bound_ms=None if variant == "raw" else bound_ms(mbit, VARIANTS[variant]))
+                row.update(
+                    variant=variant,
+                    mbit=mbit,
+                    qdisc=qdisc,
+                    bound_ms=None if variant == "raw" else bound_ms(mbit, VARIANTS[variant]),
+                )
                 results["rows"].append(row)
                 print_row(row)
     finally:
@@ -457,15 +518,22 @@ def print_row(row: dict) -> None:
 
     sender = row.get("sender", {})
     bound = row["bound_ms"]
-    verdict = "" if bound is None else ("PASS" if row["added_ms"]["p99"] <= bound and
-                                         row["goodput_of_shaped_rate"] >= 0.9 else "MISS")
+    verdict = (
+        ""
+        if bound is None
+        else ("PASS" if row["added_ms"]["p99"] <= bound and row["goodput_of_shaped_rate"] >= 0.9 else "MISS")
+    )
     limit = "-" if bound is None else f"{bound:.1f}"
-    print(f"{row['mbit']:5.0f} Mbit/s {row['variant']:14s} added p50 {ms('added_ms', 'p50')} p99 "
-          f"{ms('added_ms', 'p99')} | absolute p50 {ms('absolute_ms', 'p50')} p99 {ms('absolute_ms', 'p99')} | "
-          f"network p50 {ms('network_ms', 'p50')} p99 {ms('network_ms', 'p99')} | "
-          f"goodput {row['goodput_of_shaped_rate']:.3f} | below p99 {sender.get('committed_below_p99')} B "
-          f"(twisted {sender.get('twisted_buffer_p99')}) | retrans {sender.get('total_retrans')} | "
-          f"n={row['probes']} | bound {limit} ms {verdict}", flush=True)
+    print(
+        f"{row['mbit']:5.0f} Mbit/s {row['variant']:14s} added p50 {ms('added_ms', 'p50')} p99 "
+        f"{ms('added_ms', 'p99')} | absolute p50 {ms('absolute_ms', 'p50')} p99 {ms('absolute_ms', 'p99')} | "
+        f"network p50 {ms('network_ms', 'p50')} p99 {ms('network_ms', 'p99')} | "
+        f"goodput {row['goodput_of_shaped_rate']:.3f} | below p99 {sender.get('committed_below_p99')} B "
+        f"(twisted {sender.get('twisted_buffer_p99')}) | retrans {sender.get('total_retrans')} | "
+        f"n={row['probes']} | bound {limit} ms {verdict}",
+        flush=True,
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -67,8 +67,16 @@ async def measure(reactor, mode: str, iterations: int, args) -> list[float]:
     hub.startService()
     port = (await hub.listen("tcp:0:interface=127.0.0.1")).getHost().port
     child = subprocess.Popen(
-        [sys.executable, __file__, "--senders", f"{hub.node_id}@127.0.0.1:{port}",
-         "--heavy", str(args.heavy), "--light", str(args.light)],
+        [
+            sys.executable,
+            __file__,
+            "--senders",
+            f"{hub.node_id}@127.0.0.1:{port}",
+            "--heavy",
+            str(args.heavy),
+            "--light",
+            str(args.light),
+        ],
         cwd=ROOT,
     )
     try:
@@ -98,8 +106,10 @@ async def main(reactor, args) -> None:
         await senders(reactor, args.senders, args.heavy, args.light)
         return
     iterations = calibrate(args.work)
-    print(f"heavy: {args.heavy} messages of {iterations} PBKDF2 iterations (~{args.work} s CPU each); "
-          f"light: {args.light} messages every {LIGHT_INTERVAL * 1e3:.0f} ms")
+    print(
+        f"heavy: {args.heavy} messages of {iterations} PBKDF2 iterations (~{args.work} s CPU each); "
+        f"light: {args.light} messages every {LIGHT_INTERVAL * 1e3:.0f} ms"
+    )
     results = {}
     for mode in ("baseline", "blocking", "thread", "process"):
         results[mode] = await measure(reactor, mode, iterations, args)
@@ -107,8 +117,10 @@ async def main(reactor, args) -> None:
     print(f"{'mode':10} {'verify s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99 / baseline p99':>20}")
     for mode, (delays, work) in results.items():
         p99 = percentile(delays, 0.99)
-        print(f"{mode:10} {sum(work) / len(work):9.3f} {percentile(delays, 0.5) * 1e3:8.2f} {p99 * 1e3:8.2f} "
-              f"{delays[-1] * 1e3:8.2f} {p99 / max(base, 1e-6):20.1f}")
+        print(
+            f"{mode:10} {sum(work) / len(work):9.3f} {percentile(delays, 0.5) * 1e3:8.2f} {p99 * 1e3:8.2f} "
+            f"{delays[-1] * 1e3:8.2f} {p99 / max(base, 1e-6):20.1f}"
+        )
 
 
 if __name__ == "__main__":

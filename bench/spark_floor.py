@@ -59,28 +59,54 @@ def audit(spark, data: str) -> dict:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    counter = T.StructType([T.StructField(n, T.LongType()) for n in ("channel_id", "accepted", "acked",
-                                                                      "delivered")])
+    counter = T.StructType([T.StructField(n, T.LongType()) for n in ("channel_id", "accepted", "acked", "delivered")])
     left = T.StructType([T.StructField(n, T.LongType()) for n in ("channel_id", "count")])
     fields = [T.StructField(n, T.StringType()) for n in ("event", "node_id", "peer_id", "session_id")]
-    schema = T.StructType(fields + [T.StructField("channels", T.ArrayType(counter)),
-                                    T.StructField("undelivered", T.ArrayType(left))])
+    schema = T.StructType(
+        fields + [T.StructField("channels", T.ArrayType(counter)), T.StructField("undelivered", T.ArrayType(left))]
+    )
     ends = spark.read.schema(schema).json(data).where(F.col("event") == "session_ended")
     sent = ends.select("node_id", "peer_id", "session_id", "undelivered", F.explode("channels").alias("c"))
     sent = sent.select(
-        "node_id", "peer_id", "session_id", F.col("c.channel_id").alias("channel"), F.col("c.accepted").alias("accepted"),
-        F.coalesce(F.aggregate(F.filter("undelivered", lambda u: u.channel_id == F.col("c.channel_id")),
-                               F.lit(0).cast("long"), lambda acc, u: acc + u["count"]), F.lit(0)).alias("undelivered"))
-    got = ends.select(F.col("node_id").alias("receiver"), F.col("peer_id").alias("sender"), "session_id",
-                      F.explode("channels").alias("c"))
-    got = got.select("receiver", "sender", "session_id", F.col("c.channel_id").alias("channel"),
-                     F.col("c.delivered").alias("delivered"))
-    rows = sent.join(got, (sent.node_id == got.sender) & (sent.peer_id == got.receiver)
-                     & (sent.session_id == got.session_id) & (sent.channel == got.channel))
+        "node_id",
+        "peer_id",
+        "session_id",
+        F.col("c.channel_id").alias("channel"),
+        F.col("c.accepted").alias("accepted"),
+        F.coalesce(
+            F.aggregate(
+                F.filter("undelivered", lambda u: u.channel_id == F.col("c.channel_id")),
+                F.lit(0).cast("long"),
+                lambda acc, u: acc + u["count"],
+            ),
+            F.lit(0),
+        ).alias("undelivered"),
+    )
+    got = ends.select(
+        F.col("node_id").alias("receiver"),
+        F.col("peer_id").alias("sender"),
+        "session_id",
+        F.explode("channels").alias("c"),
+    )
+    got = got.select(
+        "receiver",
+        "sender",
+        "session_id",
+        F.col("c.channel_id").alias("channel"),
+        F.col("c.delivered").alias("delivered"),
+    )
+    rows = sent.join(
+        got,
+        (sent.node_id == got.sender)
+        & (sent.peer_id == got.receiver)
+        & (sent.session_id == got.session_id)
+        & (sent.channel == got.channel),
+    )
     lost = F.greatest(F.lit(0), F.col("accepted") - F.col("delivered") - F.col("undelivered"))
     duplicated = F.greatest(F.lit(0), F.col("delivered") - F.col("accepted"))
-    row = rows.agg(F.count(F.lit(1)).alias("rows"), F.sum(lost).alias("lost"),
-                   F.sum(duplicated).alias("duplicated")).collect()[0]
+    row = rows.agg(
+        F.count(F.lit(1)).alias("rows"), F.sum(lost).alias("lost"), F.sum(duplicated).alias("duplicated")
+    ).collect()[0]
     return {"rows": row["rows"], "lost": row["lost"], "duplicated": row["duplicated"]}
 
 
@@ -88,8 +114,12 @@ def measure(kind: str, data: str, master: str) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--run", kind, "--data", data, "--master", master]
     load = os.getloadavg()[0]
     seconds, stdout, _, _, cpu = pipeline_bench.timed(command, cwd=REPO)
-    return {"seconds": seconds, "cpu_seconds": cpu, "load": (load, os.getloadavg()[0]),
-            **json.loads(stdout.strip().splitlines()[-1])}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "load": (load, os.getloadavg()[0]),
+        **json.loads(stdout.strip().splitlines()[-1]),
+    }
 
 
 def main(argv=None) -> int:
@@ -118,14 +148,20 @@ def main(argv=None) -> int:
             if not os.path.isdir(data):
                 pipeline_bench.generate(args, data)
             base = pipeline_bench.run_baseline(data)
-            print(f"{base['events']:>12,} {'python':>9} {base['seconds']:>8.1f} {base['cpu_seconds']:>8.1f} "
-                  f"{1.0:>8.2f}  lost {base['lost']} duplicated {base['duplicated']}", flush=True)
+            print(
+                f"{base['events']:>12,} {'python':>9} {base['seconds']:>8.1f} {base['cpu_seconds']:>8.1f} "
+                f"{1.0:>8.2f}  lost {base['lost']} duplicated {base['duplicated']}",
+                flush=True,
+            )
             for kind in PROGRAMS:
                 run = measure(kind, data, args.master)
                 extra = {k: v for k, v in run.items() if k not in ("seconds", "cpu_seconds", "load")}
-                print(f"{base['events']:>12,} {kind:>9} {run['seconds']:>8.1f} {run['cpu_seconds']:>8.1f} "
-                      f"{base['seconds'] / run['seconds']:>8.2f}  {extra or ''} load {run['load'][0]:.1f}"
-                      f"->{run['load'][1]:.1f}", flush=True)
+                print(
+                    f"{base['events']:>12,} {kind:>9} {run['seconds']:>8.1f} {run['cpu_seconds']:>8.1f} "
+                    f"{base['seconds'] / run['seconds']:>8.2f}  {extra or ''} load {run['load'][0]:.1f}"
+                    f"->{run['load'][1]:.1f}",
+                    flush=True,
+                )
     finally:
         if not args.keep and not args.data:
             shutil.rmtree(root, ignore_errors=True)

@@ -37,12 +37,23 @@ ROUNDS, CONNECTIONS = 7, 2000
 
 def one_connection(i: int) -> None:
     address = f"127.0.0.1:{i}"
-    telemetry.emit("connection_made", node_id=NODE, direction="inbound", remote_address=address,
-                   local_address="127.0.0.1:26656")
-    telemetry.emit("handshake_done", node_id=NODE, peer_id=PEER, remote_address=address, direction="inbound",
-                   moniker="m", version="1", channels=[1, 2, 3], listen_address="127.0.0.1:1")
-    telemetry.emit("session_started", node_id=NODE, peer_id=PEER, session_id="ef" * 16, direction="inbound",
-                   remote_address=address)
+    telemetry.emit(
+        "connection_made", node_id=NODE, direction="inbound", remote_address=address, local_address="127.0.0.1:26656"
+    )
+    telemetry.emit(
+        "handshake_done",
+        node_id=NODE,
+        peer_id=PEER,
+        remote_address=address,
+        direction="inbound",
+        moniker="m",
+        version="1",
+        channels=[1, 2, 3],
+        listen_address="127.0.0.1:1",
+    )
+    telemetry.emit(
+        "session_started", node_id=NODE, peer_id=PEER, session_id="ef" * 16, direction="inbound", remote_address=address
+    )
 
 
 def main() -> None:

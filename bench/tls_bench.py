@@ -251,8 +251,12 @@ async def handshakes(impl: str, receiver, duration: float, clock, connector_type
             await echoed.addTimeout(10, clock)
             link.close()
             done += 1
-        return {"connections": done, "elapsed": time.perf_counter() - start,
-                "send_cpu_s": time.process_time() - cpu, "recv_cpu_s": _cpu_of(receiver.pid) - recv_cpu}
+        return {
+            "connections": done,
+            "elapsed": time.perf_counter() - start,
+            "send_cpu_s": time.process_time() - cpu,
+            "recv_cpu_s": _cpu_of(receiver.pid) - recv_cpu,
+        }
     finally:
         await defer.gatherResults([c.stop() for c in connectors])
 
@@ -461,6 +465,7 @@ def main(argv=None) -> int:
     if args.role == "receiver":
         return receiver(args.impl)
     return sender(args)
+
 
 if __name__ == "__main__":
     sys.exit(main())

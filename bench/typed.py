@@ -97,8 +97,12 @@ def before_after(tree: str, after: str, rounds: int) -> dict:
         for label, path in (("before", tree), ("after", after)):
             env = dict(os.environ, PYTHONPATH=path)
             out = subprocess.run(
-                [sys.executable, str(ROOT / "bench" / "msgcost.py")], env=env, capture_output=True, text=True,
-                check=True, timeout=600,
+                [sys.executable, str(ROOT / "bench" / "msgcost.py")],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=600,
             )
             runs[label].append(json.loads(out.stdout.splitlines()[-1]))
     result = {}
@@ -106,7 +110,9 @@ def before_after(tree: str, after: str, rounds: int) -> dict:
         before = statistics.median(r[scenario]["total_us"] for r in runs["before"])
         after = statistics.median(r[scenario]["total_us"] for r in runs["after"])
         result[scenario] = {
-            "before_us": round(before, 2), "after_us": round(after, 2), "after/before": round(after / before, 3)
+            "before_us": round(before, 2),
+            "after_us": round(after, 2),
+            "after/before": round(after / before, 3),
         }
     result["mconn_files"] = [runs["before"][0]["mconn_file"], runs["after"][0]["mconn_file"]]
     return result
@@ -124,9 +130,15 @@ def main(argv=None) -> int:
         rounds.append(row)
         print(json.dumps({"round": i + 1, **{k: {m: round(v, 2) for m, v in c.items()} for k, c in row.items()}}))
     medians = {name: statistics.median(r[name]["total_us"] for r in rounds) for name in SCENARIOS}
-    print(json.dumps({"total_us_median": {k: round(v, 2) for k, v in medians.items()},
-                      "typed/raw": round(medians["typed"] / medians["raw"], 3),
-                      "typed_bytes/raw": round(medians["typed_bytes"] / medians["raw"], 3)}))
+    print(
+        json.dumps(
+            {
+                "total_us_median": {k: round(v, 2) for k, v in medians.items()},
+                "typed/raw": round(medians["typed"] / medians["raw"], 3),
+                "typed_bytes/raw": round(medians["typed_bytes"] / medians["raw"], 3),
+            }
+        )
+    )
     if args.before:
         print(json.dumps({"raw bytes, msgcost.py": before_after(args.before, args.after, args.rounds)}))
     return 0

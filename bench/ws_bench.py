@@ -84,8 +84,13 @@ def receiver(impl: str) -> int:
         link.handler = Sink(link, report)
 
     key = NodeKey.generate()
-    switch = Switch([LinkReactor(CHANNELS, on_link)], node_key=key, tls=tls_options(impl, key),
-                    config=RECEIVER_CONFIG, clock=reactor)
+    switch = Switch(
+        [LinkReactor(CHANNELS, on_link)],
+        node_key=key,
+        tls=tls_options(impl, key),
+        config=RECEIVER_CONFIG,
+        clock=reactor,
+    )
     switch.startService()
     d = switch.listen(TRANSPORTS[impl][1])
     d.addCallback(lambda port: print(port.getHost().port, switch.node_id, flush=True))
@@ -107,8 +112,9 @@ class Connector:
         self.address = TRANSPORTS[impl][2].format(id=node_id, port=port)
         key = NodeKey.generate()
         self._pending = None
-        self.switch = Switch([LinkReactor(CHANNELS, self._on_link)], node_key=key, tls=tls_options(impl, key),
-                             config=CONFIG, clock=clock)
+        self.switch = Switch(
+            [LinkReactor(CHANNELS, self._on_link)], node_key=key, tls=tls_options(impl, key), config=CONFIG, clock=clock
+        )
         self.switch.startService()
 
     def _on_link(self, link) -> None:
@@ -231,6 +237,7 @@ def main(argv=None) -> int:
     if args.role == "receiver":
         return receiver(args.impl)
     return sender(args)
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -49,8 +49,9 @@ READ = 65536  # Twisted's read size
 
 def load_revision(ref: str):
     """mconn/net/websocket_frames.py of git revision ``ref``, as a module of its own."""
-    text = subprocess.run(["git", "-C", ROOT, "show", f"{ref}:mconn/net/websocket_frames.py"], check=True,
-                          capture_output=True).stdout
+    text = subprocess.run(
+        ["git", "-C", ROOT, "show", f"{ref}:mconn/net/websocket_frames.py"], check=True, capture_output=True
+    ).stdout
     directory = tempfile.mkdtemp(prefix="ws_frames_before_")
     path = os.path.join(directory, "websocket_frames_before.py")
     with open(path, "wb") as f:
@@ -119,10 +120,13 @@ def main(argv=None) -> int:
             write = writer(module)
             for masked in (True, False):
                 side = "masked" if masked else "unmasked"
-                results.setdefault((name, "write", side), []).append(per_mib(lambda: write(data, masked), 500, write_mib))
+                results.setdefault((name, "write", side), []).append(
+                    per_mib(lambda: write(data, masked), 500, write_mib)
+                )
                 read_mib = sum(len(r) for r in reads[masked]) / 2**20
                 results.setdefault((name, "read", side), []).append(
-                    per_mib(reader(module, masked, reads[masked]), 10, read_mib))
+                    per_mib(reader(module, masked, reads[masked]), 10, read_mib)
+                )
     copy = statistics.median(results.pop("copy"))
     load = os.getloadavg()
     print(f"ws_frames_bench: {args.repeat} rounds (medians); load average {load[0]:.1f} {load[1]:.1f}")

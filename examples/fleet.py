@@ -76,12 +76,22 @@ INTERRUPTED = 130
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="fleet.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
-                   help="how long the fleet runs once it is up (default 60; at least 10)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long the fleet runs once it is up (default 60; at least 10)",
+    )
     p.add_argument("--out", metavar="DIR", help="run directory (default run/fleet-<timestamp>)")
     p.add_argument("--nodes", type=int, default=NODE_COUNT, help=f"fleet size, at least 3 (default {NODE_COUNT})")
-    p.add_argument("--bulk-rate", type=float, default=64 * 1024, metavar="BYTES",
-                   help="bulk bytes per second from each node to each peer (default 65536)")
+    p.add_argument(
+        "--bulk-rate",
+        type=float,
+        default=64 * 1024,
+        metavar="BYTES",
+        help="bulk bytes per second from each node to each peer (default 65536)",
+    )
     p.add_argument("--no-pipeline", action="store_true", help="stop after the fleet; no audit")
     args = p.parse_args(argv)
     if args.duration < 10:
@@ -98,8 +108,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 async def main(clock, args) -> int:
     run_dir = pathlib.Path(args.out).resolve()
     progress = Progress(clock, total=args.duration)
-    fleet = Fleet(clock, run_dir, count=args.nodes, duration=args.duration, bulk_rate=args.bulk_rate,
-                  progress=progress, pex=importlib.util.find_spec("reactors.pex") is not None)
+    fleet = Fleet(
+        clock,
+        run_dir,
+        count=args.nodes,
+        duration=args.duration,
+        bulk_rate=args.bulk_rate,
+        progress=progress,
+        pex=importlib.util.find_spec("reactors.pex") is not None,
+    )
     await task.deferLater(clock, 0, lambda: None)  # the reactor runs; replace its signal handlers
     catch_signals(clock, fleet)
     # Should the Twisted reactor stop some other way, the nodes are stopped first.

@@ -157,18 +157,34 @@ class Node:
         telemetry = self.fleet.telemetry_dir / f"{self.name}{suffix}.json"
         self.log_path = self.directory / f"twistd{suffix}.log"
         args = [
-            str(TWISTD), "-n", "--pidfile", "", "mconn",
-            "--listen", f"tcp:{self.port or 0}:interface=127.0.0.1",
-            "--key", str(self.key_path), "--telemetry", str(telemetry),
+            str(TWISTD),
+            "-n",
+            "--pidfile",
+            "",
+            "mconn",
+            "--listen",
+            f"tcp:{self.port or 0}:interface=127.0.0.1",
+            "--key",
+            str(self.key_path),
+            "--telemetry",
+            str(telemetry),
             *[a for peer in peers for a in ("--peer", peer)],
             *[a for spec in self.fleet.reactors for a in ("--reactor", spec)],
-            *[a for option, value in NODE_CONFIG.items() for a in ((f"--{option}",) if value is True else (f"--{option}", value))],
+            *[
+                a
+                for option, value in NODE_CONFIG.items()
+                for a in ((f"--{option}",) if value is True else (f"--{option}", value))
+            ],
             *self.fleet.feature_args,
         ]
         with open(self.log_path, "wb") as log, open(os.devnull, "rb") as null:
             self.process = _Process()
             transport = self.fleet.clock.spawnProcess(
-                self.process, args[0], args, env=env, path=str(self.directory),
+                self.process,
+                args[0],
+                args,
+                env=env,
+                path=str(self.directory),
                 childFDs={0: null.fileno(), 1: log.fileno(), 2: log.fileno()},
             )
         self.pid = transport.pid
@@ -214,7 +230,9 @@ class Node:
         try:
             await d
         except defer.CancelledError:
-            raise FleetError(f"{self.name} (pid {self.pid}) still running {timeout:g} s after being signalled") from None
+            raise FleetError(
+                f"{self.name} (pid {self.pid}) still running {timeout:g} s after being signalled"
+            ) from None
         finally:
             if timer.active():
                 timer.cancel()
@@ -223,8 +241,9 @@ class Node:
 class Fleet:
     """The nodes, the proxy in front of the seed, the schedule of faults."""
 
-    def __init__(self, clock, run_dir: pathlib.Path, *, count: int, duration: float, bulk_rate: float,
-                 progress, pex: bool) -> None:
+    def __init__(
+        self, clock, run_dir: pathlib.Path, *, count: int, duration: float, bulk_rate: float, progress, pex: bool
+    ) -> None:
         self.clock = clock
         self.run_dir = run_dir
         self.telemetry_dir = run_dir / "telemetry"
@@ -252,17 +271,25 @@ class Fleet:
         self.waits = Waits(clock)
 
     def describe_features(self) -> str:
-        missing = [name for name, present in
-                   (("TLS (--tls)", self.tls), ("status page (--status)", self.status), ("peer exchange", self.pex))
-                   if not present]
+        missing = [
+            name
+            for name, present in (
+                ("TLS (--tls)", self.tls),
+                ("status page (--status)", self.status),
+                ("peer exchange", self.pex),
+            )
+            if not present
+        ]
         text = "reactors " + ", ".join(spec.split(":")[1] for spec in self.reactors)
         text += "; TLS on" if self.tls else ""
         return text + (f"; not available yet: {', '.join(missing)}" if missing else "")
 
     def describe_faults(self) -> str:
         f = self.faults
-        return (f"faults injected: {f['resets']} resets ({f['links reset']} links), {f['black holes']} black hole, "
-                f"{f['restarts']} kill and restart of the seed")
+        return (
+            f"faults injected: {f['resets']} resets ({f['links reset']} links), {f['black holes']} black hole, "
+            f"{f['restarts']} kill and restart of the seed"
+        )
 
     def record_pid(self, node: Node, telemetry: pathlib.Path) -> None:
         with open(self.run_dir / "pids", "a") as f:
@@ -301,14 +328,20 @@ class Fleet:
     def _env(self, node: Node) -> dict:
         env = dict(ENV, MCONN_DEMO_NAME=node.name, MCONN_DEMO_BULK_RATE=str(self.bulk_rate))
         if node is self.nodes[1]:  # one node sends a file, a few times over the run
-            env.update(MCONN_DEMO_SEND_FILE=str(self.demo_file), MCONN_DEMO_FILE_AFTER="2",
-                       MCONN_DEMO_FILE_EVERY=str(max(5.0, self.duration / 3)))
+            env.update(
+                MCONN_DEMO_SEND_FILE=str(self.demo_file),
+                MCONN_DEMO_FILE_AFTER="2",
+                MCONN_DEMO_FILE_EVERY=str(max(5.0, self.duration / 3)),
+            )
         return env
 
     async def _wait_up(self, node: Node) -> None:
         await self.waits.until(node.started, f"{node.name} to start (see {node.log_path})", START_TIMEOUT)
-        address = await self.waits.until(lambda: self.tail.poll() or self.tail.listening.get(node.node_id),
-                                   f"{node.name}'s listening event", START_TIMEOUT)
+        address = await self.waits.until(
+            lambda: self.tail.poll() or self.tail.listening.get(node.node_id),
+            f"{node.name}'s listening event",
+            START_TIMEOUT,
+        )
         node.port = int(address.rsplit(":", 1)[1])
 
     def _seed_links_up(self) -> bool:
@@ -371,12 +404,19 @@ class Fleet:
         for node in self.nodes:
             if node.process is not None and not node.running and not node.stopping:
                 node.stopping = True  # report once
-                self.failures.append(f"{node.name} exited with {node.process.status} during the run; see {node.log_path}")
+                self.failures.append(
+                    f"{node.name} exited with {node.process.status} during the run; see {node.log_path}"
+                )
         elapsed = 0.0 if self.started_at is None else self.clock.seconds() - self.started_at
         self.progress.update(
-            phase=self.phase, elapsed=elapsed, up=sum(n.running for n in self.nodes), nodes=self.count,
-            links=self.tail.links(), faults=sum(self.faults[k] for k in ("resets", "black holes", "restarts")),
-            resumes=self.tail.resumes(), messages=self.tail.messages(),
+            phase=self.phase,
+            elapsed=elapsed,
+            up=sum(n.running for n in self.nodes),
+            nodes=self.count,
+            links=self.tail.links(),
+            faults=sum(self.faults[k] for k in ("resets", "black holes", "restarts")),
+            resumes=self.tail.resumes(),
+            messages=self.tail.messages(),
         )
 
     # -- stopping ------------------------------------------------------------------------

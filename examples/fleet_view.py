@@ -127,8 +127,10 @@ class Progress:
         f = self.fields
         text = f"[{f.get('phase', '')}]"
         if "elapsed" in f:
-            text += (f" {f['elapsed']:.0f}/{self.total:.0f} s | nodes up {f['up']}/{f['nodes']} | links {f['links']}"
-                     f" | faults {f['faults']} | resumes {f['resumes']} | messages {f['messages']:,}")
+            text += (
+                f" {f['elapsed']:.0f}/{self.total:.0f} s | nodes up {f['up']}/{f['nodes']} | links {f['links']}"
+                f" | faults {f['faults']} | resumes {f['resumes']} | messages {f['messages']:,}"
+            )
         self._show(text, f.get("phase"))
 
     def stage(self, text: str) -> None:
@@ -189,8 +191,9 @@ class _Pipeline(protocol.ProcessProtocol):
         self.ended.callback(getattr(reason.value, "exitCode", None))
 
 
-async def run_pipeline(clock, telemetry_dir: pathlib.Path, out: pathlib.Path, progress: Progress,
-                       waits) -> PipelineResult:
+async def run_pipeline(
+    clock, telemetry_dir: pathlib.Path, out: pathlib.Path, progress: Progress, waits
+) -> PipelineResult:
     """``mconn-pipeline TELEMETRY --out OUT --check --json``, stopped by its PID after
     PIPELINE_TIMEOUT (SIGKILL) or on an interrupt (SIGTERM)."""
     args = [str(PIPELINE), str(telemetry_dir), "--out", str(out), "--check", "--json"]
@@ -239,7 +242,9 @@ def print_summary(result: PipelineResult, fleet) -> int:
     except ImportError:
         pass
     s = summary
-    print(f"fleet summary: sessions {s['sessions']}, resumes {s['resumes']}, fresh starts {s['fresh_starts']}, "
-          f"restarts {s.get('restarts', 0)}, messages audited {s['messages_audited']}, lost {s['lost']}, duplicated {s['duplicated']}")
+    print(
+        f"fleet summary: sessions {s['sessions']}, resumes {s['resumes']}, fresh starts {s['fresh_starts']}, "
+        f"restarts {s.get('restarts', 0)}, messages audited {s['messages_audited']}, lost {s['lost']}, duplicated {s['duplicated']}"
+    )
     print(f"report: {result.record.get('report')}", flush=True)
     return 3 if s["lost"] or s["duplicated"] else 0

@@ -145,8 +145,10 @@ async def main(reactor, *modes: str) -> None:
             if len(delays) < LIGHT_MESSAGES or verifier.heavy_done < HEAVY_MESSAGES:
                 raise SystemExit(f"{mode}: messages missing ({len(delays)} light, {verifier.heavy_done} heavy)")
             worst[mode] = delays[-1]
-            print(f"{mode:8}: light messages late by median {delays[len(delays) // 2] * 1e3:6.1f} ms, "
-                  f"worst {delays[-1] * 1e3:6.1f} ms ({verifier.heavy_done} heavy verified)")
+            print(
+                f"{mode:8}: light messages late by median {delays[len(delays) // 2] * 1e3:6.1f} ms, "
+                f"worst {delays[-1] * 1e3:6.1f} ms ({verifier.heavy_done} heavy verified)"
+            )
     if "blocking" in worst and any(m in worst for m in ("thread", "process")):
         best = min(worst[m] for m in ("thread", "process") if m in worst)
         print(f"worst light delay: blocking / off-loop = {worst['blocking'] / max(best, 1e-6):.1f}")

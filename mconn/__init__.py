@@ -60,6 +60,7 @@ def __getattr__(name: str):
     globals()[name] = value
     return value
 
+
 __all__ = [
     "ChannelDescriptor",
     "Config",

@@ -233,23 +233,29 @@ class Config:
     def __post_init__(self) -> None:
         if self.reactor_errors not in ("drop", "log"):
             raise ValueError(f"Config.reactor_errors must be 'drop' or 'log', got {self.reactor_errors!r}")
-        if isinstance(self.unconditional_peers, str) or not all(
-            isinstance(n, str) for n in self.unconditional_peers
-        ):
+        if isinstance(self.unconditional_peers, str) or not all(isinstance(n, str) for n in self.unconditional_peers):
             raise ValueError(f"Config.unconditional_peers must be node ids, got {self.unconditional_peers!r}")
         object.__setattr__(self, "unconditional_peers", frozenset(self.unconditional_peers))
         for name in (
-            "ping_interval", "pong_timeout", "send_timeout", "handshake_timeout", "dial_timeout", "close_linger",
-            "ack_interval", "max_reconnect_delay", "duplicate_probe_timeout",
+            "ping_interval",
+            "pong_timeout",
+            "send_timeout",
+            "handshake_timeout",
+            "dial_timeout",
+            "close_linger",
+            "ack_interval",
+            "max_reconnect_delay",
+            "duplicate_probe_timeout",
         ):
             _check_positive(name, getattr(self, name))
-        _check_int(
-            "max_packet_payload", self.max_packet_payload, MIN_PACKET_PAYLOAD, MAX_PACKET_PAYLOAD_LIMIT
-        )
+        _check_int("max_packet_payload", self.max_packet_payload, MIN_PACKET_PAYLOAD, MAX_PACKET_PAYLOAD_LIMIT)
         _check_int("max_inbound_peers", self.max_inbound_peers, 0)
         _check_int("max_outbound_peers", self.max_outbound_peers, 0)
         for name in (
-            "max_pending_handshakes", "max_pending_per_group", "max_connections_per_ip", "max_pings_per_interval",
+            "max_pending_handshakes",
+            "max_pending_per_group",
+            "max_connections_per_ip",
+            "max_pings_per_interval",
             "max_control_backlog",
         ):
             _check_int(name, getattr(self, name), 1)
@@ -270,12 +276,21 @@ class Config:
         _check_int("reactor_backlog_messages", self.reactor_backlog_messages, 1)
         if self.max_reconnects is not None:
             _check_int("max_reconnects", self.max_reconnects, 0)
-        if isinstance(self.resume_grace, bool) or not isinstance(self.resume_grace, (int, float)) or not (
-            0 <= self.resume_grace < math.inf
+        if (
+            isinstance(self.resume_grace, bool)
+            or not isinstance(self.resume_grace, (int, float))
+            or not (0 <= self.resume_grace < math.inf)
         ):
             raise ValueError(f"Config.resume_grace must be a finite number >= 0, got {self.resume_grace!r}")
-        for name in ("tcp_nodelay", "tcp_keepalive", "retry_initial_dial", "ignore_discovered_addresses",
-                     "retain_address_order", "allow_discovered_private", "metrics_per_peer"):
+        for name in (
+            "tcp_nodelay",
+            "tcp_keepalive",
+            "retry_initial_dial",
+            "ignore_discovered_addresses",
+            "retain_address_order",
+            "allow_discovered_private",
+            "metrics_per_peer",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Config.{name} must be True or False, got {getattr(self, name)!r}")
         if self.tcp_user_timeout is not None:

@@ -295,9 +295,7 @@ class DeliveryNotConfirmed(MConnError):
     """``send_confirmed``: the session ended before the peer confirmed the message."""
 
     def __init__(self, channel_id: int, sequence: int, reason: Exception) -> None:
-        super().__init__(
-            f"message {sequence} on channel {channel_id:#04x} not confirmed: the session ended ({reason})"
-        )
+        super().__init__(f"message {sequence} on channel {channel_id:#04x} not confirmed: the session ended ({reason})")
         self.channel_id = channel_id
         self.sequence = sequence
         self.reason = reason

@@ -129,8 +129,11 @@ class AddressBook:
         if not isinstance(key, bytes) or not 16 <= len(key) <= 64:
             raise ValueError(f"key must be 16 to 64 bytes, got {type(key).__name__} of {len(key)}")
         sizes = dict(
-            new_buckets=new_buckets, tried_buckets=tried_buckets, bucket_size=bucket_size,
-            new_buckets_per_group=new_buckets_per_group, tried_buckets_per_group=tried_buckets_per_group,
+            new_buckets=new_buckets,
+            tried_buckets=tried_buckets,
+            bucket_size=bucket_size,
+            new_buckets_per_group=new_buckets_per_group,
+            tried_buckets_per_group=tried_buckets_per_group,
             per_source_cap=per_source_cap,
         )
         for name, value in sizes.items():

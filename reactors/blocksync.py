@@ -77,7 +77,8 @@ class BlocksyncType(enum.IntEnum):
 # the channel's recv_message_capacity before a byte is parsed).
 MESSAGE = Struct(
     "type" / Int8ub,
-    "body" / Switch(
+    "body"
+    / Switch(
         lambda ctx: ctx.type,
         {
             BlocksyncType.STATUS_REQUEST: Struct(),
@@ -146,11 +147,22 @@ class BlocksyncReactor(Reactor):
     #: lie (CometBFT's heights are int64, and it has no such bound; its window has).
     MAX_HEIGHT = 2**42
 
-    def __init__(self, blocks=None, *, check_block=None, max_pending: int = MAX_PENDING,
-                 max_pending_per_peer: int = MAX_PENDING_PER_PEER, max_height: int = MAX_HEIGHT,
-                 request_timeout: float = 2.0, status_interval: float = 0.5) -> None:
-        for name, value in (("max_pending", max_pending), ("max_pending_per_peer", max_pending_per_peer),
-                            ("max_height", max_height)):
+    def __init__(
+        self,
+        blocks=None,
+        *,
+        check_block=None,
+        max_pending: int = MAX_PENDING,
+        max_pending_per_peer: int = MAX_PENDING_PER_PEER,
+        max_height: int = MAX_HEIGHT,
+        request_timeout: float = 2.0,
+        status_interval: float = 0.5,
+    ) -> None:
+        for name, value in (
+            ("max_pending", max_pending),
+            ("max_pending_per_peer", max_pending_per_peer),
+            ("max_height", max_height),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"BlocksyncReactor {name} must be a positive integer, got {value!r}")
         self.blocks: dict[int, bytes] = dict(blocks or {})
@@ -184,8 +196,11 @@ class BlocksyncReactor(Reactor):
         return self._height
 
     def get_channels(self):
-        return [ChannelDescriptor(BLOCKSYNC_CHANNEL, priority=3, send_queue_capacity=64,
-                                  recv_message_capacity=MAX_BLOCK_BYTES + 9)]
+        return [
+            ChannelDescriptor(
+                BLOCKSYNC_CHANNEL, priority=3, send_queue_capacity=64, recv_message_capacity=MAX_BLOCK_BYTES + 9
+            )
+        ]
 
     # -- lifecycle: the periodic status round and the request timeouts ---------------
 
@@ -329,9 +344,11 @@ class BlocksyncReactor(Reactor):
         high = low + self.max_pending - 1
         asked = collections.Counter(node_id for node_id, _ in self.pending.values())
         # (peer, base, height, requests it may still take) of each peer that overlaps the window
-        askable = [[peer, base, top, self.max_pending_per_peer - asked[node_id]]
-                   for node_id, (peer, base, top) in self.peer_status.items()
-                   if top >= low and base <= high and asked[node_id] < self.max_pending_per_peer]
+        askable = [
+            [peer, base, top, self.max_pending_per_peer - asked[node_id]]
+            for node_id, (peer, base, top) in self.peer_status.items()
+            if top >= low and base <= high and asked[node_id] < self.max_pending_per_peer
+        ]
         if not askable:
             return
         high = min(high, max(top for _, _, top, _ in askable))

@@ -59,7 +59,7 @@ class BulkStreamError(ValueError):
 def payload(seq: int, size: int) -> bytes:
     """The pattern bytes that follow sequence number ``seq`` in a message of ``size``."""
     start = seq % 256
-    return PATTERN[start:start + size]
+    return PATTERN[start : start + size]
 
 
 def encode(seq: int, size: int) -> bytes:
@@ -76,7 +76,7 @@ def check(node_id: str, expected: int, message: bytes) -> int:
     (seq,) = HEADER.unpack_from(message)
     if seq != expected:
         raise BulkStreamError(node_id, f"sequence number {seq}, expected {expected}")
-    body = memoryview(message)[HEADER.size:]
+    body = memoryview(message)[HEADER.size :]
     if body != payload(seq, len(body)):
         raise BulkStreamError(node_id, f"message {seq} ({len(body)} bytes) does not carry its pattern")
     return seq

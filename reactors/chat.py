@@ -67,10 +67,33 @@ from reactors.chat_wire import (
 
 #: The reactor, what its observers get, and the names it re-exports from its modules.
 __all__ = [
-    "ChatReactor", "ChatLine", "ReceivedFile", "FileReceipt", "FileRefused", "FileLimits", "CHAT", "FILE",
-    "NAME", "LINE", "OFFER", "CHUNK", "CANCEL", "RECEIPT", "REFUSE", "REFUSALS", "MAX_CHAT_MESSAGE",
-    "MAX_FILE_MESSAGE", "ChatProtocolError", "MalformedChatMessage", "ChatMessageTooLarge", "UnsafeFileName",
-    "UnexpectedFileMessage", "encode", "decode", "safe_file_name", "printable",
+    "ChatReactor",
+    "ChatLine",
+    "ReceivedFile",
+    "FileReceipt",
+    "FileRefused",
+    "FileLimits",
+    "CHAT",
+    "FILE",
+    "NAME",
+    "LINE",
+    "OFFER",
+    "CHUNK",
+    "CANCEL",
+    "RECEIPT",
+    "REFUSE",
+    "REFUSALS",
+    "MAX_CHAT_MESSAGE",
+    "MAX_FILE_MESSAGE",
+    "ChatProtocolError",
+    "MalformedChatMessage",
+    "ChatMessageTooLarge",
+    "UnsafeFileName",
+    "UnexpectedFileMessage",
+    "encode",
+    "decode",
+    "safe_file_name",
+    "printable",
 ]
 
 

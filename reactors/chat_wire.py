@@ -84,9 +84,7 @@ CancelMessage = Struct("transfer" / Bytes(ID_SIZE), "reason" / PascalString(Int8
 # A byte that must be 00 or 01 (construct's Flag reads any other byte as true).
 Bool = ExprAdapter(OneOf(Int8ub, [0, 1]), lambda obj, ctx: bool(obj), lambda obj, ctx: int(obj))
 # kind 0x04 | transfer id[16] | ok: u8 (0 or 1) | reason: u8 length + UTF-8
-ReceiptMessage = Struct(
-    "transfer" / Bytes(ID_SIZE), "ok" / Bool, "reason" / PascalString(Int8ub, "utf8"), Terminated
-)
+ReceiptMessage = Struct("transfer" / Bytes(ID_SIZE), "ok" / Bool, "reason" / PascalString(Int8ub, "utf8"), Terminated)
 # kind 0x05 | transfer id[16] | code: u8 (a key of REFUSALS) | retry_after: u32 seconds (0: waiting
 # will not help) | reason: u8 length + UTF-8
 RefuseMessage = Struct(
@@ -102,7 +100,11 @@ OFFER, CHUNK, CANCEL, RECEIPT, REFUSE = 0x01, 0x02, 0x03, 0x04, 0x05
 DECLARATIONS = {
     CHAT: {NAME: NameMessage, LINE: LineMessage},
     FILE: {
-        OFFER: OfferMessage, CHUNK: ChunkMessage, CANCEL: CancelMessage, RECEIPT: ReceiptMessage, REFUSE: RefuseMessage
+        OFFER: OfferMessage,
+        CHUNK: ChunkMessage,
+        CANCEL: CancelMessage,
+        RECEIPT: ReceiptMessage,
+        REFUSE: RefuseMessage,
     },
 }
 LIMITS = {CHAT: MAX_CHAT_MESSAGE, FILE: MAX_FILE_MESSAGE}

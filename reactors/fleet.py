@@ -77,9 +77,7 @@ class FleetChat(ChatReactor):
         self._talking = task.LoopingCall(self._talk)
         self._talking.clock = clock
         if self.chat_interval > 0:
-            self._talking.start(self.chat_interval, now=False).addErrback(
-                lambda f: log.failure("chat loop failed", f)
-            )
+            self._talking.start(self.chat_interval, now=False).addErrback(lambda f: log.failure("chat loop failed", f))
         if self.file_path is not None:
             self._file_timer = clock.callLater(self.file_after, self._send_file)
 
@@ -96,23 +94,36 @@ class FleetChat(ChatReactor):
         if not self.switch.running or not self.switch.peers:
             return
         number = self.files_sent = self.files_sent + 1
-        log.info("fleet: sending {path} (transfer {number}) to {count} peers",
-                 path=self.file_path, number=number, count=len(self.switch.peers))
+        log.info(
+            "fleet: sending {path} (transfer {number}) to {count} peers",
+            path=self.file_path,
+            number=number,
+            count=len(self.switch.peers),
+        )
         d = self.send_file(self.file_path)
         d.addCallback(self._file_done, number)
         d.addErrback(lambda f: log.failure("fleet: sending {path} failed", f, path=self.file_path))
 
     def _file_done(self, receipts: dict, number: int) -> None:
         stored = sum(1 for receipt in receipts.values() if receipt)
-        log.info("fleet: transfer {number} stored intact by {stored} of {count} peers",
-                 number=number, stored=stored, count=len(receipts))
+        log.info(
+            "fleet: transfer {number} stored intact by {stored} of {count} peers",
+            number=number,
+            stored=stored,
+            count=len(receipts),
+        )
 
     def _show_line(self, line) -> None:
         log.info("fleet: chat <{name}> {text} (hops {hops})", name=line.name, text=line.text, hops=line.hops)
 
     def _show_file(self, received) -> None:
-        log.info("fleet: received {name} ({size} bytes, sha256 {sha256}) from {sender}",
-                 name=received.name, size=received.size, sha256=received.sha256, sender=received.sender)
+        log.info(
+            "fleet: received {name} ({size} bytes, sha256 {sha256}) from {sender}",
+            name=received.name,
+            size=received.size,
+            sha256=received.sha256,
+            sender=received.sender,
+        )
 
 
 class FleetBulk(BulkReactor):

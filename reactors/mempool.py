@@ -78,12 +78,23 @@ class MempoolReactor(Reactor):
     #: transaction still in it is not forgotten first.
     SEEN_CAPACITY = 10000
 
-    def __init__(self, *, check_tx=None, max_txs: int = MAX_TXS, max_tx_bytes: int = 64 * 1024,
-                 max_peer_txs: int | None = None, seen_capacity: int = SEEN_CAPACITY) -> None:
+    def __init__(
+        self,
+        *,
+        check_tx=None,
+        max_txs: int = MAX_TXS,
+        max_tx_bytes: int = 64 * 1024,
+        max_peer_txs: int | None = None,
+        seen_capacity: int = SEEN_CAPACITY,
+    ) -> None:
         if max_peer_txs is None:
             max_peer_txs = max(1, max_txs // 10)
-        for name, value in (("max_txs", max_txs), ("max_tx_bytes", max_tx_bytes),
-                            ("max_peer_txs", max_peer_txs), ("seen_capacity", seen_capacity)):
+        for name, value in (
+            ("max_txs", max_txs),
+            ("max_tx_bytes", max_tx_bytes),
+            ("max_peer_txs", max_peer_txs),
+            ("seen_capacity", seen_capacity),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"MempoolReactor {name} must be a positive integer, got {value!r}")
         self.check_tx = check_tx
@@ -109,8 +120,11 @@ class MempoolReactor(Reactor):
         self.refused_share = 0
 
     def get_channels(self):
-        return [ChannelDescriptor(MEMPOOL_CHANNEL, priority=5, send_queue_capacity=100,
-                                  recv_message_capacity=self.max_tx_bytes)]
+        return [
+            ChannelDescriptor(
+                MEMPOOL_CHANNEL, priority=5, send_queue_capacity=100, recv_message_capacity=self.max_tx_bytes
+            )
+        ]
 
     def footprint(self) -> dict[str, int]:
         """What the reactor holds: transactions, ``_order`` entries (holes included), seen

@@ -152,8 +152,12 @@ class PexReactor(Reactor):
         self._rng = rng if rng is not None else random.Random()
         key = self._rng.randbytes(32) if rng is not None else secrets.token_bytes(32)
         self._book = AddressBook(
-            key=key, new_buckets=new_buckets, tried_buckets=tried_buckets, bucket_size=bucket_size,
-            new_buckets_per_group=new_buckets_per_group, per_source_cap=per_source_cap,
+            key=key,
+            new_buckets=new_buckets,
+            tried_buckets=tried_buckets,
+            bucket_size=bucket_size,
+            new_buckets_per_group=new_buckets_per_group,
+            per_source_cap=per_source_cap,
         )
         self._peers: dict[str, _PeerState] = {}
         self._bans = BanTable(max_bans)
@@ -192,8 +196,11 @@ class PexReactor(Reactor):
         return {
             "book": [
                 {
-                    "address": str(e.address), "source": e.source, "failures": e.failures,
-                    "did_connect": e.did_connect, "table": "tried" if e.tried else "new",
+                    "address": str(e.address),
+                    "source": e.source,
+                    "failures": e.failures,
+                    "did_connect": e.did_connect,
+                    "table": "tried" if e.tried else "new",
                 }
                 for e in self._book.entries.values()
             ],
@@ -210,7 +217,9 @@ class PexReactor(Reactor):
 
     def get_channels(self):
         return [
-            ChannelDescriptor(PEX_CHANNEL, priority=1, send_queue_capacity=10, recv_message_capacity=self.max_message_bytes),
+            ChannelDescriptor(
+                PEX_CHANNEL, priority=1, send_queue_capacity=10, recv_message_capacity=self.max_message_bytes
+            ),
             # Carries nothing: listed in our hello, it says we read addrs_schemes replies (specs/pex.md 2.1).
             ChannelDescriptor(PEX_SCHEMES_CHANNEL, priority=1, send_queue_capacity=1, recv_message_capacity=1),
         ]
@@ -252,7 +261,9 @@ class PexReactor(Reactor):
             return
         try:
             if channel_id == PEX_SCHEMES_CHANNEL:
-                raise PexMisbehaved("malformed", f"a message of {len(message)} bytes on channel 0x01, which carries none")
+                raise PexMisbehaved(
+                    "malformed", f"a message of {len(message)} bytes on channel 0x01, which carries none"
+                )
             kind, value = decode_message(message, limit=self.max_message_bytes)
         except PexMisbehaved as e:
             self._penalise(state, e)
@@ -390,10 +401,14 @@ class PexReactor(Reactor):
 
     def _take_reply(self, state: _PeerState, addresses) -> None:
         if not state.asked:
-            self._penalise(state, PexMisbehaved("unsolicited_reply", f"a reply of {len(addresses)} addresses we did not ask for"))
+            self._penalise(
+                state, PexMisbehaved("unsolicited_reply", f"a reply of {len(addresses)} addresses we did not ask for")
+            )
             return
         if len(addresses) > state.asked_for:
-            error = PexMisbehaved("too_many_addresses", f"{len(addresses)} addresses; we asked for at most {state.asked_for}")
+            error = PexMisbehaved(
+                "too_many_addresses", f"{len(addresses)} addresses; we asked for at most {state.asked_for}"
+            )
             self._penalise(state, error)
             return
         state.asked = False
@@ -429,6 +444,8 @@ _NO_FIELD = object()
 
 #: The counter of each outcome of AddressBook.add ("known" counts nothing).
 _RESULT_COUNTERS = {
-    "added": "addresses_added", "replaced": "addresses_replaced",
-    "capped": "addresses_capped", "full": "addresses_dropped",
+    "added": "addresses_added",
+    "replaced": "addresses_replaced",
+    "capped": "addresses_capped",
+    "full": "addresses_dropped",
 }

@@ -109,7 +109,8 @@ AddrsSchemesBody = Struct(
 )
 PexMessage = Struct(
     "type" / Int8ub,
-    "body" / Switch(
+    "body"
+    / Switch(
         this.type,
         {PexType.REQUEST: RequestBody, PexType.ADDRS: AddrsBody, PexType.ADDRS_SCHEMES: AddrsSchemesBody},
         default=Error,

@@ -56,7 +56,9 @@ def dialer_hello(request: SessionRequest | None = None, *, node_id: str | None =
     if request is None:
         request = SessionRequest(session_id=b"\xcd" * 16, resume=False)
     hello = make_hello(
-        node_id=node_id or new_node_id(), channels=channels or [ChannelDescriptor(0x20)], max_packet_payload=1024,
+        node_id=node_id or new_node_id(),
+        channels=channels or [ChannelDescriptor(0x20)],
+        max_packet_payload=1024,
         fields=((HelloTag.SESSION, encode_session_request(request)),),
     )
     return encode_extension(PacketType.HELLO, encode_hello(hello))
@@ -333,8 +335,10 @@ SPEC_TYPE_CHECKS = {
     "list of str": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
     "list of float": lambda v: isinstance(v, list) and all(isinstance(i, float) for i in v),
     "list of object": lambda v: isinstance(v, list) and all(isinstance(i, dict) for i in v),
-    "object of int": lambda v: isinstance(v, dict)
-    and all(isinstance(k, str) and isinstance(i, int) and not isinstance(i, bool) for k, i in v.items()),
+    "object of int": lambda v: (
+        isinstance(v, dict)
+        and all(isinstance(k, str) and isinstance(i, int) and not isinstance(i, bool) for k, i in v.items())
+    ),
 }
 
 

@@ -14,9 +14,11 @@ def _build_tx():
     proto = descriptor_pb2.FileDescriptorProto(name="mconn_test_tx.proto", package="mconn.test", syntax="proto3")
     message = proto.message_type.add(name="Tx")
     for number, (name, kind) in enumerate(
-        [("data", descriptor_pb2.FieldDescriptorProto.TYPE_BYTES),
-         ("nonce", descriptor_pb2.FieldDescriptorProto.TYPE_UINT64),
-         ("sender", descriptor_pb2.FieldDescriptorProto.TYPE_STRING)],
+        [
+            ("data", descriptor_pb2.FieldDescriptorProto.TYPE_BYTES),
+            ("nonce", descriptor_pb2.FieldDescriptorProto.TYPE_UINT64),
+            ("sender", descriptor_pb2.FieldDescriptorProto.TYPE_STRING),
+        ],
         start=1,
     ):
         message.field.add(name=name, number=number, type=kind, label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL)

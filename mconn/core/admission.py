@@ -153,7 +153,8 @@ class Admission:
         from_host = self.per_ip.get(key, 0) if key is not None else 0
         if key is not None and from_host >= config.max_connections_per_ip:
             return PeerRejected(
-                "ip_limit", f"{from_host} connections from {key} (max_connections_per_ip {config.max_connections_per_ip})"
+                "ip_limit",
+                f"{from_host} connections from {key} (max_connections_per_ip {config.max_connections_per_ip})",
             ), None
         if in_group >= config.max_pending_per_group:
             return PeerRejected(

@@ -80,8 +80,7 @@ class ChannelDescriptor:
             raise ValueError(f"channel {self.id:#04x}: priority must be an integer >= 1, got {self.priority!r}")
         if not _is_int(self.send_queue_capacity) or self.send_queue_capacity < 1:
             raise ValueError(
-                f"channel {self.id:#04x}: send_queue_capacity must be an integer >= 1, "
-                f"got {self.send_queue_capacity!r}"
+                f"channel {self.id:#04x}: send_queue_capacity must be an integer >= 1, got {self.send_queue_capacity!r}"
             )
         if not _is_int(self.recv_message_capacity) or self.recv_message_capacity < 0:
             raise ValueError(
@@ -118,8 +117,19 @@ class Channel:
     """Per-connection state of one channel: its queue, its current message, reassembly."""
 
     __slots__ = (
-        "id", "priority", "capacity", "recv_capacity", "queue", "sending", "offset",
-        "stored_sent", "receiving", "receiving_size", "stats", "_full_header", "_full_payload",
+        "id",
+        "priority",
+        "capacity",
+        "recv_capacity",
+        "queue",
+        "sending",
+        "offset",
+        "stored_sent",
+        "receiving",
+        "receiving_size",
+        "stats",
+        "_full_header",
+        "_full_payload",
     )
 
     def __init__(self, desc: ChannelDescriptor) -> None:
@@ -251,7 +261,9 @@ class Channel:
         whole = first.obj if type(first) is memoryview else None
         added = size - self.receiving_size
         if (
-            type(whole) is bytes and added >= KEEP_VIEW_MIN * len(payloads) and 2 * added >= len(whole)
+            type(whole) is bytes
+            and added >= KEEP_VIEW_MIN * len(payloads)
+            and 2 * added >= len(whole)
             and all(type(p) is memoryview and p.obj is whole for p in payloads)
         ):
             parts.extend(payloads)  # large views of one read, together at least half of it

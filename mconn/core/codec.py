@@ -56,9 +56,10 @@ def codec_for(channel_id: int, message_type: Any, codec: Any) -> Any:
     if codec is None:
         if message_type is None:
             return None
-        if not (callable(getattr(message_type, "FromString", None)) and callable(
-            getattr(message_type, "SerializeToString", None)
-        )):
+        if not (
+            callable(getattr(message_type, "FromString", None))
+            and callable(getattr(message_type, "SerializeToString", None))
+        ):
             raise ValueError(
                 f"channel {channel_id:#04x}: message_type {message_type!r} is not a protobuf message class "
                 "(no FromString/SerializeToString); pass codec= with encode/decode"

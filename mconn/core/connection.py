@@ -44,6 +44,7 @@ from mconn.core.events import (
 from mconn.core.frame_buffer import MSG, PING, PONG, RUN, FrameBuffer
 from mconn.core.handshake import asks_for_session, check_hello, fresh_answer_parts, hello_packet
 from mconn.core.rate import TokenBucket
+
 # State, Input, TRANSITIONS: also mconn.core.connection's names (``X as X`` re-exports them).
 from mconn.core.connection_table import TRANSITIONS as TRANSITIONS, Input as Input, State as State
 from mconn.core.wire import (

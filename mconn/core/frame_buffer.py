@@ -316,7 +316,9 @@ class FrameBuffer:
 
     @staticmethod
     def _bad_eof(channel_id: int, eof: int) -> MalformedPacket:
-        return MalformedPacket(f"msg packet on channel {channel_id:#04x} has eof byte {eof:#04x}; only 0x00 and 0x01 are allowed")
+        return MalformedPacket(
+            f"msg packet on channel {channel_id:#04x} has eof byte {eof:#04x}; only 0x00 and 0x01 are allowed"
+        )
 
     @staticmethod
     def _bad_size(size: int, what: str) -> MalformedPacket:

@@ -50,8 +50,7 @@ def make_hello(
         node_id=node_id,
         max_packet_payload=max_packet_payload,
         channels=tuple(
-            ChannelInfo(id=c.id, priority=c.priority, recv_message_capacity=c.recv_message_capacity)
-            for c in channels
+            ChannelInfo(id=c.id, priority=c.priority, recv_message_capacity=c.recv_message_capacity) for c in channels
         ),
         listen_address=listen_address,
         fields=fields,

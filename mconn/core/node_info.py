@@ -138,8 +138,13 @@ class NodeInfo:
         p = self.protocol
         built: bytes = NodeInfoBody.build(
             dict(
-                p2p=p.p2p, block=p.block, app=p.app, network=self.network, version=self.version,
-                moniker=self.moniker, other=[dict(key=k, value=v) for k, v in self.other.items()],
+                p2p=p.p2p,
+                block=p.block,
+                app=p.app,
+                network=self.network,
+                version=self.version,
+                moniker=self.moniker,
+                other=[dict(key=k, value=v) for k, v in self.other.items()],
             )
         )
         return built

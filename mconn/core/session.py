@@ -117,8 +117,17 @@ class Session:
     """
 
     __slots__ = (
-        "id", "_streams", "recovery_buffer_bytes", "channel_reserve_bytes", "unacked_bytes",
-        "_ack_every_messages", "_ack_every_bytes", "_ack_messages_left", "_ack_bytes_left", "resent", "_budget",
+        "id",
+        "_streams",
+        "recovery_buffer_bytes",
+        "channel_reserve_bytes",
+        "unacked_bytes",
+        "_ack_every_messages",
+        "_ack_every_bytes",
+        "_ack_messages_left",
+        "_ack_bytes_left",
+        "resent",
+        "_budget",
     )
 
     def __init__(
@@ -256,13 +265,10 @@ class Session:
             accepted = stream.acked + len(stream.unacked)
             if count > accepted:
                 raise AckError(
-                    f"ack says {count} messages delivered on channel {channel_id:#04x}, "
-                    f"but only {accepted} were sent"
+                    f"ack says {count} messages delivered on channel {channel_id:#04x}, but only {accepted} were sent"
                 )
             if count < stream.acked:
-                raise AckError(
-                    f"ack count for channel {channel_id:#04x} went backwards: {count} after {stream.acked}"
-                )
+                raise AckError(f"ack count for channel {channel_id:#04x} went backwards: {count} after {stream.acked}")
             old = stream.acked
             if count == old:
                 continue

@@ -129,7 +129,11 @@ class Transition:
 
     def telemetry(self) -> tuple[str, ...]:
         """The session events and dial attempts, in the notation of specs/resume.md."""
-        names = {Effect.NOTIFY_SUSPENDED: "session_suspended", Effect.RESUME: "session_resumed", Effect.END: "session_ended"}
+        names = {
+            Effect.NOTIFY_SUSPENDED: "session_suspended",
+            Effect.RESUME: "session_resumed",
+            Effect.END: "session_ended",
+        }
         out = [names[e] for e in self.effects if e in names]
         out += ["session_started"] if self.fresh else []
         out += [f"dial_attempt({self.dial})"] if self.dial else []
@@ -262,7 +266,10 @@ class Verdict:
 #: The verdicts without a reason, built once (a Verdict is frozen): a connect storm asks
 #: for FRESH at every hello.
 _RESUME, _PROBE, _SIMULTANEOUS, _FRESH = (
-    Verdict(Decision.RESUME), Verdict(Decision.PROBE), Verdict(Decision.SIMULTANEOUS), Verdict(Decision.FRESH)
+    Verdict(Decision.RESUME),
+    Verdict(Decision.PROBE),
+    Verdict(Decision.SIMULTANEOUS),
+    Verdict(Decision.FRESH),
 )
 
 UNKNOWN_AFTER_RESTART = "unknown session (expired, or this node restarted)"
@@ -299,7 +306,9 @@ def decide_hello(
         if held is PeerState.CONNECTED:
             return _PROBE
         if not proven:
-            refused = SessionInput.UNPROVEN_UNKNOWN_SESSION if asks_resume else SessionInput.UNPROVEN_NEW_SESSION_REQUEST
+            refused = (
+                SessionInput.UNPROVEN_UNKNOWN_SESSION if asks_resume else SessionInput.UNPROVEN_NEW_SESSION_REQUEST
+            )
             return Verdict(Decision.REFUSE, refused, SESSION_HELD)
         if asks_resume:
             return Verdict(Decision.FRESH, SessionInput.UNKNOWN_SESSION, "unknown session")

@@ -447,13 +447,21 @@ def encode_session_answer(answer: SessionAnswer) -> bytes:
     built with the declaration, whose error is raised."""
     session_id, reason, delivered = answer.session_id, answer.reason, answer.delivered
     if (
-        type(session_id) is bytes and len(session_id) == SESSION_ID_BYTES and type(reason) is str
+        type(session_id) is bytes
+        and len(session_id) == SESSION_ID_BYTES
+        and type(reason) is str
         and all(type(c) is int and 0 <= c <= 0xFF and type(n) is int and 0 <= n < 1 << 64 for c, n in delivered.items())
     ):
         text = reason.encode("utf8")
-        return b"".join((
-            session_id, b"\x01" if answer.resumed else b"\x00", uvarint_bytes(len(text)), text, encode_ack(delivered),
-        ))
+        return b"".join(
+            (
+                session_id,
+                b"\x01" if answer.resumed else b"\x00",
+                uvarint_bytes(len(text)),
+                text,
+                encode_ack(delivered),
+            )
+        )
     built: bytes = SessionAnswerBody.build(
         dict(
             session_id=answer.session_id,

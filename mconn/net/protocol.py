@@ -265,8 +265,10 @@ class MConnectionProtocol(Protocol):
         self._linger = None
         if self.end_reason is None:
             error = reason.value  # the TLS layer says what failed with an mconn TLSError
-            self.end_reason = error if isinstance(error, ConnectionLost) else ConnectionLost(
-                f"connection lost: {reason.getErrorMessage()}"
+            self.end_reason = (
+                error
+                if isinstance(error, ConnectionLost)
+                else ConnectionLost(f"connection lost: {reason.getErrorMessage()}")
             )
         self.core.transport_lost()
         self.owner.connection_lost(self, self.end_reason)
@@ -439,7 +441,9 @@ class MConnectionProtocol(Protocol):
 
     def _on_message(self, event: MessageReceived) -> None:
         if self.peer is None:
-            self.fail(UnexpectedPacket(f"msg packet on channel {event.channel_id:#04x} before the session was established"))
+            self.fail(
+                UnexpectedPacket(f"msg packet on channel {event.channel_id:#04x} before the session was established")
+            )
             return
         self.peer._deliver(event.channel_id, event.message)
 
@@ -469,7 +473,6 @@ class MConnectionProtocol(Protocol):
     def _on_failed(self, event: ConnectionFailed) -> None:
         self.end_reason = event.error
         self.owner.protocol_error(self, event.error)
-
 
     # -- the owner's decisions ---------------------------------------------------------
     # A decision (the hello's: who the peer is, whether it may join; the session

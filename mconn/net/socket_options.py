@@ -191,7 +191,6 @@ def _read(handle: socket.socket, level: int, option: int) -> int | None:
         return None
 
 
-
 def socket_of(transport) -> socket.socket | None:
     """The TCP socket beneath ``transport`` (one level down under TLS), or None."""
     handle = getattr(transport, "getHandle", lambda: None)()

@@ -239,9 +239,7 @@ class TLSOptions:
         if certificate is None:
             if inbound and self.anonymous_clients:
                 return None
-            raise AuthenticationError(
-                f"the peer presented no TLS certificate, so its node id {node_id} is not proven"
-            )
+            raise AuthenticationError(f"the peer presented no TLS certificate, so its node id {node_id} is not proven")
         proven = node_id_of_certificate(certificate)
         if proven != node_id:
             raise CertificateMismatch(proven, node_id)

@@ -154,8 +154,9 @@ class _Carrier:
                 return
             elif kind == "too_large":
                 self._max_message_size_exceeded(
-                    detail[0], detail[1], f"received WebSocket message size {detail[0]} exceeds payload limit of "
-                    f"{detail[1]} octets"
+                    detail[0],
+                    detail[1],
+                    f"received WebSocket message size {detail[0]} exceeds payload limit of {detail[1]} octets",
                 )
                 return
             else:
@@ -458,7 +459,9 @@ class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):
     def _not_opened(self, why: Failure) -> None:
         if not self.opened.called:
             if type(why.value) is ConnectionLost:  # nothing more specific (a TLSError) is known
-                why = Failure(WebSocketError(f"the connection ended before the WebSocket upgrade: {why.getErrorMessage()}"))
+                why = Failure(
+                    WebSocketError(f"the connection ended before the WebSocket upgrade: {why.getErrorMessage()}")
+                )
             self.opened.errback(why)
 
 

@@ -75,14 +75,16 @@ class WebSocketServerEndpoint:
 
         config = _config_of(factory)
         if not self.secure:
-            return self._listen(WebSocketServerCarrierFactory(
-                factory, path=self.path, secure=False, config=config, clock=self.clock
-            ))
+            return self._listen(
+                WebSocketServerCarrierFactory(factory, path=self.path, secure=False, config=config, clock=self.clock)
+            )
         if not isinstance(factory, TLSMemoryBIOFactory):
-            return defer.fail(ValueError(
-                f"a wss listener (path {self.path!r}) needs TLS options: Switch(tls=TLSOptions...) or "
-                "twistd mconn --tls; without them listen on ws: behind a proxy that terminates TLS"
-            ))
+            return defer.fail(
+                ValueError(
+                    f"a wss listener (path {self.path!r}) needs TLS options: Switch(tls=TLSOptions...) or "
+                    "twistd mconn --tls; without them listen on ws: behind a proxy that terminates TLS"
+                )
+            )
         factory.wrappedFactory = WebSocketServerCarrierFactory(
             factory.wrappedFactory, path=self.path, secure=True, config=config, clock=self.clock
         )
@@ -350,10 +352,12 @@ class _TunnelProtocol(protocol.Protocol):
         if self.wrapped is not None:
             self.wrapped.connectionLost(reason)
         elif not self.ready.called:
-            self.ready.errback(ProxyError(
-                f"HTTP proxy {self._proxy()} closed the connection before opening the tunnel to "
-                f"{self.endpoint.authority}: {reason.getErrorMessage()}"
-            ))
+            self.ready.errback(
+                ProxyError(
+                    f"HTTP proxy {self._proxy()} closed the connection before opening the tunnel to "
+                    f"{self.endpoint.authority}: {reason.getErrorMessage()}"
+                )
+            )
 
     def _timed_out(self) -> None:
         self._timer = None
@@ -362,8 +366,9 @@ class _TunnelProtocol(protocol.Protocol):
     def _fail(self, why: str) -> None:
         self._cancel_timer()
         if not self.ready.called:
-            self.ready.errback(ProxyError(f"HTTP proxy {self._proxy()} did not open a tunnel to "
-                                          f"{self.endpoint.authority}: {why}"))
+            self.ready.errback(
+                ProxyError(f"HTTP proxy {self._proxy()} did not open a tunnel to {self.endpoint.authority}: {why}")
+            )
         self.transport.abortConnection()
 
     def _proxy(self) -> str:

@@ -53,8 +53,7 @@ def plain_tcp(transport) -> bool:
 def idle(transport) -> bool:
     """Nothing written waits in the transport's buffer, and it is connected and not closing."""
     return (
-        transport.connected and not transport.disconnecting
-        and not transport.dataBuffer and not transport._tempDataLen
+        transport.connected and not transport.disconnecting and not transport.dataBuffer and not transport._tempDataLen
     )
 
 

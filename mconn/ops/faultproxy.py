@@ -81,9 +81,7 @@ class FaultProxy:
         """Listen on 127.0.0.1:``listen_port`` (0: any free port); return the port."""
         if self._listening is not None or self._stop_state != "running":
             raise RuntimeError("a FaultProxy starts once")
-        self._listening = self.clock.listenTCP(
-            listen_port, _ListenFactory(self), interface="127.0.0.1"
-        )
+        self._listening = self.clock.listenTCP(listen_port, _ListenFactory(self), interface="127.0.0.1")
         self.port = self._listening.getHost().port
         return self.port
 

@@ -312,8 +312,9 @@ class Link:
     def _upstream_failed(self, reason):
         self._connector = None
         self.server.gone = True
-        log.debug("fault proxy: link {link_id} could not reach the target: {reason}",
-                  link_id=self.id, reason=reason.value)
+        log.debug(
+            "fault proxy: link {link_id} could not reach the target: {reason}", link_id=self.id, reason=reason.value
+        )
         if not self.reset():
             self._maybe_closed()
 
@@ -402,9 +403,7 @@ class Link:
         return self.up if side is self.client else self.down
 
     def _cut_pipes(self):
-        return {"up": (self.up,), "down": (self.down,), "both": (self.up, self.down)}[
-            self._cut_direction
-        ]
+        return {"up": (self.up,), "down": (self.down,), "both": (self.up, self.down)}[self._cut_direction]
 
     def _count(self, direction, n):
         if direction == "up":

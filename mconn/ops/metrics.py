@@ -149,16 +149,18 @@ class SwitchCollector:
 
     def collect(self):
         switch = self.switch
-        info = GaugeMetricFamily("mconn_node_info", "This node: its id and TLS mode; always 1.",
-                                 labels=("node_id", "tls"))
+        info = GaugeMetricFamily(
+            "mconn_node_info", "This node: its id and TLS mode; always 1.", labels=("node_id", "tls")
+        )
         tls = getattr(switch, "tls", None)
         info.add_metric((switch.node_id, tls.mode if tls is not None else "off"), 1)
         yield info
         yield from self._connections()
         yield from self._peers()
         yield from self._events()
-        refusals = CounterMetricFamily("mconn_refusals", "Connections refused, by reason (Switch.refusals).",
-                                       labels=("reason",))
+        refusals = CounterMetricFamily(
+            "mconn_refusals", "Connections refused, by reason (Switch.refusals).", labels=("reason",)
+        )
         for reason, count in _bounded(switch.refusals.items()):
             refusals.add_metric((reason,), count)
         yield refusals
@@ -169,8 +171,11 @@ class SwitchCollector:
         """Live connections: counts, wire and channel counters (plus those that ended), queues."""
         ids = [d.id for d in self.switch.channels]
         live, sent, received, channels = _sum_connections(self.switch, self.totals, ids)
-        gauge = GaugeMetricFamily("mconn_connections", "Live transports, by direction and stage (handshaking, "
-                                  "established: carrying a session, or closing).", labels=("direction", "stage"))
+        gauge = GaugeMetricFamily(
+            "mconn_connections",
+            "Live transports, by direction and stage (handshaking, established: carrying a session, or closing).",
+            labels=("direction", "stage"),
+        )
         for labels, count in live.items():
             gauge.add_metric(labels, count)
         yield gauge
@@ -205,10 +210,16 @@ class SwitchCollector:
         for labels, count in states.items():
             gauge.add_metric(labels, count)
         yield gauge
-        yield GaugeMetricFamily("mconn_recovery_buffer_bytes",
-                                "Bytes of accepted messages not yet confirmed by the peer, all sessions.", value=buffered)
-        family = GaugeMetricFamily("mconn_channel_unconfirmed_messages",
-                                   "Messages accepted and not yet confirmed delivered, all sessions.", labels=("channel",))
+        yield GaugeMetricFamily(
+            "mconn_recovery_buffer_bytes",
+            "Bytes of accepted messages not yet confirmed by the peer, all sessions.",
+            value=buffered,
+        )
+        family = GaugeMetricFamily(
+            "mconn_channel_unconfirmed_messages",
+            "Messages accepted and not yet confirmed delivered, all sessions.",
+            labels=("channel",),
+        )
         for c in ids:
             family.add_metric((channel_label(c),), unconfirmed[c])
         yield family
@@ -227,10 +238,14 @@ class SwitchCollector:
             for value, count in sorted(counts.items()):
                 family.add_metric((value,), count)
             yield family
-        yield CounterMetricFamily("mconn_messages_resent", "Messages sent again after resumes.",
-                                  value=totals.messages_resent)
-        yield CounterMetricFamily("mconn_session_grace_expiries",
-                                  "Suspended sessions that outlived resume_grace.", value=totals.grace_expiries)
+        yield CounterMetricFamily(
+            "mconn_messages_resent", "Messages sent again after resumes.", value=totals.messages_resent
+        )
+        yield CounterMetricFamily(
+            "mconn_session_grace_expiries",
+            "Suspended sessions that outlived resume_grace.",
+            value=totals.grace_expiries,
+        )
 
 
 #: Per-channel families, in the order of the rows ``_sum_connections`` adds up.
@@ -287,22 +302,28 @@ def round_trip_histogram(round_trips: list[float]) -> GaugeHistogramMetricFamily
     return GaugeHistogramMetricFamily(
         "mconn_peer_round_trip_seconds",
         "Connected peers by their last measured ping round trip, seconds.",
-        buckets=buckets, gsum_value=float(sum(round_trips)),
+        buckets=buckets,
+        gsum_value=float(sum(round_trips)),
     )
 
 
 def per_peer_metrics(switch):
     """The opt-in per-peer series, labelled by the peer's node id."""
-    up = GaugeMetricFamily("mconn_peer_up", "1 for each session, with its state and who dialed.",
-                           labels=("peer", "state", "direction"))
-    rtt = GaugeMetricFamily("mconn_peer_last_round_trip_seconds", "The peer's last measured ping round trip.",
-                            labels=("peer",))
-    sent = CounterMetricFamily("mconn_peer_sent_bytes", "Wire bytes sent on the session's current transport.",
-                               labels=("peer",))
-    received = CounterMetricFamily("mconn_peer_received_bytes",
-                                   "Wire bytes received on the session's current transport.", labels=("peer",))
-    buffered = GaugeMetricFamily("mconn_peer_recovery_buffer_bytes", "Bytes not yet confirmed by the peer.",
-                                 labels=("peer",))
+    up = GaugeMetricFamily(
+        "mconn_peer_up", "1 for each session, with its state and who dialed.", labels=("peer", "state", "direction")
+    )
+    rtt = GaugeMetricFamily(
+        "mconn_peer_last_round_trip_seconds", "The peer's last measured ping round trip.", labels=("peer",)
+    )
+    sent = CounterMetricFamily(
+        "mconn_peer_sent_bytes", "Wire bytes sent on the session's current transport.", labels=("peer",)
+    )
+    received = CounterMetricFamily(
+        "mconn_peer_received_bytes", "Wire bytes received on the session's current transport.", labels=("peer",)
+    )
+    buffered = GaugeMetricFamily(
+        "mconn_peer_recovery_buffer_bytes", "Bytes not yet confirmed by the peer.", labels=("peer",)
+    )
     resumes = CounterMetricFamily("mconn_peer_resumes", "Times this session was resumed.", labels=("peer",))
     for node_id, peer in sorted(switch.peers.items()):
         proto = peer.connection
@@ -323,7 +344,7 @@ def _bounded(items):
     if len(items) <= MAX_LABEL_VALUES:
         return items
     kept = items[: MAX_LABEL_VALUES - 1]
-    return kept + [("other", sum(v for _, v in items[MAX_LABEL_VALUES - 1:]))]
+    return kept + [("other", sum(v for _, v in items[MAX_LABEL_VALUES - 1 :]))]
 
 
 class SwitchMetrics:

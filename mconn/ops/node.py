@@ -64,7 +64,13 @@ from mconn.net.tls import TLSOptions
 
 #: twistd needs Options and makeService here; the rest is what callers import from it.
 __all__ = [
-    "ConfigurationError", "NodeService", "NodeSettings", "Options", "StartupError", "build_service", "makeService"
+    "ConfigurationError",
+    "NodeService",
+    "NodeSettings",
+    "Options",
+    "StartupError",
+    "build_service",
+    "makeService",
 ]
 
 log = Logger(namespace="mconn.node")
@@ -140,7 +146,8 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
             raise ConfigurationError(f"{settings.key.where}: cannot create {path}: {e.strerror or e}") from None
         log.warn(
             "created a new node key {path}: this is a new node identity, node id {node_id}",
-            path=settings.key.value, node_id=key.node_id,
+            path=settings.key.value,
+            node_id=key.node_id,
         )
     return NodeService(
         switch,

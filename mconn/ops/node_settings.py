@@ -97,6 +97,7 @@ class NodeSettings:
     telemetry_keep_bytes: int = DEFAULT_KEEP_BYTES
     create_key: bool = False  # --create-key: a missing key file is created (twistd refuses it otherwise)
 
+
 # -- options ---------------------------------------------------------------------------
 
 
@@ -140,32 +141,44 @@ class Options(usage.Options):
     )
     optParameters = [
         [
-            "key", None, None,
+            "key",
+            None,
+            None,
             f"node key file (PEM, mode 0600); it must exist (mconn keygen FILE) unless --create-key "
             f"[default: {DEFAULT_KEY} in the current directory]",
         ],
         [
-            "telemetry", None, None,
+            "telemetry",
+            None,
+            None,
             "write every telemetry event of this node to this file as JSON lines [default: none]",
         ],
         [
-            "telemetry-rotate-bytes", None, None,
+            "telemetry-rotate-bytes",
+            None,
+            None,
             f"rotate the telemetry file when it reaches this many bytes, 0: never "
             f"[default: {describe_default(DEFAULT_ROTATE_BYTES)}]",
         ],
         [
-            "telemetry-keep-files", None, None,
+            "telemetry-keep-files",
+            None,
+            None,
             f"keep at most this many rotated telemetry files, deleting the oldest first, 0: none "
             f"[default: {DEFAULT_KEEP_FILES}]",
         ],
         [
-            "telemetry-keep-bytes", None, None,
+            "telemetry-keep-bytes",
+            None,
+            None,
             f"keep at most this many bytes of rotated telemetry files, deleting the oldest first "
             f"[default: {describe_default(DEFAULT_KEEP_BYTES)}]",
         ],
         ["config", None, None, "TOML file with any of these settings [default: none]"],
         [
-            "status", None, None,
+            "status",
+            None,
+            None,
             "serve the status page (HTML and /status.json) on this endpoint, e.g. tcp:8080; "
             "without interface= it listens on 127.0.0.1 only [default: none]",
         ],
@@ -174,7 +187,8 @@ class Options(usage.Options):
     ] + _config_parameters()
     optFlags = [
         [
-            "create-key", None,
+            "create-key",
+            None,
             "create the --key file if it does not exist (a new node identity; logged as a warning) "
             "[default: off: a missing key file stops the node]",
         ],
@@ -182,7 +196,8 @@ class Options(usage.Options):
         ["tls-no-client-cert", None, "CA mode: accept dialers that present no certificate [default: off]"],
         ["tls-upgrade", None, "dial with a plaintext pre-hello, then TLS on the same connection [default: off]"],
         [
-            "tls-accept-upgrade", None,
+            "tls-accept-upgrade",
+            None,
             "accept dialers that start with the pre-hello, besides TLS first [default: off]",
         ],
     ] + _config_flags()
@@ -232,7 +247,7 @@ class Options(usage.Options):
                     raise ConfigurationError(f"--{_option(name)} and --no-{_option(name)} contradict each other")
                 if on or off:
                     given[name] = Setting(bool(on), f"--{'' if on else 'no-'}{_option(name)}")
-        for name in NODE_SETTINGS[len(REPEATABLE):] + tuple(CONFIG_FIELDS):
+        for name in NODE_SETTINGS[len(REPEATABLE) :] + tuple(CONFIG_FIELDS):
             if name in FLAGS or (name in CONFIG_FIELDS and _is_bool_field(name)):
                 continue
             text = self[_option(name)]
@@ -295,7 +310,6 @@ def running_pid(pidfile: str) -> int | None:
     except PermissionError:
         return pid
     return pid if pid != os.getpid() else None
-
 
 
 def resolve(given: dict) -> NodeSettings:

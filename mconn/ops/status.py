@@ -293,7 +293,9 @@ class _QuietSite(server.Site):
         pass
 
 
-def status_site(switch, sampler: RateSampler, listen_addresses=None, metrics: SwitchMetrics | None = None) -> server.Site:
+def status_site(
+    switch, sampler: RateSampler, listen_addresses=None, metrics: SwitchMetrics | None = None
+) -> server.Site:
     """The twisted.web Site serving ``/``, ``/status.json`` and ``/metrics`` for ``switch``.
 
     :param listen_addresses: a callable returning the node's listen addresses (the
@@ -301,6 +303,7 @@ def status_site(switch, sampler: RateSampler, listen_addresses=None, metrics: Sw
     :param metrics: the Switch's SwitchMetrics (None: no ``/metrics``).
     """
     if listen_addresses is None:
+
         def listen_addresses():
             return [switch.listen_address] if switch.listen_address else []
 
@@ -322,9 +325,16 @@ class StatusService(Service):
         ``Config.metrics_per_peer`` (off by default: specs/status.md section 4).
     """
 
-    def __init__(self, switch, endpoint: str = "tcp:0", *, listen_addresses=None,
-                 interval: float = SAMPLE_INTERVAL, samples: int = SAMPLES,
-                 per_peer_metrics: bool | None = None) -> None:
+    def __init__(
+        self,
+        switch,
+        endpoint: str = "tcp:0",
+        *,
+        listen_addresses=None,
+        interval: float = SAMPLE_INTERVAL,
+        samples: int = SAMPLES,
+        per_peer_metrics: bool | None = None,
+    ) -> None:
         self.switch = switch
         self.endpoint = local_endpoint(endpoint)
         self.sampler = RateSampler(switch, interval=interval, samples=samples)
@@ -341,8 +351,12 @@ class StatusService(Service):
 
     def _listening(self, port):
         self.port = port
-        log.info("mconn status page of node {node_id} on {url} (Prometheus metrics: {metrics_url})",
-                 node_id=self.switch.node_id, url=self.url, metrics_url=self.metrics_url)
+        log.info(
+            "mconn status page of node {node_id} on {url} (Prometheus metrics: {metrics_url})",
+            node_id=self.switch.node_id,
+            url=self.url,
+            metrics_url=self.metrics_url,
+        )
         return port
 
     @property
@@ -386,4 +400,3 @@ async def serve_status(switch, endpoint: str = "tcp:0:interface=127.0.0.1", **kw
     await service.listen()
     service.startService()
     return service
-

@@ -53,10 +53,28 @@ from mconn.ops.telemetry_record import (
 
 #: Re-exported: a record's text is made in mconn.ops.telemetry_record now.
 __all__ = [
-    "DEFAULT_KEEP_BYTES", "DEFAULT_KEEP_FILES", "DEFAULT_ROTATE_BYTES", "ENVELOPE", "FILE_MODE", "RECORD_SEPARATOR",
-    "RECORD_VERSION", "JsonLinesObserver", "RetainingLogFile", "TelemetryFileService", "_strict", "encode_record",
-    "format_record", "lean_record", "lean_text", "open_log_file", "open_private", "parse_lines", "prune_rotated",
-    "read_events", "rotated_paths", "tighten",
+    "DEFAULT_KEEP_BYTES",
+    "DEFAULT_KEEP_FILES",
+    "DEFAULT_ROTATE_BYTES",
+    "ENVELOPE",
+    "FILE_MODE",
+    "RECORD_SEPARATOR",
+    "RECORD_VERSION",
+    "JsonLinesObserver",
+    "RetainingLogFile",
+    "TelemetryFileService",
+    "_strict",
+    "encode_record",
+    "format_record",
+    "lean_record",
+    "lean_text",
+    "open_log_file",
+    "open_private",
+    "parse_lines",
+    "prune_rotated",
+    "read_events",
+    "rotated_paths",
+    "tighten",
 ]
 
 #: Default size at which a telemetry file rotates (10 MiB).
@@ -253,7 +271,7 @@ def rotated_paths(path: str | os.PathLike) -> list[str]:
     path = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
     prefix = name + "."
-    suffixes = [f[len(prefix):] for f in os.listdir(directory) if f.startswith(prefix)]
+    suffixes = [f[len(prefix) :] for f in os.listdir(directory) if f.startswith(prefix)]
     found = [f"{path}.{n}" for n in sorted((int(s) for s in suffixes if s.isdigit()), reverse=True)]
     return found + [path] if os.path.exists(path) else found
 

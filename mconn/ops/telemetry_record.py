@@ -27,9 +27,19 @@ ENVELOPE = ("v", "event", "node_id", "log_time", "level")
 _LEGACY_KEYS = frozenset({"time", "system", "format", "isError", "failure", "why"})
 #: Keys that are never a record's own fields: the envelope's, the legacy bridge's, and
 #: the ``log_*`` keys Twisted's Logger sets (others starting ``log_`` are skipped too).
-_NOT_FIELDS = frozenset(ENVELOPE) | _LEGACY_KEYS | {
-    "log_logger", "log_level", "log_namespace", "log_source", "log_format", "log_time", "log_failure",
-}
+_NOT_FIELDS = (
+    frozenset(ENVELOPE)
+    | _LEGACY_KEYS
+    | {
+        "log_logger",
+        "log_level",
+        "log_namespace",
+        "log_source",
+        "log_format",
+        "log_time",
+        "log_failure",
+    }
+)
 
 
 def lean_record(event: dict) -> dict:
@@ -38,8 +48,11 @@ def lean_record(event: dict) -> dict:
     the event was logged with one (``reactor_error``)."""
     level = event.get("log_level")
     record = {
-        "v": RECORD_VERSION, "event": event.get("event"), "node_id": event.get("node_id"),
-        "log_time": event.get("log_time"), "level": getattr(level, "name", level),
+        "v": RECORD_VERSION,
+        "event": event.get("event"),
+        "node_id": event.get("node_id"),
+        "log_time": event.get("log_time"),
+        "level": getattr(level, "name", level),
     }
     for key, value in event.items():
         if key in _NOT_FIELDS or key.startswith("log_"):
@@ -66,7 +79,10 @@ def _float(value: float) -> str | None:
 
 #: The JSON of a value of exactly these types, by type (a subclass goes to the encoder).
 _SCALARS = {
-    str: _quote, int: _INT, float: _float, type(None): lambda value: "null",
+    str: _quote,
+    int: _INT,
+    float: _float,
+    type(None): lambda value: "null",
     bool: lambda value: "true" if value else "false",
 }
 _SCALAR_OF = _SCALARS.get

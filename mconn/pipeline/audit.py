@@ -36,12 +36,22 @@ NAMED = 10
 def build(counters_df: DataFrame) -> DataFrame:
     keys = ["sender", "receiver", "session_id", "channel_id"]
     sent = counters_df.select(
-        F.col("node_id").alias("sender"), F.col("peer_id").alias("receiver"), "session_id", "channel_id",
-        "accepted", "acked", "undelivered", F.col("final").alias("sender_final"),
+        F.col("node_id").alias("sender"),
+        F.col("peer_id").alias("receiver"),
+        "session_id",
+        "channel_id",
+        "accepted",
+        "acked",
+        "undelivered",
+        F.col("final").alias("sender_final"),
     )
     received = counters_df.select(
-        F.col("peer_id").alias("sender"), F.col("node_id").alias("receiver"), "session_id", "channel_id",
-        "delivered", F.col("final").alias("receiver_final"),
+        F.col("peer_id").alias("sender"),
+        F.col("node_id").alias("receiver"),
+        "session_id",
+        "channel_id",
+        "delivered",
+        F.col("final").alias("receiver_final"),
     )
     rows = sent.join(received, keys, "full_outer")
     counts = ("accepted", "acked", "undelivered", "delivered", "sender_final", "receiver_final")
@@ -83,8 +93,13 @@ def _findings() -> list[F.Column]:
         .when(unsettled > 0, F.lit("unsettled"))
         .otherwise(F.lit("ok"))
     )
-    return [lost.alias("lost"), duplicated.alias("duplicated"), in_doubt.alias("in_doubt"),
-            unsettled.alias("unsettled"), verdict.alias("verdict")]
+    return [
+        lost.alias("lost"),
+        duplicated.alias("duplicated"),
+        in_doubt.alias("in_doubt"),
+        unsettled.alias("unsettled"),
+        verdict.alias("verdict"),
+    ]
 
 
 @dataclasses.dataclass
@@ -118,13 +133,21 @@ def findings(audit_df: DataFrame, links_df: DataFrame, starts_cut: bool | None =
     or not known (None)."""
     bad = audit_df.where((F.col("lost") > 0) | (F.col("duplicated") > 0))
     problems = bad.orderBy(F.desc("lost"), F.desc("duplicated"), "sender", "receiver", "session_id", "channel_id")
-    problems = [r.asDict() for r in problems.select(
-        "sender", "receiver", "session_id", "channel_id", "lost", "duplicated").limit(NAMED).collect()]
+    problems = [
+        r.asDict()
+        for r in problems.select("sender", "receiver", "session_id", "channel_id", "lost", "duplicated")
+        .limit(NAMED)
+        .collect()
+    ]
     killed, missing = _one_sided_causes(audit_df, links_df)
     skews, skewed = _skews(links_df)
-    unstarted = {} if starts_cut else {
-        r["node_id"]: r["count"] for r in links_df.where(~F.col("start_seen")).groupBy("node_id").count().collect()
-    }
+    unstarted = (
+        {}
+        if starts_cut
+        else {
+            r["node_id"]: r["count"] for r in links_df.where(~F.col("start_seen")).groupBy("node_id").count().collect()
+        }
+    )
     return Findings(problems, _count(bad, problems), killed, missing, skews, skewed, unstarted, starts_cut)
 
 
@@ -142,18 +165,28 @@ def _one_sided_causes(audit_df: DataFrame, links_df: DataFrame) -> tuple[int, in
         "session_id",
     )
     ends = links_df.select("node_id", "peer_id", "session_id", F.lit(True).alias("seen"))
-    row = silent.join(ends, ["node_id", "peer_id", "session_id"], "left").agg(
-        F.count(F.when(F.col("seen"), 1)).alias("killed"), F.count(F.when(F.col("seen").isNull(), 1)).alias("missing")
-    ).first()
+    row = (
+        silent.join(ends, ["node_id", "peer_id", "session_id"], "left")
+        .agg(
+            F.count(F.when(F.col("seen"), 1)).alias("killed"),
+            F.count(F.when(F.col("seen").isNull(), 1)).alias("missing"),
+        )
+        .first()
+    )
     return row["killed"], row["missing"]
 
 
 def _skews(links_df: DataFrame) -> tuple[list[tuple], int]:
     """Sessions whose two ends logged their start more than CLOCK_SKEW_BOUND apart."""
     started = links_df.where(F.col("start_seen")).select(
-        "node_id", "peer_id", "session_id", F.col("start").cast("double").alias("start"))
-    other = started.select(F.col("node_id").alias("peer_id"), F.col("peer_id").alias("node_id"), "session_id",
-                           F.col("start").alias("peer_start"))
+        "node_id", "peer_id", "session_id", F.col("start").cast("double").alias("start")
+    )
+    other = started.select(
+        F.col("node_id").alias("peer_id"),
+        F.col("peer_id").alias("node_id"),
+        "session_id",
+        F.col("start").alias("peer_start"),
+    )
     pairs = started.join(other, ["node_id", "peer_id", "session_id"]).where(F.col("node_id") < F.col("peer_id"))
     pairs = pairs.withColumn("seconds", F.col("start") - F.col("peer_start"))
     skewed = pairs.where(F.abs("seconds") > CLOCK_SKEW_BOUND)

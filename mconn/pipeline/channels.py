@@ -48,15 +48,30 @@ def _delta(column: str, window) -> F.Column:
 def samples(events: DataFrame) -> DataFrame:
     """One row per channel_stats with its interval's deltas, tick and pending flag."""
     stats = of(events, "channel_stats").select(
-        *PAIR, "channel_id", "log_time", "seq", "priority", "queue_depth", "bytes_sent", "bytes_received",
-        "messages_sent", "messages_received", "session_id", "connection",
+        *PAIR,
+        "channel_id",
+        "log_time",
+        "seq",
+        "priority",
+        "queue_depth",
+        "bytes_sent",
+        "bytes_received",
+        "messages_sent",
+        "messages_received",
+        "session_id",
+        "connection",
     )
     by_pair = Window.partitionBy(*PAIR).orderBy("log_time", "seq")
     new_tick = F.coalesce(F.col("log_time") - F.lag("log_time").over(by_pair) > TICK_GAP, F.lit(True))
     stats = stats.withColumn("tick", F.sum(new_tick.cast("long")).over(by_pair))
     by_channel = Window.partitionBy(*PAIR, "channel_id").orderBy("log_time", "seq")
     return stats.select(
-        *PAIR, "channel_id", "log_time", "tick", "priority", "queue_depth",
+        *PAIR,
+        "channel_id",
+        "log_time",
+        "tick",
+        "priority",
+        "queue_depth",
         *[_delta(c, by_channel).alias(c) for c in COUNTERS],
         ((F.col("queue_depth") > 0) | (F.lag("queue_depth", 1, 0).over(by_channel) > 0)).alias("pending"),
     )
@@ -92,10 +107,21 @@ def build(events: DataFrame) -> DataFrame:
     )
     link_bytes = F.col("link_contended_bytes")
     return m.select(
-        *PAIR, "channel_id", "minute", "priority", "samples", "bytes_sent", "bytes_received", "messages_sent",
+        *PAIR,
+        "channel_id",
+        "minute",
+        "priority",
+        "samples",
+        "bytes_sent",
+        "bytes_received",
+        "messages_sent",
         "messages_received",
         (F.col("bytes_sent") / 60.0).alias("bytes_per_second"),
-        "queue_depth_avg", "queue_depth_max", "contended_samples", "contended_bytes", "link_contended_bytes",
+        "queue_depth_avg",
+        "queue_depth_max",
+        "contended_samples",
+        "contended_bytes",
+        "link_contended_bytes",
         F.when(link_bytes > 0, F.col("contended_bytes") / link_bytes).alias("bandwidth_share"),
         F.when(link_bytes > 0, F.col("_promised_bytes") / link_bytes).alias("priority_share"),
     )

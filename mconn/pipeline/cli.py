@@ -40,9 +40,7 @@ def parse_time(text: str) -> float:
     try:
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is neither seconds since the epoch nor an ISO 8601 time"
-        ) from None
+        raise argparse.ArgumentTypeError(f"{text!r} is neither seconds since the epoch nor an ISO 8601 time") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
     return moment.timestamp()
@@ -67,14 +65,24 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--since", type=parse_time, metavar="T", help="only events at or after T")
     p.add_argument("--until", type=parse_time, metavar="T", help="only events before T")
     p.add_argument("--report", metavar="FILE", help="the HTML report (default: DIR/report.html for a local DIR)")
-    p.add_argument("--conf", type=parse_conf, action="append", default=[], metavar="KEY=VALUE",
-                   help="a Spark setting, e.g. spark.driver.memory=1g (repeatable)")
+    p.add_argument(
+        "--conf",
+        type=parse_conf,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting, e.g. spark.driver.memory=1g (repeatable)",
+    )
     p.add_argument("--check", action="store_true", help="exit with status 3 if a message was lost or duplicated")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line instead of a table")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--max-walk-entries", type=positive_int, metavar="N", default=MAX_WALK_ENTRIES,
-                   help=f"directory entries looked at, at most, to find the local LOGS' files "
-                        f"(default: {MAX_WALK_ENTRIES})")
+    p.add_argument(
+        "--max-walk-entries",
+        type=positive_int,
+        metavar="N",
+        default=MAX_WALK_ENTRIES,
+        help=f"directory entries looked at, at most, to find the local LOGS' files (default: {MAX_WALK_ENTRIES})",
+    )
     return p
 
 
@@ -119,7 +127,12 @@ def main(argv=None) -> int:
     spark = build_session(args.master, dict(args.conf), input_size=input_bytes(selected.paths))
     try:
         result = job.run(
-            spark, selected.paths, args.out, since=args.since, until=args.until, report_path=args.report,
+            spark,
+            selected.paths,
+            args.out,
+            since=args.since,
+            until=args.until,
+            report_path=args.report,
             progress=progress,
         )
         found = result.console_findings(args.since)
@@ -130,8 +143,13 @@ def main(argv=None) -> int:
         if ours:
             spark.stop()
     if args.json:
-        record = {"summary": result.summary, "timings": result.timings, "report": result.report,
-                  "findings": console.finding_lines(found), "warnings": selected.warnings}
+        record = {
+            "summary": result.summary,
+            "timings": result.timings,
+            "report": result.report,
+            "findings": console.finding_lines(found),
+            "warnings": selected.warnings,
+        }
         print(json.dumps(record, default=str))
     else:
         print(console.summary_table(result.summary, result.report, args.out, found))

@@ -28,29 +28,37 @@ def finding_lines(findings) -> list[str]:
     lines = []
     for r in f.problems:
         counts = ", ".join(f"{r[k]:,} {k}" for k in ("lost", "duplicated") if r[k])
-        lines.append(f"  {counts}: sender {r['sender']} receiver {r['receiver']} session {r['session_id']} "
-                     f"channel {r['channel_id']:#04x}")
+        lines.append(
+            f"  {counts}: sender {r['sender']} receiver {r['receiver']} session {r['session_id']} "
+            f"channel {r['channel_id']:#04x}"
+        )
     if f.problem_rows > len(f.problems):
         lines.append(f"  ... and {f.problem_rows - len(f.problems):,} more rows in delivery_audit")
     if f.one_sided_killed:
-        lines.append(f"note: {f.one_sided_killed:,} one-sided rows: the silent end is in the logs but logged no "
-                     "counters for the channel (its node was killed before it logged them)")
+        lines.append(
+            f"note: {f.one_sided_killed:,} one-sided rows: the silent end is in the logs but logged no "
+            "counters for the channel (its node was killed before it logged them)"
+        )
     if f.one_sided_missing:
         lines.append(f"note: {f.one_sided_missing:,} one-sided rows: the silent end's logs are missing from the input")
     for session, node, peer, seconds in f.skews:
         later, earlier = (node, peer) if seconds > 0 else (peer, node)
-        lines.append(f"warning: clock skew: session {session}: {later} logged its start {abs(seconds):.2f} s after "
-                     f"{earlier}")
+        lines.append(
+            f"warning: clock skew: session {session}: {later} logged its start {abs(seconds):.2f} s after {earlier}"
+        )
     if f.skewed_sessions:
         more = f.skewed_sessions - len(f.skews)
         shown = f" ({more:,} not shown)" if more else ""
-        lines.append(f"warning: {f.skewed_sessions:,} sessions{shown} whose two ends disagree on the time by more "
-                     f"than {f.skew_bound:g} s: times in the tables mix the nodes' clocks; the delivery audit "
-                     "compares counters, not times, and does not depend on clocks")
+        lines.append(
+            f"warning: {f.skewed_sessions:,} sessions{shown} whose two ends disagree on the time by more "
+            f"than {f.skew_bound:g} s: times in the tables mix the nodes' clocks; the delivery audit "
+            "compares counters, not times, and does not depend on clocks"
+        )
     for node, count in sorted(f.unstarted.items()):
         cause = "is missing from the input" if f.starts_cut is False else "is missing, or before --since"
-        lines.append(f"warning: node {node}: {count:,} sessions seen without their start: its earlier telemetry "
-                     + cause)
+        lines.append(
+            f"warning: node {node}: {count:,} sessions seen without their start: its earlier telemetry " + cause
+        )
     return lines
 
 

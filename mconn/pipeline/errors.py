@@ -19,7 +19,6 @@ from mconn.pipeline.sessions import of
 _HOST = r"^\[?([^\]]*?)\]?:\d+$"
 
 
-
 def kinds() -> dict:
     """event -> (kind, example message), as column expressions; one entry per WARNINGS event."""
     return {

@@ -73,10 +73,14 @@ RECHECK = "_recheck"
 def read_lines(spark, inputs: list[str]) -> DataFrame:
     """One row per line of the input files (Spark's text source, which splits lines as its
     JSON source does): ``line``, ``source_file``, ``line_id`` (increases along each file)."""
-    return spark.read.option("recursiveFileLookup", "true").text(list(inputs)).select(
-        F.col("value").alias(_LINE),
-        F.col("_metadata.file_path").alias("source_file"),
-        F.monotonically_increasing_id().alias(_LINE_ID),
+    return (
+        spark.read.option("recursiveFileLookup", "true")
+        .text(list(inputs))
+        .select(
+            F.col("value").alias(_LINE),
+            F.col("_metadata.file_path").alias("source_file"),
+            F.monotonically_increasing_id().alias(_LINE_ID),
+        )
     )
 
 
@@ -180,9 +184,14 @@ def parse(records: DataFrame, since: float | None = None, until: float | None = 
     """Typed events (one column per field of any event), classified; see the module doc."""
     scalars = [c for c in schema.scalar_fields() if c != "event"]
     events = records.select(
-        "record", "source_file", "seq", "r.event", *[F.col("r." + c).alias(c) for c in scalars],
+        "record",
+        "source_file",
+        "seq",
+        "r.event",
+        *[F.col("r." + c).alias(c) for c in scalars],
         *[F.col("r." + name).alias("_raw_" + name) for name in sorted(schema.list_fields())],
-        F.col("r." + schema.LOG_TIME).alias("log_time"), F.col("r." + schema.CORRUPT).alias(schema.CORRUPT),
+        F.col("r." + schema.LOG_TIME).alias("log_time"),
+        F.col("r." + schema.CORRUPT).alias(schema.CORRUPT),
         F.col("r." + schema.VERSION).alias("_v"),
     )
     for (event, field), column in schema.LIST_COLUMNS.items():

@@ -67,8 +67,11 @@ MAX_ROTATIONS = 10_000
 MAX_WALK_ENTRIES = 1_000_000
 #: What a file that is not a regular file is, by its ``stat`` type (the reason it is skipped).
 _NOT_REGULAR = (
-    (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISDIR, "a directory"),
 )
 
 
@@ -109,7 +112,7 @@ def resolve(logs: list[str], max_entries: int = MAX_WALK_ENTRIES) -> Inputs:
     budget = Budget(max_entries)
     for log in logs:
         if log.startswith("file:"):
-            log = "/" + log[len("file:"):].lstrip("/")
+            log = "/" + log[len("file:") :].lstrip("/")
         elif "://" in log:
             remote.append(log)
             continue
@@ -155,7 +158,8 @@ def _expand(log: str, warnings: list[str], budget: Budget) -> list[str]:
                 warnings.append(f"skipped {len(others)} file(s) in {match} not named like telemetry: {_few(others)}")
             if dir_links:
                 warnings.append(
-                    f"did not follow {len(dir_links)} directory link(s) in {match}: {_few(sorted(dir_links))}")
+                    f"did not follow {len(dir_links)} directory link(s) in {match}: {_few(sorted(dir_links))}"
+                )
         # A file the user named is a candidate whatever its name; a glob's match, by its name.
         elif match == log or TELEMETRY_NAME.match(os.path.basename(match)):
             found.append(match)
@@ -263,7 +267,7 @@ def _select(base: str, parts: list[str], budget: Budget, links: list[str], found
     if not _GLOB.search(head):  # a fixed name: as glob, followed whatever it is
         budget.take(base)
         path = _join(base, head)
-        if (os.path.isdir(path) if rest else os.path.lexists(path)):
+        if os.path.isdir(path) if rest else os.path.lexists(path):
             _select(path, rest, budget, links, found)
         return
     for entry in _entries(base, budget):
@@ -356,8 +360,11 @@ def _head_verdict(file, opener) -> str | None:
             with opener(file, "rb") as f:
                 head = f.read(FIRST_RECORD_BYTES)
     except (OSError, EOFError) as error:
-        return f"cannot read it ({error.strerror or type(error).__name__})" if isinstance(error, OSError) else (
-            "a compressed file cut short")
+        return (
+            f"cannot read it ({error.strerror or type(error).__name__})"
+            if isinstance(error, OSError)
+            else ("a compressed file cut short")
+        )
     text = head.decode("utf-8", errors="replace")
     line = next((piece for raw in text.split("\n") for piece in raw.split(RECORD_SEPARATOR) if piece.strip()), None)
     if line is None:

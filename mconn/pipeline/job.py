@@ -60,8 +60,14 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
         written, rows = _tables(spark, events, shared, out, progress)
         with _stage(spark, progress, "summary") as stage:
             row = summary.build(
-                spark, counts, events, links=written["links"], reconnects=written["reconnects"],
-                audit=written["delivery_audit"], errors=written["errors"], latency=written["latency"],
+                spark,
+                counts,
+                events,
+                links=written["links"],
+                reconnects=written["reconnects"],
+                audit=written["delivery_audit"],
+                errors=written["errors"],
+                latency=written["latency"],
             )
             row.write.mode("overwrite").parquet(table_path(out, "summary"))
             headline = spark.read.parquet(table_path(out, "summary")).first().asDict()
@@ -79,7 +85,11 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
     finally:
         shared.release()
     return Result(
-        out=out, summary=headline, event_counts=counts, report=report_path, timings=dict(progress.timings),
+        out=out,
+        summary=headline,
+        event_counts=counts,
+        report=report_path,
+        timings=dict(progress.timings),
         findings=found,
     )
 

@@ -31,7 +31,11 @@ def handshake_samples(events: DataFrame) -> DataFrame:
     e = of(events, "connection_made", "handshake_done").where(F.col("direction") == "outbound")
     conn = Window.partitionBy("node_id", "remote_address").orderBy("log_time", "seq")
     e = e.select(
-        "node_id", "peer_id", "remote_address", "log_time", "event",
+        "node_id",
+        "peer_id",
+        "remote_address",
+        "log_time",
+        "event",
         F.lag("event").over(conn).alias("previous"),
         (F.col("log_time") - F.lag("log_time").over(conn)).alias("rtt"),
     )
@@ -75,7 +79,11 @@ def build(samples_df: DataFrame) -> DataFrame:
     fleet = fleet.withColumn("node_id", F.lit(None).cast("string")).withColumn("peer_id", F.lit(None).cast("string"))
     rows = links.unionByName(nodes).unionByName(fleet)
     return rows.select(
-        "scope", "node_id", "peer_id", "samples",
+        "scope",
+        "node_id",
+        "peer_id",
+        "samples",
         *[F.col("_p")[i].alias(f"p{round(q * 100)}_seconds") for i, q in enumerate(PERCENTILES)],
-        "max_seconds", "source",
+        "max_seconds",
+        "source",
     )

@@ -118,9 +118,12 @@ def shares(points: list[dict]) -> bytes | None:
     ax = fig.add_subplot()
     biggest = max(p["bytes"] for p in points) or 1
     scatter = ax.scatter(
-        [p["priority_share"] for p in points], [p["bandwidth_share"] for p in points],
-        s=[12 + 120 * p["bytes"] / biggest for p in points], c=[p["priority"] for p in points],
-        cmap="viridis", alpha=0.7,
+        [p["priority_share"] for p in points],
+        [p["bandwidth_share"] for p in points],
+        s=[12 + 120 * p["bytes"] / biggest for p in points],
+        c=[p["priority"] for p in points],
+        cmap="viridis",
+        alpha=0.7,
     )
     ax.plot([0, 1], [0, 1], color=GREY, linestyle="--", linewidth=1)
     ax.set_xlim(0, 1)

@@ -51,7 +51,13 @@ def attempts_with_breaks(events: DataFrame) -> DataFrame:
     since = F.col("settled") - F.col("_settled_at_break")
     belongs = (since == 0) | ((F.col("result") == "connected") & (since <= 2))
     return e.where(F.col("event") == "dial_attempt").select(
-        *PAIR, "log_time", "address", "attempt", "delay", "result", "error",
+        *PAIR,
+        "log_time",
+        "address",
+        "attempt",
+        "delay",
+        "result",
+        "error",
         F.when(belongs, F.col("_break_at")).alias("break_at"),
         F.when(belongs, F.col("_break_session")).alias("session_id"),
     )
@@ -61,9 +67,8 @@ def build(events: DataFrame, breaks: DataFrame, sessions_df: DataFrame) -> DataF
     settled = breaks.join(sessions_df.select(*END, "end_reason_type", "end", "next_start"), END, "left")
     rows = attempts_with_breaks(events).join(settled, END + ["break_at"], "left")
     ended = F.col("resolved_by") == "session_ended"
-    recovered = (
-        F.when(F.col("resolved_by") == "session_resumed", F.col("resolved_at"))
-        .when(ended & (end_kind() == "fresh"), F.col("next_start"))
+    recovered = F.when(F.col("resolved_by") == "session_resumed", F.col("resolved_at")).when(
+        ended & (end_kind() == "fresh"), F.col("next_start")
     )
     return rows.select(
         *PAIR,

@@ -54,12 +54,19 @@ def timeline_lanes(links, sessions, breaks) -> tuple[list[dict], float]:
     pairs_rows = pairs.collect()
     if not pairs_rows:
         return [], 0.0
-    spans = links.join(pairs, ["node_id", "peer_id"]).select(
-        "node_id", "peer_id", F.col("start").cast("double"), F.col("observed_until").cast("double"), "outcome"
-    ).limit(20 * LANES).collect()
-    gaps = breaks.join(pairs, ["node_id", "peer_id"]).join(
-        sessions.select("node_id", "peer_id", "session_id", "observed_until"), ["node_id", "peer_id", "session_id"]
-    ).select("node_id", "peer_id", "break_at", F.coalesce("resolved_at", "observed_until"))
+    spans = (
+        links.join(pairs, ["node_id", "peer_id"])
+        .select("node_id", "peer_id", F.col("start").cast("double"), F.col("observed_until").cast("double"), "outcome")
+        .limit(20 * LANES)
+        .collect()
+    )
+    gaps = (
+        breaks.join(pairs, ["node_id", "peer_id"])
+        .join(
+            sessions.select("node_id", "peer_id", "session_id", "observed_until"), ["node_id", "peer_id", "session_id"]
+        )
+        .select("node_id", "peer_id", "break_at", F.coalesce("resolved_at", "observed_until"))
+    )
     gaps = gaps.limit(200 * LANES).collect()
     lanes: dict[tuple[str, str], dict[str, typing.Any]] = {
         (r[0], r[1]): {"label": f"{short(r[0])} > {short(r[1])}", "sessions": [], "breaks": []} for r in pairs_rows
@@ -87,16 +94,24 @@ def reconnect_samples(reconnects, rows: int) -> tuple[dict[str, list[float]], li
 
 
 def share_points(channels) -> list[dict]:
-    per_channel = channels.groupBy("node_id", "peer_id", "channel_id").agg(
-        F.max("priority").alias("priority"),
-        F.sum("contended_bytes").alias("contended"),
-        F.sum("link_contended_bytes").alias("link"),
-        F.sum(F.col("priority_share") * F.col("link_contended_bytes")).alias("promised"),
-    ).where(F.col("link") > 0)
+    per_channel = (
+        channels.groupBy("node_id", "peer_id", "channel_id")
+        .agg(
+            F.max("priority").alias("priority"),
+            F.sum("contended_bytes").alias("contended"),
+            F.sum("link_contended_bytes").alias("link"),
+            F.sum(F.col("priority_share") * F.col("link_contended_bytes")).alias("promised"),
+        )
+        .where(F.col("link") > 0)
+    )
     rows = per_channel.orderBy(F.desc("link")).limit(2000).collect()
     return [
-        {"priority_share": r["promised"] / r["link"], "bandwidth_share": r["contended"] / r["link"],
-         "priority": r["priority"], "bytes": r["contended"]}
+        {
+            "priority_share": r["promised"] / r["link"],
+            "bandwidth_share": r["contended"] / r["link"],
+            "priority": r["priority"],
+            "bytes": r["contended"],
+        }
         for r in rows
     ]
 
@@ -104,7 +119,9 @@ def share_points(channels) -> list[dict]:
 def unstable_peers(links) -> list:
     lost = F.col("outcome").isin(*LOST).cast("int")
     per_peer = links.groupBy("peer_id").agg(
-        F.sum("suspensions").alias("suspensions"), F.sum(lost).alias("sessions_lost"), F.count("*").alias("sessions"),
+        F.sum("suspensions").alias("suspensions"),
+        F.sum(lost).alias("sessions_lost"),
+        F.count("*").alias("sessions"),
         F.countDistinct("node_id").alias("seen_by"),
     )
     score = F.col("suspensions") + F.col("sessions_lost")
@@ -113,8 +130,11 @@ def unstable_peers(links) -> list:
 
 def error_kinds(errors) -> list:
     return (
-        errors.groupBy("source", "kind").agg(F.sum("count").alias("count"))
-        .orderBy(F.desc("count"), "source", "kind").limit(TOP).collect()
+        errors.groupBy("source", "kind")
+        .agg(F.sum("count").alias("count"))
+        .orderBy(F.desc("count"), "source", "kind")
+        .limit(TOP)
+        .collect()
     )
 
 
@@ -160,8 +180,9 @@ def _table(headers: list[str], rows) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def write(path: str, summary: dict, tables: dict, rows: dict, shared, event_counts: dict, everything,
-          findings: audit.Findings) -> None:
+def write(
+    path: str, summary: dict, tables: dict, rows: dict, shared, event_counts: dict, everything, findings: audit.Findings
+) -> None:
     """Collect what the report shows from the tables (``rows``: their sizes) and the audit's
     ``findings``, draw it, write it."""
     healthy, verdict = headline.verdict(summary)
@@ -198,11 +219,25 @@ def _notes(findings: audit.Findings) -> str:
 
 
 def _findings(audit) -> str:
-    findings = audit.where(F.col("verdict") != "ok").orderBy(
-        F.desc("lost"), F.desc("duplicated"), F.desc("unsettled"), "sender", "receiver"
-    ).limit(50).collect()
-    columns = ("sender", "receiver", "session_id", "channel_id", "accepted", "undelivered", "delivered", "lost",
-               "duplicated", "unsettled", "verdict")
+    findings = (
+        audit.where(F.col("verdict") != "ok")
+        .orderBy(F.desc("lost"), F.desc("duplicated"), F.desc("unsettled"), "sender", "receiver")
+        .limit(50)
+        .collect()
+    )
+    columns = (
+        "sender",
+        "receiver",
+        "session_id",
+        "channel_id",
+        "accepted",
+        "undelivered",
+        "delivered",
+        "lost",
+        "duplicated",
+        "unsettled",
+        "verdict",
+    )
     return _table(list(columns), [tuple(r[c] for c in columns) for r in findings])
 
 
@@ -211,35 +246,48 @@ def _link_plots(summary: dict, tables: dict, rows: dict, shared) -> str:
     delays, recovery = reconnect_samples(tables["reconnects"], rows["reconnects"])
     rtt = [r[0] for r in sample(shared.rtt_samples.select("rtt"), shared.rtt_samples.count())]  # cached
     source = summary["rtt_source"] or "no"
-    return "\n".join([
-        _img(plots.timeline(lanes, origin), "link timeline"),
-        _img(plots.reconnects(delays, recovery), "reconnect delays"),
-        _img(plots.round_trips(rtt, summary["rtt_p50_seconds"], summary["rtt_p99_seconds"], source), "round trips"),
-    ])
+    return "\n".join(
+        [
+            _img(plots.timeline(lanes, origin), "link timeline"),
+            _img(plots.reconnects(delays, recovery), "reconnect delays"),
+            _img(plots.round_trips(rtt, summary["rtt_p50_seconds"], summary["rtt_p99_seconds"], source), "round trips"),
+        ]
+    )
 
 
 def _side_plots_and_tables(tables: dict) -> str:
     peers = unstable_peers(tables["links"])
     kinds = error_kinds(tables["errors"])
-    unstable = [(short(r["peer_id"]), {"suspensions": r["suspensions"], "sessions lost": r["sessions_lost"]})
-                for r in peers]
+    unstable = [
+        (short(r["peer_id"]), {"suspensions": r["suspensions"], "sessions lost": r["sessions_lost"]}) for r in peers
+    ]
     by_kind = [(f"{r['source']}: {r['kind']}", {"count": r["count"]}) for r in kinds]
     errors = tables["errors"].orderBy(F.desc("count")).limit(20).collect()
     error_columns = ("source", "kind", "remote_host", "peer_id", "count", "nodes", "example")
-    return "\n".join([
-        "<div class='grid'>",
-        _img(plots.shares(share_points(tables["channels"])), "bandwidth share against priority"),
-        _img(plots.bars(unstable, {"suspensions": plots.ORANGE, "sessions lost": plots.RED},
-                        "Most unstable peers", "count"), "unstable peers"),
-        _img(plots.bars(by_kind, {"count": plots.RED}, "Errors by kind", "count"), "errors"),
-        "</div>",
-        "<h2>Most unstable peers</h2>",
-        _table(["peer", "suspensions", "sessions lost", "sessions", "seen by nodes"],
-               [(r["peer_id"], r["suspensions"], r["sessions_lost"], r["sessions"], r["seen_by"]) for r in peers]),
-        "<h2>Errors</h2>",
-        _table(list(error_columns), [tuple(redact(r[c]) if c == "example" else r[c] for c in error_columns)
-                                     for r in errors]),
-    ])
+    return "\n".join(
+        [
+            "<div class='grid'>",
+            _img(plots.shares(share_points(tables["channels"])), "bandwidth share against priority"),
+            _img(
+                plots.bars(
+                    unstable, {"suspensions": plots.ORANGE, "sessions lost": plots.RED}, "Most unstable peers", "count"
+                ),
+                "unstable peers",
+            ),
+            _img(plots.bars(by_kind, {"count": plots.RED}, "Errors by kind", "count"), "errors"),
+            "</div>",
+            "<h2>Most unstable peers</h2>",
+            _table(
+                ["peer", "suspensions", "sessions lost", "sessions", "seen by nodes"],
+                [(r["peer_id"], r["suspensions"], r["sessions_lost"], r["sessions"], r["seen_by"]) for r in peers],
+            ),
+            "<h2>Errors</h2>",
+            _table(
+                list(error_columns),
+                [tuple(redact(r[c]) if c == "example" else r[c] for c in error_columns) for r in errors],
+            ),
+        ]
+    )
 
 
 def _input_section(event_counts: dict, everything) -> str:

@@ -45,19 +45,23 @@ def sessions(events: DataFrame) -> DataFrame:
     restart, whichever came first, else the node's last event.
     """
     last_event = events.groupBy("node_id").agg(F.max("log_time").alias("node_last_time"))
-    s = of(events, *SESSION_EVENTS).groupBy(*END).agg(
-        F.min(_when("session_started", "log_time")).alias("started_at"),
-        F.min("log_time").alias("first_seen"),
-        F.first(_when("session_started", "direction"), ignorenulls=True).alias("direction"),
-        F.first(_when("session_started", "remote_address"), ignorenulls=True).alias("remote_address"),
-        F.first(_when("session_started", "resume_refused"), ignorenulls=True).alias("resume_refused"),
-        F.min(_when("session_ended", "log_time")).alias("end"),
-        F.first(_when("session_ended", "reason_type"), ignorenulls=True).alias("end_reason_type"),
-        F.first(_when("session_ended", "reason"), ignorenulls=True).alias("end_reason"),
-        F.count(_when("session_suspended", "log_time")).alias("suspensions"),
-        F.count(_when("session_resumed", "log_time")).alias("resumes_seen"),
-        F.max(_when("session_ended", "resumes")).alias("resumes_reported"),
-        F.coalesce(F.sum(_when("session_resumed", "resent")), F.lit(0)).alias("resent"),
+    s = (
+        of(events, *SESSION_EVENTS)
+        .groupBy(*END)
+        .agg(
+            F.min(_when("session_started", "log_time")).alias("started_at"),
+            F.min("log_time").alias("first_seen"),
+            F.first(_when("session_started", "direction"), ignorenulls=True).alias("direction"),
+            F.first(_when("session_started", "remote_address"), ignorenulls=True).alias("remote_address"),
+            F.first(_when("session_started", "resume_refused"), ignorenulls=True).alias("resume_refused"),
+            F.min(_when("session_ended", "log_time")).alias("end"),
+            F.first(_when("session_ended", "reason_type"), ignorenulls=True).alias("end_reason_type"),
+            F.first(_when("session_ended", "reason"), ignorenulls=True).alias("end_reason"),
+            F.count(_when("session_suspended", "log_time")).alias("suspensions"),
+            F.count(_when("session_resumed", "log_time")).alias("resumes_seen"),
+            F.max(_when("session_ended", "resumes")).alias("resumes_reported"),
+            F.coalesce(F.sum(_when("session_resumed", "resent")), F.lit(0)).alias("resent"),
+        )
     )
     # A resume before --since is missing from the events, not from session_ended's count.
     s = s.withColumn("resumes", F.greatest("resumes_seen", F.coalesce("resumes_reported", F.lit(0))))
@@ -91,7 +95,11 @@ def suspensions(events: DataFrame) -> DataFrame:
     after = Window.partitionBy(*END).orderBy("log_time", "seq").rowsBetween(1, Window.unboundedFollowing)
     settles = F.col("event") != "session_suspended"
     e = e.select(
-        *END, "event", "log_time", "seq", "reason_type",
+        *END,
+        "event",
+        "log_time",
+        "seq",
+        "reason_type",
         F.first(F.when(settles, F.col("log_time")), ignorenulls=True).over(after).alias("resolved_at"),
         F.first(F.when(settles, F.col("event")), ignorenulls=True).over(after).alias("resolved_by"),
     )
@@ -142,7 +150,12 @@ def counters(events: DataFrame, sessions_df: DataFrame) -> DataFrame:
         F.max_by(F.struct("accepted", "acked", "delivered"), F.struct("log_time", "seq")).alias("c")
     )
     last = last.join(ended.select(*END), END, "left_anti").select(
-        *END, "channel_id", "c.accepted", "c.acked", "c.delivered",
-        F.lit(None).cast("long").alias("undelivered"), F.lit(False).alias("final"),
+        *END,
+        "channel_id",
+        "c.accepted",
+        "c.acked",
+        "c.delivered",
+        F.lit(None).cast("long").alias("undelivered"),
+        F.lit(False).alias("final"),
     )
     return final.unionByName(last)

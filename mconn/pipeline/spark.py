@@ -80,7 +80,7 @@ def input_bytes(paths) -> int | None:
     total = 0
     for path in paths:
         if path.startswith("file:"):
-            path = "/" + path[len("file:"):].lstrip("/")
+            path = "/" + path[len("file:") :].lstrip("/")
         elif "://" in path:
             return None
         matches = glob.glob(path) if any(c in path for c in "*?[") else [path]
@@ -96,8 +96,11 @@ def input_bytes(paths) -> int | None:
 
 
 def build_session(
-    master: str | None = None, conf: dict[str, str] | None = None, app_name: str = "mconn-pipeline",
-    java_options: str = "", input_size: int | None = None,
+    master: str | None = None,
+    conf: dict[str, str] | None = None,
+    app_name: str = "mconn-pipeline",
+    java_options: str = "",
+    input_size: int | None = None,
 ):
     """The SparkSession of a run (the existing one if a SparkContext is already up).
 
@@ -129,7 +132,11 @@ def build_session(
 
 
 def session_settings(
-    master: str, is_set, conf: dict[str, str] | None = None, java_options: str = "", input_size: int | None = None,
+    master: str,
+    is_set,
+    conf: dict[str, str] | None = None,
+    java_options: str = "",
+    input_size: int | None = None,
 ) -> dict[str, str]:
     """The settings ``build_session`` applies: the defaults for ``master`` (those of a
     small input too), less the keys ``is_set`` (spark-submit's), plus ``conf``."""

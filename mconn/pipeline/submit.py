@@ -50,11 +50,14 @@ def command(
 def main(argv=None) -> int | str | None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
-        print(f"{PROG}: error: put -- between spark-submit's options and the pipeline's arguments "
-              f"({PROG} --master spark://HOST:7077 -- LOGS --out DIR)", file=sys.stderr)
+        print(
+            f"{PROG}: error: put -- between spark-submit's options and the pipeline's arguments "
+            f"({PROG} --master spark://HOST:7077 -- LOGS --out DIR)",
+            file=sys.stderr,
+        )
         return 2
     split = argv.index("--")
-    spark_args, pipeline_args = argv[:split], argv[split + 1:]
+    spark_args, pipeline_args = argv[:split], argv[split + 1 :]
     from mconn.pipeline import cli, inputs
 
     try:

@@ -13,12 +13,38 @@ from mconn.pipeline.sessions import of
 
 #: Column order of the summary row, as the console and the report show it.
 COLUMNS = (
-    "nodes", "restarts", "events", "malformed_records", "unknown_events", "first_time", "last_time",
-    "sessions", "links", "resumes", "fresh_starts", "expired_sessions", "rejected_sessions", "restarted_sessions",
-    "dial_attempts", "failed_dials", "recovery_p50_seconds", "recovery_max_seconds",
-    "messages_audited", "lost", "duplicated", "in_doubt", "unsettled", "one_sided_rows",
-    "protocol_errors", "refused_connections", "gave_up_dials", "loop_stalls", "reactor_errors",
-    "rtt_p50_seconds", "rtt_p99_seconds", "rtt_source",
+    "nodes",
+    "restarts",
+    "events",
+    "malformed_records",
+    "unknown_events",
+    "first_time",
+    "last_time",
+    "sessions",
+    "links",
+    "resumes",
+    "fresh_starts",
+    "expired_sessions",
+    "rejected_sessions",
+    "restarted_sessions",
+    "dial_attempts",
+    "failed_dials",
+    "recovery_p50_seconds",
+    "recovery_max_seconds",
+    "messages_audited",
+    "lost",
+    "duplicated",
+    "in_doubt",
+    "unsettled",
+    "one_sided_rows",
+    "protocol_errors",
+    "refused_connections",
+    "gave_up_dials",
+    "loop_stalls",
+    "reactor_errors",
+    "rtt_p50_seconds",
+    "rtt_p99_seconds",
+    "rtt_source",
 )
 
 
@@ -75,8 +101,9 @@ def build(spark, event_counts: dict, events, *, links, reconnects, audit, errors
         )
     )
     audited = audit.agg(
-        F.coalesce(F.sum(F.when(F.col("verdict") != "one_sided", F.col("accepted"))), F.lit(0))
-        .alias("messages_audited"),
+        F.coalesce(F.sum(F.when(F.col("verdict") != "one_sided", F.col("accepted"))), F.lit(0)).alias(
+            "messages_audited"
+        ),
         *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in ("lost", "duplicated", "in_doubt", "unsettled")],
         F.count(F.when(F.col("verdict") == "one_sided", 1)).alias("one_sided_rows"),
     )
@@ -87,7 +114,8 @@ def build(spark, event_counts: dict, events, *, links, reconnects, audit, errors
         ]
     )
     rtt = latency.where(F.col("scope") == "fleet").select(
-        F.col("p50_seconds").alias("rtt_p50_seconds"), F.col("p99_seconds").alias("rtt_p99_seconds"),
+        F.col("p50_seconds").alias("rtt_p50_seconds"),
+        F.col("p99_seconds").alias("rtt_p99_seconds"),
         F.col("source").alias("rtt_source"),
     )
     rtt = spark.range(1).join(rtt, how="left").drop("id")  # one row even without samples

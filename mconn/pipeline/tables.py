@@ -16,6 +16,6 @@ def table_path(out: str, name: str) -> str:
 def local_path(out: str) -> str | None:
     """The local directory behind ``out``, or None for a remote URI (hdfs://, s3a://...)."""
     if out.startswith("file:"):
-        rest = out[len("file:"):]
+        rest = out[len("file:") :]
         return "/" + rest.lstrip("/")  # file:/x, file:///x
     return None if "://" in out else out

@@ -40,7 +40,9 @@ class Authorizer:
         if self.allowed_peers and node_id not in self.allowed_peers:
             raise AuthenticationError(f"node {node_id} is not in allowed_peers")
         if self.allowed_peers and self.tls and certificate is None:
-            raise AuthenticationError(f"node {node_id} presented no certificate, so it is not proven to be in allowed_peers")
+            raise AuthenticationError(
+                f"node {node_id} presented no certificate, so it is not proven to be in allowed_peers"
+            )
         if self.hook is None:
             return None
         try:

@@ -107,8 +107,12 @@ class ConnectionSet:
             upgrade.pending = False
             self.admission.refused(rejection)
             telemetry.emit(
-                "peer_rejected", node_id=self.node_id, peer_id=None, remote_address=upgrade.remote_address,
-                reason=rejection.reason, message=str(rejection),
+                "peer_rejected",
+                node_id=self.node_id,
+                peer_id=None,
+                remote_address=upgrade.remote_address,
+                reason=rejection.reason,
+                message=str(rejection),
             )
             upgrade.give_way(rejection)
         elif victim.end_reason is None:
@@ -218,7 +222,10 @@ class ConnectionSet:
             raise PeerIdMismatch(context.expected_node_id, hello.node_id)
         if self.node_info is not None:  # without one nothing is required (the core checked the field decodes)
             check_compatible(  # specs/handshake.md section 6.2
-                self.node_info, (c.id for c in self.channels), node_info_of(hello), (c.id for c in hello.channels),
+                self.node_info,
+                (c.id for c in self.channels),
+                node_info_of(hello),
+                (c.id for c in hello.channels),
                 peer_id=hello.node_id,
             )
         telemetry.emit(
@@ -316,7 +323,8 @@ class ConnectionSet:
         if not self._outbound:
             return False  # a listener that dials nobody: no generator per inbound hello
         return any(
-            p.peer is None and p.end_reason is None
+            p.peer is None
+            and p.end_reason is None
             and node_id in (p.context.expected_node_id, p.hello.node_id if p.hello is not None else None)
             for p in self._outbound
         )

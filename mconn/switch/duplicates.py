@@ -98,8 +98,11 @@ class DuplicateProbes:
             accept()
             return
         sessions.apply(
-            peer, SessionInput.DUPLICATE_REPLACED, sessions.rejected(peer, reason),
-            why="it did not answer a probe; a new connection replaced it", then=accept,
+            peer,
+            SessionInput.DUPLICATE_REPLACED,
+            sessions.rejected(peer, reason),
+            why="it did not answer a probe; a new connection replaced it",
+            then=accept,
         )
 
     def _event(self, newcomer, old, outcome: str) -> None:

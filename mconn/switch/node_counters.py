@@ -12,7 +12,13 @@ from __future__ import annotations
 #: How many nodes' counters are kept; past it the oldest of nodes now unknown are dropped.
 NODE_COUNTERS_KEPT = 1024
 #: The counters of each node.
-NODE_COUNTERS = ("resume_rejections", "grace_expiries", "duplicates_refused", "duplicates_replaced", "simultaneous_dials")
+NODE_COUNTERS = (
+    "resume_rejections",
+    "grace_expiries",
+    "duplicates_refused",
+    "duplicates_replaced",
+    "simultaneous_dials",
+)
 
 
 class NodeCounters(dict):

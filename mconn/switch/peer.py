@@ -53,10 +53,40 @@ class Peer:
     """
 
     __slots__ = (
-        "node_id", "is_outbound", "listen_address", "remote_address", "address", "_announced", "_channels", "node_info",
-        "remote_host", "state", "proven", "ip_key", "suspended_at", "round_trip", "session", "connects", "disconnects",
-        "resumes", "_sessions", "_protocol", "_clock", "_config", "_shape", "_limits", "_queues", "_core",
-        "_connected_at", "_waiting", "_held", "_confirms", "data", "_receiving", "_deliver", "_flush_timer",
+        "node_id",
+        "is_outbound",
+        "listen_address",
+        "remote_address",
+        "address",
+        "_announced",
+        "_channels",
+        "node_info",
+        "remote_host",
+        "state",
+        "proven",
+        "ip_key",
+        "suspended_at",
+        "round_trip",
+        "session",
+        "connects",
+        "disconnects",
+        "resumes",
+        "_sessions",
+        "_protocol",
+        "_clock",
+        "_config",
+        "_shape",
+        "_limits",
+        "_queues",
+        "_core",
+        "_connected_at",
+        "_waiting",
+        "_held",
+        "_confirms",
+        "data",
+        "_receiving",
+        "_deliver",
+        "_flush_timer",
         "_flush_reason",
     )
 
@@ -143,7 +173,9 @@ class Peer:
         delivery = self._receiving
         if delivery is None:
             sessions = self._sessions
-            delivery = self._receiving = PeerDelivery(self, route=sessions.route, clock=self._clock, config=self._config)
+            delivery = self._receiving = PeerDelivery(
+                self, route=sessions.route, clock=self._clock, config=self._config
+            )
             self._deliver = delivery.deliver
         return delivery
 
@@ -248,8 +280,11 @@ class Peer:
         queue = self._queues[channel_id].writable_queue()
         capacity = self._queues[channel_id].capacity
         if (
-            type(messages) is list and messages and len(messages) <= capacity - len(queue)
-            and set(map(type, messages)) == _BYTES_ONLY and max(map(len, messages)) <= limit
+            type(messages) is list
+            and messages
+            and len(messages) <= capacity - len(queue)
+            and set(map(type, messages)) == _BYTES_ONLY
+            and max(map(len, messages)) <= limit
             and self.session.admit_many(channel_id, messages, sum(map(len, messages))) is not None
         ):
             queue.extend(messages)
@@ -519,4 +554,3 @@ class Peer:
             uptime=self._clock.seconds() - self._connected_at,
             node_counters=sessions.node_counters.get(self.node_id, {}),
         )
-

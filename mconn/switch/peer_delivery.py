@@ -32,7 +32,15 @@ class PeerDelivery:
     transport and state when it uses them."""
 
     __slots__ = (
-        "_peer", "_session", "_route", "_clock", "_config", "_ack_timer", "busy", "backlog_bytes", "backlog_messages",
+        "_peer",
+        "_session",
+        "_route",
+        "_clock",
+        "_config",
+        "_ack_timer",
+        "busy",
+        "backlog_bytes",
+        "backlog_messages",
     )
 
     def __init__(self, peer, *, route, clock, config) -> None:
@@ -86,7 +94,10 @@ class PeerDelivery:
     def _below_bounds(self) -> bool:
         """Whether the backlog is below both bounds (reading may go on)."""
         config = self._config
-        return self.backlog_bytes < config.reactor_backlog_bytes and self.backlog_messages < config.reactor_backlog_messages
+        return (
+            self.backlog_bytes < config.reactor_backlog_bytes
+            and self.backlog_messages < config.reactor_backlog_messages
+        )
 
     def _receive_done(self, _, channel_id: int) -> None:
         """The reactor's Deferred fired: the channel's held messages go on, in order,

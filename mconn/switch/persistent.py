@@ -47,7 +47,17 @@ class PersistentDialing:
     """
 
     def __init__(
-        self, *, node_id, clock, config, connect, session_for, gave_up, failed_attempt, reconnect_delay, choose_address,
+        self,
+        *,
+        node_id,
+        clock,
+        config,
+        connect,
+        session_for,
+        gave_up,
+        failed_attempt,
+        reconnect_delay,
+        choose_address,
         listen_addresses=lambda: (),
     ):
         self.node_id = node_id
@@ -158,9 +168,13 @@ class PersistentDialing:
             return
         source_host, allow_private = peer.remote_host, self.config.allow_discovered_private
         address = announced_address(peer.node_id, peer.listen_address, remote_host=source_host)
-        problem = discovered_problem(
-            address, source_host=source_host, allow_private=allow_private, listen_addresses=self.listen_addresses()
-        ) if address is not None else "none"
+        problem = (
+            discovered_problem(
+                address, source_host=source_host, allow_private=allow_private, listen_addresses=self.listen_addresses()
+            )
+            if address is not None
+            else "none"
+        )
         if problem is not None:
             return  # specs/pex.md 3.5: never link-local, metadata, private (by default)...
         redial.dialer.pool.add_discovered(address)
@@ -238,7 +252,9 @@ class _Redial:
         if info["result"] == "connected" or self.ever_connected or not self._waiters:
             return  # a re-dial of a session tries until max_reconnects or the grace ends
         state = self.dialer.pool.get(info["address"])
-        error = state.last_error if state is not None and state.last_error is not None else ConnectionLost(info["error"])
+        error = (
+            state.last_error if state is not None and state.last_error is not None else ConnectionLost(info["error"])
+        )
         self._fail_waiters(error, everyone=False)
         if not self._waiters:
             self._forget()

@@ -47,8 +47,7 @@ class ReactorSet:
                 owner = self.by_channel.get(desc.id)
                 if owner is not None:
                     raise ValueError(
-                        f"channel {desc.id:#04x} is claimed by both {type(owner).__name__} and "
-                        f"{type(reactor).__name__}"
+                        f"channel {desc.id:#04x} is claimed by both {type(owner).__name__} and {type(reactor).__name__}"
                     )
                 self.by_channel[desc.id] = reactor
                 self.channels.append(desc)
@@ -97,8 +96,12 @@ class ReactorSet:
         except Exception:
             self._count(reactor)
             telemetry.emit_failure(
-                "reactor_error", node_id=self._switch.node_id, reactor=reactor_name(reactor), method=method,
-                peer_id=None, action="none",
+                "reactor_error",
+                node_id=self._switch.node_id,
+                reactor=reactor_name(reactor),
+                method=method,
+                peer_id=None,
+                action="none",
             )
 
     # -- calls about peers -------------------------------------------------------------
@@ -164,7 +167,11 @@ class ReactorSet:
             except Exception:
                 policy = self._switch.config.reactor_errors
         telemetry.emit_failure(
-            "reactor_error", node_id=self._switch.node_id, reactor=name, method=method, peer_id=peer.node_id,
+            "reactor_error",
+            node_id=self._switch.node_id,
+            reactor=name,
+            method=method,
+            peer_id=peer.node_id,
             action="dropped" if policy == "drop" else "kept" if method in ("add_peer", "receive") else "none",
         )
         if policy != "drop":

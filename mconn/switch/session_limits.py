@@ -24,6 +24,7 @@ from __future__ import annotations
 from mconn.errors import PeerRejected
 from mconn.core.session_table import PeerState
 
+
 class SessionLimits:
     """The session limits of one ``SessionManager``."""
 

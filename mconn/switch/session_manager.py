@@ -256,7 +256,11 @@ class SessionManager:
         )
         context = protocol.context
         peer = Peer(
-            sessions=self, protocol=protocol, hello=hello, session=session, is_outbound=context.is_outbound,
+            sessions=self,
+            protocol=protocol,
+            hello=hello,
+            session=session,
+            is_outbound=context.is_outbound,
             address=context.address,
         )
         peer.proven = proven
@@ -338,7 +342,10 @@ class SessionManager:
             raise PeerRejected(SIMULTANEOUS_DIAL, simultaneous_why(hello.node_id, self.node_id))
         elif verdict.ends is not None:
             self.apply(
-                existing, verdict.ends, self.rejected(existing, verdict.reason), why="the session's channels changed",
+                existing,
+                verdict.ends,
+                self.rejected(existing, verdict.reason),
+                why="the session's channels changed",
                 then=lambda: self.accept(protocol, hello, request, verdict.reason, proven=proven),
             )
         else:
@@ -353,8 +360,11 @@ class SessionManager:
             raise UnexpectedPacket("session packet where none was asked for")
         held = resuming is not None and resuming.state is not S.CLOSED
         check_answer(
-            asked=request.session_id, asked_resume=request.resume, answered=answer.session_id,
-            resumed=answer.resumed, resumable=held,
+            asked=request.session_id,
+            asked_resume=request.resume,
+            answered=answer.session_id,
+            resumed=answer.resumed,
+            resumable=held,
         )
         if answer.resumed:
             self._resume(protocol, resuming, answer.delivered, answer=False)
@@ -362,7 +372,10 @@ class SessionManager:
             # The dialer goes on: this attempt connected, to a fresh session.
             why = answer.reason or "the peer started a new session"
             self.apply(
-                resuming, I.RESUME_REFUSED, self.rejected(resuming, why), stop_dialer=False,
+                resuming,
+                I.RESUME_REFUSED,
+                self.rejected(resuming, why),
+                stop_dialer=False,
                 then=lambda: self._answered_fresh(protocol, answer, proven),
             )
         else:

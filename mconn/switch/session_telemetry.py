@@ -17,7 +17,10 @@ def started(node_id: str, peer, protocol, refusal: str) -> None:
     """A fresh session on ``protocol``; ``refusal`` says why a resume was refused, if one was.
     (``_emit``'s fields written out: one per handshake of a connect storm.)"""
     telemetry.emit(
-        "session_started", node_id=node_id, peer_id=peer.node_id, session_id=peer.session.id.hex(),
+        "session_started",
+        node_id=node_id,
+        peer_id=peer.node_id,
+        session_id=peer.session.id.hex(),
         remote_address=protocol.remote_address,
         direction="outbound" if peer.is_outbound else "inbound",
         resume_refused=refusal,
@@ -27,7 +30,9 @@ def started(node_id: str, peer, protocol, refusal: str) -> None:
 def suspended(node_id: str, peer, reason: Exception, grace: float) -> None:
     """The transport of ``peer`` broke for ``reason``; it is held for ``grace`` seconds."""
     _emit(
-        "session_suspended", node_id, peer,
+        "session_suspended",
+        node_id,
+        peer,
         reason_type=type(reason).__name__,
         reason=str(reason),
         grace=grace,
@@ -37,7 +42,9 @@ def suspended(node_id: str, peer, reason: Exception, grace: float) -> None:
 def resumed(node_id: str, peer, protocol, resend: dict) -> None:
     """``peer`` carries on on ``protocol``, re-sending ``resend`` (messages by channel)."""
     _emit(
-        "session_resumed", node_id, peer,
+        "session_resumed",
+        node_id,
+        peer,
         remote_address=protocol.remote_address,
         resent=sum(len(messages) for messages in resend.values()),
         resumes=peer.resumes,
@@ -47,7 +54,9 @@ def resumed(node_id: str, peer, protocol, resend: dict) -> None:
 def ended(node_id: str, peer, reason: MConnError) -> None:
     """The session of ``peer`` ended for ``reason`` (its ``unconfirmed`` counts are set)."""
     _emit(
-        "session_ended", node_id, peer,
+        "session_ended",
+        node_id,
+        peer,
         reason_type=type(reason).__name__,
         reason=str(reason),
         # The telemetry field keeps its name (the pipeline reads it); it counts messages

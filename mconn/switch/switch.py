@@ -95,7 +95,9 @@ class Switch(Service):
         self._config = config = config or Config()
         tls_key = tls.node_key if tls is not None else None
         if node_key is not None and tls_key is not None and node_key.node_id != tls_key.node_id:
-            raise ValueError(f"node_key is node {node_key.node_id} but the TLS certificate key is node {tls_key.node_id}")
+            raise ValueError(
+                f"node_key is node {node_key.node_id} but the TLS certificate key is node {tls_key.node_id}"
+            )
         self.node_key = node_key or tls_key or NodeKey.generate()
         self._node_id = node_id = self.node_key.node_id
         self.tls = tls
@@ -124,11 +126,21 @@ class Switch(Service):
             allowed_peers, authorize, tls=tls is not None, clock=clock, timeout=config.handshake_timeout
         )
         self._connections = ConnectionSet(
-            node_id=node_id, clock=clock, config=config, channels=self.channels, tls=tls, admission=self._admission,
-            authorizer=self._authorizer, listen_address=lambda: self.listen_address, node_info=node_info,
+            node_id=node_id,
+            clock=clock,
+            config=config,
+            channels=self.channels,
+            tls=tls,
+            admission=self._admission,
+            authorizer=self._authorizer,
+            listen_address=lambda: self.listen_address,
+            node_info=node_info,
         )
         self._dialing = PersistentDialing(
-            node_id=node_id, clock=clock, config=config, connect=self._connect,
+            node_id=node_id,
+            clock=clock,
+            config=config,
+            connect=self._connect,
             session_for=lambda peer_id: self._sessions.peers.get(peer_id),
             gave_up=lambda peer_id, why: self._sessions.gave_up(peer_id, why),
             failed_attempt=lambda peer_id: self._sessions.redial_failed(peer_id),
@@ -137,8 +149,15 @@ class Switch(Service):
             listen_addresses=self._listening,
         )
         self._sessions = SessionManager(
-            node_id=node_id, clock=clock, config=config, channels=self.channels, admission=self._admission,
-            dialing=self._dialing, notify=self._notify, route=self._route, dialing_to=self._connections.dialing_to,
+            node_id=node_id,
+            clock=clock,
+            config=config,
+            channels=self.channels,
+            admission=self._admission,
+            dialing=self._dialing,
+            notify=self._notify,
+            route=self._route,
+            dialing_to=self._connections.dialing_to,
         )
         self._connections.sessions = self._sessions
 
@@ -266,7 +285,10 @@ class Switch(Service):
         if self.tls is not None:  # TLS first; a plaintext start gets a close packet (specs/tls.md)
             try:
                 factory = tls_server_factory(
-                    self.tls, factory, clock=self.clock, on_plaintext=self._connections.plaintext_refused,
+                    self.tls,
+                    factory,
+                    clock=self.clock,
+                    on_plaintext=self._connections.plaintext_refused,
                     close_linger=self.config.close_linger,
                 )
             except ValueError:
@@ -291,7 +313,11 @@ class Switch(Service):
         return announced + [_address_of(port) for port in self._ports]
 
     def dial(
-        self, address: str, *, persistent: bool = False, retry_initial_dial: bool | None = None,
+        self,
+        address: str,
+        *,
+        persistent: bool = False,
+        retry_initial_dial: bool | None = None,
         unconditional: bool = False,
     ) -> defer.Deferred:
         """Connect to ``ID@host:port`` or ``host:port``.
@@ -318,7 +344,9 @@ class Switch(Service):
             return defer.fail(ValueError(f"a persistent peer needs its node id (ID@host:port), got {address!r}"))
         if unconditional:
             if target.node_id is None:
-                return defer.fail(ValueError(f"an unconditional peer needs its node id (ID@host:port), got {address!r}"))
+                return defer.fail(
+                    ValueError(f"an unconditional peer needs its node id (ID@host:port), got {address!r}")
+                )
             self.config = self.config.replace(unconditional_peers=self.config.unconditional_peers | {target.node_id})
         self._reactor_set.start()
         retry = self.config.retry_initial_dial if retry_initial_dial is None else retry_initial_dial
@@ -356,7 +384,9 @@ class Switch(Service):
         if target.scheme != "tcp":  # ws:// and wss://, maybe through an HTTP proxy (specs/websocket.md)
             return dial_endpoint(target, clock=self.clock, config=self.config, tls=self.tls)
         bind = (self.config.local_address, 0) if self.config.local_address else None
-        endpoint = HostnameEndpoint(self.clock, target.host, target.port, timeout=self.config.dial_timeout, bindAddress=bind)
+        endpoint = HostnameEndpoint(
+            self.clock, target.host, target.port, timeout=self.config.dial_timeout, bindAddress=bind
+        )
         if self.tls is not None:
             endpoint = tls_client_endpoint(
                 self.tls, endpoint, target.host, clock=self.clock, close_linger=self.config.close_linger
@@ -369,7 +399,9 @@ class Switch(Service):
         if peer is not None and peer.state is PeerState.CONNECTED:
             return defer.succeed(peer)  # a connection from that node won meanwhile
         resuming = peer if peer is not None and peer.state in (PeerState.SUSPENDED, PeerState.CONNECTING) else None
-        factory = MConnectionFactory(self, is_outbound=True, expected_node_id=node_id, resuming=resuming, address=target)
+        factory = MConnectionFactory(
+            self, is_outbound=True, expected_node_id=node_id, resuming=resuming, address=target
+        )
         d = self._endpoint(target).connect(factory)
         return d.addCallback(lambda protocol: protocol.handshake)
 
@@ -451,8 +483,10 @@ class Switch(Service):
                 continue  # only our own pings and pongs moved
             telemetry.channel_stats(self.node_id, peer, sample)
             protocol = peer.connection
-            if protocol is not None and peer.state is PeerState.CONNECTED and (
-                peer.round_trip is None or _carried_traffic(sample, before and before[1])
+            if (
+                protocol is not None
+                and peer.state is PeerState.CONNECTED
+                and (peer.round_trip is None or _carried_traffic(sample, before and before[1]))
             ):
                 protocol.probe()
         if start + STATS_SLICE < len(peers):

@@ -49,7 +49,13 @@ FORMATS = {
     "loop_stalled": "{node_id} event loop stalled {late:.3f}s (keepalive verdict on {peer_id} deferred)",
 }
 
-_LEVELS = {"protocol_error": "warn", "peer_rejected": "warn", "connection_refused": "warn", "loop_stalled": "warn", "dial_gave_up": "warn"}
+_LEVELS = {
+    "protocol_error": "warn",
+    "peer_rejected": "warn",
+    "connection_refused": "warn",
+    "loop_stalled": "warn",
+    "dial_gave_up": "warn",
+}
 _LEVEL_OBJECTS = {name: LogLevel.levelWithName(level) for name, level in _LEVELS.items()}
 #: The keys emit adds to an event (its name, Logger's log_* keys but the time, with
 #: format_for's answer), by (event, peer_id None, an error to append, the Logger): at
@@ -74,8 +80,12 @@ def emit(event: str, **fields) -> None:
     envelope = _FORMAT_CACHE.get(key)
     if envelope is None:
         envelope = _FORMAT_CACHE[key] = {
-            "event": event, "log_logger": log, "log_level": _LEVEL_OBJECTS.get(event, LogLevel.info),
-            "log_namespace": log.namespace, "log_source": log.source, "log_format": format_for(event, fields),
+            "event": event,
+            "log_logger": log,
+            "log_level": _LEVEL_OBJECTS.get(event, LogLevel.info),
+            "log_namespace": log.namespace,
+            "log_source": log.source,
+            "log_format": format_for(event, fields),
         }
     fields.update(envelope)
     fields["log_time"] = time.time()
@@ -91,8 +101,11 @@ def format_for(event: str, fields: dict) -> str:
     (a failed dial says why)."""
     text = FORMATS[event]
     if "peer_id" in fields and fields["peer_id"] is None:
-        for known, unknown in ((" with {peer_id} at ", " at "), (" from {peer_id} at ", " from "),
-                               ("refused {peer_id} at ", "refused a connection from ")):
+        for known, unknown in (
+            (" with {peer_id} at ", " at "),
+            (" from {peer_id} at ", " from "),
+            ("refused {peer_id} at ", "refused a connection from "),
+        ):
             text = text.replace(known, unknown)
     if fields.get("error") and "{error}" not in text:
         text += " ({error})"
@@ -114,8 +127,19 @@ def emit_failure(event: str, **fields) -> None:
 #: The fields of one ``channel_stats`` after ``node_id`` and ``peer_id``, in the order of
 #: the tuples ``channel_samples`` returns.
 SAMPLE_FIELDS = (
-    "channel_id", "priority", "queue_depth", "bytes_sent", "messages_sent", "bytes_received", "messages_received",
-    "accepted", "acked", "delivered", "session_id", "connection", "round_trip",
+    "channel_id",
+    "priority",
+    "queue_depth",
+    "bytes_sent",
+    "messages_sent",
+    "bytes_received",
+    "messages_received",
+    "accepted",
+    "acked",
+    "delivered",
+    "session_id",
+    "connection",
+    "round_trip",
 )
 
 
@@ -126,8 +150,19 @@ def channel_samples(peer) -> tuple:
     connects, round_trip = peer.connects, peer.round_trip
     return tuple(
         (
-            c.channel_id, c.priority, c.queue_depth, c.bytes_sent, c.messages_sent, c.bytes_received,
-            c.messages_received, c.accepted, c.acked, c.delivered, session_id, connects, round_trip,
+            c.channel_id,
+            c.priority,
+            c.queue_depth,
+            c.bytes_sent,
+            c.messages_sent,
+            c.bytes_received,
+            c.messages_received,
+            c.accepted,
+            c.acked,
+            c.delivered,
+            session_id,
+            connects,
+            round_trip,
         )
         for c in peer.stats.channels
     )

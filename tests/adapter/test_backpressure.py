@@ -73,7 +73,9 @@ def test_auto_pausing_transport_stops_the_scheduler():
     """A transport that pauses when its buffer passes N bytes gets a bounded write; the rest waits."""
     transport = AutoPausingTransport(limit=4096)
     channels = [ChannelDescriptor(0x30, send_queue_capacity=4)]
-    h = open_switch_connection(channels=channels, transport=transport, config=Config(write_batch_bytes=2048, max_packet_payload=1024))
+    h = open_switch_connection(
+        channels=channels, transport=transport, config=Config(write_batch_bytes=2048, max_packet_payload=1024)
+    )
     big = bytes(range(256)) * 64  # 16 KiB
     assert h.peer.try_send(0x30, big)
     first = transport.value()

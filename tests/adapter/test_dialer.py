@@ -93,7 +93,21 @@ def test_the_schedule_without_jitter_is_0_0_then_doubling_milliseconds_up_to_the
     """Without jitter the delays are 0, 0, then 4 ms doubling each attempt up to the 4 s cap."""
     delays = [default_reconnect_delay(n, jitter=0) for n in range(1, 16)]
     assert delays == [
-        0, 0, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.0, 4.0, 4.0,
+        0,
+        0,
+        0.004,
+        0.008,
+        0.016,
+        0.032,
+        0.064,
+        0.128,
+        0.256,
+        0.512,
+        1.024,
+        2.048,
+        4.0,
+        4.0,
+        4.0,
     ]
 
 
@@ -629,10 +643,14 @@ def test_on_attempt_reports_every_field():
     h.clock.advance(0.004)
     h.connect.succeed()
     assert h.infos == [
-        {"address": A, "attempt": 1, "delay": 0.0, "result": "failed",
-         "error": "ConnectionRefusedError: Connection was refused by other side: refused."},
-        {"address": B, "attempt": 2, "delay": 0.0, "result": "not_retried",
-         "error": "AuthenticationError: bad token"},
+        {
+            "address": A,
+            "attempt": 1,
+            "delay": 0.0,
+            "result": "failed",
+            "error": "ConnectionRefusedError: Connection was refused by other side: refused.",
+        },
+        {"address": B, "attempt": 2, "delay": 0.0, "result": "not_retried", "error": "AuthenticationError: bad token"},
         {"address": C, "attempt": 3, "delay": 0.004, "result": "connected", "error": None},
     ]
     assert h.dialer.last_info == h.infos[-1]

@@ -110,13 +110,16 @@ REACHED = {
     ),
     "ourselves": (hello(node="self"), lambda w: getattr(w.target.end_reason, "reason", None) == "self"),
     "another protocol version": (
-        hello(version=2), lambda w: w.target.end_reason.__class__.__name__ == "IncompatiblePeer"
+        hello(version=2),
+        lambda w: w.target.end_reason.__class__.__name__ == "IncompatiblePeer",
     ),
     "a payload below the floor": (
-        hello(max_packet_payload=1023), lambda w: w.target.end_reason.__class__.__name__ == "PacketPayloadTooSmall"
+        hello(max_packet_payload=1023),
+        lambda w: w.target.end_reason.__class__.__name__ == "PacketPayloadTooSmall",
     ),
     "a hello listing 257 channels": (
-        hello(channels="257 channels"), lambda w: "at most 256" in str(w.target.end_reason)
+        hello(channels="257 channels"),
+        lambda w: "at most 256" in str(w.target.end_reason),
     ),
     "a session request that does not parse": (
         hello(request=RequestSpec("held", True, CountsSpec(2**32, ()))),

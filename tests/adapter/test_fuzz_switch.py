@@ -31,8 +31,12 @@ SWITCH_CONFIG = CONFIG.replace(resume_grace=1.0, stats_interval=0)
 SWITCH_SPECIFIC = SPECIFIC | {AckError}
 #: Long enough for every timer a silent hostile peer can start to run out.
 SETTLE = (
-    SWITCH_CONFIG.handshake_timeout + SWITCH_CONFIG.ping_interval + SWITCH_CONFIG.pong_timeout
-    + SWITCH_CONFIG.resume_grace + SWITCH_CONFIG.close_linger + 1
+    SWITCH_CONFIG.handshake_timeout
+    + SWITCH_CONFIG.ping_interval
+    + SWITCH_CONFIG.pong_timeout
+    + SWITCH_CONFIG.resume_grace
+    + SWITCH_CONFIG.close_linger
+    + 1
 )
 
 

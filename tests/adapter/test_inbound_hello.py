@@ -27,7 +27,9 @@ def test_inbound_connections_share_one_hello_equal_to_a_fresh_one():
     (first, sent1), (second, sent2) = connect(switch), connect(switch)
     assert first.core.hello is second.core.hello
     assert first.core.hello == make_hello(
-        node_id=switch.node_id, channels=CHANNELS, max_packet_payload=Config().max_packet_payload,
+        node_id=switch.node_id,
+        channels=CHANNELS,
+        max_packet_payload=Config().max_packet_payload,
         listen_address="127.0.0.1:26656",
     )
     assert sent1 == sent2 and sent1
@@ -43,7 +45,10 @@ def test_a_new_listen_address_or_config_gives_a_new_hello():
     assert moved.core.hello.listen_address == "127.0.0.1:2" and before.core.hello.listen_address == "127.0.0.1:1"
     switch.config = Config(max_packet_payload=4096)
     resized, _ = connect(switch)
-    assert resized.core.hello.max_packet_payload == 4096 and moved.core.hello.max_packet_payload == Config().max_packet_payload != 4096
+    assert (
+        resized.core.hello.max_packet_payload == 4096
+        and moved.core.hello.max_packet_payload == Config().max_packet_payload != 4096
+    )
 
 
 def test_an_outbound_hello_is_its_own_with_a_fresh_session_request():

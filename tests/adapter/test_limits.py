@@ -268,7 +268,9 @@ def test_past_max_pending_per_group_a_new_connection_from_that_group_is_refused(
     assert close_packets_in(transport.value()) == [("pending_group_limit", text)]
     assert proto.core is None and transport.disconnecting
     assert switch.refusals == {"pending_group_limit": 1}
-    assert [(e["reason"], e["message"]) for e in telemetry.named("connection_refused")] == [("pending_group_limit", text)]
+    assert [(e["reason"], e["message"]) for e in telemetry.named("connection_refused")] == [
+        ("pending_group_limit", text)
+    ]
     outsider, _ = accept(factory, other)
     assert outsider.core is not None and outsider.end_reason is None
     assert first[0].end_reason is None and second[0].end_reason is None

@@ -200,7 +200,9 @@ def test_waiting_send_callback_may_send_on_another_channel():
     channel are being moved into their queue; that must not break the loop moving them.
     """
     transport = AutoPausingTransport(limit=0)  # pauses the producer after every write
-    h = open_switch_connection(channels=OURS, peer_channels=THEIRS, transport=transport, config=Config(write_batch_bytes=1))
+    h = open_switch_connection(
+        channels=OURS, peer_channels=THEIRS, transport=transport, config=Config(write_batch_bytes=1)
+    )
     assert transport.producerState == "paused"
     assert h.peer.try_send(0x20, b"a1")
     assert h.peer.try_send(0x21, b"b1")

@@ -339,8 +339,14 @@ def test_reactors_start_before_the_first_peer_and_stop_after_the_last_in_reverse
     network.flush()
     assert d.called
     assert log == [
-        ("start", "mempool"), ("start", "blocksync"), ("add_peer", "mempool"), ("add_peer", "blocksync"),
-        ("remove_peer", "mempool"), ("remove_peer", "blocksync"), ("stop", "blocksync"), ("stop", "mempool"),
+        ("start", "mempool"),
+        ("start", "blocksync"),
+        ("add_peer", "mempool"),
+        ("add_peer", "blocksync"),
+        ("remove_peer", "mempool"),
+        ("remove_peer", "blocksync"),
+        ("stop", "blocksync"),
+        ("stop", "mempool"),
     ]
 
 
@@ -399,9 +405,10 @@ def test_unconditional_peers_bypass_the_peer_limits(network):
     """At max_inbound_peers a node in Config.unconditional_peers is still accepted (and one
     dialed with unconditional=True at max_outbound_peers), while others are refused."""
     others = [network.switch([RecordingReactor(CHANNELS)]) for _ in range(3)]
-    hub = network.switch([RecordingReactor(CHANNELS)], config=Config(
-        max_inbound_peers=1, max_outbound_peers=0, unconditional_peers={others[2].node_id}
-    ))
+    hub = network.switch(
+        [RecordingReactor(CHANNELS)],
+        config=Config(max_inbound_peers=1, max_outbound_peers=0, unconditional_peers={others[2].node_id}),
+    )
     network.connect(others[0], hub)
     refused = network.connect(others[1], hub)
     network.connect(others[2], hub)

@@ -269,7 +269,9 @@ def test_two_nodes_dialing_each_other_end_with_one_connection(network, first):
 
 def racing_link(network, dialer, listener):
     """A connection made but not pumped: each side has written its hello, nothing moved."""
-    out = MConnectionFactory(dialer.switch, is_outbound=True, expected_node_id=listener.switch.node_id).buildProtocol(None)
+    out = MConnectionFactory(dialer.switch, is_outbound=True, expected_node_id=listener.switch.node_id).buildProtocol(
+        None
+    )
     inn = MConnectionFactory(listener.switch, is_outbound=False).buildProtocol(None)
     out_address = IPv4Address("TCP", f"10.1.0.{dialer.port % 250}", 40000 + len(network.links))
     in_address = IPv4Address("TCP", "127.0.0.1", listener.port)

@@ -77,7 +77,12 @@ def test_admit_refuses_exactly_where_has_room_does_and_records_like_record_sent(
     # bound to 990; 0x21's reserve of 300 then takes 20 + 60 + 28 and refuses 29.
     room = 300 - (20 + MESSAGE_OVERHEAD) - (60 + MESSAGE_OVERHEAD) - MESSAGE_OVERHEAD
     steps = [
-        (0x20, 990 - MESSAGE_OVERHEAD), (0x20, 20), (0x21, 20), (0x21, 60), (0x21, room + 1), (0x21, room),
+        (0x20, 990 - MESSAGE_OVERHEAD),
+        (0x20, 20),
+        (0x21, 20),
+        (0x21, 60),
+        (0x21, room + 1),
+        (0x21, room),
         (0x20, 10**6),
     ]
     one, two = fresh(), fresh()

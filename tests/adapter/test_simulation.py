@@ -100,7 +100,16 @@ WEIGHTS = {
     "advance": 25,
 }
 #: Five nodes, faults three times as often, less time between them.
-HEAVY = {**WEIGHTS, "reset": 12, "blackhole": 6, "delay": 4, "force_reconnect": 5, "close": 2, "restart": 5, "advance": 15}
+HEAVY = {
+    **WEIGHTS,
+    "reset": 12,
+    "blackhole": 6,
+    "delay": 4,
+    "force_reconnect": 5,
+    "close": 2,
+    "restart": 5,
+    "advance": 15,
+}
 #: At the end: how long the healed network may take to settle, in simulated seconds.
 SETTLE_LIMIT = 120.0
 #: seed -> the mconn bug it finds, to mark its test xfail (strict) until the bug is fixed.
@@ -204,7 +213,9 @@ class Simulation:
 
     def _received(self, node: int, channel_id: int, peer, message: bytes) -> None:
         if peer not in self.serial or peer in self.ended or peer in self.suspended:
-            self.violations.append(f"node {node} received on {channel_id:#x} outside add_peer..remove_peer or suspended")
+            self.violations.append(
+                f"node {node} received on {channel_id:#x} outside add_peer..remove_peer or suspended"
+            )
             return
         src, dst, channel, _, sender_serial = message.split(b"|", 1)[0].decode().split(":")
         sender = self.by_serial.get(sender_serial)
@@ -224,7 +235,9 @@ class Simulation:
 
     def _suspended(self, peer, suspended: bool) -> None:
         if peer not in self.serial or peer in self.ended or (peer in self.suspended) == suspended:
-            self.violations.append(f"{self.serial.get(peer)}: peer_{'suspended' if suspended else 'resumed'} out of order")
+            self.violations.append(
+                f"{self.serial.get(peer)}: peer_{'suspended' if suspended else 'resumed'} out of order"
+            )
         if suspended:
             self.suspended.add(peer)
         else:
@@ -428,7 +441,9 @@ class Simulation:
         for receiver, sender in self.partner.items():
             for c in CHANNELS:
                 if self.delivered.get((receiver, c.id)) and (sender, c.id) not in self.accepted:
-                    self.violations.append(f"{self.serial[receiver]} delivered what {self.serial[sender]} never accepted")
+                    self.violations.append(
+                        f"{self.serial[receiver]} delivered what {self.serial[sender]} never accepted"
+                    )
         for i in self._live():
             self._check_node(self.switches[i])
         assert not self.violations, self._report()
@@ -511,8 +526,10 @@ class Simulation:
             if sender.state == "connected" and holder is not None and self.network.is_alive(holder):
                 receiver = self.receiver.get(sender)
                 delivered = self.delivered.get((receiver, channel), []) if receiver is not None else []
-                assert delivered == accepted, self._report() + "\n" + (
-                    f"{self.serial[sender]} on {channel:#x}: {len(accepted)} accepted, {len(delivered)} delivered"
+                assert delivered == accepted, (
+                    self._report()
+                    + "\n"
+                    + (f"{self.serial[sender]} on {channel:#x}: {len(accepted)} accepted, {len(delivered)} delivered")
                 )
 
     def _quiet(self) -> bool:

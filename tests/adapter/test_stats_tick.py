@@ -47,7 +47,7 @@ def test_an_idle_link_logs_its_first_sample_and_its_round_trip_then_nothing_and_
         assert to_b.round_trip is not None
         network.advance(2)  # the round trip is new: logged again, no ping (no traffic)
         assert len(stats_of(capture, a)) == 2 * len(CHANNELS)
-        assert all(e["round_trip"] == to_b.round_trip for e in stats_of(capture, a)[-len(CHANNELS):])
+        assert all(e["round_trip"] == to_b.round_trip for e in stats_of(capture, a)[-len(CHANNELS) :])
         sent = pings_sent(to_b)
         network.advance(2 * 5)  # five idle ticks
         assert len(stats_of(capture, a)) == 2 * len(CHANNELS)

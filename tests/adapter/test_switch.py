@@ -523,7 +523,6 @@ def test_stop_service_reports_each_sessions_own_undelivered_counts(network):
     assert reasons[right.switch.node_id].unconfirmed == {0x20: 1}
 
 
-
 def accepted_until_refused(h, size: int = 4000, at_most: int = 200) -> int:
     """try_send ``size``-byte messages on 0x20 until one is refused: how many were taken."""
     for count in range(at_most):

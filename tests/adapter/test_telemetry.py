@@ -143,7 +143,9 @@ def test_field_values_have_the_documented_types(emitted):
     for event in emitted:
         spec = SPEC_EVENTS[event["event"]]
         for name, type_name in spec["fields"].items():
-            assert SPEC_TYPE_CHECKS[type_name](event[name]), f"{event['event']}.{name} = {event[name]!r} is not {type_name}"
+            assert SPEC_TYPE_CHECKS[type_name](event[name]), (
+                f"{event['event']}.{name} = {event[name]!r} is not {type_name}"
+            )
         for parent, children in spec["items"].items():
             for item in event[parent]:
                 for name, type_name in children.items():

@@ -191,8 +191,13 @@ def test_one_switchs_connections_share_one_delayed_call_and_are_each_pinged():
     """A thousand inbound peers on a Switch leave the clock one DelayedCall for their
     keepalive (one each before), and after ping_interval every one of them is pinged."""
     clock = Clock()
-    config = Config(stats_interval=0, max_inbound_peers=2000, max_connections_per_ip=2000,
-                    max_pending_handshakes=2000, max_pending_per_group=2000)
+    config = Config(
+        stats_interval=0,
+        max_inbound_peers=2000,
+        max_connections_per_ip=2000,
+        max_pending_handshakes=2000,
+        max_pending_per_group=2000,
+    )
     switch = Switch([RecordingReactor([ChannelDescriptor(0x20)])], clock=clock, config=config)
     factory = MConnectionFactory(switch, is_outbound=False)
     before = len(clock.getDelayedCalls())

@@ -13,8 +13,10 @@ from helpers import open_switch_connection
 from mconn import ChannelDescriptor, Config
 
 BULK, PROBE = 0x10, 0x30
-CHANNELS = [ChannelDescriptor(BULK, priority=1, send_queue_capacity=8),
-            ChannelDescriptor(PROBE, priority=10, send_queue_capacity=8)]
+CHANNELS = [
+    ChannelDescriptor(BULK, priority=1, send_queue_capacity=8),
+    ChannelDescriptor(PROBE, priority=10, send_queue_capacity=8),
+]
 #: A msg packet of 1024 bytes (the smallest adaptive payload), header included, is under this.
 PACKET = 1024 + 16
 
@@ -24,6 +26,8 @@ def packet_at(rate: float, config: Config) -> float:
     follow the rate (``mconn.core.packet_size``: a quarter of write_ahead_time of it, at
     least 1024)."""
     return max(1024, rate * config.write_ahead_time / 4) + 16
+
+
 STEP = 0.001
 
 

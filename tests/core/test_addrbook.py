@@ -252,8 +252,11 @@ def test_picking_goes_by_bucket_so_a_crowded_group_gets_its_share_of_buckets_not
     for i in range(32):
         book.add(address(i, host=f"{i}.1.1.1"), source=node(500 + i), source_group="loopback", now=0)
     crowd = {e.bucket for e in book.entries.values()}
-    lone = next(a for a in (address(900 + i, host=f"9.{i}.1.1") for i in range(100))
-                if book.new_bucket(a, "7.7.0.0/16") not in crowd)
+    lone = next(
+        a
+        for a in (address(900 + i, host=f"9.{i}.1.1") for i in range(100))
+        if book.new_bucket(a, "7.7.0.0/16") not in crowd
+    )
     book.add(lone, source=node(800), source_group="7.7.0.0/16", now=0)
     rng = random.Random(3)
     picks = [book.pick(rng, lambda e: True).address.node_id for _ in range(3000)]

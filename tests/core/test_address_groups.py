@@ -74,7 +74,8 @@ def test_the_addresses_of_one_ipv6_64_share_max_connections_per_ip():
             admitted += 1
         else:
             assert (refusal.reason, str(refusal)) == (
-                "ip_limit", "4 connections from 2001:db8:7:1::/64 (max_connections_per_ip 4)"
+                "ip_limit",
+                "4 connections from 2001:db8:7:1::/64 (max_connections_per_ip 4)",
             )
     assert admitted == 4 and admission.per_ip == {"2001:db8:7:1::/64": 4}
     for honest in (OTHER_64, "::1", "198.51.100.7"):
@@ -115,8 +116,9 @@ class _Sessions:
         proto = types.SimpleNamespace(context=types.SimpleNamespace(is_outbound=False), ip_key=key, hello=None)
         self.limits.check(proto)
         session = types.SimpleNamespace(carried_traffic=lambda: True, unacked_bytes=0)
-        peer = types.SimpleNamespace(node_id=node_id, state=PeerState.CONNECTED, is_outbound=False, ip_key=key,
-                                     session=session)
+        peer = types.SimpleNamespace(
+            node_id=node_id, state=PeerState.CONNECTED, is_outbound=False, ip_key=key, session=session
+        )
         self.peers.append(peer)
         self.limits.counted(peer, 1)
         return peer

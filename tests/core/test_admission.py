@@ -71,7 +71,8 @@ def test_one_group_holds_at_most_max_pending_per_group():
     refusal, evicted = admission.admit("198.51.100.3", "third")
     assert evicted is None
     assert (refusal.reason, str(refusal)) == (
-        "pending_group_limit", "2 inbound connections from 198.51.100.0/24 are handshaking (max_pending_per_group 2)"
+        "pending_group_limit",
+        "2 inbound connections from 198.51.100.0/24 are handshaking (max_pending_per_group 2)",
     )
     assert admission.admit("198.51.101.1", "other /24") == (None, None)
     admission.handshake_over("198.51.100.1#0")
@@ -116,7 +117,8 @@ def test_when_full_a_newcomer_of_a_largest_group_is_refused_with_pending_limit()
     refusal, evicted = admission.admit("203.0.113.3", "third of its group")
     assert evicted is None
     assert (refusal.reason, str(refusal)) == (
-        "pending_limit", "4 inbound connections are handshaking (max_pending_handshakes 4)"
+        "pending_limit",
+        "4 inbound connections are handshaking (max_pending_handshakes 4)",
     )
     assert admission.pending == 4 and "third of its group" not in admission._pending
 

@@ -151,7 +151,9 @@ def test_emit_goes_on_to_the_next_message_within_the_budget():
     wire, finished = channel.emit(parts, payload=1024, budget=1 << 20)
     data = b"".join(parts)
     assert (wire, finished) == (len(data), 3)
-    assert data == bytes.fromhex("03 20 01 01 03") + b"one" + bytes.fromhex("03 20 01 01 03") + b"two" + bytes.fromhex("03 20 01 00")
+    assert data == bytes.fromhex("03 20 01 01 03") + b"one" + bytes.fromhex("03 20 01 01 03") + b"two" + bytes.fromhex(
+        "03 20 01 00"
+    )
     assert (channel.stats.messages_sent, channel.stats.bytes_sent) == (3, len(data))
 
 

@@ -100,7 +100,9 @@ def test_frame_buffer_equals_declaration_on_msg_packets(packet, max_payload, cut
 
 
 @CORE
-@given(packets=st.lists(any_packets(max_data=40), min_size=1, max_size=8), cuts=st.lists(st.integers(0, 400), max_size=6))
+@given(
+    packets=st.lists(any_packets(max_data=40), min_size=1, max_size=8), cuts=st.lists(st.integers(0, 400), max_size=6)
+)
 def test_frame_buffer_equals_declaration_on_packet_streams(packets, cuts):
     """Streams of pings, pongs, msgs and extensions, cut anywhere, decode packet by packet as declared."""
     stream = b"".join(packets)
@@ -291,7 +293,11 @@ def _reference_ack(body):
         return type(e)
 
 
-@given(body=st.one_of(st.binary(max_size=60), ack_counts.map(wire.encode_ack)), cut=st.integers(0, 60), extra=st.binary(max_size=3))
+@given(
+    body=st.one_of(st.binary(max_size=60), ack_counts.map(wire.encode_ack)),
+    cut=st.integers(0, 60),
+    extra=st.binary(max_size=3),
+)
 def test_decode_ack_equals_the_declaration_on_arbitrary_bytes(body, cut, extra):
     """Whole, truncated, extended or random bodies: the same counts or the same error."""
     for data in (body, body[:cut], body + extra, body.replace(b"\x01", b"\x09", 1)):

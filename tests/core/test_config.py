@@ -12,7 +12,11 @@ def test_defaults():
     """Config defaults: the documented timeouts, sizes, peer limits, and no rate limits."""
     c = Config()
     assert (c.ping_interval, c.pong_timeout, c.handshake_timeout, c.send_timeout, c.dial_timeout) == (
-        60.0, 45.0, 10.0, 10.0, 3.0,
+        60.0,
+        45.0,
+        10.0,
+        10.0,
+        3.0,
     )
     assert (c.max_packet_payload, c.max_hello_size, c.max_control_size) == (65536, 4096, 1024)
     assert (c.max_inbound_peers, c.max_outbound_peers) == (40, 10)

@@ -612,7 +612,10 @@ def test_without_rates_nothing_waits():
 
 def test_messages_flow_both_ways_on_several_channels_in_order():
     """Messages sent both ways on two channels arrive complete and in order per channel."""
-    channels = [ChannelDescriptor(0x20, priority=1, send_queue_capacity=10), ChannelDescriptor(0x30, priority=5, send_queue_capacity=10)]
+    channels = [
+        ChannelDescriptor(0x20, priority=1, send_queue_capacity=10),
+        ChannelDescriptor(0x30, priority=5, send_queue_capacity=10),
+    ]
     pair = CorePair.make(channels_a=channels, channels_b=channels)
     pair.pump(0.0)
     sent = {0x20: [bytes([i]) * (300 * i) for i in range(1, 8)], 0x30: [bytes([100 + i]) * 700 for i in range(8)]}
@@ -636,7 +639,10 @@ def test_messages_flow_both_ways_on_several_channels_in_order():
 )
 def test_any_split_of_the_stream_delivers_the_same_messages(payload_a, payload_b, messages, cuts):
     """For any payload sizes and any cuts of the stream, the same messages arrive in order per channel."""
-    channels = [ChannelDescriptor(0x20, send_queue_capacity=8), ChannelDescriptor(0x30, priority=4, send_queue_capacity=8)]
+    channels = [
+        ChannelDescriptor(0x20, send_queue_capacity=8),
+        ChannelDescriptor(0x30, priority=4, send_queue_capacity=8),
+    ]
     a = make_connection(channels=channels, config=Config(max_packet_payload=payload_a))
     b = make_connection(node_id=NODE_B, channels=channels, config=Config(max_packet_payload=payload_b))
     b.receive_data(a.data_to_send(0.0), 0.0)

@@ -28,8 +28,7 @@ FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 def _decode_in_chunks(data: bytes, cuts: list[int], splice_min: int, max_payload: int = 64):
     """Feed ``data`` cut at ``cuts``; the decoded packets, the error (type and text)
     and what stays buffered."""
-    buffer = FrameBuffer(max_payload=max_payload, default_extension_limit=48,
-                         extension_limits={PacketType.HELLO: 200})
+    buffer = FrameBuffer(max_payload=max_payload, default_extension_limit=48, extension_limits={PacketType.HELLO: 200})
     buffer.SPLICE_MIN = splice_min
     points = sorted({c % (len(data) + 1) for c in cuts})
     bounds = [0, *points, len(data)]
@@ -51,7 +50,9 @@ def full_packet_runs(draw) -> bytes:
         kind = draw(st.sampled_from(["full", "full", "full", "full", "last", "ping", "other"]))
         channel = draw(st.sampled_from([0x20, 0x21]))
         if kind == "full":
-            parts.append(wire.encode_packet(PacketType.MSG, channel_id=channel, eof=False, data=bytes([len(parts)]) * 64))
+            parts.append(
+                wire.encode_packet(PacketType.MSG, channel_id=channel, eof=False, data=bytes([len(parts)]) * 64)
+            )
         elif kind == "last":
             parts.append(wire.encode_packet(PacketType.MSG, channel_id=channel, eof=True, data=bytes(64)))
         elif kind == "ping":

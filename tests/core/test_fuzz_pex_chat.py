@@ -63,11 +63,10 @@ def test_any_chat_message_decodes_and_round_trips_or_is_a_chat_protocol_error(da
 
 
 DECLARED_TOO_MUCH = {
-    "reply declaring 251 addresses, holding 1": (
-        "pex", b"\x02\x01\xfb" + bytes(20) + b"\x01a\x00\x01"
-    ),
+    "reply declaring 251 addresses, holding 1": ("pex", b"\x02\x01\xfb" + bytes(20) + b"\x01a\x00\x01"),
     "reply declaring 2**32 addresses, holding 1": (
-        "pex", b"\x02" + wire.encode_uvarint(2**32) + bytes(20) + b"\x01a\x00\x01"
+        "pex",
+        b"\x02" + wire.encode_uvarint(2**32) + bytes(20) + b"\x01a\x00\x01",
     ),
     "reply declaring 2**64-1 addresses, holding none": ("pex", b"\x02" + wire.encode_uvarint(2**64 - 1)),
     "request for 2**64-1 addresses": ("pex", b"\x01" + wire.encode_uvarint(2**64 - 1)),
@@ -99,6 +98,7 @@ def test_the_pex_vectors_pass_the_checks():
 def test_a_receipt_ok_byte_other_than_0_or_1_is_malformed():
     """Found by the chat target: RECEIPT's ok byte was read by construct's Flag, so 02
     decoded as true and re-encoded as 01. specs/chat.md says 0 or 1; 02 is malformed."""
+
     def receipt(ok: bytes) -> bytes:
         return bytes([chat_wire.RECEIPT]) + bytes(range(16)) + ok + b"\x02ok"
 

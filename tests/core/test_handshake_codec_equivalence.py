@@ -29,7 +29,9 @@ def hellos(draw) -> bytes:
         node_id=draw(st.binary(min_size=20, max_size=20)).hex(),
         max_packet_payload=draw(st.integers(0, 1 << 40)),
         channels=tuple(
-            wire.ChannelInfo(id=i, priority=draw(st.integers(0, 300)), recv_message_capacity=draw(st.integers(0, 1 << 30)))
+            wire.ChannelInfo(
+                id=i, priority=draw(st.integers(0, 300)), recv_message_capacity=draw(st.integers(0, 1 << 30))
+            )
             for i in draw(st.lists(st.integers(0, 255), max_size=5))
         ),
         listen_address=draw(st.text(max_size=12)),
@@ -76,8 +78,9 @@ def test_a_hello_the_reader_leaves_gets_the_declarations_error():
 @st.composite
 def session_requests(draw) -> bytes:
     return wire.encode_session_request(
-        wire.SessionRequest(session_id=draw(st.binary(min_size=16, max_size=16)), resume=draw(st.booleans()),
-                            delivered=draw(counts))
+        wire.SessionRequest(
+            session_id=draw(st.binary(min_size=16, max_size=16)), resume=draw(st.booleans()), delivered=draw(counts)
+        )
     )
 
 

@@ -31,8 +31,10 @@ def test_the_fresh_answer_around_any_session_id_is_the_declared_answer(session_i
     head, tail = fresh_answer_parts(reason)
     packet = head + session_id + tail
     assert packet == _declared(session_id, reason)
-    body = packet[len(packet) - len(wire.encode_session_answer(SessionAnswer(session_id=session_id, resumed=False,
-                                                                              reason=reason))):]
+    body = packet[
+        len(packet)
+        - len(wire.encode_session_answer(SessionAnswer(session_id=session_id, resumed=False, reason=reason))) :
+    ]
     assert wire.decode_session_answer(body) == SessionAnswer(session_id=session_id, resumed=False, reason=reason)
 
 
@@ -69,8 +71,9 @@ def test_a_hello_asks_for_a_session_only_with_the_session_field():
     """asks_for_session finds tag 01 among the fields, and only it."""
     plain = make_hello(node_id=NODE_B, channels=[], max_packet_payload=1024)
     other = make_hello(node_id=NODE_B, channels=[], max_packet_payload=1024, fields=((0x7F, b"x"),))
-    asking = make_hello(node_id=NODE_B, channels=[], max_packet_payload=1024,
-                        fields=((0x7F, b"x"), (HelloTag.SESSION, b"\x00" * 18)))
+    asking = make_hello(
+        node_id=NODE_B, channels=[], max_packet_payload=1024, fields=((0x7F, b"x"), (HelloTag.SESSION, b"\x00" * 18))
+    )
     assert (asks_for_session(plain), asks_for_session(other), asks_for_session(asking)) == (False, False, True)
 
 
@@ -162,8 +165,9 @@ def test_hellos_announcing_the_same_channels_share_their_channel_infos(monkeypat
     assert [(i.id, i.priority) for i in a.channels] == [(0x20, 1), (0x30, 5)]
     assert c.channels is not a.channels and [(i.id, i.priority) for i in c.channels] == [(0x20, 2)]
     info = wire.ChannelInfo(id=0x20, priority=1, recv_message_capacity=1024)
-    twice = wire.encode_hello(wire.Hello(version=wire.PROTOCOL_VERSION, node_id="dd" * 20, max_packet_payload=1024,
-                                         channels=(info, info)))
+    twice = wire.encode_hello(
+        wire.Hello(version=wire.PROTOCOL_VERSION, node_id="dd" * 20, max_packet_payload=1024, channels=(info, info))
+    )
     for _ in range(2):
         with pytest.raises(wire.MalformedPacket, match="lists channel 0x20 twice"):
             wire.decode_hello(twice)

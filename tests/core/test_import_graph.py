@@ -235,8 +235,13 @@ def test_the_graph_sees_lazy_relative_and_type_checking_imports(tmp_path):
 #: layer but ops; the package itself (mconn/__init__.py, the public API) and its lazy
 #: names stand above them all.
 LAYERS = {
-    "mconn.errors": 0, "mconn.config": 0,
-    "mconn.core": 1, "mconn.net": 2, "mconn.switch": 3, "mconn.testing": 3.5, "mconn.ops": 4,
+    "mconn.errors": 0,
+    "mconn.config": 0,
+    "mconn.core": 1,
+    "mconn.net": 2,
+    "mconn.switch": 3,
+    "mconn.testing": 3.5,
+    "mconn.ops": 4,
     "mconn": 5,
 }
 
@@ -244,8 +249,15 @@ LAYERS = {
 #: modules reactor authors use (addresses and their scopes, the go-wire primitives, the
 #: node id's size, the token bucket, address groups).
 REACTOR_IMPORTS = {
-    "mconn", "mconn.errors", "mconn.config", "mconn.testing", "mconn.core.address", "mconn.core.wire_primitives",
-    "mconn.core.node_key", "mconn.core.rate", "mconn.core.admission",
+    "mconn",
+    "mconn.errors",
+    "mconn.config",
+    "mconn.testing",
+    "mconn.core.address",
+    "mconn.core.wire_primitives",
+    "mconn.core.node_key",
+    "mconn.core.rate",
+    "mconn.core.admission",
 }
 
 
@@ -285,7 +297,9 @@ def test_reactors_use_only_the_public_api_and_the_declared_core_modules():
     graph, where = import_graph(ROOT, ("mconn", "reactors"))
     internal = [
         f"{module} -> {target} ({where[(module, target)]})"
-        for module, targets in graph.items() if module.startswith("reactors")
-        for target in targets if target.startswith("mconn") and target not in REACTOR_IMPORTS
+        for module, targets in graph.items()
+        if module.startswith("reactors")
+        for target in targets
+        if target.startswith("mconn") and target not in REACTOR_IMPORTS
     ]
     assert not internal, "reactors/ reach into mconn's internals:\n" + "\n".join(sorted(internal))

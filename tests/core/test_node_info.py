@@ -252,13 +252,15 @@ def test_node_info_field_is_tag_02():
 
 # -- hypothesis: malformed fields ----------------------------------------------------------------
 
+
 @st.composite
 def node_infos(draw):
     """Valid NodeInfos over the whole range of every limit."""
     return NodeInfo(
         network=draw(st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=50)),
         protocol=ProtocolVersion(
-            p2p=draw(st.integers(0, (1 << 64) - 1)), block=draw(st.integers(0, (1 << 64) - 1)),
+            p2p=draw(st.integers(0, (1 << 64) - 1)),
+            block=draw(st.integers(0, (1 << 64) - 1)),
             app=draw(st.integers(0, (1 << 64) - 1)),
         ),
         version=draw(st.text(st.characters(categories=("L", "N", "P")), max_size=20)),

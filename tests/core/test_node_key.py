@@ -46,9 +46,7 @@ def test_node_id_is_first_20_bytes_of_sha256_of_raw_public_key():
 def test_generated_key_id_matches_its_public_key():
     """A generated key's id is derived from its own 32-byte public key, as 40 lowercase hex digits."""
     key = NodeKey.generate()
-    raw = key.private_key.public_key().public_bytes(
-        serialization.Encoding.Raw, serialization.PublicFormat.Raw
-    )
+    raw = key.private_key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     assert key.public_key_bytes == raw
     assert len(raw) == 32
     assert key.node_id == hashlib.sha256(raw).digest()[:20].hex()

@@ -18,8 +18,10 @@ from mconn.net.write_ahead import WINDOW, WriteAhead
 from tests.helpers_core import CorePair, hello_packet, make_connection, msg, msg_payloads, open_connection
 
 BULK, PROBE = 0x10, 0x30
-CHANNELS = [ChannelDescriptor(BULK, priority=1, send_queue_capacity=8),
-            ChannelDescriptor(PROBE, priority=10, send_queue_capacity=8)]
+CHANNELS = [
+    ChannelDescriptor(BULK, priority=1, send_queue_capacity=8),
+    ChannelDescriptor(PROBE, priority=10, send_queue_capacity=8),
+]
 AHEAD = 0.001  # Config().write_ahead_time
 
 

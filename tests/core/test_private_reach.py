@@ -27,6 +27,8 @@ import ast
 import collections
 import pathlib
 
+from tests.core.test_import_graph import module_files
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("mconn", "reactors")
 
@@ -85,18 +87,6 @@ ALLOWED: dict[tuple[str, str], str] = {
 
 
 # -- the scan ----------------------------------------------------------------------------
-
-
-def module_files(root: pathlib.Path, packages) -> dict[str, pathlib.Path]:
-    """Every module under ``packages`` (directories of ``root``): dotted name -> file."""
-    modules = {}
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            modules[".".join(parts)] = path
-    return modules
 
 
 def _private(name: str) -> bool:

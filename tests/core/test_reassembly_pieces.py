@@ -63,11 +63,14 @@ def test_small_pieces_are_copied_so_a_read_is_not_kept_for_a_few_bytes():
     assert [e.message for e in events if e.channel_id == CH] == [message]
 
 
-@pytest.mark.parametrize("size, read_size, kept", [
-    (KEEP_VIEW_MIN, 2 * KEEP_VIEW_MIN, True),       # half of its read: a view
-    (KEEP_VIEW_MIN, 2 * KEEP_VIEW_MIN + 1, False),  # under half: copied
-    (KEEP_VIEW_MIN - 1, KEEP_VIEW_MIN - 1, False),  # the whole read, but small: copied
-])
+@pytest.mark.parametrize(
+    "size, read_size, kept",
+    [
+        (KEEP_VIEW_MIN, 2 * KEEP_VIEW_MIN, True),  # half of its read: a view
+        (KEEP_VIEW_MIN, 2 * KEEP_VIEW_MIN + 1, False),  # under half: copied
+        (KEEP_VIEW_MIN - 1, KEEP_VIEW_MIN - 1, False),  # the whole read, but small: copied
+    ],
+)
 def test_a_piece_is_kept_as_a_view_only_when_large_and_at_least_half_its_read(size, read_size, kept):
     """The rule's two thresholds, on a Channel directly: a kept view never holds more
     than twice its own bytes, and pieces under KEEP_VIEW_MIN are always copied."""

@@ -49,7 +49,9 @@ def _setup(rows):
     channels, messages = [], {}
     for channel_id, priority, queued in rows:
         named = [(name, _message(name, int(size))) for name, size in (entry.split() for entry in queued.split(","))]
-        channel = Channel(ChannelDescriptor(int(channel_id, 16), priority=int(priority), send_queue_capacity=len(named)))
+        channel = Channel(
+            ChannelDescriptor(int(channel_id, 16), priority=int(priority), send_queue_capacity=len(named))
+        )
         for _, message in named:
             assert channel.enqueue(message)
         messages[channel.id] = named
@@ -84,7 +86,9 @@ def _describe(data: bytes, messages) -> list[tuple]:
     for (channel, eof, payload), wire in zip(msg_payloads(data), wires):
         name, message = pending[channel][0]
         start = offsets[channel]
-        assert bytes(payload) == message[start : start + len(payload)], f"packet on {channel:#04x} is not {name}'s next bytes"
+        assert bytes(payload) == message[start : start + len(payload)], (
+            f"packet on {channel:#04x} is not {name}'s next bytes"
+        )
         offsets[channel] = start + len(payload)
         if eof:
             assert offsets[channel] == len(message), f"{name} ended early"

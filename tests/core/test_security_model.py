@@ -81,9 +81,21 @@ def config_defaults() -> dict[str, object]:
 def test_the_table_has_a_row_for_every_resource_of_the_model():
     resources = " ".join(row["resource"].lower() for row in ROWS)
     for resource in (
-        "connection slots", "pending handshakes", "pending websocket upgrades", "suspended sessions",
-        "unacknowledged bytes", "reactor backlog", "seen sets", "pending requests", "cpu per byte received",
-        "cpu per byte sent", "timers", "address-book entries", "dials", "disk (chat)", "disk (telemetry)",
+        "connection slots",
+        "pending handshakes",
+        "pending websocket upgrades",
+        "suspended sessions",
+        "unacknowledged bytes",
+        "reactor backlog",
+        "seen sets",
+        "pending requests",
+        "cpu per byte received",
+        "cpu per byte sent",
+        "timers",
+        "address-book entries",
+        "dials",
+        "disk (chat)",
+        "disk (telemetry)",
         "file descriptors",
     ):
         assert resource in resources, f"no row for {resource!r}"

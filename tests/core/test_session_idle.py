@@ -11,8 +11,9 @@ CHANNELS = [0x10, 0x20, 0x30, 0x40]
 
 
 def _session(**kwargs) -> Session:
-    return Session(b"s" * 16, CHANNELS, recovery_buffer_bytes=1000, ack_every_messages=2, ack_every_bytes=10_000,
-                   **kwargs)
+    return Session(
+        b"s" * 16, CHANNELS, recovery_buffer_bytes=1000, ack_every_messages=2, ack_every_bytes=10_000, **kwargs
+    )
 
 
 def _own_streams(session) -> set:

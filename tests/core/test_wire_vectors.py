@@ -225,7 +225,11 @@ def test_hello_packet_vector_opens_a_connection(vector):
     """A hello packet vector decodes, passes the FrameBuffer byte by byte, and opens a Connection."""
     packet = expand(vector["packet_hex"])
     assert wire.decode_packet(packet) == (PacketType.HELLO, expand(vector["hex"]))
-    assert feed_bytewise(vector_frame_buffer(LIMITS), packet) == ([(PacketType.HELLO, expand(vector["hex"]))], None, None)
+    assert feed_bytewise(vector_frame_buffer(LIMITS), packet) == (
+        [(PacketType.HELLO, expand(vector["hex"]))],
+        None,
+        None,
+    )
     conn = make_connection()
     expected = _hello_from(vector["decoded"])
     assert conn.receive_data(packet, 0.5) == [HelloReceived(hello=expected, max_packet_payload=1024)]

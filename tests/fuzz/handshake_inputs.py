@@ -33,8 +33,16 @@ VERSIONS = (PROTOCOL_VERSION, 0, 2, 2**64 - 1, RAW)
 NODES = (CLAIMED, STRANGER, SELF, RAW)
 PAYLOADS = (1024, 1, 1023, 65536, 0, 2**64 - 1, RAW)  # the floor first: a default hello is accepted
 CHANNEL_SETS = (
-    "same", "reordered", "priority changed", "one more", "one less", "none", "duplicate", "priority 0",
-    "257 channels", RAW,
+    "same",
+    "reordered",
+    "priority changed",
+    "one more",
+    "one less",
+    "none",
+    "duplicate",
+    "priority 0",
+    "257 channels",
+    RAW,
 )
 LISTEN_ADDRESSES = ("", "10.0.0.9:26656", "nœud:1", "x" * 200, RAW)
 REQUESTS = ("resume", "fresh", "absent", "twice", RAW)

@@ -92,9 +92,26 @@ UNKNOWN_PEX_TYPES = (0x00, 0x03, 0xFF)
 MAX_ADDRESSES = (100, 0, pex_wire.MAX_WIRE_ADDRESSES, pex_wire.MAX_WIRE_ADDRESSES + 1, 2**32, 2**64 - 1, RAW)
 DECLARED = ("exact", "one more", "one less", pex_wire.MAX_WIRE_ADDRESSES + 1, 2**32, 2**64 - 1)
 HOSTS = (
-    "127.0.0.1", "::1", "example.com", "fe80::1%eth0", "a.", "0.0.0.0", "::", "224.0.0.1",
-    "255.255.255.255", "", "a b", "-x.com", "é.example", "x" * 255, "1.2.3.4.5", "[::1]", "host:1",
-    "a\x00b", "1.1.1.1 ", RAW,
+    "127.0.0.1",
+    "::1",
+    "example.com",
+    "fe80::1%eth0",
+    "a.",
+    "0.0.0.0",
+    "::",
+    "224.0.0.1",
+    "255.255.255.255",
+    "",
+    "a b",
+    "-x.com",
+    "é.example",
+    "x" * 255,
+    "1.2.3.4.5",
+    "[::1]",
+    "host:1",
+    "a\x00b",
+    "1.1.1.1 ",
+    RAW,
 )
 PORTS = (26656, 0, 1, 65535, RAW)
 

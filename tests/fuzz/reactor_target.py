@@ -117,8 +117,14 @@ class BlocksyncSession:
     def __init__(self) -> None:
         self.clock = task.Clock()
         self.reactor = attach(
-            BlocksyncReactor({1: b"one"}, max_pending=12, max_pending_per_peer=5, max_height=2**42,
-                             request_timeout=2.0, status_interval=0.5),
+            BlocksyncReactor(
+                {1: b"one"},
+                max_pending=12,
+                max_pending_per_peer=5,
+                max_height=2**42,
+                request_timeout=2.0,
+                status_interval=0.5,
+            ),
             self.clock,
         )
         self.peers = [self._join() for _ in range(3)]
@@ -211,8 +217,10 @@ class MempoolSession:
     def _join(self, accepting: bool) -> FakePeer:
         peer = FakePeer()
         if accepting:  # a peer with room: each send is accepted at once
+
             def send(channel_id, message, peer=peer):
                 return defer.succeed(peer.try_send(channel_id, message))
+
             peer.send = send
         self.reactor.add_peer(peer)
         return peer

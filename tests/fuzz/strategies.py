@@ -98,9 +98,7 @@ def schedules(draw, streams=streams):
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=6)))
     bounds = [0, *cuts, len(data)]
     chunks = [data[a:b] for a, b in zip(bounds, bounds[1:])]
-    steps = draw(
-        st.lists(st.tuples(st.sampled_from(WAITS), st.booleans()), min_size=len(chunks), max_size=len(chunks))
-    )
+    steps = draw(st.lists(st.tuples(st.sampled_from(WAITS), st.booleans()), min_size=len(chunks), max_size=len(chunks)))
     return [(chunk, wait, reads) for chunk, (wait, reads) in zip(chunks, steps)]
 
 

@@ -70,8 +70,12 @@ SWITCH_SPECIFIC = SPECIFIC | {AckError}
 REJECTIONS = frozenset({"duplicate", "self", "simultaneous_dial", "session_held"})
 #: Long enough for every timer a silent peer can start to run out, re-dials included.
 SETTLE = (
-    SWITCH_CONFIG.handshake_timeout + SWITCH_CONFIG.ping_interval + SWITCH_CONFIG.pong_timeout
-    + SWITCH_CONFIG.resume_grace + SWITCH_CONFIG.close_linger + 2
+    SWITCH_CONFIG.handshake_timeout
+    + SWITCH_CONFIG.ping_interval
+    + SWITCH_CONFIG.pong_timeout
+    + SWITCH_CONFIG.resume_grace
+    + SWITCH_CONFIG.close_linger
+    + 2
 )
 PORT = 26656
 
@@ -169,9 +173,7 @@ class World:
 def new_world(scenario: Scenario) -> World:
     network = MemoryNetwork(MemoryReactorClock(), window=WINDOW)
     reactor = Recorder(CHANNELS)
-    switch = network.switch(
-        [reactor], config=SWITCH_CONFIG, node_key=OUR_KEY, reconnect_delay=lambda attempt: 0.1
-    )
+    switch = network.switch([reactor], config=SWITCH_CONFIG, node_key=OUR_KEY, reconnect_delay=lambda attempt: 0.1)
     world = World(network, switch, [(switch, reactor)], Names(claimed=LOW_ID, ours=switch.node_id, channels=CHANNELS))
     globalLogPublisher.addObserver(world.failures.append)
     try:

@@ -83,7 +83,9 @@ def extension(packet_type: int, body: bytes) -> bytes:
     return wire.encode_extension(packet_type, body)
 
 
-def peer_hello(payload: int = MIN_PACKET_PAYLOAD, version: int = wire.PROTOCOL_VERSION, node_id: str = PEER_ID) -> bytes:
+def peer_hello(
+    payload: int = MIN_PACKET_PAYLOAD, version: int = wire.PROTOCOL_VERSION, node_id: str = PEER_ID
+) -> bytes:
     """A whole hello packet of the peer."""
     hello = make_hello(node_id=node_id, channels=CHANNELS, max_packet_payload=payload)
     if version != hello.version:

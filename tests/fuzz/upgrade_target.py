@@ -41,8 +41,12 @@ from mconn.net.websocket import WebSocketServerCarrierFactory
 
 PATH = "/mconn"
 CONFIG = Config(
-    stats_interval=0, ws_handshake_timeout=5.0, handshake_timeout=4.0, close_linger=1.0,
-    ws_trusted_proxies=frozenset({"127.0.0.1", "::1"}), max_connections_per_ip=1,
+    stats_interval=0,
+    ws_handshake_timeout=5.0,
+    handshake_timeout=4.0,
+    close_linger=1.0,
+    ws_trusted_proxies=frozenset({"127.0.0.1", "::1"}),
+    max_connections_per_ip=1,
 )
 #: How long the clock moves after a chunk (biased to no wait; some pass every timer).
 WAITS = (0.0, 0.0, 0.0, 0.01, 0.5, 3.0, 6.0)
@@ -128,7 +132,10 @@ class World:
         self.clock = Clock()
         self.switch = Switch([], clock=self.clock, config=config)
         factory = WebSocketServerCarrierFactory(
-            MConnectionFactory(self.switch, is_outbound=False), path=PATH, secure=False, config=config,
+            MConnectionFactory(self.switch, is_outbound=False),
+            path=PATH,
+            secure=False,
+            config=config,
             clock=self.clock,
         )
         factory._batched_timer = _ClockTimers(self.clock)

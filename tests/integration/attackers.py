@@ -95,13 +95,22 @@ def all_sources(ipv6: bool) -> list[str]:
     return [source(role, i, ipv6) for role in ROLES for i in range(SOURCES[role])]
 
 
-def made_up_hello(rng: random.Random, *, listen_address: str = "", pex: bool = False, busy: bool = False,
-                  max_packet_payload: int = 1024) -> bytes:
+def made_up_hello(
+    rng: random.Random,
+    *,
+    listen_address: str = "",
+    pex: bool = False,
+    busy: bool = False,
+    max_packet_payload: int = 1024,
+) -> bytes:
     request = wire.SessionRequest(session_id=rng.randbytes(16), resume=False)
     fields = ((wire.HelloTag.SESSION, wire.encode_session_request(request)),)
     channels = CHANNELS + ([PEX] if pex else []) + ([BUSY] if busy else [])
     hello = make_hello(
-        node_id=rng.randbytes(20).hex(), channels=channels, max_packet_payload=max_packet_payload, fields=fields,
+        node_id=rng.randbytes(20).hex(),
+        channels=channels,
+        max_packet_payload=max_packet_payload,
+        fields=fields,
         listen_address=listen_address,
     )
     return wire.encode_extension(wire.PacketType.HELLO, wire.encode_hello(hello))
@@ -242,8 +251,9 @@ def hoard(target: Target, index: int, deadline: float, counts: dict) -> None:
         time.sleep(0.05)  # a refused one ends at once: no busy loop
 
 
-def hold_sockets(target: Target, role: str, index: int, count: int, greeting: bytes, deadline: float,
-                 counts: dict) -> None:
+def hold_sockets(
+    target: Target, role: str, index: int, count: int, greeting: bytes, deadline: float, counts: dict
+) -> None:
     """Keep ``count`` sockets open that send ``greeting`` (maybe nothing) and then
     nothing more, renewed as soon as the node closes one."""
     held: list[socket.socket] = []

@@ -79,7 +79,9 @@ def valid_stream(rng: random.Random) -> bytes:
         kind = rng.randrange(4)
         if kind == 0:
             data = rng.randbytes(rng.randrange(200))
-            parts.append(bytes([PacketType.MSG, rng.choice([0x20, 0x21, 0x30]), rng.random() < 0.7]) + uvarint(len(data)) + data)
+            parts.append(
+                bytes([PacketType.MSG, rng.choice([0x20, 0x21, 0x30]), rng.random() < 0.7]) + uvarint(len(data)) + data
+            )
         elif kind == 1:
             parts.append(bytes([rng.choice([PacketType.PING, PacketType.PONG])]))
         elif kind == 2:
@@ -219,12 +221,9 @@ class Flood:
         await defer.gatherResults([defer.ensureDeferred(worker(n)) for n in range(CONCURRENCY)])
 
 
-
 async def flood(port: int, total: int, seed: int, drips: int) -> dict:
     started = time.monotonic()
-    slow = [
-        connect_hostile(port, f"127.0.0.{250 + i}", hello(random.Random(i)), drip=True) for i in range(drips)
-    ]
+    slow = [connect_hostile(port, f"127.0.0.{250 + i}", hello(random.Random(i)), drip=True) for i in range(drips)]
     runner = Flood(port, seed)
     await runner.run(total)
     clients = runner.clients + [("slow drip", c.address, c.gave_up) for c in await defer.gatherResults(slow)]

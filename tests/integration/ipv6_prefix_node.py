@@ -123,7 +123,7 @@ def packets(data: bytes) -> list[tuple[int, bytes]]:
             break
         if start + length > len(data):
             break
-        out.append((kind, bytes(data[start:start + length])))
+        out.append((kind, bytes(data[start : start + length])))
         pos = start + length
     return out
 
@@ -223,7 +223,7 @@ def main(argv: list[str]) -> int:
         return 0
     port, target_host, rest = int(argv[2]), argv[3], argv[4:]
     split = rest.index("--")
-    attack(port, target_host, rest[:split], rest[split + 1:])
+    attack(port, target_host, rest[:split], rest[split + 1 :])
     return 0
 
 

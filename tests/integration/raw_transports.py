@@ -25,7 +25,9 @@ def dialer_hello_announcing(node_id: str, *, payload: int = 1024, channels=(Chan
     """A dialer's whole hello packet (a fresh session request), announcing ``payload``."""
     request = SessionRequest(session_id=b"\xab" * 16, resume=False)
     hello = make_hello(
-        node_id=node_id, channels=list(channels), max_packet_payload=payload,
+        node_id=node_id,
+        channels=list(channels),
+        max_packet_payload=payload,
         fields=((HelloTag.SESSION, encode_session_request(request)),),
     )
     return encode_extension(PacketType.HELLO, encode_hello(hello))
@@ -37,8 +39,12 @@ class Cell:
     def __init__(self, transport: str, host: str, reactors, config: Config) -> None:
         self.transport, self.host, self.config = transport, host, config
         self.secure = transport in ("tls", "wss")
-        self.switch = Switch(reactors, clock=the_reactor(), config=config,
-                             tls=TLSOptions.identity(NodeKey.generate()) if self.secure else None)
+        self.switch = Switch(
+            reactors,
+            clock=the_reactor(),
+            config=config,
+            tls=TLSOptions.identity(NodeKey.generate()) if self.secure else None,
+        )
         self.switch.startService()
         self.address: PeerAddress | None = None
 

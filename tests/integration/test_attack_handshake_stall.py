@@ -174,7 +174,8 @@ async def test_one_address_holds_at_most_max_pending_per_group_handshakes():
         await wait_until(lambda: node._admission.pending == 3, "3 pending handshakes")
         [(code, text)] = close_packets_in(await read_until_closed(clients.open(ATTACKERS[0])))
         assert (code, text) == (
-            "pending_group_limit", "3 inbound connections from 127.0.0.2/32 are handshaking (max_pending_per_group 3)"
+            "pending_group_limit",
+            "3 inbound connections from 127.0.0.2/32 are handshaking (max_pending_per_group 3)",
         )
         clients.open(ATTACKERS[1])
         await wait_until(lambda: node._admission.pending == 4, "the other address's handshake")

@@ -196,4 +196,3 @@ async def test_a_connected_peer_that_stops_acknowledging_gets_no_more_once_the_n
         for sock in socks:
             sock.close()
         await stop(victim)
-

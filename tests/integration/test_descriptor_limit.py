@@ -66,8 +66,11 @@ def open_descriptors(pid: int) -> int:
 async def test_silent_sockets_cannot_exhaust_a_nodes_descriptors(scheme):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     process = subprocess.Popen(
-        [sys.executable, str(NODE), str(NOFILE), scheme], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=env,
+        [sys.executable, str(NODE), str(NOFILE), scheme],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     held: list[socket.socket] = []
     honest = None

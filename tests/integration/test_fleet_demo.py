@@ -55,7 +55,10 @@ def demo(tmp_path_factory):
     run = tmp_path_factory.mktemp("fleet") / "run"
     proc = subprocess.Popen(
         [sys.executable, "examples/fleet.py", "--duration", "15", "--out", str(run)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
@@ -120,13 +123,16 @@ def test_the_seed_links_stayed_behind_the_proxy(demo):
     direct = {e["address"] for name in ("n0", "n0-2") for e in events[name] if e["event"] == "listening"}
     assert len(direct) == 1, direct  # restarted on the same port
     ups = [
-        (name, e) for name in ("n1", "n2", "n3", "n4") for e in events[name]
+        (name, e)
+        for name in ("n1", "n2", "n3", "n4")
+        for e in events[name]
         if e["event"] in ("session_started", "session_resumed") and e["peer_id"] == seed_id
     ]
     assert {e["remote_address"] for _, e in ups}.isdisjoint(direct), ups
     assert all(e["direction"] == "outbound" for _, e in ups if e["event"] == "session_started")
     assert any(e["event"] == "session_resumed" for _, e in ups)  # after the resets
     assert any(e["event"] == "session_started" and e["resume_refused"] for _, e in ups)  # after the restart
+
 
 def test_a_node_that_cannot_start_fails_the_run(tmp_path):
     """A bad setting stops twistd at once: the demo says which node and where its log is,
@@ -136,7 +142,11 @@ def test_a_node_that_cannot_start_fails_the_run(tmp_path):
     try:
         result = subprocess.run(
             [sys.executable, "examples/fleet.py", "--duration", "10", "--out", str(run)],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
     finally:
         kill_leftovers(run)

@@ -112,7 +112,9 @@ async def test_a_peer_sending_garbage_is_dropped_and_the_others_carry_on():
     handshake (no reactor call); the honest nodes keep their sessions and gossip."""
     nodes, proxies = await line_of_nodes()
     evil = await Node().start()
-    stranger = await Node(node_info=NodeInfo(network="another-chain", protocol=ProtocolVersion(p2p=8, block=11))).start()
+    stranger = await Node(
+        node_info=NodeInfo(network="another-chain", protocol=ProtocolVersion(p2p=8, block=11))
+    ).start()
     try:
         target = nodes[0]
         bad_peer = await bounded(evil.switch.dial(f"{target.switch.node_id}@127.0.0.1:{target.port}"))

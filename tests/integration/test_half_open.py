@@ -67,9 +67,7 @@ reactor.run()
 
 @pytest.fixture
 def healthy_peer():
-    process = subprocess.Popen(
-        [sys.executable, "-c", PEER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    process = subprocess.Popen([sys.executable, "-c", PEER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         node_id, port = process.stdout.readline().split()
         yield f"{node_id}@127.0.0.1:{port}"

@@ -78,10 +78,22 @@ TARGET_CONFIG = Config(
 )
 #: Reason classes of A's verdicts that name a specific cause.
 SPECIFIC = {
-    "MalformedPacket", "UnknownPacketType", "PacketTooLarge", "UnexpectedPacket", "UnknownChannel",
-    "MessageTooLarge", "HandshakeTimeout", "IncompatiblePeer", "PacketPayloadTooSmall", "PongTimeout", "ControlFlood",
+    "MalformedPacket",
+    "UnknownPacketType",
+    "PacketTooLarge",
+    "UnexpectedPacket",
+    "UnknownChannel",
+    "MessageTooLarge",
+    "HandshakeTimeout",
+    "IncompatiblePeer",
+    "PacketPayloadTooSmall",
+    "PongTimeout",
+    "ControlFlood",
     "AckError",
-    "PeerRejected", "PeerClosed", "refused:pending_limit", "refused:ip_limit",
+    "PeerRejected",
+    "PeerClosed",
+    "refused:pending_limit",
+    "refused:ip_limit",
 }
 
 

@@ -121,14 +121,30 @@ class Variant:
 
 V6 = "fd00:0:0:1::1"
 VARIANTS = {
-    "tcp": Variant("tcp", "127.0.0.1", "tcp:0:interface=127.0.0.1", lambda node, port: f"{node}@127.0.0.1:{port}",
-                   ["127.0.0.100", "127.0.0.101", "127.0.0.102"], []),
-    "ws": Variant("ws", "127.0.0.1", f"ws:tcp:0:interface=127.0.0.1:path={PATH}",
-                  lambda node, port: f"{node}@ws://127.0.0.1:{port}{PATH}",
-                  ["127.0.0.100", "127.0.0.101", "127.0.0.102"], ["--ws", PATH]),
-    "ipv6": Variant("ipv6", V6, "tcp6:0:interface=" + V6.replace(":", "\\:"),
-                    lambda node, port: f"{node}@[{V6}]:{port}",
-                    ["fd00:0:0:100::1", "fd00:0:0:101::1", "fd00:0:0:102::1"], ["--host", V6, "--ipv6"]),
+    "tcp": Variant(
+        "tcp",
+        "127.0.0.1",
+        "tcp:0:interface=127.0.0.1",
+        lambda node, port: f"{node}@127.0.0.1:{port}",
+        ["127.0.0.100", "127.0.0.101", "127.0.0.102"],
+        [],
+    ),
+    "ws": Variant(
+        "ws",
+        "127.0.0.1",
+        f"ws:tcp:0:interface=127.0.0.1:path={PATH}",
+        lambda node, port: f"{node}@ws://127.0.0.1:{port}{PATH}",
+        ["127.0.0.100", "127.0.0.101", "127.0.0.102"],
+        ["--ws", PATH],
+    ),
+    "ipv6": Variant(
+        "ipv6",
+        V6,
+        "tcp6:0:interface=" + V6.replace(":", "\\:"),
+        lambda node, port: f"{node}@[{V6}]:{port}",
+        ["fd00:0:0:100::1", "fd00:0:0:101::1", "fd00:0:0:102::1"],
+        ["--host", V6, "--ipv6"],
+    ),
 }
 
 
@@ -346,8 +362,14 @@ async def under_attack(variant: Variant):
         talks += [Talk(held[switch.node_id], log, victim.node_id) for switch, log, _ in goods]
         rss_before = rss()
         attackers = subprocess.Popen(
-            [sys.executable, str(ATTACKERS), str(port), str(ATTACK_SECONDS), "--transport-attacks",
-             *variant.attacker_options],
+            [
+                sys.executable,
+                str(ATTACKERS),
+                str(port),
+                str(ATTACK_SECONDS),
+                "--transport-attacks",
+                *variant.attacker_options,
+            ],
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
@@ -367,9 +389,11 @@ async def under_attack(variant: Variant):
             talk.stop()
         per_address.stop()
         counts = json.loads((await bounded(defer.maybeDeferred(_wait, attackers), ATTACK_SECONDS)) or "{}")
-        print(f"\n{variant.name} attackers: {counts}; refusals at the node: {victim.refusals}; "
-              f"busy channel: {busy.received} messages, at most {busy.largest} waiting; "
-              f"most sessions from one address: {per_address.most}")
+        print(
+            f"\n{variant.name} attackers: {counts}; refusals at the node: {victim.refusals}; "
+            f"busy channel: {busy.received} messages, at most {busy.largest} waiting; "
+            f"most sessions from one address: {per_address.most}"
+        )
         elapsed = time.monotonic() - started
         assert counts.get("dormant", 0) > 100 and counts.get("hoard", 0) > 50 and counts.get("stall", 0) >= 64
         assert counts.get("sybil", 0) > 50

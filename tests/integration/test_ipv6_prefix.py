@@ -82,7 +82,11 @@ class Process:
         with open(out, "wb") as stdout:
             self.popen = subprocess.Popen(
                 ["ip", "netns", "exec", namespace, sys.executable, str(SCRIPT), *args],
-                stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT, env=env,
+                stdout=stdout,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=ROOT,
+                env=env,
             )
 
     def lines(self) -> list[dict]:
@@ -120,7 +124,9 @@ def test_five_addresses_of_one_ipv6_64_hold_one_addresss_sessions_and_honest_pee
         listener = Process(namespace, tmp_path / "listener.jsonl", "listen", ATTACK_64)
         processes.append(listener)
         port = listener.wait_for("listening")["port"]
-        attacker = Process(namespace, tmp_path / "attacker.jsonl", "attack", str(port), LISTENER, *ATTACKERS, "--", *HONEST)
+        attacker = Process(
+            namespace, tmp_path / "attacker.jsonl", "attack", str(port), LISTENER, *ATTACKERS, "--", *HONEST
+        )
         processes.append(attacker)
         done = attacker.wait_for("done")
         sessions = [line for line in listener.lines() if line.get("event") == "add_peer"]

@@ -73,7 +73,9 @@ class Cell:
         self.transport, self.host = transport, host
         self.secure = transport in ("tls", "wss")
         self.switch = Switch(
-            [reactor or Quiet()], clock=the_reactor(), config=config,
+            [reactor or Quiet()],
+            clock=the_reactor(),
+            config=config,
             tls=TLSOptions.identity(NodeKey.generate()) if self.secure else None,
         )
         self.switch.startService()
@@ -126,7 +128,9 @@ class Cell:
             await stop_switches(honest)
 
 
-@pytest.fixture(params=[(t, h) for t in TRANSPORTS for h in FAMILIES], ids=lambda p: f"{p[0]}-{'v6' if ':' in p[1] else 'v4'}")
+@pytest.fixture(
+    params=[(t, h) for t in TRANSPORTS for h in FAMILIES], ids=lambda p: f"{p[0]}-{'v6' if ':' in p[1] else 'v4'}"
+)
 def cell_params(request):
     return request.param
 

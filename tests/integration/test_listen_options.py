@@ -29,8 +29,13 @@ NAMES = {
 #: Not the defaults, so that a value the kernel chose cannot pass for the Config's.
 CONFIG = Config(tcp_notsent_lowat=32768, tcp_user_timeout=12.0, ping_interval=20.0, pong_timeout=30.0)
 EXPECTED = {
-    "TCP_NODELAY": 1, "TCP_NOTSENT_LOWAT": 32768, "TCP_USER_TIMEOUT": 12000, "SO_KEEPALIVE": 1,
-    "TCP_KEEPIDLE": 20, "TCP_KEEPINTVL": 10, "TCP_KEEPCNT": 3,
+    "TCP_NODELAY": 1,
+    "TCP_NOTSENT_LOWAT": 32768,
+    "TCP_USER_TIMEOUT": 12000,
+    "SO_KEEPALIVE": 1,
+    "TCP_KEEPIDLE": 20,
+    "TCP_KEEPINTVL": 10,
+    "TCP_KEEPCNT": 3,
 }
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the option names are Linux's")
 

@@ -14,7 +14,10 @@ from mconn.switch.dialer import is_not_retried
 pytestmark = pytest.mark.integration
 
 CHAIN_A = NodeInfo(
-    network="chain-a", protocol=ProtocolVersion(p2p=8, block=11, app=3), version="1.2.3", moniker="alpha",
+    network="chain-a",
+    protocol=ProtocolVersion(p2p=8, block=11, app=3),
+    version="1.2.3",
+    moniker="alpha",
     other={"rpc_address": "tcp://127.0.0.1:26657", "tx_index": "on"},
 )
 
@@ -79,8 +82,13 @@ async def test_nodes_without_node_info_still_connect():
 @pytest.mark.parametrize(
     "theirs, channels, reason, a_says, b_says",
     [
-        (info(network="chain-b"), CH20, "network_mismatch", "on network 'chain-b'; this node is on 'chain-a'",
-         "on network 'chain-a'; this node is on 'chain-b'"),
+        (
+            info(network="chain-b"),
+            CH20,
+            "network_mismatch",
+            "on network 'chain-b'; this node is on 'chain-a'",
+            "on network 'chain-a'; this node is on 'chain-b'",
+        ),
         (info(block=12), CH20, "version_mismatch", "version 12; this node runs 11", "version 11; this node runs 12"),
         (info(), (ChannelDescriptor(0x30),), "no_common_channel", "ours 0x20, theirs 0x30", "ours 0x30, theirs 0x20"),
     ],

@@ -14,8 +14,16 @@ import pytest_twisted
 from twisted.internet import tcp
 
 from helpers import (
-    RecordingReactor, Telemetry, bounded, buffered, dialer_hello, listening_switches, parse_packets, stop_switches,
-    the_reactor, until,
+    RecordingReactor,
+    Telemetry,
+    bounded,
+    buffered,
+    dialer_hello,
+    listening_switches,
+    parse_packets,
+    stop_switches,
+    the_reactor,
+    until,
 )
 from mconn import ChannelDescriptor, Switch
 from mconn.net.protocol import MConnectionProtocol

@@ -499,9 +499,7 @@ async def start_node(key_file, port, started):
     )
     node.pid = transport.pid
     started.append(node)
-    await eventually(
-        lambda: node.named("listening") or node.named("error") or node.ended.called, "node_proc to listen"
-    )
+    await eventually(lambda: node.named("listening") or node.named("error") or node.ended.called, "node_proc to listen")
     [listening] = node.named("listening") or [None]
     assert listening is not None, f"node_proc did not listen: {node.lines} {node.stderr.decode(errors='replace')}"
     return node, listening
@@ -695,7 +693,11 @@ async def test_send_confirmed_fails_with_delivery_not_confirmed_when_grace_expir
         for f in failures:
             assert f.check(DeliveryNotConfirmed) and f.value.reason is reason
         assert [(f.value.channel_id, f.value.sequence) for f in failures] == [
-            (0x20, 0), (0x20, 1), (0x20, 2), (0x21, 0), (0x21, 1)
+            (0x20, 0),
+            (0x20, 1),
+            (0x20, 2),
+            (0x21, 0),
+            (0x21, 1),
         ]
         assert p.ra.total == 0
     finally:

@@ -91,7 +91,10 @@ def test_the_slow_reactor_example_runs():
     """examples/slow_reactor.py (thread and process modes) exits 0 with every message verified."""
     result = subprocess.run(
         [sys.executable, "examples/slow_reactor.py", "thread", "process"],
-        capture_output=True, text=True, timeout=120, cwd=pathlib.Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=pathlib.Path(__file__).resolve().parents[2],
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "thread  : light messages late by" in result.stdout

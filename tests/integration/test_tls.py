@@ -100,9 +100,7 @@ class CA:
             .not_valid_before(NOW - DAY)
             .not_valid_after(NOW + 30 * DAY)
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(
-                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
-            )
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(self.key.public_key()), critical=False)
             .sign(self.key, hashes.SHA256())
         )
@@ -132,9 +130,7 @@ class CA:
                 x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                 critical=False,
             )
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False
-            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()), critical=False)
             .sign(self.key, hashes.SHA256())
         )
 
@@ -703,11 +699,14 @@ async def test_authorize_outbound_false_refuses_the_listener():
 async def test_authorize_that_raises_or_never_answers_refuses(telemetry):
     """An authorize that raises refuses as unauthorized with its message; one that never answers refuses at
     the handshake timeout, retryably."""
+
     def broken(node_id, address, certificate):
         raise RuntimeError("policy store down")
 
     a, ra = identity_node(authorize=broken)
-    slow, _ = identity_node(authorize=lambda n, addr, cert: defer.Deferred(), config=CONFIG.replace(handshake_timeout=0.3))
+    slow, _ = identity_node(
+        authorize=lambda n, addr, cert: defer.Deferred(), config=CONFIG.replace(handshake_timeout=0.3)
+    )
     b, rb = identity_node()
     try:
         port = await listen(a)

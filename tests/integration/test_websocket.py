@@ -269,8 +269,10 @@ async def test_a_bad_frame_closes_only_that_connection_with_a_specific_close(fra
         closing = close_frame_in(bytes(raw.data))
         assert closing is not None and closing[0] == code, closing
         assert problem.lower() in closing[1].lower(), closing
-        await until(lambda: any(e["reason_type"] == "WebSocketError" for e in telemetry.named("connection_lost")),
-                    "the listener's connection_lost")
+        await until(
+            lambda: any(e["reason_type"] == "WebSocketError" for e in telemetry.named("connection_lost")),
+            "the listener's connection_lost",
+        )
         [lost] = [e for e in telemetry.named("connection_lost") if e["reason_type"] == "WebSocketError"]
         assert f"close {code}" in lost["reason"] and problem.lower() in lost["reason"].lower(), lost
         await a_good_peer_carries_on(a, ra, good)

@@ -75,7 +75,10 @@ async def honest_tries(address: str, tls_of, tries: int = 5, local=HONEST) -> in
     for _ in range(tries):
         key = NodeKey.generate()
         dialer = Switch(
-            [Collector(CHANNELS)], tls=tls_of(key), node_key=key, clock=the_reactor(),
+            [Collector(CHANNELS)],
+            tls=tls_of(key),
+            node_key=key,
+            clock=the_reactor(),
             config=Config(stats_interval=0, local_address=local, max_reconnect_delay=0.05),
         )
         dialer.startService()

@@ -21,8 +21,9 @@ from mconn.net.websocket_frames import SMALL_MASKING, FrameReader, binary_frames
 LIMIT = 1 << 20
 
 
-def frame(opcode: int, payload: bytes, *, masked: bool, fin: bool = True, rsv: int = 0, length=None,
-          key: bytes | None = None) -> bytes:
+def frame(
+    opcode: int, payload: bytes, *, masked: bool, fin: bool = True, rsv: int = 0, length=None, key: bytes | None = None
+) -> bytes:
     n = len(payload) if length is None else length
     first = (0x80 if fin else 0) | rsv | opcode
     bit = 0x80 if masked else 0
@@ -105,7 +106,15 @@ def test_a_control_frame_split_across_reads_is_kept_until_whole():
         frame(0x9, b"x" * 126, masked=True),
         frame(0x9, b"x", masked=True, fin=False),
     ],
-    ids=["text", "rsv1", "unmasked-from-a-dialer", "reserved-opcode", "continuation-first", "long-ping", "fragmented-ping"],
+    ids=[
+        "text",
+        "rsv1",
+        "unmasked-from-a-dialer",
+        "reserved-opcode",
+        "continuation-first",
+        "long-ping",
+        "fragmented-ping",
+    ],
 )
 def test_a_frame_the_reader_does_not_take_is_handed_over_from_its_header(bad):
     """Text, reserved bits, a dialer's unmasked frame, a reserved opcode, a continuation
@@ -131,12 +140,16 @@ def test_a_new_binary_frame_inside_a_fragmented_message_is_a_protocol_error():
     """A binary frame where a continuation must come is refused with a reason."""
     stream = frame(0x2, b"a", masked=True, fin=False) + frame(0x2, b"b", masked=True)
     assert FrameReader(masked=True, max_message=LIMIT).read(stream) == (
-        [b"a"], ("protocol", "a binary frame inside a fragmented message"), b"")
+        [b"a"],
+        ("protocol", "a binary frame inside a fragmented message"),
+        b"",
+    )
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.binary(max_size=600), min_size=1, max_size=6), st.lists(st.integers(0, 4000), max_size=8),
-       st.booleans())
+@given(
+    st.lists(st.binary(max_size=600), min_size=1, max_size=6), st.lists(st.integers(0, 4000), max_size=8), st.booleans()
+)
 def test_any_frames_split_at_any_points_give_the_same_bytes(payloads, cuts, masked):
     """Any binary frames, fed in parts cut anywhere, give the concatenation of their payloads."""
     stream = b"".join(frame(0x2, p, masked=masked) for p in payloads)
@@ -169,13 +182,21 @@ class _Keys:
         return (self.pool * (n // len(self.pool) + 1))[:n]
 
 
-_SIZES = st.one_of(st.integers(0, 300), st.sampled_from([SMALL_MASKING - 1, SMALL_MASKING, SMALL_MASKING + 5, 70_000]),
-                   st.integers(0, 3 * SMALL_MASKING))
+_SIZES = st.one_of(
+    st.integers(0, 300),
+    st.sampled_from([SMALL_MASKING - 1, SMALL_MASKING, SMALL_MASKING + 5, 70_000]),
+    st.integers(0, 3 * SMALL_MASKING),
+)
 
 
 @settings(max_examples=150, deadline=None)
-@given(_SIZES, st.sampled_from([1, 125, 126, 200, SMALL_MASKING, 65536]), st.binary(min_size=4, max_size=64),
-       st.booleans(), st.integers(0, 2**32))
+@given(
+    _SIZES,
+    st.sampled_from([1, 125, 126, 200, SMALL_MASKING, 65536]),
+    st.binary(min_size=4, max_size=64),
+    st.booleans(),
+    st.integers(0, 2**32),
+)
 def test_binary_frames_are_byte_identical_to_frames_built_one_at_a_time(n, limit, pool, masked, seed):
     """binary_frames (one buffer, payloads masked in place, by the native routine past
     SMALL_MASKING bytes) gives exactly the bytes of the frames built one by one the plain
@@ -196,8 +217,12 @@ def test_binary_frames_are_byte_identical_to_frames_built_one_at_a_time(n, limit
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(_SIZES, min_size=1, max_size=4), st.lists(st.integers(0, 80_000), max_size=6), st.booleans(),
-       st.integers(0, 2**32))
+@given(
+    st.lists(_SIZES, min_size=1, max_size=4),
+    st.lists(st.integers(0, 80_000), max_size=6),
+    st.booleans(),
+    st.integers(0, 2**32),
+)
 def test_frames_of_any_size_read_back_as_one_payload_per_read(sizes, cuts, masked, seed):
     """Frames built the plain way, cut anywhere, read back by a FrameReader: the payload
     bytes come out in order, as at most one bytes object per read, whichever masker each frame

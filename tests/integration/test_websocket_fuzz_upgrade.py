@@ -58,7 +58,9 @@ def requests(draw) -> bytes:
     return request(path, headers) + frames
 
 
-streams = st.one_of(st.binary(max_size=300), requests(), mutated(requests()), st.sampled_from(seeds()).map(lambda s: s[2:]))
+streams = st.one_of(
+    st.binary(max_size=300), requests(), mutated(requests()), st.sampled_from(seeds()).map(lambda s: s[2:])
+)
 
 
 @st.composite

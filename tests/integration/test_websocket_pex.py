@@ -79,8 +79,9 @@ def test_a_message_on_channel_0x01_is_malformed_and_its_sender_is_closed():
 def test_an_announced_ws_listen_address_keeps_its_scheme_and_path():
     """A hello announcing ws://0.0.0.0:PORT/PATH is learnt as ws://REMOTE_HOST:PORT/PATH."""
     pex = solo()
-    peer = FakePeer(channels=pex.get_channels(), remote_address="10.0.0.9:40000",
-                    listen_address="ws://0.0.0.0:8080/mconn")
+    peer = FakePeer(
+        channels=pex.get_channels(), remote_address="10.0.0.9:40000", listen_address="ws://0.0.0.0:8080/mconn"
+    )
     pex.add_peer(peer)
     assert pex.book[peer.node_id].address == parse_address(f"{peer.node_id}@ws://10.0.0.9:8080/mconn")
 
@@ -104,8 +105,11 @@ async def test_switches_listening_on_ws_only_find_each_other_through_the_seed():
         for switch, _, _ in nodes[1:]:
             switch.dial(f"{seed.node_id}@ws://127.0.0.1:{seed_port}/n0", persistent=True).addErrback(lambda f: None)
         (n1, _, port1), (n2, _, _) = nodes[1], nodes[2]
-        await until(lambda: n1.node_id in n2.peers and n2.peers[n1.node_id].state == "connected",
-                    "n2 and n1 to meet through PEX", seconds=15)
+        await until(
+            lambda: n1.node_id in n2.peers and n2.peers[n1.node_id].state == "connected",
+            "n2 and n1 to meet through PEX",
+            seconds=15,
+        )
         peer = n2.peers[n1.node_id]
         assert transport_kind(peer._protocol.transport) == "ws"
         learnt = {str(e.address) for _, pex, _ in nodes for e in pex.book.values()}

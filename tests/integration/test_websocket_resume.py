@@ -102,7 +102,8 @@ async def test_a_black_hole_over_ws_healed_within_grace_resumes_and_delivers_eve
     into the hole give up at ws_handshake_timeout (1 s); healed within grace, one resume
     delivers every message once, in order."""
     config = Config(
-        resume_grace=20.0, ws_handshake_timeout=1.0,
+        resume_grace=20.0,
+        ws_handshake_timeout=1.0,
         retry_initial_dial=True,  # a loaded machine may miss the short timeouts once
         **HOLE_CONFIG,
     )

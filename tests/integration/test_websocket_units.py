@@ -50,9 +50,20 @@ ENV = {"https_proxy": "http://secure-proxy:3128", "http_proxy": "http://plain-pr
         (TCP, Config(http_proxy="http://explicit:9"), {}, None),
     ],
     ids=[
-        "wss-https_proxy", "ws-http_proxy", "upper-case", "tcp-never", "loopback-never-from-env", "localhost",
-        "no_proxy-domain", "no_proxy-star", "no_proxy-other", "config-wins", "config-even-loopback",
-        "empty-disables", "nothing-set", "tcp-never-even-configured",
+        "wss-https_proxy",
+        "ws-http_proxy",
+        "upper-case",
+        "tcp-never",
+        "loopback-never-from-env",
+        "localhost",
+        "no_proxy-domain",
+        "no_proxy-star",
+        "no_proxy-other",
+        "config-wins",
+        "config-even-loopback",
+        "empty-disables",
+        "nothing-set",
+        "tcp-never-even-configured",
     ],
 )
 def test_which_proxy_a_dial_goes_through(address, config, environ, expected):
@@ -133,7 +144,9 @@ def test_websocket_config_fields_are_checked(field, value, problem):
         Config(**{field: value})
 
 
-@pytest.mark.parametrize("trusted, expected_host", [(frozenset({"127.0.0.1"}), "203.0.113.7"), (frozenset(), "127.0.0.1")])
+@pytest.mark.parametrize(
+    "trusted, expected_host", [(frozenset({"127.0.0.1"}), "203.0.113.7"), (frozenset(), "127.0.0.1")]
+)
 @pytest_twisted.ensureDeferred
 async def test_x_forwarded_for_is_believed_only_from_a_trusted_proxy(trusted, expected_host, telemetry):
     """With the TCP peer in ws_trusted_proxies, the connection comes from the last address
@@ -184,9 +197,11 @@ async def test_a_proxy_that_never_answers_connect_fails_the_dial_at_ws_handshake
     """A 'proxy' that accepts and says nothing: the dial fails with a ProxyError naming the
     timeout, after ws_handshake_timeout."""
     silent = await silent_listener()
-    dialer, _ = node(config=Config(
-        stats_interval=0, http_proxy=f"http://127.0.0.1:{silent.getHost().port}", ws_handshake_timeout=0.3
-    ))
+    dialer, _ = node(
+        config=Config(
+            stats_interval=0, http_proxy=f"http://127.0.0.1:{silent.getHost().port}", ws_handshake_timeout=0.3
+        )
+    )
     try:
         with pytest.raises(ProxyError, match="no answer to CONNECT within 0.3 s"):
             await bounded(dialer.dial(f"{NodeKey.generate().node_id}@ws://192.0.2.1:80{PATH}"))

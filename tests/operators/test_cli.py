@@ -20,10 +20,24 @@ STATUS = {
     "node_id": "c3" * 20,
     "listen_addresses": ["127.0.0.1:26656", "[::1]:26656"],
     "peers": [
-        {"node_id": ID_A, "state": "connected", "remote_address": "127.0.0.1:40112", "uptime": 3725.4,
-         "resumes": 2, "round_trip": 0.0123, "channels": [{"channel_id": 16, "priority": 5, "queue_depth": 0}]},
-        {"node_id": ID_B, "state": "suspended", "remote_address": None, "uptime": 42, "resumes": 0,
-         "round_trip": None, "channels": []},
+        {
+            "node_id": ID_A,
+            "state": "connected",
+            "remote_address": "127.0.0.1:40112",
+            "uptime": 3725.4,
+            "resumes": 2,
+            "round_trip": 0.0123,
+            "channels": [{"channel_id": 16, "priority": 5, "queue_depth": 0}],
+        },
+        {
+            "node_id": ID_B,
+            "state": "suspended",
+            "remote_address": None,
+            "uptime": 42,
+            "resumes": 0,
+            "round_trip": None,
+            "channels": [],
+        },
     ],
 }
 
@@ -111,7 +125,14 @@ def test_status_url(url, expected):
 def test_durations_and_round_trips():
     """Durations and round trips are shown in short human units, and '-' when unknown or negative."""
     assert [format_duration(s) for s in (0, 59.9, 60, 3599, 3600, 90000, None, -1)] == [
-        "0s", "59s", "1m00s", "59m59s", "1h00m", "1d01h", "-", "-"
+        "0s",
+        "59s",
+        "1m00s",
+        "59m59s",
+        "1h00m",
+        "1d01h",
+        "-",
+        "-",
     ]
     assert [format_round_trip(s) for s in (0.0004, 1.5, None)] == ["0.4 ms", "1500.0 ms", "-"]
 
@@ -159,10 +180,16 @@ async def test_status_errors_are_one_line(capsys):
     number = port.getHost().port
     try:
         assert await threads.deferToThread(main, ["status", f"127.0.0.1:{number}/missing"]) == 1
-        assert capsys.readouterr().err == f"mconn status: http://127.0.0.1:{number}/missing/status.json: HTTP 404 Not Found\n"
+        assert (
+            capsys.readouterr().err
+            == f"mconn status: http://127.0.0.1:{number}/missing/status.json: HTTP 404 Not Found\n"
+        )
         assert await threads.deferToThread(main, ["status", f"127.0.0.1:{number}"]) == 1
         assert capsys.readouterr().err.startswith(f"mconn status: http://127.0.0.1:{number}/status.json is not JSON")
     finally:
         await port.stopListening()
     assert await threads.deferToThread(main, ["status", f"127.0.0.1:{number}"]) == 1
-    assert capsys.readouterr().err == f"mconn status: cannot reach http://127.0.0.1:{number}/status.json: Connection refused\n"
+    assert (
+        capsys.readouterr().err
+        == f"mconn status: cannot reach http://127.0.0.1:{number}/status.json: Connection refused\n"
+    )

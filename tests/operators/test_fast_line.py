@@ -15,11 +15,31 @@ from mconn.ops.telemetry_file import _strict, format_record, lean_record, lean_t
 from operators.test_fast_record import values
 
 #: Keys a real event has (envelope, Twisted's, the legacy bridge's, mconn's ``message``), and others.
-NAMED_KEYS = st.sampled_from([
-    "event", "node_id", "log_time", "log_level", "v", "level", "message", "failure", "log_format", "log_logger",
-    "log_namespace", "log_source", "log_other", "time", "system", "format", "isError", "why",
-    "peer_id", "channels", "remote_address",
-])
+NAMED_KEYS = st.sampled_from(
+    [
+        "event",
+        "node_id",
+        "log_time",
+        "log_level",
+        "v",
+        "level",
+        "message",
+        "failure",
+        "log_format",
+        "log_logger",
+        "log_namespace",
+        "log_source",
+        "log_other",
+        "time",
+        "system",
+        "format",
+        "isError",
+        "why",
+        "peer_id",
+        "channels",
+        "remote_address",
+    ]
+)
 KEYS = st.one_of(NAMED_KEYS, st.text(max_size=10))  # a Logger's keywords: str (lean_record needs them so)
 
 

@@ -14,7 +14,11 @@ from mconn.switch import telemetry
 from mconn.ops.telemetry_file import encode_record, format_record
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text(),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(),
 )
 values = st.recursive(
     scalars,
@@ -109,5 +113,6 @@ def test_the_file_keeps_only_this_nodes_mconn_events(tmp_path):
     finally:
         service.stopService()
     assert [(e["event"], e.get("address")) for e in read_events(tmp_path / "t.jsonl")] == [
-        ("listening", "a"), ("dial_attempt", None),
+        ("listening", "a"),
+        ("dial_attempt", None),
     ]

@@ -40,9 +40,7 @@ class Typed:
         self.directory, self.name = directory, name
         self.out, self.err = directory / f"{name}.out", directory / f"{name}.err"
         with open(self.out, "wb") as out, open(self.err, "wb") as err:
-            self.process = subprocess.Popen(
-                [str(TWISTD), *args], cwd=directory, env=ENV, stdout=out, stderr=err
-            )
+            self.process = subprocess.Popen([str(TWISTD), *args], cwd=directory, env=ENV, stdout=out, stderr=err)
 
     @property
     def pid(self) -> int:
@@ -133,16 +131,42 @@ def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     a_id, b_id = keygen(tmp_path, "a"), keygen(tmp_path, "b")
-    a = typed("a", "-n", "mconn", "--key", "a.key", "--listen", LOOPBACK, "--status", "tcp:0",
-              "--telemetry", "a.json", "--reactor", "operators.sample_reactors:Chat")
+    a = typed(
+        "a",
+        "-n",
+        "mconn",
+        "--key",
+        "a.key",
+        "--listen",
+        LOOPBACK,
+        "--status",
+        "tcp:0",
+        "--telemetry",
+        "a.json",
+        "--reactor",
+        "operators.sample_reactors:Chat",
+    )
     with socket.socket() as closed:  # a port nobody listens on, for a dial that fails
         closed.bind(("127.0.0.1", 0))
         dead = f"{'cd' * 20}@127.0.0.1:{closed.getsockname()[1]}"
     c = typed("c", "-n", "mconn", "--key", "c.key", "--create-key", "--peer", dead)  # starts while a does
     url = STATUS_LINE.search(a.wait_log("mconn status page of node")).group(1)
     address = wait_until(lambda: a.events("a.json", "listening"), "a's listening event")[0]["address"]
-    b = typed("b", "-n", "mconn", "--key", "b.key", "--peer", f"{a_id}@{address}", "--peer", f"{b_id}@{address}",
-              "--telemetry", "b.json", "--reactor", "operators.sample_reactors:Chat")
+    b = typed(
+        "b",
+        "-n",
+        "mconn",
+        "--key",
+        "b.key",
+        "--peer",
+        f"{a_id}@{address}",
+        "--peer",
+        f"{b_id}@{address}",
+        "--telemetry",
+        "b.json",
+        "--reactor",
+        "operators.sample_reactors:Chat",
+    )
     b.wait_log(" started: listening on nothing, keeping 1 peer connected")
     wait_until(lambda: b.events("b.json", "session_started"), "b's session with a")
     assert (tmp_path / "a.pid").read_text().strip() == str(a.pid)
@@ -175,11 +199,16 @@ def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
     assert unread.stderr == "" and unread.stdout == "status=0\n"
 
     c.wait_log("dial 1 to ")
-    created = re.search(r"\[mconn\.node#warn\] created a new node key (\S+): this is a new node identity, "
-                        r"node id ([0-9a-f]{40})", c.log())
+    created = re.search(
+        r"\[mconn\.node#warn\] created a new node key (\S+): this is a new node identity, "
+        r"node id ([0-9a-f]{40})",
+        c.log(),
+    )
     assert created and created.group(1) == str(tmp_path / "c.key"), c.log()
     assert "created a new node key" not in a.log() + b.log()
-    assert re.search(r"dial 1 to (?:cd)+@127\.0\.0\.1:\d+: failed \(ConnectionRefusedError: .*refused", c.log()), c.log()
+    assert re.search(r"dial 1 to (?:cd)+@127\.0\.0\.1:\d+: failed \(ConnectionRefusedError: .*refused", c.log()), (
+        c.log()
+    )
     for node, status in zip((c, b, a), terminate_all(c, b, a)):
         assert_clean_stop(node, status)
         assert not (tmp_path / f"{node.name}.pid").exists()
@@ -193,7 +222,10 @@ def test_a_port_in_use_stops_the_node_in_one_line(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         endpoint = f"tcp:{taken.getsockname()[1]}:interface=127.0.0.1"
-        for option, args in (("--listen", ["--listen", endpoint]), ("--status", ["--listen", LOOPBACK, "--status", endpoint])):
+        for option, args in (
+            ("--listen", ["--listen", endpoint]),
+            ("--status", ["--listen", LOOPBACK, "--status", endpoint]),
+        ):
             result = run([TWISTD, "-n", "mconn", "--key", "n.key", "--telemetry", "n.json", *args], tmp_path)
             assert result.returncode == 1, result.stdout + result.stderr
             assert result.stderr.splitlines() == [f"mconn: StartupError: {option} {endpoint}: Address already in use"]
@@ -258,8 +290,9 @@ def test_a_plaintext_node_gives_up_on_a_tls_only_node_at_once_saying_why(tmp_pat
     tls_id, _ = keygen(tmp_path, "tls"), keygen(tmp_path, "plain")
     tls = typed("tls", "-n", "mconn", "--key", "tls.key", "--tls", "--listen", LOOPBACK, "--telemetry", "tls.json")
     address = wait_until(lambda: tls.events("tls.json", "listening"), "the TLS node's listening event")[0]["address"]
-    plain = typed("plain", "-n", "mconn", "--key", "plain.key", "--peer", f"{tls_id}@{address}",
-                  "--telemetry", "plain.json")
+    plain = typed(
+        "plain", "-n", "mconn", "--key", "plain.key", "--peer", f"{tls_id}@{address}", "--telemetry", "plain.json"
+    )
     gave_up = wait_until(lambda: plain.events("plain.json", "dial_gave_up"), "the plaintext node to give up")
     assert "tls_required" in gave_up[0]["reason"]
     plain.wait_log(f"dialing {tls_id}@{address} failed: gave up dialing")
@@ -287,14 +320,18 @@ def test_toml_typo_dashed_key_lonely_node_chat_on_loopback_and_layout(tmp_path, 
     options = Options()
     options.parseOptions(["--config", str(tmp_path / "dashed.toml")])
     assert options.settings.config.ping_interval == 5.0
-    chat = run([sys.executable, ROOT / "examples" / "chat.py", "--name", "x", "--listen", "tcp:0", "--key", "x.key"],
-               tmp_path, stdin=subprocess.DEVNULL)
+    chat = run(
+        [sys.executable, ROOT / "examples" / "chat.py", "--name", "x", "--listen", "tcp:0", "--key", "x.key"],
+        tmp_path,
+        stdin=subprocess.DEVNULL,
+    )
     assert re.search(r"^listening on 127\.0\.0\.1:\d+;", chat.stdout, re.M), chat.stdout + chat.stderr
     assert_clean_stop(lonely, lonely.terminate())
     readme = (ROOT / "README.md").read_text()
     layout = next(line for line in readme.splitlines() if line.startswith("| `tests/` |"))
-    for directory in sorted(p.name for p in (ROOT / "tests").iterdir() if (p / "conftest.py").exists() or
-                            (p / "__init__.py").exists()):
+    for directory in sorted(
+        p.name for p in (ROOT / "tests").iterdir() if (p / "conftest.py").exists() or (p / "__init__.py").exists()
+    ):
         assert f"`{directory}/`" in layout, directory
     assert "`events`" in readme.split("## Study a fleet's telemetry")[1].split("##")[0]
 
@@ -306,9 +343,21 @@ def test_the_count_a_session_ends_with_is_named_not_confirmed_delivered():
     expired, rejected = SessionExpired(30.0, {0x10: 2}), SessionRejected("unknown_session", {})
     assert (expired.unconfirmed, rejected.unconfirmed) == ({0x10: 2}, {})
     assert str(expired) == "session not resumed within resume_grace 30.0s; not confirmed delivered per channel: 0x10=2"
-    stats = PeerStats(node_id="ab" * 20, is_outbound=True, state="connected", uptime=1.0, bytes_sent=0,
-                      bytes_received=0, round_trip=None, channels=(), unconfirmed={0x10: 1})
-    for old, new in ((lambda: expired.undelivered, expired.unconfirmed), (lambda: stats.undelivered, stats.unconfirmed)):
+    stats = PeerStats(
+        node_id="ab" * 20,
+        is_outbound=True,
+        state="connected",
+        uptime=1.0,
+        bytes_sent=0,
+        bytes_received=0,
+        round_trip=None,
+        channels=(),
+        unconfirmed={0x10: 1},
+    )
+    for old, new in (
+        (lambda: expired.undelivered, expired.unconfirmed),
+        (lambda: stats.undelivered, stats.unconfirmed),
+    ):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             assert old() == new

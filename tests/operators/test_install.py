@@ -26,8 +26,20 @@ pytestmark = pytest.mark.integration
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: What the build does not need (and what is large).
-NOT_COPIED = (".venv", ".git", ".hypothesis", ".pytest_cache", ".ruff_cache", "*.egg-info", "__pycache__",
-              "build", "dist", "dropin.cache", "bench", "tests")
+NOT_COPIED = (
+    ".venv",
+    ".git",
+    ".hypothesis",
+    ".pytest_cache",
+    ".ruff_cache",
+    "*.egg-info",
+    "__pycache__",
+    "build",
+    "dist",
+    "dropin.cache",
+    "bench",
+    "tests",
+)
 ENV = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
 
 
@@ -64,16 +76,20 @@ def test_twistd_lists_mconn_after_a_plain_install(tmp_path):
     """After a plain install, twistd lists the mconn plugin from the installed copy and the mconn command
     runs."""
     python = install(ROOT, tmp_path)
-    where = run([python, "-c", "import twisted.plugins.mconn_plugin as p, mconn; print(p.__file__); print(mconn.__file__)"],
-                cwd=tmp_path)
+    where = run(
+        [python, "-c", "import twisted.plugins.mconn_plugin as p, mconn; print(p.__file__); print(mconn.__file__)"],
+        cwd=tmp_path,
+    )
     assert where.returncode == 0, (
         "the plain install lacks twisted/plugins/mconn_plugin.py: setup.cfg must list twisted.plugins "
         f"among the packages\n{where.stderr}"
     )
     for path in where.stdout.split():
         assert path.startswith(str(tmp_path / "venv")), where.stdout  # the installed copy, not the source tree
-    twistd = run([python, "-c", "import sys; sys.argv = ['twistd', '--help']; from twisted.scripts.twistd import run; run()"],
-                 cwd=tmp_path)
+    twistd = run(
+        [python, "-c", "import sys; sys.argv = ['twistd', '--help']; from twisted.scripts.twistd import run; run()"],
+        cwd=tmp_path,
+    )
     assert twistd.returncode == 0, twistd.stderr
     assert re.search(r"^\s+mconn\s+Run an mconn", twistd.stdout, re.M), twistd.stdout
     command = run([tmp_path / "venv" / "bin" / "mconn", "--help"], cwd=tmp_path)

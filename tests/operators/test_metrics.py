@@ -139,8 +139,10 @@ async def test_a_forced_reset_shows_suspended_then_a_resume_and_totals_keep_the_
     await send(peer, 10)
     await until(lambda: a.peers[b.node_id].stats.channels[1].messages_received == 10, "a to get 10 messages")
     peer.force_reconnect()
-    await until(lambda: value(scrape(ma), "mconn_peers", state="suspended", direction="inbound") == 1,
-                "a to show b's session suspended")
+    await until(
+        lambda: value(scrape(ma), "mconn_peers", state="suspended", direction="inbound") == 1,
+        "a to show b's session suspended",
+    )
     assert value(scrape(ma), "mconn_peers", state="connected", direction="inbound") == 0
     await until(lambda: value(scrape(ma), "mconn_session_resumes_total") == 1, "a to count the resume")
     await send(peer, 5)
@@ -190,7 +192,9 @@ async def test_refusals_are_counted_by_reason(switches):
     sa = scrape(ma)
     assert value(sa, "mconn_refusals_total", reason="unauthorized") == 1
     assert {dict(labels)["reason"] for name, labels in sa if name == "mconn_refusals_total"} == {
-        "unauthorized", "ip_limit"}
+        "unauthorized",
+        "ip_limit",
+    }
 
 
 # -- bounded labels --------------------------------------------------------------------------
@@ -234,10 +238,22 @@ async def test_event_labels_are_capped_and_other_nodes_events_ignored(switches):
     reasons are capped the same way."""
     a, ma = switches()
     for i in range(100):
-        telemetry.emit("protocol_error", node_id=a.node_id, peer_id=None, remote_address="127.0.0.1:1",
-                       error_type=f"MadeUp{i}", error="made up by the test")
-    telemetry.emit("protocol_error", node_id="0" * 40, peer_id=None, remote_address="127.0.0.1:1",
-                   error_type="MadeUp0", error="another node's")
+        telemetry.emit(
+            "protocol_error",
+            node_id=a.node_id,
+            peer_id=None,
+            remote_address="127.0.0.1:1",
+            error_type=f"MadeUp{i}",
+            error="made up by the test",
+        )
+    telemetry.emit(
+        "protocol_error",
+        node_id="0" * 40,
+        peer_id=None,
+        remote_address="127.0.0.1:1",
+        error_type="MadeUp0",
+        error="another node's",
+    )
     errors = {dict(ls)["error"]: v for (name, ls), v in scrape(ma).items() if name == "mconn_protocol_errors_total"}
     assert len(errors) == MAX_LABEL_VALUES
     assert errors["other"] == 100 - (MAX_LABEL_VALUES - 1)
@@ -296,7 +312,9 @@ async def test_metrics_are_served_in_both_formats_next_to_the_status_page(switch
         assert kind.startswith("text/plain; version=0.0.4")
         assert f'mconn_node_info{{node_id="{a.node_id}",tls="off"}} 1.0' in body.decode()
         assert 'mconn_peers{direction="inbound",state="connected"} 1.0' in body.decode()
-        kind, body = await threads.deferToThread(fetch, service.metrics_url, "application/openmetrics-text; version=1.0.0")
+        kind, body = await threads.deferToThread(
+            fetch, service.metrics_url, "application/openmetrics-text; version=1.0.0"
+        )
         assert kind.startswith("application/openmetrics-text") and body.endswith(b"# EOF\n")
         kind, body = await threads.deferToThread(fetch, service.url + "status.json")
         assert kind == "application/json" and json.loads(body)["node_id"] == a.node_id
@@ -321,7 +339,8 @@ def spec_metrics() -> dict:
     rows = (METRIC_ROW.match(line) for line in section.splitlines())
     return {
         m.group(1): (SPEC_TYPES[m.group(2)], {label.strip(" `") for label in m.group(3).split(",") if label.strip()})
-        for m in rows if m
+        for m in rows
+        if m
     }
 
 

@@ -49,12 +49,22 @@ async def test_a_peer_that_is_down_at_start_is_dialed_until_it_is_up(tmp_path, s
     key = NodeKey.generate()
     key.save(tmp_path / "a.key")
     port = free_port()
-    b = node("--key", str(tmp_path / "b.key"), "--telemetry", str(tmp_path / "b.json"),
-             "--peer", f"{key.node_id}@127.0.0.1:{port}", "--max-reconnect-delay", "0.1")
+    b = node(
+        "--key",
+        str(tmp_path / "b.key"),
+        "--telemetry",
+        str(tmp_path / "b.json"),
+        "--peer",
+        f"{key.node_id}@127.0.0.1:{port}",
+        "--max-reconnect-delay",
+        "0.1",
+    )
     b.startService()
     started.append(b)
-    await until(lambda: any(e["event"] == "dial_attempt" and e["result"] == "failed"
-                            for e in read_events(tmp_path / "b.json")), "a failed first dial")
+    await until(
+        lambda: any(e["event"] == "dial_attempt" and e["result"] == "failed" for e in read_events(tmp_path / "b.json")),
+        "a failed first dial",
+    )
     a = node("--key", str(tmp_path / "a.key"), "--listen", f"tcp:{port}:interface=127.0.0.1")
     a.startService()
     started.append(a)
@@ -70,8 +80,16 @@ async def test_a_port_in_use_fails_the_start_and_leaves_nothing_open(tmp_path, s
     started.append(first)
     port = first.ports[0].getHost().port
     free = free_port()
-    second = node("--key", str(tmp_path / "second.key"), "--telemetry", str(tmp_path / "second.json"),
-                  "--listen", f"tcp:{free}:interface=127.0.0.1", "--listen", f"tcp:{port}:interface=127.0.0.1")
+    second = node(
+        "--key",
+        str(tmp_path / "second.key"),
+        "--telemetry",
+        str(tmp_path / "second.json"),
+        "--listen",
+        f"tcp:{free}:interface=127.0.0.1",
+        "--listen",
+        f"tcp:{port}:interface=127.0.0.1",
+    )
     with pytest.raises(StartupError, match=f"^--listen tcp:{port}:interface=127.0.0.1: Address already in use$"):
         second.startService()
     assert not second.running and second.telemetry.log_file.closed
@@ -83,8 +101,14 @@ async def test_a_port_in_use_fails_the_start_and_leaves_nothing_open(tmp_path, s
 @pytest_twisted.ensureDeferred
 async def test_stopping_writes_the_closing_events_before_the_file_is_closed(tmp_path, started):
     """Stopping a node writes connection_lost and session_ended to its telemetry file before closing it."""
-    a = node("--key", str(tmp_path / "a.key"), "--listen", "tcp:0:interface=127.0.0.1",
-             "--telemetry", str(tmp_path / "a.json"))
+    a = node(
+        "--key",
+        str(tmp_path / "a.key"),
+        "--listen",
+        "tcp:0:interface=127.0.0.1",
+        "--telemetry",
+        str(tmp_path / "a.json"),
+    )
     a.startService()
     started.append(a)
     b = node("--key", str(tmp_path / "b.key"), "--peer", f"{a.switch.node_id}@127.0.0.1:{a.ports[0].getHost().port}")

@@ -66,11 +66,27 @@ def test_repeatable_options_and_config_fields_on_the_command_line(tmp_path):
     """--listen, --peer and --reactor repeat, paths resolve from the current directory, and Config fields are
     options."""
     settings = parse(
-        "--listen", "tcp:0:interface=127.0.0.1", "--listen", "tcp:0:interface=::1",
-        "--peer", f"{ID}@127.0.0.1:26656",
-        "--reactor", "operators.sample_reactors:Chat",
-        "--key", "k.pem", "--telemetry", "t.json", "--telemetry-rotate-bytes", "4096",
-        "--ping-interval", "5", "--no-tcp-nodelay", "--max-reconnects", "3", "--send-rate", "none",
+        "--listen",
+        "tcp:0:interface=127.0.0.1",
+        "--listen",
+        "tcp:0:interface=::1",
+        "--peer",
+        f"{ID}@127.0.0.1:26656",
+        "--reactor",
+        "operators.sample_reactors:Chat",
+        "--key",
+        "k.pem",
+        "--telemetry",
+        "t.json",
+        "--telemetry-rotate-bytes",
+        "4096",
+        "--ping-interval",
+        "5",
+        "--no-tcp-nodelay",
+        "--max-reconnects",
+        "3",
+        "--send-rate",
+        "none",
     ).settings
     assert [s.value for s in settings.listen] == ["tcp:0:interface=127.0.0.1", "tcp:0:interface=::1"]
     assert [s.value for s in settings.peers] == [PeerAddress(ID, "127.0.0.1", 26656)]
@@ -78,7 +94,9 @@ def test_repeatable_options_and_config_fields_on_the_command_line(tmp_path):
     assert settings.key.value == str(tmp_path / "k.pem")
     assert settings.telemetry.value == str(tmp_path / "t.json")
     assert settings.telemetry_rotate_bytes == 4096
-    assert settings.config == NODE_CONFIG.replace(ping_interval=5.0, tcp_nodelay=False, max_reconnects=3, send_rate=None)
+    assert settings.config == NODE_CONFIG.replace(
+        ping_interval=5.0, tcp_nodelay=False, max_reconnects=3, send_rate=None
+    )
 
 
 def test_every_config_field_is_an_option():
@@ -95,7 +113,9 @@ def test_toml_file_sets_everything_and_the_command_line_wins(tmp_path):
     """A TOML file sets every setting, its paths relative to the file; a command-line option replaces the
     file's value."""
     (tmp_path / "conf").mkdir()
-    config = write(tmp_path / "conf" / "node.toml", f"""\
+    config = write(
+        tmp_path / "conf" / "node.toml",
+        f"""\
         listen = ["tcp:0:interface=127.0.0.1", "tcp:0:interface=::1"]
         peer = "{ID}@127.0.0.1:26656"
         reactor = ["operators.sample_reactors:Chat"]
@@ -106,7 +126,8 @@ def test_toml_file_sets_everything_and_the_command_line_wins(tmp_path):
         pong-timeout = 7.5
         tcp_notsent_lowat = "none"
         local_address = "127.0.0.1"
-    """)
+    """,
+    )
     settings = parse("--config", config, "--listen", "tcp:0", "--ping-interval", "9").settings
     assert [s.value for s in settings.listen] == ["tcp:0"]  # replaced, not merged
     assert [s.value for s in settings.peers] == [PeerAddress(ID, "127.0.0.1", 26656)]
@@ -130,14 +151,23 @@ def test_toml_integers_become_floats_for_float_fields(tmp_path):
         (["--bogus"], "mconn: option --bogus not recognized"),
         (["--listen"], "mconn: option --listen requires argument"),
         (["--peer", "127.0.0.1"], "mconn: --peer: peer address '127.0.0.1': missing ':<port>'"),
-        (["--peer", "127.0.0.1:26656"], "mconn: --peer: peer address '127.0.0.1:26656' needs the node id: ID@HOST:PORT"),
+        (
+            ["--peer", "127.0.0.1:26656"],
+            "mconn: --peer: peer address '127.0.0.1:26656' needs the node id: ID@HOST:PORT",
+        ),
         (["--peer", "xyz@h:1"], "mconn: --peer: peer address 'xyz@h:1': node id 'xyz' must be 40 hex characters"),
         (["--reactor", "reactors.demo"], "mconn: --reactor: 'reactors.demo' is not MODULE:CLASS"),
         (["--ping-interval", "soon"], "mconn: --ping-interval: 'soon' is not a number"),
-        (["--ping-interval", "-1"], "mconn: --ping-interval: Config.ping_interval must be a positive finite number, got -1.0"),
+        (
+            ["--ping-interval", "-1"],
+            "mconn: --ping-interval: Config.ping_interval must be a positive finite number, got -1.0",
+        ),
         (["--max-inbound-peers", "2.5"], "mconn: --max-inbound-peers: '2.5' is not an integer"),
         (["--tcp-nodelay=false"], "mconn: option --tcp-nodelay must not have an argument"),
-        (["--tcp-nodelay", "false"], "mconn: --tcp-nodelay false: --tcp-nodelay is a flag and takes no value; give --tcp-nodelay or --no-tcp-nodelay"),
+        (
+            ["--tcp-nodelay", "false"],
+            "mconn: --tcp-nodelay false: --tcp-nodelay is a flag and takes no value; give --tcp-nodelay or --no-tcp-nodelay",
+        ),
         (["--listen", "tcp:0", "stray"], "mconn: unexpected argument 'stray': every setting is an option (--help)"),
         (["--tcp-nodelay", "--no-tcp-nodelay"], "mconn: --tcp-nodelay and --no-tcp-nodelay contradict each other"),
         (["--telemetry-rotate-bytes", "-5"], "mconn: --telemetry-rotate-bytes: -5 must be a number of bytes >= 0"),
@@ -152,11 +182,23 @@ def test_bad_command_lines_stop_with_one_line(args, expected):
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("colour = 'blue'\n", "n.toml: colour: unknown setting; the valid keys are the long options of 'twistd mconn --help'"),
+        (
+            "colour = 'blue'\n",
+            "n.toml: colour: unknown setting; the valid keys are the long options of 'twistd mconn --help'",
+        ),
         ("ping_intervall = 5\n", "n.toml: ping_intervall: unknown setting; did you mean ping_interval?"),
-        ("ping-interval = 5\nping_interval = 6\n", "n.toml: ping_interval: set twice, as ping-interval and ping_interval"),
-        ("ping_interval = 'soon'\n", "n.toml: ping_interval: Config.ping_interval must be a positive finite number, got 'soon'"),
-        ("max_packet_payload = 0\n", "n.toml: max_packet_payload: Config.max_packet_payload must be an integer in 1024..1048576"),
+        (
+            "ping-interval = 5\nping_interval = 6\n",
+            "n.toml: ping_interval: set twice, as ping-interval and ping_interval",
+        ),
+        (
+            "ping_interval = 'soon'\n",
+            "n.toml: ping_interval: Config.ping_interval must be a positive finite number, got 'soon'",
+        ),
+        (
+            "max_packet_payload = 0\n",
+            "n.toml: max_packet_payload: Config.max_packet_payload must be an integer in 1024..1048576",
+        ),
         ("listen = 5\n", "n.toml: listen: 5 must be a string or a list of strings"),
         ("key = 5\n", "n.toml: key: 5 must be a path"),
         ("peer = ['nowhere']\n", "n.toml: peer: peer address 'nowhere': missing ':<port>'"),
@@ -211,12 +253,30 @@ def test_a_bad_key_file_stops_startup(tmp_path, kind, expected):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--listen", "tcp:notaport"], "mconn: --listen: endpoint 'tcp:notaport' is not valid: invalid literal for int()"),
-        (["--listen", "carrier-pigeon:1"], "mconn: --listen: endpoint 'carrier-pigeon:1' is not valid: Unknown endpoint type"),
-        (["--reactor", "no_such_module:Chat"], "mconn: --reactor: cannot import no_such_module: No module named 'no_such_module'"),
-        (["--reactor", "operators.sample_reactors:Nope"], "mconn: --reactor: module operators.sample_reactors has no Nope"),
-        (["--reactor", "operators.sample_reactors:NotAReactor"], "mconn: --reactor: operators.sample_reactors:NotAReactor() is a NotAReactor, not an mconn Reactor"),
-        (["--reactor", "operators.sample_reactors:Broken"], "mconn: --reactor: operators.sample_reactors:Broken() failed: RuntimeError: cannot start without a database"),
+        (
+            ["--listen", "tcp:notaport"],
+            "mconn: --listen: endpoint 'tcp:notaport' is not valid: invalid literal for int()",
+        ),
+        (
+            ["--listen", "carrier-pigeon:1"],
+            "mconn: --listen: endpoint 'carrier-pigeon:1' is not valid: Unknown endpoint type",
+        ),
+        (
+            ["--reactor", "no_such_module:Chat"],
+            "mconn: --reactor: cannot import no_such_module: No module named 'no_such_module'",
+        ),
+        (
+            ["--reactor", "operators.sample_reactors:Nope"],
+            "mconn: --reactor: module operators.sample_reactors has no Nope",
+        ),
+        (
+            ["--reactor", "operators.sample_reactors:NotAReactor"],
+            "mconn: --reactor: operators.sample_reactors:NotAReactor() is a NotAReactor, not an mconn Reactor",
+        ),
+        (
+            ["--reactor", "operators.sample_reactors:Broken"],
+            "mconn: --reactor: operators.sample_reactors:Broken() failed: RuntimeError: cannot start without a database",
+        ),
         (
             ["--reactor", "operators.sample_reactors:Chat", "--reactor", "operators.sample_reactors:Chat"],
             "mconn: --reactor: channel 0x10 is claimed by both Chat and Chat",
@@ -300,7 +360,10 @@ def test_tls_upgrade_flags_are_wired_into_the_switch(tmp_path):
     "args, expected",
     [
         (["--tls-upgrade"], "mconn: --tls-upgrade: --tls-upgrade is for TLS: give --tls or --tls-ca FILE too"),
-        (["--tls-accept-upgrade"], "mconn: --tls-accept-upgrade: --tls-accept-upgrade is for TLS: give --tls or --tls-ca FILE too"),
+        (
+            ["--tls-accept-upgrade"],
+            "mconn: --tls-accept-upgrade: --tls-accept-upgrade is for TLS: give --tls or --tls-ca FILE too",
+        ),
     ],
 )
 def test_upgrade_flags_without_tls_stop_with_one_line(args, expected):
@@ -341,12 +404,14 @@ def pki(tmp_path):
 def test_tls_ca_mode_is_wired_into_the_switch(pki):
     """--tls-ca with --tls-cert gives the Switch CA-mode TLS; --tls-no-client-cert admits dialers without one;
     without a cert it only dials."""
-    service = makeService(parse("--key", pki["key"], "--tls-ca", pki["ca"], "--tls-cert", pki["cert"],
-                                "--listen", "tcp:0"))
+    service = makeService(
+        parse("--key", pki["key"], "--tls-ca", pki["ca"], "--tls-cert", pki["cert"], "--listen", "tcp:0")
+    )
     tls = service.switch.tls
     assert tls.mode == "ca" and not tls.anonymous_clients and tls.node_key.node_id == pki["node_id"]
-    relaxed = makeService(parse("--key", pki["key"], "--tls-ca", pki["ca"], "--tls-cert", pki["cert"],
-                                "--tls-no-client-cert")).switch.tls
+    relaxed = makeService(
+        parse("--key", pki["key"], "--tls-ca", pki["ca"], "--tls-cert", pki["cert"], "--tls-no-client-cert")
+    ).switch.tls
     assert relaxed.anonymous_clients
     dial_only = makeService(parse("--key", pki["key"], "--tls-ca", pki["ca"])).switch.tls
     assert dial_only.mode == "ca" and dial_only.certificate is None
@@ -354,7 +419,9 @@ def test_tls_ca_mode_is_wired_into_the_switch(pki):
 
 def test_tls_settings_from_toml_relative_to_the_file(pki, tmp_path):
     """TLS settings in a TOML file resolve their paths relative to the file and reach the Switch."""
-    write(tmp_path / "n.toml", "key = 'node.key'\ntls_ca = 'ca.pem'\ntls_cert = 'node.pem'\ntls_no_client_cert = true\n")
+    write(
+        tmp_path / "n.toml", "key = 'node.key'\ntls_ca = 'ca.pem'\ntls_cert = 'node.pem'\ntls_no_client_cert = true\n"
+    )
     settings = parse("--config", "n.toml").settings
     assert settings.tls.ca.value == pki["ca"] and settings.tls.cert.value == pki["cert"]
     assert not settings.tls.require_client_cert
@@ -364,12 +431,24 @@ def test_tls_settings_from_toml_relative_to_the_file(pki, tmp_path):
 @pytest.mark.parametrize(
     "args, expected",
     [
-        (["--tls", "--tls-ca", "ca.pem"], "mconn: --tls: identity mode (--tls) and CA mode (--tls-ca) exclude each other; choose one"),
+        (
+            ["--tls", "--tls-ca", "ca.pem"],
+            "mconn: --tls: identity mode (--tls) and CA mode (--tls-ca) exclude each other; choose one",
+        ),
         (["--tls-cert", "node.pem"], "mconn: --tls-cert: a node certificate is for CA mode: give --tls-ca FILE too"),
-        (["--tls", "--tls-no-client-cert"], "mconn: --tls-no-client-cert: accepting dialers without a certificate is for CA mode: give --tls-ca FILE too"),
-        (["--tls-ca", "ca.pem", "--listen", "tcp:0"], "mconn: --tls-ca: a node that listens needs a certificate to present: give --tls-cert FILE"),
+        (
+            ["--tls", "--tls-no-client-cert"],
+            "mconn: --tls-no-client-cert: accepting dialers without a certificate is for CA mode: give --tls-ca FILE too",
+        ),
+        (
+            ["--tls-ca", "ca.pem", "--listen", "tcp:0"],
+            "mconn: --tls-ca: a node that listens needs a certificate to present: give --tls-cert FILE",
+        ),
         (["--status", " "], "mconn: --status: ' ' must be an endpoint, like tcp:8080"),
-        (["--status", "tcp:web"], "mconn: --status: endpoint 'tcp:web:interface=127.0.0.1' is not valid: invalid literal for int()"),
+        (
+            ["--status", "tcp:web"],
+            "mconn: --status: endpoint 'tcp:web:interface=127.0.0.1' is not valid: invalid literal for int()",
+        ),
     ],
 )
 def test_bad_tls_and_status_options_stop_with_one_line(args, expected):
@@ -383,7 +462,10 @@ def test_bad_tls_and_status_options_stop_with_one_line(args, expected):
     [
         ("tls = 'yes please'\n", "n.toml: tls: 'yes please' must be true or false"),
         ("status = 8080\n", "n.toml: status: 8080 must be an endpoint, like tcp:8080"),
-        ("tls = true\ntls_ca = 'ca.pem'\n", "n.toml: tls: identity mode (--tls) and CA mode (--tls-ca) exclude each other"),
+        (
+            "tls = true\ntls_ca = 'ca.pem'\n",
+            "n.toml: tls: identity mode (--tls) and CA mode (--tls-ca) exclude each other",
+        ),
     ],
 )
 def test_bad_tls_and_status_settings_in_toml(tmp_path, text, expected):
@@ -408,7 +490,9 @@ def test_bad_tls_files_stop_startup_with_one_line(pki, tmp_path):
     assert error_of(*ca_args, pki["expired"]).startswith(
         f"mconn: --tls-cert: certificate {pki['expired']} expired on "
     ) and error_of(*ca_args, pki["expired"]).endswith(" UTC; renew it")
-    assert error_of(*ca_args, pki["future"]).startswith(f"mconn: --tls-cert: certificate {pki['future']} is not valid before ")
+    assert error_of(*ca_args, pki["future"]).startswith(
+        f"mconn: --tls-cert: certificate {pki['future']} is not valid before "
+    )
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a certificate")
     assert error_of(*ca_args, str(garbage)).startswith(f"mconn: --tls-cert: certificate {str(garbage)!r} is not PEM")

@@ -70,7 +70,11 @@ def test_vector_names_are_unique_and_limits_match_the_code():
     assert len(names) == len(set(names))
     limits = VECTORS["limits"]
     assert limits["max_wire_addresses"] == MAX_WIRE_ADDRESSES
-    assert limits["recv_message_capacity_for_100"] == max_message_bytes(100) == PexReactor().get_channels()[0].recv_message_capacity
+    assert (
+        limits["recv_message_capacity_for_100"]
+        == max_message_bytes(100)
+        == PexReactor().get_channels()[0].recv_message_capacity
+    )
 
 
 @pytest.mark.parametrize("vector", VECTORS["valid"], ids=_ids(VECTORS["valid"]))
@@ -344,7 +348,9 @@ def test_a_refusing_address_backs_off_doubling_then_is_forgotten():
             backoffs.append(entry.next_dial - network.clock.seconds())
     assert dead.node_id not in pex.book
     assert [round(b) for b in backoffs] == [2, 4]  # then the third failure forgets it
-    assert pex.counters["dials"] == 3 and pex.counters["dial_failures"] == 3 and pex.counters["addresses_forgotten"] == 1
+    assert (
+        pex.counters["dials"] == 3 and pex.counters["dial_failures"] == 3 and pex.counters["addresses_forgotten"] == 1
+    )
 
 
 def test_connected_peers_and_ourselves_are_not_dialed_and_pools_get_discovered_addresses():

@@ -102,9 +102,12 @@ def test_learnt_addresses_are_skipped_by_the_rule_they_break():
     stranger = FakePeer(channels=pex.get_channels(), is_outbound=True, remote_address="9.9.9.9:26656")
     pex.add_peer(stranger)
     listed = [
-        fake_address(1, host="169.254.169.254", port=80), fake_address(2, host="fe80::1"),
-        fake_address(3, host="seed.example.com"), fake_address(4, host="10.0.0.1", port=22),
-        fake_address(5, host="127.0.0.1", port=6379), fake_address(6, host="8.8.8.8"),
+        fake_address(1, host="169.254.169.254", port=80),
+        fake_address(2, host="fe80::1"),
+        fake_address(3, host="seed.example.com"),
+        fake_address(4, host="10.0.0.1", port=22),
+        fake_address(5, host="127.0.0.1", port=6379),
+        fake_address(6, host="8.8.8.8"),
     ]
     pex.receive(PEX_CHANNEL, stranger, encode_addrs(listed))
     assert list(pex.book) == [fake_address(6).node_id]
@@ -234,7 +237,9 @@ def test_a_hostile_peer_flooding_addresses_holds_at_most_per_source_cap_of_the_b
     """A peer flooding addresses it was asked for holds at most per_source_cap book entries, unpenalised;
     honest peers still get in."""
     network = MemoryNetwork()
-    victim, pex, _, hostile, _ = hostile_pair(network, FloodingPex, per_source_cap=8, max_addresses=50, target_outbound=0)
+    victim, pex, _, hostile, _ = hostile_pair(
+        network, FloodingPex, per_source_cap=8, max_addresses=50, target_outbound=0
+    )
     honest, _, _ = pex_node(network)
     hostile.listen("tcp:26656")
     victim.dial(address_of(network, hostile))

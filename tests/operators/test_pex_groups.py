@@ -81,7 +81,8 @@ def pex_requests(raw: RawPeer) -> int:
         except AssertionError:
             continue
         return sum(
-            1 for p in found
+            1
+            for p in found
             if p[0] == 0x03 and p[1] == PEX_CHANNEL and decode_message(p[3], limit=1 << 16)[0] == PexType.REQUEST
         )
     return 0
@@ -118,6 +119,7 @@ async def test_made_up_identities_from_ipv6_loopback_share_the_loopback_groups_b
     loopback group, and the group holds at most new_buckets_per_group * bucket_size entries (128)."""
     switch, pex, port = await victim("tcp6:0:interface=\\:\\:1")
     try:
+
         async def identity(i: int) -> None:
             node_id = random.Random(i).randbytes(20).hex()
             listen = public_address(i, i).partition("@")[2]
@@ -125,11 +127,15 @@ async def test_made_up_identities_from_ipv6_loopback_share_the_loopback_groups_b
             endpoint = endpoints.TCP6ClientEndpoint(the_reactor(), "::1", port)
             raw = await endpoints.connectProtocol(endpoint, RawPeer(greeting))
             try:
-                await until(lambda: node_id in switch.peers or raw.lost is not None, "the identity taken in", 5.0, 0.005)
+                await until(
+                    lambda: node_id in switch.peers or raw.lost is not None, "the identity taken in", 5.0, 0.005
+                )
                 if i < REPLIERS and raw.lost is None:
                     await until(lambda: pex_requests(raw) or raw.lost is not None, "a PEX request", 5.0, 0.01)
                     replied = pex.counters["replies_received"]
-                    addresses = [public_address(i * REPLY_SIZE + k, 10_000 + i * REPLY_SIZE + k) for k in range(REPLY_SIZE)]
+                    addresses = [
+                        public_address(i * REPLY_SIZE + k, 10_000 + i * REPLY_SIZE + k) for k in range(REPLY_SIZE)
+                    ]
                     raw.send(msg_packet(PEX_CHANNEL, encode_addrs([parse_address(a) for a in addresses])))
                     await until(lambda: pex.counters["replies_received"] > replied, "the reply taken", 5.0, 0.005)
             finally:
@@ -158,17 +164,22 @@ async def test_identities_behind_a_trusted_ws_proxy_share_their_clients_group(cl
     config = CONFIG.replace(ws_trusted_proxies={"127.0.0.1"})
     switch, pex, port = await victim(f"ws:tcp:0:interface=127.0.0.1:path={PATH}", config)
     try:
+
         async def identity(i: int) -> None:
             node_id = random.Random(20_000 + i).randbytes(20).hex()
             listen = public_address(i, 20_000 + i).partition("@")[2]
-            request = upgrade_request(port, PATH).replace(b"\r\n\r\n", f"\r\nX-Forwarded-For: {client(i)}\r\n\r\n".encode())
+            request = upgrade_request(port, PATH).replace(
+                b"\r\n\r\n", f"\r\nX-Forwarded-For: {client(i)}\r\n\r\n".encode()
+            )
             endpoint = endpoints.TCP4ClientEndpoint(the_reactor(), "127.0.0.1", port)
             raw = await endpoints.connectProtocol(endpoint, RawPeer(request))
             try:
                 await until(lambda: b"\r\n\r\n" in raw.data or raw.lost is not None, "the 101 answer", 5.0, 0.005)
                 assert raw.data.startswith(b"HTTP/1.1 101"), bytes(raw.data[:200])
                 raw.send(client_frame(0x2, hello_packet(node_id, pex.get_channels(), listen_address=listen)))
-                await until(lambda: node_id in switch.peers or raw.lost is not None, "the identity taken in", 5.0, 0.005)
+                await until(
+                    lambda: node_id in switch.peers or raw.lost is not None, "the identity taken in", 5.0, 0.005
+                )
                 peer = switch.peers.get(node_id)
                 assert peer is not None and peer.remote_address.endswith(":0"), peer
                 assert ipaddress.ip_address(peer.remote_host) == ipaddress.ip_address(client(i))

@@ -75,9 +75,15 @@ class Prometheus:
         self.log = directory / "prometheus.log"
         with open(self.log, "wb") as out:
             self.process = subprocess.Popen(
-                [str(PROMETHEUS), f"--config.file={config}", f"--storage.tsdb.path={directory / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{self.port}"],
-                cwd=directory, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    str(PROMETHEUS),
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={directory / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{self.port}",
+                ],
+                cwd=directory,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
 
     def wait_ready(self) -> None:
@@ -144,26 +150,48 @@ def test_prometheus_scrapes_two_nodes_and_promql_returns_what_they_did(nodes, tm
         prometheus.wait_ready()
         both = {targets["a"], targets["b"]}
         prometheus.until('up{job="mconn"}', dict.fromkeys(both, 1.0), "both targets up")
-        prometheus.until('sum by (instance) (mconn_peers{state="connected"})', dict.fromkeys(both, 1.0),
-                         "one connected peer on each node")
-        prometheus.until('sum by (instance) (mconn_peers{direction="outbound"})',
-                         {targets["a"]: 0.0, targets["b"]: 1.0}, "b dialed a")
-        prometheus.until('mconn_channel_sent_messages_total{channel="0x40"}',
-                         {targets["a"]: 0.0, targets["b"]: float(COUNT)}, "b's burst sent")
-        prometheus.until('mconn_channel_received_messages_total{channel="0x40"}',
-                         {targets["a"]: float(COUNT), targets["b"]: 0.0}, "a's burst received")
-        prometheus.until('sum(mconn_channel_received_bytes_total{channel="0x40"})', {None: float(COUNT * SIZE)},
-                         "the burst's payload bytes", by=lambda q: {None: float(r["value"][1]) for r in prometheus.query(q)})
-        prometheus.until('mconn_peer_round_trip_seconds_bucket{le="+Inf"}', dict.fromkeys(both, 1.0),
-                         "each node's peer in the round-trip histogram")
+        prometheus.until(
+            'sum by (instance) (mconn_peers{state="connected"})',
+            dict.fromkeys(both, 1.0),
+            "one connected peer on each node",
+        )
+        prometheus.until(
+            'sum by (instance) (mconn_peers{direction="outbound"})',
+            {targets["a"]: 0.0, targets["b"]: 1.0},
+            "b dialed a",
+        )
+        prometheus.until(
+            'mconn_channel_sent_messages_total{channel="0x40"}',
+            {targets["a"]: 0.0, targets["b"]: float(COUNT)},
+            "b's burst sent",
+        )
+        prometheus.until(
+            'mconn_channel_received_messages_total{channel="0x40"}',
+            {targets["a"]: float(COUNT), targets["b"]: 0.0},
+            "a's burst received",
+        )
+        prometheus.until(
+            'sum(mconn_channel_received_bytes_total{channel="0x40"})',
+            {None: float(COUNT * SIZE)},
+            "the burst's payload bytes",
+            by=lambda q: {None: float(r["value"][1]) for r in prometheus.query(q)},
+        )
+        prometheus.until(
+            'mconn_peer_round_trip_seconds_bucket{le="+Inf"}',
+            dict.fromkeys(both, 1.0),
+            "each node's peer in the round-trip histogram",
+        )
         median = prometheus.by_instance("histogram_quantile(0.5, mconn_peer_round_trip_seconds_bucket)")
         assert set(median) == both and all(0 < v <= 5.0 for v in median.values()), median  # a loopback round trip
         names = prometheus.query("mconn_node_info")
         assert {r["metric"]["instance"]: r["metric"]["node_id"] for r in names} == {
-            targets["a"]: ids["a"], targets["b"]: ids["b"]}
+            targets["a"]: ids["a"],
+            targets["b"]: ids["b"],
+        }
         assert all(r["metric"]["tls"] == "off" for r in names)
         peers = prometheus.query("mconn_peer_up")
         assert [(r["metric"]["instance"], r["metric"]["peer"], r["metric"]["state"]) for r in peers] == [
-            (targets["a"], ids["b"], "connected")]
+            (targets["a"], ids["b"], "connected")
+        ]
     finally:
         prometheus.stop()

@@ -8,7 +8,13 @@ import pathlib
 from twisted.internet.task import Clock
 from twisted.logger import LogPublisher
 
-from mconn.ops.telemetry_file import JsonLinesObserver, TelemetryFileService, format_record, open_log_file, rotated_paths
+from mconn.ops.telemetry_file import (
+    JsonLinesObserver,
+    TelemetryFileService,
+    format_record,
+    open_log_file,
+    rotated_paths,
+)
 from operators.test_telemetry_record import NODE_ID, VECTORS, twisted_event
 
 EVENTS = [twisted_event(v) for v in VECTORS["version2"]] * 6

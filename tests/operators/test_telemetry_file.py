@@ -25,18 +25,39 @@ TIMEOUT = 15.0
 until = functools.partial(poll, seconds=TIMEOUT)
 ROTATE_BYTES = 1500  # a few lean records (specs/telemetry.md section 2): many rotations
 #: What a network that connects, exchanges and shuts down must have written.
-EXPECTED = {"listening", "connection_made", "handshake_done", "session_started", "channel_stats",
-            "connection_lost", "session_ended"}
+EXPECTED = {
+    "listening",
+    "connection_made",
+    "handshake_done",
+    "session_started",
+    "channel_stats",
+    "connection_lost",
+    "session_ended",
+}
 
 
 def node(tmp_path, name, *args):
     """A node as twistd builds it; its retention keeps every rotated file, so that nothing read back is missing."""
     options = Options()
-    options.parseOptions([
-        "--listen", "tcp:0:interface=127.0.0.1", "--key", str(tmp_path / f"{name}.key"),
-        "--telemetry", str(tmp_path / f"{name}.json"), "--reactor", "operators.sample_reactors:Chat",
-        "--stats-interval", "0.02", "--telemetry-keep-files", "1000", "--telemetry-keep-bytes", str(1 << 30), *args,
-    ])
+    options.parseOptions(
+        [
+            "--listen",
+            "tcp:0:interface=127.0.0.1",
+            "--key",
+            str(tmp_path / f"{name}.key"),
+            "--telemetry",
+            str(tmp_path / f"{name}.json"),
+            "--reactor",
+            "operators.sample_reactors:Chat",
+            "--stats-interval",
+            "0.02",
+            "--telemetry-keep-files",
+            "1000",
+            "--telemetry-keep-bytes",
+            str(1 << 30),
+            *args,
+        ]
+    )
     return build_service(options.settings, clock=the_reactor())
 
 

@@ -138,8 +138,10 @@ async def test_a_reader_of_the_file_cannot_resume_the_session_it_shows(tmp_path)
         lines = [f"queued line {n}".encode() for n in range(17)]
         for line in lines:
             assert held.try_send(0x30, line)
-        await until(lambda: any('"session_suspended"' in open(p).read() for p in rotated_paths(path)),
-                    "session_suspended in the file")
+        await until(
+            lambda: any('"session_suspended"' in open(p).read() for p in rotated_paths(path)),
+            "session_suspended in the file",
+        )
         shown = refs_in(path)
         for ref in shown:  # what a reader of the file would try
             reader = await raw_connect(port, claiming_hello(alice.node_id, session_id=bytes.fromhex(ref), resume=True))

@@ -24,9 +24,14 @@ NODE_ID = VECTORS["version2"][0]["logged"]["node_id"]
 def twisted_event(vector: dict, **extra) -> dict:
     """The event dict a twisted.logger observer gets for a vector's logged event."""
     return {
-        **vector["logged"], "log_time": vector["log_time"], "log_level": LogLevel.levelWithName(vector["level"]),
-        "log_namespace": "mconn", "log_format": "{node_id} " + vector["logged"]["event"], "log_source": None,
-        "log_logger": object(), **extra,
+        **vector["logged"],
+        "log_time": vector["log_time"],
+        "log_level": LogLevel.levelWithName(vector["level"]),
+        "log_namespace": "mconn",
+        "log_format": "{node_id} " + vector["logged"]["event"],
+        "log_source": None,
+        "log_logger": object(),
+        **extra,
     }
 
 
@@ -97,7 +102,11 @@ def test_reactor_error_carries_its_traceback_as_text(tmp_path):
         raise ValueError("reactor bug 42")
     except ValueError:
         Logger(namespace="mconn", observer=publisher).failure(
-            "{reactor} failed", event="reactor_error", node_id=NODE_ID, reactor="Chat", method="receive",
+            "{reactor} failed",
+            event="reactor_error",
+            node_id=NODE_ID,
+            reactor="Chat",
+            method="receive",
             peer_id="ab" * 20,
         )
     finally:

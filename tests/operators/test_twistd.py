@@ -67,8 +67,20 @@ def test_daemon_writes_its_pid_file_and_removes_it_on_sigterm(tmp_path):
     shutdown."""
     pidfile, logfile, telemetry = tmp_path / "node.pid", tmp_path / "node.log", tmp_path / "node.json"
     result = run_twistd(
-        ["--pidfile", str(pidfile), "--logfile", str(logfile), "mconn", "--listen", LOOPBACK,
-         "--key", str(tmp_path / "node.key"), "--create-key", "--telemetry", str(telemetry)],
+        [
+            "--pidfile",
+            str(pidfile),
+            "--logfile",
+            str(logfile),
+            "mconn",
+            "--listen",
+            LOOPBACK,
+            "--key",
+            str(tmp_path / "node.key"),
+            "--create-key",
+            "--telemetry",
+            str(telemetry),
+        ],
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -89,7 +101,10 @@ BAD = [
     (["--listen", "tcp:notaport"], "mconn: --listen: endpoint 'tcp:notaport' is not valid"),
     (["--peer", "not-an-id@127.0.0.1:1"], "mconn: --peer: peer address 'not-an-id@127.0.0.1:1': node id"),
     (["--reactor", "operators.sample_reactors:Nope"], "mconn: --reactor: module operators.sample_reactors has no Nope"),
-    (["--reactor", "operators.sample_reactors:Chat"] * 2, "mconn: --reactor: channel 0x10 is claimed by both Chat and Chat"),
+    (
+        ["--reactor", "operators.sample_reactors:Chat"] * 2,
+        "mconn: --reactor: channel 0x10 is claimed by both Chat and Chat",
+    ),
     (["--ping-interval", "0"], "mconn: --ping-interval: Config.ping_interval must be a positive finite number"),
     (["--config", "bad.toml"], "mconn: bad.toml: colour: unknown setting"),
     (["--key", "loose.key"], "mconn: --key: node key"),
@@ -120,8 +135,16 @@ def test_bad_configuration_stops_twistd_with_one_line_and_nothing_running(tmp_pa
 def test_bad_configuration_stops_a_daemon_before_it_forks(tmp_path):
     """The same one line when daemonizing: makeService runs in the process that was started."""
     result = run_twistd(
-        ["--pidfile", str(tmp_path / "node.pid"), "--logfile", str(tmp_path / "node.log"), "mconn",
-         "--create-key", "--reactor", "no_such_module:X"],
+        [
+            "--pidfile",
+            str(tmp_path / "node.pid"),
+            "--logfile",
+            str(tmp_path / "node.log"),
+            "mconn",
+            "--create-key",
+            "--reactor",
+            "no_such_module:X",
+        ],
         cwd=tmp_path,
     )
     assert result.returncode == 1
@@ -136,8 +159,18 @@ def test_a_port_in_use_stops_a_daemon_with_the_reason_and_no_pid_file(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         result = run_twistd(
-            ["--pidfile", str(tmp_path / "node.pid"), "--logfile", str(tmp_path / "node.log"), "mconn",
-             "--listen", f"tcp:{port}:interface=127.0.0.1", "--key", str(tmp_path / "node.key"), "--create-key"],
+            [
+                "--pidfile",
+                str(tmp_path / "node.pid"),
+                "--logfile",
+                str(tmp_path / "node.log"),
+                "mconn",
+                "--listen",
+                f"tcp:{port}:interface=127.0.0.1",
+                "--key",
+                str(tmp_path / "node.key"),
+                "--create-key",
+            ],
             cwd=tmp_path,
         )
     assert result.returncode == 1

@@ -78,7 +78,13 @@ def test_the_upgrade_start_between_twistd_nodes(nodes):
     accepting = nodes("accepting").start("--listen", LOOPBACK, "--tls", "--tls-accept-upgrade", *CHAT)
     strict = nodes("strict").start("--listen", LOOPBACK, "--tls", *CHAT)
     dialer = nodes("dialer").start(
-        "--tls", "--tls-upgrade", *CHAT, "--peer", accepting.address, "--peer", strict.address,
+        "--tls",
+        "--tls-upgrade",
+        *CHAT,
+        "--peer",
+        accepting.address,
+        "--peer",
+        strict.address,
     )
     ids = {n.name: n.wait_event("listening")["node_id"] for n in (accepting, strict)}
     done = accepting.wait_event("handshake_done")
@@ -101,8 +107,9 @@ def test_two_ca_mode_nodes_connect_over_mutual_tls(nodes, tmp_path):
         (tmp_path / f"{name}.pem").write_bytes(pem)
     ca_args = ("--tls-ca", str(tmp_path / "ca.pem"))
     a = nodes("a").start("--listen", LOOPBACK, *ca_args, "--tls-cert", str(tmp_path / "a.pem"), *CHAT, *STATUS)
-    b = nodes("b").start("--listen", LOOPBACK, *ca_args, "--tls-cert", str(tmp_path / "b.pem"), *CHAT,
-                         "--peer", a.address)
+    b = nodes("b").start(
+        "--listen", LOOPBACK, *ca_args, "--tls-cert", str(tmp_path / "b.pem"), *CHAT, "--peer", a.address
+    )
     b_id = b.wait_event("listening")["node_id"]
     wait_until(lambda: connected_peers(a.status_url) == {b_id}, "a's status page to show b")
     assert status_of(a.status_url)["tls"] == "ca"
@@ -130,8 +137,9 @@ def test_sighup_reloads_the_certificate_without_dropping_peers(nodes, tmp_path):
         key.save(tmp_path / f"{name}.key")
         (tmp_path / f"{name}.pem").write_bytes(ca.issue(key).public_bytes(serialization.Encoding.PEM))
     ca_args = ("--tls-ca", str(tmp_path / "ca.pem"))
-    a = nodes("a").start("--listen", LOOPBACK, *ca_args, "--tls-cert", str(tmp_path / "a.pem"),
-                         "--tls-no-client-cert", *CHAT)
+    a = nodes("a").start(
+        "--listen", LOOPBACK, *ca_args, "--tls-cert", str(tmp_path / "a.pem"), "--tls-no-client-cert", *CHAT
+    )
     b = nodes("b").start(*ca_args, "--tls-cert", str(tmp_path / "b.pem"), *CHAT, "--peer", a.address)
     b.wait_event("handshake_done")
     wait_until(lambda: " started: listening on " in a.log(), "a to be running")
@@ -164,18 +172,22 @@ def test_bad_tls_options_stop_twistd_with_one_line(tmp_path):
     key = NodeKey.generate()
     key.save(tmp_path / "node.key")
     other = CA()
-    (tmp_path / "other.pem").write_bytes(
-        other.issue(NodeKey.generate()).public_bytes(serialization.Encoding.PEM)
-    )
+    (tmp_path / "other.pem").write_bytes(other.issue(NodeKey.generate()).public_bytes(serialization.Encoding.PEM))
     other.write(tmp_path / "ca.pem")
     base = ["-n", "--pidfile", "", "mconn", "--key", str(tmp_path / "node.key"), "--listen", LOOPBACK, *STATUS]
     cases = [
-        (["--tls-ca", str(tmp_path / "missing.pem"), "--tls-cert", str(tmp_path / "other.pem")],
-         f"mconn: --tls-ca: cannot read {tmp_path / 'missing.pem'}: No such file or directory"),
-        (["--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "other.pem")],
-         f"mconn: --tls-cert: certificate {str(tmp_path / 'other.pem')!r} holds the key of node "),
-        (["--tls", "--tls-ca", str(tmp_path / "ca.pem")],
-         "mconn: --tls: identity mode (--tls) and CA mode (--tls-ca) exclude each other; choose one"),
+        (
+            ["--tls-ca", str(tmp_path / "missing.pem"), "--tls-cert", str(tmp_path / "other.pem")],
+            f"mconn: --tls-ca: cannot read {tmp_path / 'missing.pem'}: No such file or directory",
+        ),
+        (
+            ["--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "other.pem")],
+            f"mconn: --tls-cert: certificate {str(tmp_path / 'other.pem')!r} holds the key of node ",
+        ),
+        (
+            ["--tls", "--tls-ca", str(tmp_path / "ca.pem")],
+            "mconn: --tls: identity mode (--tls) and CA mode (--tls-ca) exclude each other; choose one",
+        ),
     ]
     for args, expected in cases:
         result = run_twistd(base + args, cwd=tmp_path)
@@ -195,8 +207,20 @@ def test_an_expired_own_certificate_stops_twistd_saying_so(tmp_path):
     expired = ca.issue(key, not_before=now - 10 * day, not_after=now - day)
     (tmp_path / "node.pem").write_bytes(expired.public_bytes(serialization.Encoding.PEM))
     result = run_twistd(
-        ["-n", "--pidfile", "", "mconn", "--key", str(tmp_path / "node.key"), "--listen", LOOPBACK,
-         "--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "node.pem")],
+        [
+            "-n",
+            "--pidfile",
+            "",
+            "mconn",
+            "--key",
+            str(tmp_path / "node.key"),
+            "--listen",
+            LOOPBACK,
+            "--tls-ca",
+            str(tmp_path / "ca.pem"),
+            "--tls-cert",
+            str(tmp_path / "node.pem"),
+        ],
         cwd=tmp_path,
     )
     assert result.returncode != 0

@@ -118,26 +118,37 @@ def write_ca_and_server_cert(directory: pathlib.Path, name: str) -> tuple[pathli
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} test CA")])
     ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
         .sign(ca_key, hashes.SHA256())
     )
     paths = directory / f"{name}-ca.pem", directory / f"{name}.pem", directory / f"{name}.key"
     paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    paths[2].write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     return paths
 
 
@@ -184,8 +195,12 @@ http {{
     }}
 }}
 """)
-    server = Server([str(NGINX), "-p", str(directory), "-c", str(directory / "nginx.conf"), "-g", "daemon off;"],
-                    directory, [http_port, https_port], "nginx")
+    server = Server(
+        [str(NGINX), "-p", str(directory), "-c", str(directory / "nginx.conf"), "-g", "daemon off;"],
+        directory,
+        [http_port, https_port],
+        "nginx",
+    )
     await server.ready()
     return server, http_port, https_port, ca
 
@@ -260,9 +275,14 @@ async def test_a_client_behind_nginx_that_writes_its_own_x_forwarded_for_gets_no
     from tests.integration.hostile_clients import CHANNELS as HOSTILE_CHANNELS, hello
     from tests.integration.test_websocket import client_frame, raw_client, upgrade_request
 
-    b = Switch([Collector(HOSTILE_CHANNELS)], clock=the_reactor(), config=CONFIG.replace(
-        ws_trusted_proxies=frozenset({"127.0.0.1"}), max_connections_per_ip=4,
-    ))
+    b = Switch(
+        [Collector(HOSTILE_CHANNELS)],
+        clock=the_reactor(),
+        config=CONFIG.replace(
+            ws_trusted_proxies=frozenset({"127.0.0.1"}),
+            max_connections_per_ip=4,
+        ),
+    )
     b.startService()
     nginx, raws, rng = None, [], random.Random(3)
     try:
@@ -414,7 +434,8 @@ def test_twistd_nodes_listen_on_wss_and_dial_a_wss_peer(tmp_path):
     nodes = []
     try:
         listener = Node(tmp_path, "listener").start(
-            "--tls", "--listen", f"wss:tcp:0:interface=127.0.0.1:path={PATH}", "--status", "tcp:0")
+            "--tls", "--listen", f"wss:tcp:0:interface=127.0.0.1:path={PATH}", "--status", "tcp:0"
+        )
         nodes.append(listener)
         address = listener.address
         assert "@wss://127.0.0.1:" in address and address.endswith(PATH), address
@@ -428,8 +449,9 @@ def test_twistd_nodes_listen_on_wss_and_dial_a_wss_peer(tmp_path):
             with urllib.request.urlopen(status_url + "status.json", timeout=5) as response:
                 return json.loads(response.read())
 
-        peers = wait_until(lambda: [p for p in status()["peers"] if p["state"] == "connected"] or None,
-                           "the status page's peer")
+        peers = wait_until(
+            lambda: [p for p in status()["peers"] if p["state"] == "connected"] or None, "the status page's peer"
+        )
         assert [p["transport"] for p in peers] == ["wss"]
         assert status()["listen_addresses"] == [address.partition("@")[2]]
     finally:

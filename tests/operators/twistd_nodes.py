@@ -55,9 +55,7 @@ def alive(pid: int) -> bool:
 
 def run_twistd(args, cwd, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
     """Run twistd to completion (bad configurations, daemon start)."""
-    return subprocess.run(
-        [str(TWISTD), *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([str(TWISTD), *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
 
 
 class Node:
@@ -74,9 +72,23 @@ class Node:
     def start(self, *args: str) -> Node:
         with open(self.output, "wb") as out:
             self.process = subprocess.Popen(
-                [str(TWISTD), "-n", "--pidfile", "", "mconn", "--key", str(self.key), "--create-key",
-                 "--telemetry", str(self.telemetry), *args],
-                cwd=self.directory, env=ENV, stdout=out, stderr=subprocess.STDOUT,
+                [
+                    str(TWISTD),
+                    "-n",
+                    "--pidfile",
+                    "",
+                    "mconn",
+                    "--key",
+                    str(self.key),
+                    "--create-key",
+                    "--telemetry",
+                    str(self.telemetry),
+                    *args,
+                ],
+                cwd=self.directory,
+                env=ENV,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
         return self
 

@@ -71,8 +71,13 @@ class Node:
     def start(self, t: float) -> None:
         """The Switch starts (a current node): node_started, a new run, a new process."""
         self.runs += 1
-        self.emit("node_started", t, run_id=session_id(f"{self.name} run {self.runs}"), pid=1000 + self.runs,
-                  process_started=ORIGIN + t - 0.5)
+        self.emit(
+            "node_started",
+            t,
+            run_id=session_id(f"{self.name} run {self.runs}"),
+            pid=1000 + self.runs,
+            process_started=ORIGIN + t - 0.5,
+        )
 
 
 class FleetLog:
@@ -99,8 +104,16 @@ class FleetLog:
 class Link:
     """One session between ``dialer`` and ``listener``; counters per channel and direction."""
 
-    def __init__(self, dialer: Node, listener: Node, name: str, t: float, channels=((0x20, 1), (0x21, 5)), rtt=0.01,
-                 resume_refused: str = "") -> None:
+    def __init__(
+        self,
+        dialer: Node,
+        listener: Node,
+        name: str,
+        t: float,
+        channels=((0x20, 1), (0x21, 5)),
+        rtt=0.01,
+        resume_refused: str = "",
+    ) -> None:
         self.dialer, self.listener = dialer, listener
         self.session = session_id(name)
         self.channels = dict(channels)
@@ -115,8 +128,12 @@ class Link:
         self._connect(t)
         for node in (dialer, listener):
             node.emit(
-                "session_started", t + rtt, peer_id=self.other(node).id, session_id=self.session,
-                remote_address=self._remote(node), direction="outbound" if node is dialer else "inbound",
+                "session_started",
+                t + rtt,
+                peer_id=self.other(node).id,
+                session_id=self.session,
+                remote_address=self._remote(node),
+                direction="outbound" if node is dialer else "inbound",
                 resume_refused=resume_refused,
             )
 
@@ -133,9 +150,14 @@ class Link:
         listener.emit("connection_made", t + self.rtt / 2, direction="inbound", remote_address=self._remote(listener))
         for node, at in ((listener, t + self.rtt / 2 + 0.0001), (dialer, t + self.rtt)):
             node.emit(
-                "handshake_done", at, peer_id=self.other(node).id, remote_address=self._remote(node),
-                direction="outbound" if node is dialer else "inbound", max_packet_payload=1024,
-                channels=sorted(self.channels), listen_address=self.other(node).address,
+                "handshake_done",
+                at,
+                peer_id=self.other(node).id,
+                remote_address=self._remote(node),
+                direction="outbound" if node is dialer else "inbound",
+                max_packet_payload=1024,
+                channels=sorted(self.channels),
+                listen_address=self.other(node).address,
             )
 
     # -- traffic ---------------------------------------------------------------------
@@ -175,9 +197,18 @@ class Link:
         current = self._current(node, session_id=self.session, connection=self.connection, round_trip=round_trip)
         for i, (channel, priority) in enumerate(sorted(self.channels.items())):
             node.emit(
-                "channel_stats", t + i * 1e-4, peer_id=self.other(node).id, channel_id=channel, priority=priority,
-                queue_depth=queue.get(channel, 0), bytes_sent=sent_bytes.get(channel, 0), messages_sent=0,
-                bytes_received=0, messages_received=0, **self.counters(node, channel), **current,
+                "channel_stats",
+                t + i * 1e-4,
+                peer_id=self.other(node).id,
+                channel_id=channel,
+                priority=priority,
+                queue_depth=queue.get(channel, 0),
+                bytes_sent=sent_bytes.get(channel, 0),
+                messages_sent=0,
+                bytes_received=0,
+                messages_received=0,
+                **self.counters(node, channel),
+                **current,
             )
 
     # -- breaks ----------------------------------------------------------------------
@@ -185,9 +216,16 @@ class Link:
     def _lost(self, t: float, reason_type: str, ends=None) -> None:
         for node in ends or (self.dialer, self.listener):
             node.emit(
-                "connection_lost", t, peer_id=self.other(node).id, remote_address=self._remote(node),
-                direction="outbound" if node is self.dialer else "inbound", reason_type=reason_type,
-                reason="the connection broke", duration=1.0, bytes_sent=1000, bytes_received=2000,
+                "connection_lost",
+                t,
+                peer_id=self.other(node).id,
+                remote_address=self._remote(node),
+                direction="outbound" if node is self.dialer else "inbound",
+                reason_type=reason_type,
+                reason="the connection broke",
+                duration=1.0,
+                bytes_sent=1000,
+                bytes_received=2000,
                 channels=[
                     {"channel_id": c, "bytes_sent": 0, "messages_sent": 0, "bytes_received": 0, "messages_received": 0}
                     for c in sorted(self.channels)
@@ -200,14 +238,25 @@ class Link:
         self._lost(t, "ConnectionLost", ends)
         for node in ends or (self.dialer, self.listener):
             node.emit(
-                "session_suspended", t + 0.0001, peer_id=self.other(node).id, session_id=self.session,
-                reason_type="ConnectionLost", reason="Connection to the other side was lost", grace=grace,
+                "session_suspended",
+                t + 0.0001,
+                peer_id=self.other(node).id,
+                session_id=self.session,
+                reason_type="ConnectionLost",
+                reason="Connection to the other side was lost",
+                grace=grace,
             )
 
     def dial(self, t: float, attempt: int, result: str, delay: float = 0.0, error=None) -> None:
         self.dialer.emit(
-            "dial_attempt", t, peer_id=self.listener.id, address=f"{self.listener.id}@{self.listener.address}",
-            attempt=attempt, delay=delay, result=result, error=error,
+            "dial_attempt",
+            t,
+            peer_id=self.listener.id,
+            address=f"{self.listener.id}@{self.listener.address}",
+            attempt=attempt,
+            delay=delay,
+            result=result,
+            error=error,
         )
 
     def resume(self, t: float, attempt: int = 1) -> None:
@@ -217,8 +266,13 @@ class Link:
         self.connection += 1
         for node in (self.listener, self.dialer):
             node.emit(
-                "session_resumed", t + self.rtt + 0.001, peer_id=self.other(node).id, session_id=self.session,
-                remote_address=self._remote(node), resent=0, resumes=self.resumes,
+                "session_resumed",
+                t + self.rtt + 0.001,
+                peer_id=self.other(node).id,
+                session_id=self.session,
+                remote_address=self._remote(node),
+                resent=0,
+                resumes=self.resumes,
             )
         self.dial(t + self.rtt + 0.002, attempt, "connected")
 
@@ -230,10 +284,17 @@ class Link:
             channels = [{"channel_id": c, **self.counters(node, c)} for c in sorted(self.channels)]
             undelivered = [
                 {"channel_id": c["channel_id"], "count": c["accepted"] - c["acked"]}
-                for c in channels if c["accepted"] > c["acked"]
+                for c in channels
+                if c["accepted"] > c["acked"]
             ]
             node.emit(
-                "session_ended", t + 0.0002, peer_id=self.other(node).id, session_id=self.session,
-                reason_type=reason_type, reason="it ended", resumes=self.resumes, undelivered=undelivered,
+                "session_ended",
+                t + 0.0002,
+                peer_id=self.other(node).id,
+                session_id=self.session,
+                reason_type=reason_type,
+                reason="it ended",
+                resumes=self.resumes,
+                undelivered=undelivered,
                 channels=channels,
             )

@@ -77,6 +77,7 @@ def test_input_size_counts_local_files_and_gives_up_on_remote_ones(tmp_path):
 def test_only_a_small_local_input_gets_the_small_input_settings():
     """Only a small input on a local master gets the small-input Spark settings; large, unknown-size and
     cluster runs and spark-submit's own values are left alone; every driver started here logs quietly."""
+
     def settings(master, size, is_set=lambda key: False):
         return spark_settings.session_settings(master, is_set, {"spark.driver.memory": "1g"}, "", size)
 

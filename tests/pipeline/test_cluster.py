@@ -115,19 +115,29 @@ class Cluster:
 
     def __init__(self, directory) -> None:
         self.directory = directory
-        self.env = dict(os.environ, SPARK_HOME=SPARK_HOME, SPARK_LOCAL_IP="127.0.0.1",
-                        SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false")
+        self.env = dict(
+            os.environ,
+            SPARK_HOME=SPARK_HOME,
+            SPARK_LOCAL_IP="127.0.0.1",
+            SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+        )
         self.procs: list[subprocess.Popen] = []
         self._url = None
         self.master_log = directory / "master.log"
-        self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0",
-                    "--webui-port", "0")
+        self._start(
+            "master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", "0", "--webui-port", "0"
+        )
 
     def _start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.directory / f"{name}.log", "wb")
-        proc = subprocess.Popen([os.path.join(SPARK_HOME, "bin", "spark-class"), *args], env=self.env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [os.path.join(SPARK_HOME, "bin", "spark-class"), *args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         log.close()
         self.procs.append(proc)
         return proc
@@ -150,9 +160,23 @@ class Cluster:
             for n in (1, 2):
                 work = self.directory / f"work{n}"
                 work.mkdir()
-                self._start(f"worker{n}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-                            "--port", "0", "--webui-port", "0", "--cores", "1", "--memory", "1g",
-                            "--work-dir", str(work), self._url)
+                self._start(
+                    f"worker{n}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--webui-port",
+                    "0",
+                    "--cores",
+                    "1",
+                    "--memory",
+                    "1g",
+                    "--work-dir",
+                    str(work),
+                    self._url,
+                )
             for n in (1, 2):
                 self._wait_for(f"worker{n}", "Successfully registered with master")
         return self._url
@@ -188,20 +212,44 @@ def submitted(cluster, fleet_dir, request):
     (status, stdout, stderr, out). Under spark-submit the driver's stderr comes out on stdout (Spark's
     PythonRunner merges them)."""
     out = fleet_dir.parent / "cluster"
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root"),
-           "SPARK_LOCAL_IP": "127.0.0.1", "LANG": "C.UTF-8"}
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "LANG": "C.UTF-8",
+    }
     # A small input: the settings a local master gets for one (specs/pipeline.md section 6).
-    small = ["--conf", "spark.sql.shuffle.partitions=2", "--conf", "spark.sql.codegen.wholeStage=false",
-             "--conf", "spark.sql.codegen.factoryMode=NO_CODEGEN",
-             "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
-             "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1",
-             "--conf", "spark.locality.wait=0"]  # no 3 s wait per task for the executor holding a cached block
-    command = [SUBMIT, "--master", cluster.url(), "--executor-memory", "512m", "--total-executor-cores", "2",
-               *small, "--", *_args(fleet_dir, out)]
+    small = [
+        "--conf",
+        "spark.sql.shuffle.partitions=2",
+        "--conf",
+        "spark.sql.codegen.wholeStage=false",
+        "--conf",
+        "spark.sql.codegen.factoryMode=NO_CODEGEN",
+        "--conf",
+        "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+        "--conf",
+        "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1",
+        "--conf",
+        "spark.locality.wait=0",
+    ]  # no 3 s wait per task for the executor holding a cached block
+    command = [
+        SUBMIT,
+        "--master",
+        cluster.url(),
+        "--executor-memory",
+        "512m",
+        "--total-executor-cores",
+        "2",
+        *small,
+        "--",
+        *_args(fleet_dir, out),
+    ]
     logs = fleet_dir.parent / "submitted.out", fleet_dir.parent / "submitted.err"
     with open(logs[0], "w") as stdout, open(logs[1], "w") as stderr:
-        proc = subprocess.Popen(command, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            command, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL, start_new_session=True
+        )
     try:
         request.getfixturevalue("local")  # both runs at once: the machine has two cores
         status = proc.wait(timeout=RUN_TIMEOUT)
@@ -215,11 +263,14 @@ def submitted(cluster, fleet_dir, request):
 def _rows(spark, out, name: str) -> list[dict]:
     """A table's rows, sorted, floats to 1e-9 (sums of doubles may add up in another order); the events
     table without ``seq`` (its numbering depends on the partitioning)."""
+
     def clean(value):
         return round(value, 9) if isinstance(value, float) else value
 
-    rows = [{k: clean(v) for k, v in r.asDict(recursive=True).items() if k != "seq"}
-            for r in spark.read.parquet(f"{out}/{name}").collect()]
+    rows = [
+        {k: clean(v) for k, v in r.asDict(recursive=True).items() if k != "seq"}
+        for r in spark.read.parquet(f"{out}/{name}").collect()
+    ]
     return sorted(rows, key=repr)
 
 
@@ -251,7 +302,8 @@ def test_the_submitted_run_is_quiet_before_the_job_starts(submitted):
     assert all(ln.startswith("WARNING: ") for ln in stderr.splitlines()), stderr
     assert not re.search(r" (INFO|WARN) |log4j", stdout + stderr)
     assert stdout.splitlines()[0] == (
-        f"mconn-pipeline: warning: skipped 1 file(s) in {out.parent / 'run'} not named like telemetry: n0.key")
+        f"mconn-pipeline: warning: skipped 1 file(s) in {out.parent / 'run'} not named like telemetry: n0.key"
+    )
 
 
 def test_only_telemetry_is_read_and_the_key_never_reaches_a_table_or_the_report(local, spark):
@@ -260,8 +312,10 @@ def test_only_telemetry_is_read_and_the_key_never_reaches_a_table_or_the_report(
     status, _, stderr, out = local
     key = (out.parent / "run" / "n0.key").read_text()
     assert status == 0
-    assert f"mconn-pipeline: warning: skipped 1 file(s) in {out.parent / 'run'} not named like telemetry: n0.key" \
+    assert (
+        f"mconn-pipeline: warning: skipped 1 file(s) in {out.parent / 'run'} not named like telemetry: n0.key"
         in stderr.splitlines()
+    )
     events = spark.read.parquet(f"{out}/events")
     assert events.where("event = '_malformed'").count() == 0
     report = (out / "report.html").read_text()
@@ -283,8 +337,10 @@ def test_the_console_names_the_lost_row_the_killed_end_and_the_skew(local):
     a, b, c = node_id("A"), node_id("B"), node_id("C")
     verdict = lines.index("PROBLEM: 1 lost (see delivery_audit)")
     assert lines[verdict + 1] == f"  1 lost: sender {a} receiver {b} session {session_id('s-ab')} channel 0x20"
-    assert "note: 1 one-sided rows: the silent end is in the logs but logged no counters for the channel (its " \
-           "node was killed before it logged them)" in lines
+    assert (
+        "note: 1 one-sided rows: the silent end is in the logs but logged no counters for the channel (its "
+        "node was killed before it logged them)" in lines
+    )
     assert f"warning: clock skew: session {session_id('s-bc')}: {c} logged its start 5.00 s after {b}" in lines
     assert any("does not depend on clocks" in ln for ln in lines)
     report = (local[3] / "report.html").read_text()

@@ -26,14 +26,13 @@ def test_unsettled_and_one_sided_rows_say_where_they_come_from():
 
 def test_lost_or_duplicated_is_a_problem():
     """Any lost or duplicated message makes the verdict a PROBLEM that names both counts."""
-    assert verdict(dict(BASE, lost=1, duplicated=2)) == (
-        False, "PROBLEM: 1 lost, 2 duplicated (see delivery_audit)"
-    )
+    assert verdict(dict(BASE, lost=1, duplicated=2)) == (False, "PROBLEM: 1 lost, 2 duplicated (see delivery_audit)")
 
 
 A, B, C = "a" * 40, "b" * 40, "c" * 40
-NONE = Findings(problems=[], problem_rows=0, one_sided_killed=0, one_sided_missing=0, skews=[], skewed_sessions=0,
-                unstarted={})
+NONE = Findings(
+    problems=[], problem_rows=0, one_sided_killed=0, one_sided_missing=0, skews=[], skewed_sessions=0, unstarted={}
+)
 
 
 def test_the_rows_with_a_problem_are_named():
@@ -88,16 +87,48 @@ def test_sessions_seen_without_their_start_point_at_missing_files():
 def test_the_summary_table_takes_the_findings_or_their_json_lines():
     """summary_table prints the findings after the verdict, from an audit.Findings or from the lines --json
     gives (what a caller of the command has)."""
-    summary = dict(BASE, nodes=2, restarts=0, events=10, malformed_records=0, unknown_events=0, first_time="t0",
-                   last_time="t1", sessions=1, links=1, resumes=0, fresh_starts=0, expired_sessions=0,
-                   rejected_sessions=0, restarted_sessions=0, dial_attempts=0, failed_dials=0,
-                   recovery_p50_seconds=None, recovery_max_seconds=None, in_doubt=0, protocol_errors=0,
-                   refused_connections=0, gave_up_dials=0, loop_stalls=0, reactor_errors=0, rtt_p50_seconds=None,
-                   rtt_p99_seconds=None, rtt_source=None, lost=1)
-    found = Findings(**{**NONE.__dict__, "problems": [
-        {"sender": A, "receiver": B, "session_id": "s1", "channel_id": 0x20, "lost": 1, "duplicated": 0}],
-        "problem_rows": 1})
+    summary = dict(
+        BASE,
+        nodes=2,
+        restarts=0,
+        events=10,
+        malformed_records=0,
+        unknown_events=0,
+        first_time="t0",
+        last_time="t1",
+        sessions=1,
+        links=1,
+        resumes=0,
+        fresh_starts=0,
+        expired_sessions=0,
+        rejected_sessions=0,
+        restarted_sessions=0,
+        dial_attempts=0,
+        failed_dials=0,
+        recovery_p50_seconds=None,
+        recovery_max_seconds=None,
+        in_doubt=0,
+        protocol_errors=0,
+        refused_connections=0,
+        gave_up_dials=0,
+        loop_stalls=0,
+        reactor_errors=0,
+        rtt_p50_seconds=None,
+        rtt_p99_seconds=None,
+        rtt_source=None,
+        lost=1,
+    )
+    found = Findings(
+        **{
+            **NONE.__dict__,
+            "problems": [
+                {"sender": A, "receiver": B, "session_id": "s1", "channel_id": 0x20, "lost": 1, "duplicated": 0}
+            ],
+            "problem_rows": 1,
+        }
+    )
     table = summary_table(summary, None, "out", found).splitlines()
     assert table[table.index("PROBLEM: 1 lost (see delivery_audit)") + 1] == (
-        f"  1 lost: sender {A} receiver {B} session s1 channel 0x20")
+        f"  1 lost: sender {A} receiver {B} session s1 channel 0x20"
+    )
     assert summary_table(summary, None, "out", finding_lines(found)) == "\n".join(table)

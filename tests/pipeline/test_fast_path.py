@@ -19,22 +19,17 @@ LISTENING = '{"v":2,"event":"listening","node_id":"n1","log_time":1800000000.5,"
 #: general path's reason.
 PREFIXED_BUT_MALFORMED = {
     # log_time a string: a value of the wrong type, and no numeric log_time.
-    '{"v":2,"event":"listening","node_id":"n1","log_time":"soon","address":"tcp:1"}':
-        "no event, node_id or numeric log_time",
+    '{"v":2,"event":"listening","node_id":"n1","log_time":"soon","address":"tcp:1"}': "no event, node_id or numeric log_time",
     # a number field of the event holding a string.
-    '{"v":2,"event":"channel_stats","node_id":"n1","log_time":1800000001.0,"peer_id":"p","channel_id":"32"}':
-        "a field of the wrong JSON type",
+    '{"v":2,"event":"channel_stats","node_id":"n1","log_time":1800000001.0,"peer_id":"p","channel_id":"32"}': "a field of the wrong JSON type",
     # a field of another event, of the wrong type: the general path checks it too.
-    '{"v":2,"event":"listening","node_id":"n1","log_time":1800000002.0,"duration":"long"}':
-        "a field of the wrong JSON type",
+    '{"v":2,"event":"listening","node_id":"n1","log_time":1800000002.0,"duration":"long"}': "a field of the wrong JSON type",
     # cut short by a killed process.
     '{"v":2,"event":"listening","node_id":"n1","log_ti': "not a JSON object",
     # a second "v" (the last one counts).
-    '{"v":2,"event":"listening","node_id":"n1","log_time":1800000003.0,"v":3}':
-        "record version 3: this reader knows 1 (no v) and 2",
+    '{"v":2,"event":"listening","node_id":"n1","log_time":1800000003.0,"v":3}': "record version 3: this reader knows 1 (no v) and 2",
     # a second "event" naming an event with lists: the lists' checks apply.
-    '{"v":2,"event":"listening","node_id":"n1","log_time":1800000004.0,"event":"handshake_done","channels":7}':
-        "channels: not a list of int",
+    '{"v":2,"event":"listening","node_id":"n1","log_time":1800000004.0,"event":"handshake_done","channels":7}': "channels: not a list of int",
     # no node_id.
     '{"v":2,"event":"listening","log_time":1800000005.0}': "no event, node_id or numeric log_time",
 }
@@ -55,8 +50,9 @@ def test_the_fast_path_takes_only_clean_prefixed_lines_of_events_without_lists(s
     (tmp_path / "node.json").write_text("\n".join(lines) + "\n")
     got = rows(ingest.classify(ingest.read_lines(spark, [str(tmp_path)])))
     listed = {"handshake_done", "connection_lost", "session_ended"}
-    expected = [json.loads(line)["event"] if json.loads(line)["event"] not in listed else ingest.RECHECK
-                for line in golden]
+    expected = [
+        json.loads(line)["event"] if json.loads(line)["event"] not in listed else ingest.RECHECK for line in golden
+    ]
     expected += [ingest.RECHECK] * (2 + len(PREFIXED_BUT_MALFORMED))
     assert [r["event"] for r in got] == expected
     assert [r["record"] for r in got if r["event"] == ingest.RECHECK] == [

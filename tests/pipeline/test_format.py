@@ -97,6 +97,12 @@ def test_mixed_versions_and_a_cut_line_in_one_file_spoil_nothing(spark, tmp_path
     events = events_of(spark, tmp_path)
     names = [(e["event"], None if e["event"] == ingest.MALFORMED else e["version"]) for e in events]
     expected_v1 = [(v["fields"]["event"], 1) for v in VECTORS["version1"][:3]]
-    assert names == [expected_v1[0], (ingest.MALFORMED, None), *expected_v1[1:], (ingest.MALFORMED, None),
-                     ("listening", 2), ("connection_made", 2)]
+    assert names == [
+        expected_v1[0],
+        (ingest.MALFORMED, None),
+        *expected_v1[1:],
+        (ingest.MALFORMED, None),
+        ("listening", 2),
+        ("connection_made", 2),
+    ]
     assert {e["reject_reason"] for e in events if e["event"] == ingest.MALFORMED} == {"not a JSON object"}

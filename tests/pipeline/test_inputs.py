@@ -57,8 +57,10 @@ def test_a_directory_gives_its_telemetry_files_and_never_the_key_beside_them(tmp
     selected = inputs.resolve([str(tmp_path / "run")])
     assert selected.paths == [str(paths["n0"]), str(paths["n1"])]
     warnings = "\n".join(selected.warnings)
-    assert f"skipped 3 file(s) in {tmp_path / 'run'} not named like telemetry: n0.key, twistd.log, twistd.pid" \
+    assert (
+        f"skipped 3 file(s) in {tmp_path / 'run'} not named like telemetry: n0.key, twistd.log, twistd.pid"
         in selected.warnings
+    )
     assert f"skipped {tmp_path / 'run' / 'leaked.json'}: not telemetry" in warnings
     assert f"skipped {tmp_path / 'run' / 'notes.json'}: not telemetry" in warnings
     assert f"skipped {tmp_path / 'run' / 'deep.json'}: not telemetry" in warnings
@@ -129,8 +131,7 @@ def test_a_gap_in_the_rotation_indices_is_a_warning(tmp_path):
     assert selected.warnings == [
         f"gap in the rotated files of {tmp_path / 'a.json'}: {tmp_path / 'a.json.2'} missing; their records are "
         "not read",
-        f"gap in the rotated files of {tmp_path / 'b.json'}: {tmp_path / 'b.json'} missing; their records are "
-        "not read",
+        f"gap in the rotated files of {tmp_path / 'b.json'}: {tmp_path / 'b.json'} missing; their records are not read",
     ]
 
 
@@ -154,8 +155,12 @@ def test_the_command_fails_on_a_missing_path_in_one_line_before_spark_starts(tmp
     """mconn-pipeline with a missing input exits 1 with one line naming the path, and no JVM was started (no
     Java or Spark line on stderr)."""
     missing = tmp_path / "nothing-here"
-    done = subprocess.run([sys.executable, "-m", "mconn.pipeline", str(missing), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "mconn.pipeline", str(missing), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1
     assert done.stderr.splitlines() == [f"mconn-pipeline: error: {missing}: no such file or directory"]
 
@@ -164,8 +169,9 @@ def resolve_in_child(logs, cwd):
     """inputs.resolve(logs) in a child Python, killed after 60 s (subprocess.run's timeout): a read that blocks or
     a walk that does not end fails the test instead of holding it. Returns (paths, warnings)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", RESOLVE, *map(str, logs)], capture_output=True, text=True,
-                          timeout=60, cwd=cwd, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", RESOLVE, *map(str, logs)], capture_output=True, text=True, timeout=60, cwd=cwd, env=env
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -193,8 +199,13 @@ def test_a_run_given_only_a_fifo_fails_in_one_line_naming_it(tmp_path):
     """mconn-pipeline given a directory holding only a FIFO named like telemetry exits 1 at once with one line
     that names the FIFO and why it was skipped; no JVM is started."""
     os.mkfifo(tmp_path / "n0.json")
-    done = subprocess.run([sys.executable, "-m", "mconn.pipeline", str(tmp_path), "--out", str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-m", "mconn.pipeline", str(tmp_path), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 1
     fifo = tmp_path / "n0.json"
     assert done.stderr.splitlines() == [
@@ -214,8 +225,10 @@ def test_directory_links_are_not_followed_and_the_walk_ends(tmp_path):
     real = sorted([str(paths["n0"]), str(paths["n1"]), str(logs / "top.json")])
     found, warnings = resolve_in_child([logs / "**" / "*.json"], tmp_path)
     assert sorted(found) == real and len(found) == len(set(found))
-    assert f"did not follow 2 directory link(s) matching {logs / '**' / '*.json'}: {logs / 'a' / 'loop2'}, " \
+    assert (
+        f"did not follow 2 directory link(s) matching {logs / '**' / '*.json'}: {logs / 'a' / 'loop2'}, "
         f"{logs / 'loop1'}" in warnings
+    )
     found, warnings = resolve_in_child(["logs/**/*.json"], tmp_path)  # relative, as the README writes it
     assert sorted(found) == sorted(os.path.relpath(p, tmp_path) for p in real)
     found, warnings = resolve_in_child([logs], tmp_path)

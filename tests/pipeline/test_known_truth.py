@@ -85,13 +85,27 @@ def build_fleet() -> FleetLog:
     cut_short = f'\x1e{{"event": "connection_made", "node_id": "{C}", "direc'
     c.raw(99.9, cut_short + record("protocol_error", 100, node_id=C, **proto))
     c.emit("protocol_error", 101, **proto)
-    a.emit("peer_rejected", 105, peer_id=B, remote_address="127.0.0.1:5555", reason="duplicate",
-           message=f"node {B} is already connected")
+    a.emit(
+        "peer_rejected",
+        105,
+        peer_id=B,
+        remote_address="127.0.0.1:5555",
+        reason="duplicate",
+        message=f"node {B} is already connected",
+    )
     a.emit("connection_refused", 106, remote_address="10.0.0.9:4100", reason="ip_limit", message="3 of 3")
     c.emit("loop_stalled", 102, peer_id=None, late=0.25)
     # A first dial that gives up: an attempt that belongs to no break.
-    d.emit("dial_attempt", 5, peer_id=None, address="127.0.0.1:9999", attempt=1, delay=0.0, result="failed",
-           error="ConnectionRefusedError: refused")
+    d.emit(
+        "dial_attempt",
+        5,
+        peer_id=None,
+        address="127.0.0.1:9999",
+        attempt=1,
+        delay=0.0,
+        result="failed",
+        error="ConnectionRefusedError: refused",
+    )
     d.emit("dial_gave_up", 6, peer_id=None, reason="max_reconnects 1 reached: ConnectionRefusedError")
     # Malformed records (6, one of them above) and unknown events (2).
     a.raw(50, "not json\n")
@@ -117,9 +131,20 @@ def current_nodes(fleet: FleetLog) -> None:
     gh.suspend(415)
     gh.resume(416)
     # H refused a second connection from G: it carried no session (session_id null).
-    h.emit("connection_lost", 420, peer_id=G, remote_address="127.0.0.1:59999", direction="inbound",
-           reason_type="PeerRejected", reason="duplicate", duration=0.01, bytes_sent=777, bytes_received=777,
-           channels=[], session_id=None)
+    h.emit(
+        "connection_lost",
+        420,
+        peer_id=G,
+        remote_address="127.0.0.1:59999",
+        direction="inbound",
+        reason_type="PeerRejected",
+        reason="duplicate",
+        duration=0.01,
+        bytes_sent=777,
+        bytes_received=777,
+        channels=[],
+        session_id=None,
+    )
     # The second connection has sent 3000 bytes, more than the first had (1000) at 410.
     gh.stats(g, 430, sent_bytes={0x20: 3000}, round_trip=0.005)  # no new pong: the same sample
     gh.stats(g, 440, sent_bytes={0x20: 3500}, round_trip=0.007)
@@ -176,8 +201,9 @@ def test_the_lost_message_shows_up_in_one_audit_row_only(out, tables):
 def test_the_duplicate_shows_up_in_one_audit_row_only(out, tables):
     """The one duplicated message shows up in exactly one audit row, its sender's session and channel."""
     rows = tables(out[2], "delivery_audit")
-    dups = [(r["sender"], r["receiver"], r["session_id"], r["channel_id"], r["duplicated"])
-            for r in rows if r["duplicated"]]
+    dups = [
+        (r["sender"], r["receiver"], r["session_id"], r["channel_id"], r["duplicated"]) for r in rows if r["duplicated"]
+    ]
     assert dups == [(C, A, S_DUP, 0x21, 1)]
 
 
@@ -202,7 +228,9 @@ def test_grace_expiry_reports_undelivered_not_lost(out, tables):
     attempts = [r for r in tables(out[2], "reconnects") if r["session_id"] == S_EXPIRE]
     attempts.sort(key=lambda r: r["attempt"])
     assert [(r["attempt"], r["result"], r["resolution"], r["recovery_seconds"]) for r in attempts] == [
-        (1, "failed", "expired", None), (2, "failed", "expired", None), (3, "failed", "expired", None)
+        (1, "failed", "expired", None),
+        (2, "failed", "expired", None),
+        (3, "failed", "expired", None),
     ]
 
 
@@ -231,14 +259,22 @@ def test_outcomes_of_every_session_end(out, tables):
     still open."""
     outcomes = {(r["node_id"], r["session_id"]): r["outcome"] for r in tables(out[2], "links")}
     assert outcomes == {
-        (A, S_LOST): "closed", (B, S_LOST): "closed",
-        (C, S_DUP): "closed", (A, S_DUP): "closed",
-        (B, S_RESUME): "resumed", (C, S_RESUME): "resumed",
-        (D, S_EXPIRE): "expired", (B, S_EXPIRE): "expired",
-        (E, S_OLD): "fresh", (F, S_OLD): "restarted",
-        (E, S_NEW): "closed", (F, S_NEW): "closed",
-        (G, S_GH): "resumed", (H, S_GH): "resumed",
-        (G, S_GI): "open", (I, S_GI): "restarted",
+        (A, S_LOST): "closed",
+        (B, S_LOST): "closed",
+        (C, S_DUP): "closed",
+        (A, S_DUP): "closed",
+        (B, S_RESUME): "resumed",
+        (C, S_RESUME): "resumed",
+        (D, S_EXPIRE): "expired",
+        (B, S_EXPIRE): "expired",
+        (E, S_OLD): "fresh",
+        (F, S_OLD): "restarted",
+        (E, S_NEW): "closed",
+        (F, S_NEW): "closed",
+        (G, S_GH): "resumed",
+        (H, S_GH): "resumed",
+        (G, S_GI): "open",
+        (I, S_GI): "restarted",
     }
 
 
@@ -254,7 +290,8 @@ def test_the_resume_is_counted_and_timed(out, tables):
     attempts = [r for r in tables(out[2], "reconnects") if r["session_id"] == S_RESUME]
     attempts.sort(key=lambda r: r["attempt"])
     assert [(r["node_id"], r["attempt"], r["result"], r["resolution"]) for r in attempts] == [
-        (B, 1, "failed", "resumed"), (B, 2, "connected", "resumed")
+        (B, 1, "failed", "resumed"),
+        (B, 2, "connected", "resumed"),
     ]
     assert attempts[0]["recovery_seconds"] == pytest.approx(152.021 - 150.0001, abs=1e-3)
 
@@ -319,7 +356,7 @@ def test_report_is_one_html_file_with_embedded_plots(out):
     text = open(report, encoding="utf-8").read()
     assert text.startswith("<!doctype html>") and "PROBLEM: 1 lost, 1 duplicated" in text
     assert text.count("data:image/png;base64,") >= 5
-    assert "src=\"http" not in text  # self-contained
+    assert 'src="http' not in text  # self-contained
 
 
 def test_a_restart_with_no_session_open_is_counted(out, tables):

@@ -21,8 +21,10 @@ from mconn import ChannelDescriptor, Config, Switch
 
 pytestmark = pytest.mark.integration
 
-CHANNELS = [ChannelDescriptor(0x20, priority=1, send_queue_capacity=16),
-            ChannelDescriptor(0x21, priority=5, send_queue_capacity=16)]
+CHANNELS = [
+    ChannelDescriptor(0x20, priority=1, send_queue_capacity=16),
+    ChannelDescriptor(0x21, priority=5, send_queue_capacity=16),
+]
 PER_CHANNEL = 60  # messages per channel, direction and link
 
 
@@ -75,8 +77,10 @@ async def run_network(directory):
         breaks = {("B", "A"): 2, ("C", "B"): 1, ("C", "A"): 0}
         rounds = 3
         for r in range(rounds):
-            sends = [send_batch(p, r * (PER_CHANNEL // rounds), PER_CHANNEL // rounds)
-                     for p in list(dialed.values()) + list(back.values())]
+            sends = [
+                send_batch(p, r * (PER_CHANNEL // rounds), PER_CHANNEL // rounds)
+                for p in list(dialed.values()) + list(back.values())
+            ]
             sends = [defer.ensureDeferred(s) for s in sends]
             if r < 2:
                 dialed[("B", "A")].force_reconnect()  # the first two rounds break B -> A
@@ -133,5 +137,7 @@ async def test_a_real_network_audits_clean_and_counts_the_injected_resumes(tmp_p
     assert len(latency) == 6 and all(r["source"] == "ping" and r["samples"] >= 1 for r in latency)
     dials = [r for r in tables(out, "reconnects") if r["result"] == "connected"]
     assert sorted((names[r["node_id"]], names[r["peer_id"]], r["resolution"]) for r in dials) == [
-        ("B", "A", "resumed"), ("B", "A", "resumed"), ("C", "B", "resumed")
+        ("B", "A", "resumed"),
+        ("B", "A", "resumed"),
+        ("C", "B", "resumed"),
     ]
