@@ -3,7 +3,8 @@
 The rule: this layer drives the core (mconn.core) and talks up to the switch only
 through the interfaces declared in ``owner``. The modules, in reading order:
 
-* ``owner``: ``IConnectionOwner`` and ``ConnectionContext``, what a connection asks its owner, and
+* ``owner``: ``IConnectionOwner`` and ``ConnectionContext``, what a connection asks its owner;
+  ``ICarriedSession``, what it hands the session it carries; and
   ``IUpgradeAdmission``, how a WebSocket connection is admitted from TCP accept;
 * ``protocol``: ``MConnectionProtocol``, the thin Protocol around a core Connection;
 * ``timers``: every connection's timer on one DelayedCall per clock;

@@ -121,3 +121,20 @@ class IUpgradeAdmission(Interface):
     def upgrade_gone(protocol):
         """The connection is gone; if the protocol above never connected, its counts are
         released here (else by the protocol's own ``connection_lost``)."""
+
+
+class ICarriedSession(Interface):
+    """What a connection hands the session it carries (a Switch's ``Peer``): the calls of
+    the read path up, the one way a connection talks to its Peer. Not for reactors."""
+
+    def deliver(channel_id, message):
+        """A whole message arrived on ``channel_id``: hand it to the reactors (counted
+        delivered once they have it; specs/reactor-api.md section 4.1)."""
+
+    def acknowledged(delivered):
+        """The peer's ack: ``delivered`` maps channel ids to how many messages its
+        reactors have, cumulatively (specs/resume.md section 2.3)."""
+
+    def room_made():
+        """The scheduler took messages from the queues: move waiting sends in. Returns
+        True if any were moved (the connection pumps again)."""

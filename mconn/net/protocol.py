@@ -235,7 +235,7 @@ class MConnectionProtocol(Protocol):
             if self.end_reason is not None and type(event) is not ConnectionFailed:
                 continue  # we are closing: nothing more reaches the reactors
             if type(event) is MessageReceived and self.peer is not None:  # the hot path
-                self.peer._deliver(event.channel_id, event.message)
+                self.peer.deliver(event.channel_id, event.message)
             elif self._held is not None and type(event) is not ConnectionFailed:
                 self._held.append(event)  # after the pending decision (decide)
             else:
@@ -342,7 +342,7 @@ class MConnectionProtocol(Protocol):
                 if not core.more_to_send:
                     break  # everything that could go out now went out
             # Sends waiting for room take the room just made, and go out too.
-            moved = self.peer is not None and taken != core.messages_taken and self.peer._drain_waiting()
+            moved = self.peer is not None and taken != core.messages_taken and self.peer.room_made()
             if not moved or self._paused:
                 break
         if core.state is _CLOSING or core.state is _CLOSED:
@@ -445,14 +445,14 @@ class MConnectionProtocol(Protocol):
                 UnexpectedPacket(f"msg packet on channel {event.channel_id:#04x} before the session was established")
             )
             return
-        self.peer._deliver(event.channel_id, event.message)
+        self.peer.deliver(event.channel_id, event.message)
 
     def _on_ack(self, event: AckReceived) -> None:
         if self.peer is None:
             self.fail(UnexpectedPacket("ack packet before the session was established"))
             return
         try:
-            self.peer._on_ack(event.delivered)
+            self.peer.acknowledged(event.delivered)
         except RemoteProtocolError as error:
             self.fail(error)
 

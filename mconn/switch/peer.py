@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 
 from twisted.internet import defer
+from zope.interface import implementer
 
 from mconn.core.address import transport_host
 from mconn.core.connection import State
@@ -30,6 +31,7 @@ from mconn.switch.peer_delivery import PeerDelivery
 from mconn.switch.peer_stats import ChannelStatsSnapshot, PeerStats, snapshot
 from mconn.core.session_table import PeerState
 from mconn.core.wire import ChannelInfo, Hello
+from mconn.net.owner import ICarriedSession
 
 CONNECTING = PeerState.CONNECTING
 CONNECTED = PeerState.CONNECTED
@@ -41,6 +43,7 @@ _BYTES_ONLY = {bytes}
 __all__ = ["ChannelStatsSnapshot", "Peer", "PeerStats"]
 
 
+@implementer(ICarriedSession)
 class Peer:
     """A session with a node. Created by the Switch when a session starts; never by users.
 
@@ -85,7 +88,7 @@ class Peer:
         "_confirms",
         "data",
         "_receiving",
-        "_deliver",
+        "deliver",
         "_flush_timer",
         "_flush_reason",
     )
@@ -144,8 +147,9 @@ class Peer:
         self.data: dict = {}
         #: The receiving side (``_delivery``), None until the first message comes.
         self._receiving: PeerDelivery | None = None
-        #: ``_deliver(channel_id, message)``, called by the protocol for each whole message.
-        self._deliver = self._first_delivery
+        #: ``deliver(channel_id, message)`` (``ICarriedSession``), called by the connection
+        #: for each whole message: the receiving side's own method once it is built.
+        self.deliver = self._first_delivery
         #: While ``close(flush=True)`` waits for the peer's acks: its timeout, else None.
         self._flush_timer = None
         self._flush_reason = ""
@@ -176,7 +180,7 @@ class Peer:
             delivery = self._receiving = PeerDelivery(
                 self, route=sessions.route, clock=self._clock, config=self._config
             )
-            self._deliver = delivery.deliver
+            self.deliver = delivery.deliver
         return delivery
 
     def _first_delivery(self, channel_id: int, message: bytes) -> None:
@@ -384,11 +388,12 @@ class Peer:
         waiting = self._waiting[channel_id]
         waiting.remove(entry)
         if not waiting:
-            del self._waiting[channel_id]  # _drain_waiting finds nothing to do at once
+            del self._waiting[channel_id]  # room_made finds nothing to do at once
         entry[1].callback(False)
 
-    def _drain_waiting(self) -> bool:
-        """Accept waiting sends that now have room (called after each pump and on resume).
+    def room_made(self) -> bool:
+        """Accept waiting sends that now have room (``ICarriedSession``: called by the
+        connection after each pump that took messages, and on resume).
 
         Returns True if any were accepted. Their Deferreds fire after the move, so a
         callback that sends again sees consistent queues.
@@ -415,10 +420,11 @@ class Peer:
             d.callback(True)
         return moved > 0
 
-    # -- the peer's acks (called by the protocol) ------------------------------------
+    # -- the peer's acks (called by the connection) ------------------------------------
 
-    def _on_ack(self, delivered: dict[int, int]) -> None:
-        """The peer confirmed deliveries: drop them from the recovery buffer, confirm."""
+    def acknowledged(self, delivered: dict[int, int]) -> None:
+        """The peer confirmed deliveries (``ICarriedSession``): drop them from the recovery
+        buffer, confirm."""
         for channel_id, _, acked in self.session.on_ack(delivered):
             self._confirm_up_to(channel_id, acked)
         if self._waiting and self.state is CONNECTED:

@@ -40,7 +40,7 @@ def test_the_receiving_side_is_built_at_the_first_message_and_delivers_every_mes
     assert sender.try_send(0x30, b"one")
     network.flush()
     assert isinstance(here._receiving, PeerDelivery)
-    assert here._deliver == here._receiving.deliver  # no detour from the second message on
+    assert here.deliver == here._receiving.deliver  # no detour from the second message on
     assert sender.try_send(0x30, b"two") and sender.try_send(0x30, b"three")
     network.flush()
     received = [call[3] for call in reactor.calls if call[0] == "receive"]

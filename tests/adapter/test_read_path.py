@@ -85,7 +85,7 @@ def test_a_short_write_cycle_is_not_a_sample():
 def test_a_resume_that_takes_nothing_off_a_queue_offers_no_room_but_waiting_sends_still_go(monkeypatch):
     """A bulk channel full of 256 KiB messages (four 64 KiB writes each) and a send
     waiting for room: only the resumes whose write took a message off the queue offer
-    room to waiting sends (``_drain_waiting``), not the three in four that carry on a
+    room to waiting sends (``room_made``), not the three in four that carry on a
     message already started; the waiting send is accepted, and every message arrives
     whole and in order."""
     from tests.adapter.test_write_ahead import BULK, CHANNELS as BULK_CHANNELS, SocketLikeTransport
@@ -99,13 +99,13 @@ def test_a_resume_that_takes_nothing_off_a_queue_offers_no_room_but_waiting_send
     accepted = []
     h.peer.send(BULK, messages[8]).addCallback(accepted.append)
     drains = []
-    original = type(h.peer)._drain_waiting
+    original = type(h.peer).room_made
 
     def drain(peer):
         drains.append(h.proto.core.messages_taken)
         return original(peer)
 
-    monkeypatch.setattr(type(h.peer), "_drain_waiting", drain)
+    monkeypatch.setattr(type(h.peer), "room_made", drain)
     resumes = 0
     while transport.value() and resumes < 1000:
         transport.drain(len(transport.value()))  # the link takes the write: a resume

@@ -6,6 +6,7 @@ Covers routing to the owning reactor, the reactor call order, the peer-set rules
 """
 
 import pytest
+from zope.interface.verify import verifyObject
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.testing import MemoryReactorClock
 
@@ -28,6 +29,7 @@ from mconn import (
     Reactor,
     Switch,
 )
+from mconn.net.owner import ICarriedSession
 from mconn.testing import MemoryNetwork
 
 BLOCKS = [
@@ -545,3 +547,9 @@ def test_a_new_config_reaches_the_node_wide_budget_of_unacknowledged_bytes():
     limit = accepted_until_refused(made_tight)
     assert accepted_until_refused(changed) == limit
     assert accepted_until_refused(left_roomy) > limit
+
+
+def test_a_peer_provides_what_its_connection_hands_it():
+    """The connection talks to the Peer it carries only through ICarriedSession."""
+    h = open_switch_connection()
+    assert verifyObject(ICarriedSession, h.peer)

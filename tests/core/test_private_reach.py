@@ -37,16 +37,6 @@ _NAMED_ACCESS = {"getattr", "setattr", "hasattr", "delattr"}
 
 #: (accessing module, attribute) -> why it is still reached from outside its owner.
 ALLOWED: dict[tuple[str, str], str] = {
-    # -- across packages: the connection calls into the Peer it carries (net -> switch) -----
-    ("mconn.net.protocol", "_deliver"): (
-        "each whole message to its Peer, on the per-message read path; no interface in net/owner.py declares it yet"
-    ),
-    ("mconn.net.protocol", "_on_ack"): (
-        "an ack packet to the Peer's send side, to confirm sends; no interface in net/owner.py declares it yet"
-    ),
-    ("mconn.net.protocol", "_drain_waiting"): (
-        "the scheduler took messages: the Peer moves waiting sends in; no interface in net/owner.py declares it yet"
-    ),
     # -- within a package ----------------------------------------------------------------------
     ("mconn.net.timers", "_on_timer"): (
         "the shared timer wheel fires a connection's timer: one device with the protocol, hidden from its users"
