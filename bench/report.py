@@ -248,15 +248,18 @@ def print_py_spy(directory: str, top: int = 18) -> None:
 
 
 def source_digest(package_dir: str) -> dict:
-    """A sha256 over the package's .py files, and their newest mtime: which code ran."""
+    """A sha256 over the package's .py files, its subpackages' included, and their newest
+    mtime: which code ran."""
     h = hashlib.sha256()
     newest = 0.0
-    for name in sorted(os.listdir(package_dir)):
-        if name.endswith(".py"):
-            path = os.path.join(package_dir, name)
-            with open(path, "rb") as f:
-                h.update(name.encode() + b"\0" + f.read() + b"\0")
-            newest = max(newest, os.path.getmtime(path))
+    for folder, dirs, files in os.walk(package_dir):  # top down, folders in name order
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, "rb") as f:
+                    h.update(os.path.relpath(path, package_dir).encode() + b"\0" + f.read() + b"\0")
+                newest = max(newest, os.path.getmtime(path))
     return {"sha256": h.hexdigest()[:16], "newest_mtime": newest}
 
 
