@@ -132,10 +132,10 @@ def findings(audit_df: DataFrame, links_df: DataFrame, starts_cut: bool | None =
     ``--since`` was given (True: the sessions seen without their start are not counted),
     or not known (None)."""
     bad = audit_df.where((F.col("lost") > 0) | (F.col("duplicated") > 0))
-    problems = bad.orderBy(F.desc("lost"), F.desc("duplicated"), "sender", "receiver", "session_id", "channel_id")
+    ordered = bad.orderBy(F.desc("lost"), F.desc("duplicated"), "sender", "receiver", "session_id", "channel_id")
     problems = [
         r.asDict()
-        for r in problems.select("sender", "receiver", "session_id", "channel_id", "lost", "duplicated")
+        for r in ordered.select("sender", "receiver", "session_id", "channel_id", "lost", "duplicated")
         .limit(NAMED)
         .collect()
     ]
@@ -173,6 +173,7 @@ def _one_sided_causes(audit_df: DataFrame, links_df: DataFrame) -> tuple[int, in
         )
         .first()
     )
+    assert row is not None  # an aggregate without grouping has exactly one row
     return row["killed"], row["missing"]
 
 

@@ -10,7 +10,7 @@ connection is an ephemeral one that says nothing.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, functions as F
+from pyspark.sql import Column, DataFrame, functions as F
 
 from mconn.pipeline.schema import WARNINGS
 from mconn.pipeline.sessions import of
@@ -32,10 +32,12 @@ def kinds() -> dict:
 
 
 def build(events: DataFrame) -> DataFrame:
-    kind = message = None
+    kind: Column | None = None
+    message: Column | None = None
     for event, (k, m) in kinds().items():
         kind = F.when(F.col("event") == event, k) if kind is None else kind.when(F.col("event") == event, k)
         message = F.when(F.col("event") == event, m) if message is None else message.when(F.col("event") == event, m)
+    assert kind is not None and message is not None  # kinds() has an entry per WARNINGS event
     rows = of(events, *WARNINGS).select(
         "event", "node_id", "peer_id", "remote_address", "log_time", kind.alias("kind"), message.alias("message")
     )

@@ -223,7 +223,7 @@ def _as_read(scalars: list[str]) -> Column:
     """The text of a version 2 record rejected only for a list field (the parser keeps a
     record's text only when it is corrupt): the fields it read, written back as JSON (the lists as
     they were, ``level`` and any field the spec does not list left out)."""
-    fields = [F.col("_v").alias(schema.VERSION), "event", "node_id", "log_time"]
+    fields: list[Column | str] = [F.col("_v").alias(schema.VERSION), "event", "node_id", "log_time"]
     fields += [F.col(c) for c in scalars if c != "node_id"]
     fields += [F.try_parse_json("_raw_" + name).alias(name) for name in sorted(schema.list_fields())]
     return F.to_json(F.struct(*fields))

@@ -117,7 +117,9 @@ def resolve(logs: list[str], max_entries: int = MAX_WALK_ENTRIES) -> Inputs:
             remote.append(log)
             continue
         candidates += _expand(log, warnings, budget)
-    paths, seen, listings = [], set(), {}
+    paths: list[str] = []
+    seen: set[str] = set()
+    listings: dict[str, dict[str, list[int]]] = {}
     for path in candidates:
         for file in [path] + _rotations(path, listings, budget):
             key = os.path.realpath(file)
@@ -149,7 +151,8 @@ def _expand(log: str, warnings: list[str], budget: Budget) -> list[str]:
         raise InputError(f"{log}: no such file or directory")
     else:
         matches = [log]
-    found, unnamed = [], []
+    found: list[str] = []
+    unnamed: list[str] = []
     for match in matches:
         if os.path.isdir(match):
             files, others, dir_links = _walk(match, budget)
@@ -178,7 +181,9 @@ def _walk(directory: str, budget: Budget) -> tuple[list[str], list[str], list[st
     """Telemetry-named files under ``directory``, in ``os.walk``'s top-down order with
     names sorted; the names of the others; and the directory links not followed (both
     relative to ``directory``)."""
-    files, others, links = [], [], []
+    files: list[str] = []
+    others: list[str] = []
+    links: list[str] = []
     stack = [directory]
     while stack:
         top = stack.pop()
@@ -300,7 +305,7 @@ def _directories(base: str, budget: Budget, links: list[str]) -> list[str]:
     return directories
 
 
-def _rotations(path: str, listings: dict, budget: Budget) -> list[str]:
+def _rotations(path: str, listings: dict[str, dict[str, list[int]]], budget: Budget) -> list[str]:
     """``PATH.1``, ``PATH.2``, ... that exist, for a file that is not itself rotated.
 
     ``listings`` caches each directory's rotated files by base name (one listing per
@@ -394,7 +399,8 @@ def rotation_gaps(paths: list[str]) -> list[str]:
         ordered = sorted(present)
         count = ordered[-1] + 1 - len(ordered)  # indices 0 .. max not present
         if count:
-            missing, expected = [], 0  # the first five, without listing a range sized by a file name
+            missing: list[int] = []  # the first five, without listing a range sized by a file name
+            expected = 0
             for index in ordered:
                 missing += range(expected, min(index, expected + 5 - len(missing)))
                 expected = index + 1

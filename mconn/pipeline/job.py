@@ -39,10 +39,10 @@ class Result:
     #: counted whether or not ``since`` was given (``console_findings`` tells them apart).
     findings: audit.Findings | None = None
 
-    def console_findings(self, since=None) -> audit.Findings:
+    def console_findings(self, since=None) -> audit.Findings | None:
         """The findings as the console states them: with ``since``, sessions seen without
         their start are not counted (their start may be before it)."""
-        if since is None:
+        if since is None or self.findings is None:
             return self.findings
         return dataclasses.replace(self.findings, starts_cut=True, unstarted={})
 
