@@ -27,9 +27,13 @@ to meet a line count would only hide which attributes they share.
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Callable
+from typing import Any, cast
+
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -37,6 +41,7 @@ from zope.interface import implementer
 from mconn.core.admission import limit_key
 from mconn.core.connection import Connection, State, close_packet
 from mconn.errors import ConnectionLost, PeerClosed, PeerRejected, RemoteProtocolError, UnexpectedPacket
+from mconn.core.wire import Hello
 from mconn.core.events import (
     AckReceived,
     CloseReceived,
@@ -70,13 +75,20 @@ class MConnectionProtocol(Protocol):
     #: Rarely set (a stall, a close): class defaults, as CPython builds a dict per connection past ~30 attributes.
     _after_stall, _linger = False, None
 
+    #: What carries the bytes: TCP, mconn's TLS, a WebSocket carrier or a test's
+    #: StringTransport (None until makeConnection). Beyond ITransport it is asked for
+    #: abortConnection, the producer methods and, on TCP, a FileDescriptor's attributes
+    #: (``connected``, ``startWriting``, ``producerPaused``), which no one interface declares.
+    transport: Any
+
     def __init__(self, owner, context: ConnectionContext) -> None:
         self.owner = owner
         self.context = context
         self.core: Connection | None = None
-        #: The Peer whose session this connection carries, once decided (``carry``).
-        self.peer = None
-        self.hello = None
+        #: The Peer whose session this connection carries, once decided (``carry``): an
+        #: ``ICarriedSession`` that is also given ``round_trip`` (a Switch's Peer, of a layer above).
+        self.peer: Any = None
+        self.hello: Hello | None = None
         self.session_request = None  #: ours (outbound connections), sent in our hello
         self.remote_address = ""
         #: The key this inbound connection counts against (set once admitted): its remote
@@ -96,22 +108,23 @@ class MConnectionProtocol(Protocol):
         self._ahead = WriteAhead(owner.config.write_ahead_time or 1.0, owner.config.write_batch_bytes)
         self._pause_after_write = False
         #: The TCP socket beneath the transport, asked for its acknowledged bytes (or None).
-        self._socket = None
+        self._socket: socket.socket | None = None
         #: Plain TCP; a read is handled and its first write may go through (write_through.py).
         self._through_ok = self._through = False
         self._rate_limited = owner.config.send_rate is not None
         self._recv_limited = owner.config.recv_rate is not None
         #: Our entry in the clock's Timers while one is armed (mconn/net/timers.py).
-        self._timer = None
+        self._timer: list[Any] | None = None
         self._timer_due = 0.0
         #: Called with this protocol when bytes arrive (a duplicate probe waits), or None.
-        self._on_bytes = None
+        self._on_bytes: Callable[[MConnectionProtocol], object] | None = None
         #: Events received while a decision is pending (an asynchronous authorize), or None.
-        self._held = None
+        self._held: list[object] | None = None
 
     #: The handshake's Deferred once asked for, and its outcome once known (the Peer,
     #: or why it failed): an inbound one is rarely waited on, so none is made unless asked.
-    _handshake = _outcome = None
+    _handshake: Deferred[Any] | None = None
+    _outcome: object = None
 
     @property
     def handshake(self) -> Deferred:
@@ -134,6 +147,7 @@ class MConnectionProtocol(Protocol):
                 self._fire(outcome)
 
     def _fire(self, outcome) -> None:
+        assert self._handshake is not None  # made by ``handshake`` before any call
         (self._handshake.errback if isinstance(outcome, BaseException) else self._handshake.callback)(outcome)
 
     #: The context's facts, read through the protocol.
@@ -161,6 +175,7 @@ class MConnectionProtocol(Protocol):
         """Ping the peer now, unless a ping is out, and arm the timer for its pong
         deadline (a probe of the stats tick or of a duplicate connection); returns
         the time the probe counts from (``Connection.probe``)."""
+        assert self.core is not None  # the owner probes connections it was handed in connection_made
         since = self.core.probe(self._clock.seconds())
         self.pump()
         self._rearm()
@@ -188,7 +203,9 @@ class MConnectionProtocol(Protocol):
         if not self.context.is_outbound:  # released by this key, whatever the transport says later;
             # Admission.key_of: an IPv4 address, an IPv6 /64 (specs/connection.md section 6)
             self.ip_key = limit_key(host, self._config.ip_limit_prefix_v4, self._config.ip_limit_prefix_v6)
-        self.core, self.session_request = self.owner.new_core(self, self._clock.seconds())
+        core: Connection
+        core, self.session_request = self.owner.new_core(self, self._clock.seconds())
+        self.core = core
         set_socket_options(self.transport, self._config)
         # Twisted's TCP transport (a FileDescriptor) pauses its producer past bufferSize
         # and resumes it once its buffer is empty; we pause it after every write that
@@ -201,7 +218,7 @@ class MConnectionProtocol(Protocol):
         self._socket = socket_of(self.transport) if self._pause_after_write else None
         self._through_ok = plain_tcp(self.transport)
         # Packets of the unmeasured size until the write-ahead has measured the link.
-        self.core.set_packet_payload(payload_for_rate(None, self._config.write_ahead_time))
+        core.set_packet_payload(payload_for_rate(None, self._config.write_ahead_time))
         self.transport.registerProducer(self, True)
         self.owner.connection_made(self)
         if not (self._through_ok and not self.context.is_outbound and self._read_at_accept()):
@@ -255,7 +272,7 @@ class MConnectionProtocol(Protocol):
                 self.transport.pauseProducing()
                 self._clock.callLater(ready - now, self._resume_reading)
 
-    def connectionLost(self, reason) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self.core is None:
             return  # refused in connectionMade: the Switch never took it on
         self._paused = True
@@ -281,6 +298,7 @@ class MConnectionProtocol(Protocol):
     def resumeProducing(self) -> None:
         self._paused = False
         if self._pause_after_write:
+            assert self.core is not None  # registered as the producer once the core was built
             # The kernel took everything written: a measure of the link (write_ahead.py).
             if self._ahead.resumed(self._clock.seconds(), self._bytes_acked):
                 # Packets follow the measured rate (mconn/core/packet_size.py).
@@ -294,6 +312,7 @@ class MConnectionProtocol(Protocol):
         self._paused = True
 
     def _resume_reading(self) -> None:
+        assert self.core is not None  # reading is held only on a connection with a core
         if self.transport is not None and self.core.state is State.OPEN and self._held is None and not self._backlogged:
             self.transport.resumeProducing()
 
@@ -308,6 +327,7 @@ class MConnectionProtocol(Protocol):
         """The busy reactors' backlog drained: read again (unless the receive rate limit
         or a pending decision holds reading, which resume it themselves)."""
         if self._backlogged:
+            assert self.core is not None  # only a connection with a core was stopped
             self._backlogged = False
             if self.core.receive_ready_at(self._clock.seconds()) <= self._clock.seconds():
                 self._resume_reading()
@@ -322,6 +342,7 @@ class MConnectionProtocol(Protocol):
         every other change that makes room (an ack, a new session) pumps without it.
         """
         core = self.core
+        assert core is not None  # a refused connection (no core) is never pumped
         write = self._write_first if self._through else self.transport.write
         now = self._clock.seconds()
         ahead = self._ahead if self._pause_after_write else None
@@ -377,8 +398,10 @@ class MConnectionProtocol(Protocol):
         if isinstance(reason, RemoteProtocolError):
             code = type(reason).__name__  # specs/wire.md section 3.2
         else:
-            code = getattr(reason, "code", None) or getattr(reason, "reason", "closed")
+            # mconn's errors name their close code in ``code`` or ``reason``, a str.
+            code = cast(str, getattr(reason, "code", None) or getattr(reason, "reason", "closed"))
         text = getattr(reason, "text", None)
+        assert self.core is not None  # the owner closes connections it was handed in connection_made
         self.core.close(code, str(reason) if text is None else text)
         self.pump()
 
@@ -393,6 +416,7 @@ class MConnectionProtocol(Protocol):
 
     def _rearm(self) -> None:
         """Follow the core's next deadline (one entry in the clock's ``Timers``)."""
+        assert self.core is not None  # timers run only on a connection with a core
         deadline = self.core.next_deadline(sending=not self._paused)
         if self._timer is not None:
             if deadline is not None and self._timer_due <= deadline:
@@ -420,6 +444,7 @@ class MConnectionProtocol(Protocol):
             self._timer = timers_of(self._clock).arm(now, self)  # the next turn
             return
         self._after_stall = False
+        assert self.core is not None  # timers run only on a connection with a core
         for event in self.core.handle_timeout(now):
             _HANDLERS[type(event)](self, event)
         self.pump()
@@ -432,6 +457,7 @@ class MConnectionProtocol(Protocol):
         self.decide(self.owner.hello_received, event)
 
     def _on_session(self, event: SessionAnswered) -> None:
+        assert self.core is not None  # events come from the core
         if self.core.state is not State.OPEN:
             return  # a close or an error came in the same read: nothing can be resumed on it
         self.decide(self.owner.session_answered, event.answer)
@@ -536,7 +562,7 @@ def _ignore(failure) -> None:
 
 #: Event type -> its handler, one table for every connection (a dict of bound methods per
 #: connection cost eight objects and ~700 bytes each, and the collector's time in a storm).
-_HANDLERS = {
+_HANDLERS: dict[type, Callable[[MConnectionProtocol, Any], None]] = {
     HelloReceived: MConnectionProtocol._on_hello,
     MessageReceived: MConnectionProtocol._on_message,
     PongReceived: MConnectionProtocol._on_pong,
