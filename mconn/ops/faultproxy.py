@@ -20,8 +20,10 @@ importable from here too.
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from twisted.internet import defer, protocol
+from twisted.internet.interfaces import IListeningPort
 
 from mconn.ops.faultproxy_link import DIRECTIONS, MAX_BUFFERED, Link, check_cut, log
 
@@ -64,7 +66,7 @@ class FaultProxy:
         self.target_host = target_host
         self.target_port = target_port
         self.clock = clock
-        self.port = None
+        self.port: int | None = None
         self.links: list[Link] = []
         self.bytes_up = 0
         self.bytes_down = 0
@@ -72,18 +74,19 @@ class FaultProxy:
         self.delay = 0.0
         self._refusing = False
         self._blackholed = False
-        self._cut = None  # [nbytes, direction, links left or None for every new link]
-        self._listening = None
+        self._cut: list[Any] | None = None  # [nbytes, direction, links left or None for every new link]
+        self._listening: IListeningPort | None = None
         self._stop_state = "running"  # -> "stopping" -> "stopped"
-        self._stop_waiters = []
+        self._stop_waiters: list[defer.Deferred[None]] = []
 
     async def start(self, listen_port: int = 0) -> int:
         """Listen on 127.0.0.1:``listen_port`` (0: any free port); return the port."""
         if self._listening is not None or self._stop_state != "running":
             raise RuntimeError("a FaultProxy starts once")
-        self._listening = self.clock.listenTCP(listen_port, _ListenFactory(self), interface="127.0.0.1")
-        self.port = self._listening.getHost().port
-        return self.port
+        listening = self.clock.listenTCP(listen_port, _ListenFactory(self), interface="127.0.0.1")
+        self._listening = listening
+        self.port = port = listening.getHost().port
+        return port
 
     async def stop(self):
         """Stop listening, abort every live link and wait until all are gone. Idempotent."""

@@ -29,10 +29,12 @@ peers appear only with ``per_peer`` (``Config.metrics_per_peer``, or
 
 from __future__ import annotations
 
+from typing import cast
+
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
-from twisted.logger import globalLogPublisher
+from twisted.logger import ILogObserver, globalLogPublisher
 
 #: Distinct values one event-derived label keeps per metric; past it values count as "other".
 MAX_LABEL_VALUES = 64
@@ -79,17 +81,20 @@ class EventTotals:
         self.counts: dict[str, dict] = {name: {} for name in EVENT_COUNTERS}
         self.messages_resent = 0
         self.grace_expiries = 0
-        self._by_event = {event: (name, label) for name, (event, label, _) in EVENT_COUNTERS.items()}
+        #: event name -> (metric name, label); looked up with whatever an event's ``event`` holds.
+        self._by_event: dict[object, tuple[str, str | None]] = {
+            event: (name, label) for name, (event, label, _) in EVENT_COUNTERS.items()
+        }
         self._observing = False
 
     def start(self) -> None:
         if not self._observing:
-            globalLogPublisher.addObserver(self.observe)
+            globalLogPublisher.addObserver(cast(ILogObserver, self.observe))
             self._observing = True
 
     def stop(self) -> None:
         if self._observing:
-            globalLogPublisher.removeObserver(self.observe)
+            globalLogPublisher.removeObserver(cast(ILogObserver, self.observe))
             self._observing = False
 
     def observe(self, event: dict) -> None:

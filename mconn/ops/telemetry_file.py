@@ -38,7 +38,7 @@ import os
 import stat
 
 from twisted.application.service import Service
-from twisted.logger import eventFromJSON, globalLogPublisher
+from twisted.logger import ILogObserver, eventFromJSON, globalLogPublisher
 from twisted.python.logfile import LogFile
 
 from mconn.ops.telemetry_record import (
@@ -349,9 +349,9 @@ class TelemetryFileService(Service):
         self.keep_bytes = keep_bytes
         self.publisher = publisher if publisher is not None else globalLogPublisher
         self.log_file = self._open()
-        self._observer = None
+        self._observer: ILogObserver | None = None
         #: The JsonLinesObserver writing the file while the service runs.
-        self._writer = None
+        self._writer: JsonLinesObserver | None = None
 
     def _open(self) -> RetainingLogFile:
         return open_log_file(self.path, self.rotate_bytes, keep_files=self.keep_files, keep_bytes=self.keep_bytes)
@@ -385,6 +385,7 @@ class TelemetryFileService(Service):
         if self._observer is not None:
             self.publisher.removeObserver(self._observer)
             self._observer = None
+            assert self._writer is not None  # set with the observer
             self._writer.flush()
             self.log_file.close()
 

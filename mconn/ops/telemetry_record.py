@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from json.encoder import encode_basestring_ascii as _quote
+from typing import Any, cast
 
 from twisted.logger import LogLevel
 
@@ -78,7 +80,7 @@ def _float(value: float) -> str | None:
 
 
 #: The JSON of a value of exactly these types, by type (a subclass goes to the encoder).
-_SCALARS = {
+_SCALARS: dict[type, Callable[[Any], str | None]] = {
     str: _quote,
     int: _INT,
     float: _float,
@@ -104,7 +106,7 @@ def _encode_compound(value) -> str:
     if type(value) is list:  # a list of scalars (handshake_done's channels), else the encoder
         items = [_scalar(item) for item in value]
         if None not in items:
-            return "[" + ",".join(items) + "]"
+            return "[" + ",".join(cast("list[str]", items)) + "]"
     return _ENCODE(value)
 
 
