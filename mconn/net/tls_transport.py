@@ -28,12 +28,16 @@ as one ``dataReceived`` call, as a plaintext read would be (bench/tls_bench.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from OpenSSL import SSL
 from twisted.internet.interfaces import (
     IOpenSSLClientConnectionCreator,
     IOpenSSLServerConnectionCreator,
     IStreamClientEndpoint,
 )
+from twisted.internet.protocol import connectionDone
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -111,6 +115,9 @@ class _ServerCreator:
 
     def serverConnectionForTLS(self, tls_protocol) -> SSL.Connection:
         context = self.options.server_context
+        # Made only for options with a certificate (tls_server_factory), and a reload
+        # keeps the node id, so a certificate.
+        assert context is not None
         connection = SSL.Connection(context, None)
         tls_protocol.peer_check = check = PeerCheck(by_ca=self.options.mode == "ca")
         connection.set_verify(context.get_verify_mode(), check)
@@ -124,7 +131,9 @@ class _ClientCreator:
         self.host = host
 
     def clientConnectionForTLS(self, tls_protocol) -> SSL.Connection:
-        connection = SSL.Connection(self.options.client_context, None)
+        context = self.options.client_context
+        assert context is not None  # only custom options have none, and they bring their own creator
+        connection = SSL.Connection(context, None)
         by_ca = self.options.mode == "ca"
         tls_protocol.peer_check = check = PeerCheck(by_ca=by_ca, host=self.host if by_ca else None)
         connection.set_verify(REQUIRE_CERT, check)
@@ -143,6 +152,13 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
     that the peer does not complete (no handshake, no close_notify) ends in an abort after
     the factory's ``close_linger``, as MConnectionProtocol's own closes do."""
 
+    #: The factory is always ours (it builds this protocol): its policy is read from it.
+    factory: _TLSFactory
+    #: What carries the TLS records: TCP, a proxy's tunnel or a WebSocket carrier (None
+    #: until makeConnection); asked for abortConnection too, which ITransport does not declare.
+    transport: Any
+    #: Why the connection ends, once known (an OpenSSL error, or a failed start before TLS).
+    _reason: Failure | None = None  # type: ignore[assignment]  # Twisted's class leaves it unannotated: plain None
     peer_check: PeerCheck | None = None
     #: Bytes received before TLS started (a pre-hello in parts, a refusal in parts).
     _before = b""
@@ -164,7 +180,7 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
         # The records of one network read (16 KiB each at most) reach the mconn protocol
         # as one call, as a plaintext read would: its per-call work is not repeated.
         protocol, gathered = self.wrappedProtocol, _Gathered()
-        self.wrappedProtocol = gathered
+        self.wrappedProtocol = gathered  # type: ignore[assignment]  # stands in for dataReceived only, during one call
         try:
             super().dataReceived(data)
         finally:
@@ -209,6 +225,7 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
         self._refused = True
         self._before = b""
         rejection = PeerRejected(reason, message)
+        assert self.factory.on_plaintext is not None  # only a listener refuses, and tls_server_factory set it
         self.factory.on_plaintext(self.wrappedProtocol, rejection)
         self.transport.write(encode_extension(PacketType.CLOSE, encode_close(reason, str(rejection))))
         self.transport.loseConnection()
@@ -243,7 +260,7 @@ class _TLSProtocol(TLSMemoryBIOProtocol):
         if self._linger is None and self.connected:
             self._linger = self.factory.clock.callLater(self.factory.close_linger, self.abortConnection)
 
-    def connectionLost(self, reason) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._linger is not None and self._linger.active():
             self._linger.cancel()
         error = tls_error_of(reason if self._reason is None else self._reason, self.peer_check)
@@ -280,7 +297,8 @@ def _plaintext_refusal(packet: tuple) -> tuple[bytes | None, str]:
 
 class _TLSFactory(TLSMemoryBIOFactory):
     protocol = _TLSProtocol
-    on_plaintext = None
+    #: ``on_plaintext(protocol, rejection)`` (tls_server_factory), or None on a dialer.
+    on_plaintext: Callable[[Any, PeerRejected], object] | None = None
     #: A listener's policy for the pre-hello start; a dialer's choice of it.
     tls_required = True
     upgrade = False
