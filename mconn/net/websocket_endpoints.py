@@ -25,10 +25,18 @@ import os
 import urllib.parse
 
 from twisted.internet import defer, protocol
+from twisted.internet.protocol import connectionDone
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint, IStreamServerEndpoint
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IProtocol,
+    IStreamClientEndpoint,
+    IStreamServerEndpoint,
+    ITCPTransport,
+)
 from twisted.internet.ssl import Certificate, optionsForClientTLS, platformTrust, trustRootFromCertificates
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
@@ -147,6 +155,7 @@ def dial_endpoint(target: PeerAddress, *, clock, config: Config, tls, environ=No
     """The client endpoint of one dial attempt to ``target``, whatever its scheme."""
     proxy = proxy_for(target, config, os.environ if environ is None else environ)
     bind = (config.local_address, 0) if config.local_address else None
+    tcp: IStreamClientEndpoint
     if proxy is not None:
         to_proxy = HostnameEndpoint(clock, proxy[0], proxy[1], timeout=config.dial_timeout, bindAddress=bind)
         tcp = TunnelEndpoint(to_proxy, target.host, target.port, clock=clock, timeout=config.ws_handshake_timeout)
@@ -310,17 +319,21 @@ class _TunnelProtocol(protocol.Protocol):
     """Asks the proxy for the tunnel; once it answers 200, the wrapped protocol is
     connected to the same transport and every byte after goes to it."""
 
+    #: The TCP connection to the proxy (None until makeConnection).
+    transport: ITCPTransport | None
+
     def __init__(self, wrapped_factory, endpoint: TunnelEndpoint, addr) -> None:
         self.wrapped_factory = wrapped_factory
         self.endpoint = endpoint
         self.addr = addr
-        self.wrapped = None
-        self.ready = defer.Deferred()
+        self.wrapped: IProtocol | None = None
+        self.ready: defer.Deferred[IProtocol] = defer.Deferred()
         self._answer = b""
         self._timer = None
 
     def connectionMade(self) -> None:
         authority = self.endpoint.authority
+        assert self.transport is not None  # connectionMade follows makeConnection
         self.transport.write(f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n".encode("ascii"))
         self._timer = self.endpoint.clock.callLater(self.endpoint.timeout, self._timed_out)
 
@@ -342,12 +355,13 @@ class _TunnelProtocol(protocol.Protocol):
         self._cancel_timer()
         rest, self._answer = self._answer[end + 4 :], b""
         self.wrapped = self.wrapped_factory.buildProtocol(self.addr)
+        assert self.transport is not None  # bytes arrive only on a connected transport
         self.wrapped.makeConnection(self.transport)
         self.ready.callback(self.wrapped)
         if rest:
             self.wrapped.dataReceived(rest)
 
-    def connectionLost(self, reason) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._cancel_timer()
         if self.wrapped is not None:
             self.wrapped.connectionLost(reason)
@@ -369,9 +383,11 @@ class _TunnelProtocol(protocol.Protocol):
             self.ready.errback(
                 ProxyError(f"HTTP proxy {self._proxy()} did not open a tunnel to {self.endpoint.authority}: {why}")
             )
+        assert self.transport is not None  # only a connected tunnel fails
         self.transport.abortConnection()
 
     def _proxy(self) -> str:
+        assert self.transport is not None  # asked while connected, or in connectionLost
         peer = self.transport.getPeer()
         return f"{getattr(peer, 'host', '?')}:{getattr(peer, 'port', '?')}"
 
