@@ -45,17 +45,21 @@ import importlib
 import os
 import signal
 import sys
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any
 
 from cryptography import x509
 from OpenSSL import SSL
 from twisted.application.service import MultiService, Service
 from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
 from mconn.ops.node_config_file import ConfigurationError, Setting
 from mconn.core.node_key import NodeKey
-from mconn.ops.node_settings import NodeSettings, Options
+from mconn.ops.node_settings import NodeSettings, Options, text_of
 from mconn.switch.reactor import Reactor
 from mconn.ops.status import StatusService
 from mconn.switch.switch import Switch
@@ -87,7 +91,7 @@ def makeService(options: Options) -> NodeService:
     would otherwise give the node a new identity without a word.
     """
     settings = options.settings
-    if not settings.create_key and not os.path.lexists(settings.key.value):
+    if not settings.create_key and not os.path.lexists(text_of(settings.key)):
         raise SystemExit(
             f"mconn: {settings.key.where}: {settings.key.value} does not exist; create a key with "
             f"'mconn keygen {settings.key.value}' or start once with --create-key (a new node identity)"
@@ -138,7 +142,7 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
             raise ConfigurationError(f"{settings.telemetry.where}: cannot write {path}: {e.strerror or e}") from None
     if created:
         try:
-            key.save(settings.key.value)
+            key.save(text_of(settings.key))
         except OSError as e:
             if telemetry is not None:
                 telemetry.log_file.close()
@@ -154,7 +158,7 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
         listen=[s.value for s in settings.listen],
         peers=[str(s.value) for s in settings.peers],
         telemetry=telemetry,
-        status=settings.status.value if settings.status is not None else None,
+        status=text_of(settings.status) if settings.status is not None else None,
     )
 
 
@@ -166,7 +170,7 @@ def _check_endpoint(clock, setting: Setting) -> None:
 
 
 def _build_reactor(setting: Setting) -> Reactor:
-    module_name, _, name = setting.value.partition(":")
+    module_name, _, name = text_of(setting).partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -202,11 +206,12 @@ def _build_tls(settings: NodeSettings, key: NodeKey, created: bool) -> TLSOption
                 f"that {tls.cert.where} {tls.cert.value} holds"
             )
         _check_validity(tls.cert)
+    assert tls.ca is not None  # CA mode: _tls_settings gives it the --tls-ca file
     try:
         return TLSOptions.from_files(
-            ca_file=tls.ca.value,
-            cert_file=tls.cert.value if tls.cert is not None else None,
-            key_file=settings.key.value if tls.cert is not None else None,
+            ca_file=text_of(tls.ca),
+            cert_file=text_of(tls.cert) if tls.cert is not None else None,
+            key_file=text_of(settings.key) if tls.cert is not None else None,
             require_client_cert=tls.require_client_cert,
             upgrade=tls.upgrade,
             tls_required=tls.tls_required,
@@ -218,7 +223,7 @@ def _build_tls(settings: NodeSettings, key: NodeKey, created: bool) -> TLSOption
 
 def _check_readable(setting: Setting) -> None:
     try:
-        with open(setting.value, "rb"):
+        with open(text_of(setting), "rb"):
             pass
     except OSError as e:
         raise ConfigurationError(f"{setting.where}: cannot read {setting.value}: {e.strerror or e}") from None
@@ -229,7 +234,7 @@ def _check_validity(setting: Setting, now: datetime.datetime | None = None) -> N
 
     An unparsable file is left to ``TLSOptions.from_files``, which says so.
     """
-    with open(setting.value, "rb") as f:
+    with open(text_of(setting), "rb") as f:
         data = f.read()
     try:
         leaf = x509.load_pem_x509_certificates(data)[0]
@@ -250,10 +255,10 @@ def _check_validity(setting: Setting, now: datetime.datetime | None = None) -> N
 
 def _load_key(setting: Setting) -> tuple[NodeKey, bool]:
     """(the key, whether it is new and still to be saved)."""
-    if not os.path.lexists(setting.value):
+    if not os.path.lexists(text_of(setting)):
         return NodeKey.generate(), True
     try:
-        return NodeKey.load(setting.value), False
+        return NodeKey.load(text_of(setting)), False
     except ValueError as e:
         raise ConfigurationError(f"{setting.where}: {e}") from None
 
@@ -280,19 +285,19 @@ class NodeService(MultiService):
         self.peers = list(peers)
         self.telemetry = telemetry
         #: The IListeningPorts, once bound.
-        self.ports = None
+        self.ports: list[IListeningPort] | None = None
         self._binding = False
         #: Install a SIGHUP handler that reloads the TLS files (set by makeService).
         self.reload_on_sighup = False
         #: Set by makeService for ``twistd -n``: twistd's pid file ("" for none). A start
         #: that fails (a port in use) then removes it and exits with one line on stderr.
-        self.foreground_pidfile = None
-        self._previous_sighup = None
+        self.foreground_pidfile: str | None = None
+        self._previous_sighup: Callable[[int, FrameType | None], Any] | int | None = None
         if telemetry is not None:
             telemetry.setServiceParent(self)
         switch.setServiceParent(self)
         #: The status page (``--status``), or None.
-        self.status = None
+        self.status: StatusService | None = None
         if status is not None:
             self.status = StatusService(switch, status, listen_addresses=self._addresses)
             self.status.setServiceParent(self)
@@ -425,7 +430,10 @@ class NodeService(MultiService):
             raise StartupError(f"{description}: {reason}")
 
     def _addresses(self) -> list[str]:
-        hosts = ((p.getHost(), getattr(p, "peer_address", None)) for p in self.ports or ())
+        # An IAddress with a port (IPv4Address, IPv6Address) has a host too: the addresses are Any.
+        hosts: Iterator[tuple[Any, str | None]] = (
+            (p.getHost(), getattr(p, "peer_address", None)) for p in self.ports or ()
+        )
         # A WebSocket port names its URL (ws://host:port/path, specs/websocket.md).
         return [url or (f"{h.host}:{h.port}" if hasattr(h, "port") else str(h)) for h, url in hosts]
 

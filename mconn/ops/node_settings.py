@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any, cast
 
 from twisted.python import usage
 
@@ -96,6 +97,12 @@ class NodeSettings:
     telemetry_keep_files: int = DEFAULT_KEEP_FILES
     telemetry_keep_bytes: int = DEFAULT_KEEP_BYTES
     create_key: bool = False  # --create-key: a missing key file is created (twistd refuses it otherwise)
+
+
+def text_of(setting: Setting) -> str:
+    """The value of a setting that is text by construction: a path (``key``, ``telemetry``,
+    ``tls_ca``, ``tls_cert``), the ``status`` endpoint, one ``listen``, ``peer`` or ``reactor``."""
+    return cast(str, setting.value)
 
 
 # -- options ---------------------------------------------------------------------------
@@ -281,7 +288,8 @@ def twistd_files(twistd, settings: NodeSettings) -> None:
     twistd's own defaults (``twistd.pid``, ``twistd.log`` in the current directory) make
     a second node in the same directory exit, or remove the first one's pid file.
     """
-    stem = settings.key.value[: -len(".key")] if settings.key.value.endswith(".key") else settings.key.value
+    key = text_of(settings.key)
+    stem = key[: -len(".key")] if key.endswith(".key") else key
     if twistd["pidfile"] == "twistd.pid":
         twistd["pidfile"] = stem + ".pid"
     if not twistd["nodaemon"] and twistd.get("logfile") is None and not twistd.get("syslog"):
@@ -317,7 +325,7 @@ def resolve(given: dict) -> NodeSettings:
 
     :raises ConfigurationError: naming the setting and what is wrong with it.
     """
-    config_values = dict(NODE_CONFIG_DEFAULTS)
+    config_values: dict[str, Any] = dict(NODE_CONFIG_DEFAULTS)
     for name in CONFIG_FIELDS:
         if name in given:
             setting = given[name]
@@ -339,8 +347,8 @@ def resolve(given: dict) -> NodeSettings:
     listen = _each(given, "listen")
     return NodeSettings(
         listen=listen,
-        peers=tuple(Setting(_peer(s.value, s.where), s.where) for s in _each(given, "peer")),
-        reactors=tuple(Setting(_reactor_spec(s.value, s.where), s.where) for s in _each(given, "reactor")),
+        peers=tuple(Setting(_peer(text_of(s), s.where), s.where) for s in _each(given, "peer")),
+        reactors=tuple(Setting(_reactor_spec(text_of(s), s.where), s.where) for s in _each(given, "reactor")),
         key=given.get("key", Setting(os.path.abspath(DEFAULT_KEY), "--key (default)")),
         telemetry=given.get("telemetry"),
         **counts,
@@ -370,10 +378,8 @@ def _tls_settings(given: dict, *, listening: bool) -> TLSSettings | None:
     identity = identity if identity is not None and identity.value else None
     anonymous = anonymous if anonymous is not None and anonymous.value else None
     upgrade, accept = (given.get(n) for n in ("tls_upgrade", "tls_accept_upgrade"))
-    starts = {
-        "upgrade": upgrade is not None and upgrade.value,
-        "tls_required": not (accept is not None and accept.value),
-    }
+    dial_upgrade = upgrade is not None and upgrade.value
+    tls_required = not (accept is not None and accept.value)
     if identity is None and ca is None:
         for setting, what in ((upgrade, "--tls-upgrade"), (accept, "--tls-accept-upgrade")):
             if setting is not None and setting.value:
@@ -386,13 +392,23 @@ def _tls_settings(given: dict, *, listening: bool) -> TLSSettings | None:
         for setting, what in ((cert, "a node certificate"), (anonymous, "accepting dialers without a certificate")):
             if setting is not None:
                 raise ConfigurationError(f"{setting.where}: {what} is for CA mode: give --tls-ca FILE too")
-        return TLSSettings("identity", identity.where, **starts) if identity is not None else None
+        if identity is None:
+            return None
+        return TLSSettings("identity", identity.where, upgrade=dial_upgrade, tls_required=tls_required)
     if cert is None and listening:
         raise ConfigurationError(
             f"{ca.where}: a node that listens needs a certificate to present: give --tls-cert FILE "
             "(a certificate for the --key file, signed by the CA)"
         )
-    return TLSSettings("ca", ca.where, ca=ca, cert=cert, require_client_cert=anonymous is None, **starts)
+    return TLSSettings(
+        "ca",
+        ca.where,
+        ca=ca,
+        cert=cert,
+        require_client_cert=anonymous is None,
+        upgrade=dial_upgrade,
+        tls_required=tls_required,
+    )
 
 
 def _count(given: dict, name: str, default: int) -> int:
