@@ -13,6 +13,8 @@ as the pending handshake of the mconn protocol it will carry.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from twisted.internet import defer
 from zope.interface import implementer
 
@@ -25,6 +27,9 @@ from mconn.net.owner import IConnectionOwner
 from mconn.net.owner import IUpgradeAdmission
 from mconn.net.websocket_endpoints import transport_kind
 from mconn.core.wire import Hello, HelloTag, encode_session_request
+
+if TYPE_CHECKING:
+    from mconn.switch.session_manager import SessionManager
 
 
 @implementer(IConnectionOwner, IUpgradeAdmission)
@@ -48,7 +53,7 @@ class ConnectionSet:
         self.admission = admission
         self.authorizer = authorizer
         self.listen_address = listen_address
-        self.sessions = None
+        self.sessions: SessionManager | None = None
         #: Every live connection (the protocols), handshaking or not.
         self.live: set = set()
         #: The live outbound ones (few: a simultaneous-dial check scans only these).
@@ -57,10 +62,18 @@ class ConnectionSet:
         #: list scanned per lost connection made stopping 10,000 peers quadratic).
         self._closed_all: dict = {}
         #: (what an inbound hello depends on, that hello), or None (_inbound_hello).
-        self._inbound = None
+        self._inbound: tuple[tuple, Hello] | None = None
         #: The mconn protocols of WebSocket connections admitted at accept whose
         #: protocol has not connected yet -> their _Upgrade (IUpgradeAdmission).
         self._upgrading: dict = {}
+
+    @property
+    def _sessions(self) -> SessionManager:
+        """The SessionManager: the Switch sets it right after building this set, before
+        any connection can reach it."""
+        sessions = self.sessions
+        assert sessions is not None, "the Switch sets sessions before any connection"
+        return sessions
 
     # -- IConnectionOwner ------------------------------------------------------------
 
@@ -164,9 +177,9 @@ class ConnectionSet:
 
     def new_core(self, protocol, now: float):
         request = None
-        fields = ()
+        fields: tuple[tuple[HelloTag, bytes], ...] = ()
         if protocol.context.is_outbound:
-            request = self.sessions.session_request(protocol.context.resuming)
+            request = self._sessions.session_request(protocol.context.resuming)
             fields = ((HelloTag.SESSION, encode_session_request(request)),)
             hello = self._hello(fields)
         else:
@@ -199,7 +212,7 @@ class ConnectionSet:
         if protocol.context.is_outbound:
             self._outbound.add(protocol)
         if protocol.context.resuming is not None:  # a re-dial of a suspended session
-            self.sessions.connection_made(protocol)
+            self._sessions.connection_made(protocol)
         telemetry.emit(
             "connection_made",
             node_id=self.node_id,
@@ -244,16 +257,16 @@ class ConnectionSet:
         verdict = self.authorizer.check(hello.node_id, protocol.remote_address, certificate)
         if verdict is not None:
             return verdict.addCallback(self._authorized_later, protocol, hello, proven)
-        self.sessions.hello_authorized(protocol, hello, proven=proven)
+        self._sessions.hello_authorized(protocol, hello, proven=proven)
         return None
 
     def _authorized_later(self, _, protocol, hello, proven: bool) -> None:
         if protocol.end_reason is None:  # it may have gone away while authorize was deciding
-            self.sessions.hello_authorized(protocol, hello, proven=proven)
+            self._sessions.hello_authorized(protocol, hello, proven=proven)
 
     def session_answered(self, protocol, answer) -> None:
         # A dialer always checks the listener's certificate: with TLS its id is proven.
-        self.sessions.session_answered(protocol, answer, proven=self.tls is not None)
+        self._sessions.session_answered(protocol, answer, proven=self.tls is not None)
 
     def peer_rejected(self, protocol, hello, rejection: PeerRejected) -> None:
         self.admission.refused(rejection)
@@ -302,10 +315,10 @@ class ConnectionSet:
             channels=telemetry.channel_counters(protocol.core),
             session_id=_session_of(protocol),
         )
-        self.sessions.connection_lost(protocol, reason)
+        self._sessions.connection_lost(protocol, reason)
         self.admission.handshake_over(protocol)
         protocol.end_handshake(reason)
-        self.sessions.forget_probes(protocol)
+        self._sessions.forget_probes(protocol)
         for d in self._closed_all.pop(protocol, ()):
             d.callback(None)
 
@@ -339,7 +352,7 @@ class ConnectionSet:
                 upgrade.give_way(PeerRejected(getattr(reason, "code", "shutdown"), str(reason)))
         waits = []
         for protocol in list(self.live):
-            d = defer.Deferred()
+            d: defer.Deferred[None] = defer.Deferred()
             self._closed_all.setdefault(protocol, []).append(d)
             waits.append(d)
             protocol.close(reason_for())
