@@ -186,9 +186,11 @@ class AddressPool:
         """The state of ``address`` (a PeerAddress, its text, or an AddressState), or None."""
         if isinstance(address, AddressState):
             return address if any(s is address for s in self.states) else None
+        if not isinstance(address, (PeerAddress, str)):
+            return None  # not an address at all
         try:
             wanted = _as_address(address)
-        except (TypeError, ValueError):
+        except ValueError:
             return None
         return next((s for s in self.states if s.address == wanted), None)
 
@@ -381,9 +383,9 @@ class Dialer:
         best = min((s.failed_attempts, s.discovered) for s in candidates)
         fewest = [s for s in candidates if (s.failed_attempts, s.discovered) == best]
         position = {id(s): i for i, s in enumerate(self.pool.states)}
-        last = position.get(id(self._last_tried))
-        if last is not None:
-            after = [s for s in fewest if position[id(s)] > last]
+        tried = position.get(id(self._last_tried))
+        if tried is not None:
+            after = [s for s in fewest if position[id(s)] > tried]
             if after:
                 return after[0]
         return fewest[0]
