@@ -19,6 +19,7 @@ session and fires with its Peer.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from twisted.internet import defer
 
@@ -59,7 +60,7 @@ class PersistentDialing:
         reconnect_delay,
         choose_address,
         listen_addresses=lambda: (),
-    ):
+    ) -> None:
         self.node_id = node_id
         self.clock = clock
         self.config = config
@@ -83,9 +84,11 @@ class PersistentDialing:
         """``Switch.dial`` once the address is checked (specs/resume.md section 7.1)."""
         existing = self.session_for(target.node_id) if target.node_id is not None else None
         if persistent:
-            redial = self.redials.get(target.node_id)
+            node_id = target.node_id
+            assert node_id is not None, "Switch.dial refuses a persistent peer without a node id"
+            redial = self.redials.get(node_id)
             if redial is None:
-                redial = self.redials[target.node_id] = _Redial(self, target.node_id, [target], persistent=True)
+                redial = self.redials[node_id] = _Redial(self, node_id, [target], persistent=True)
             else:
                 redial.persistent = True
                 redial.dialer.pool.add_configured(target)
@@ -143,7 +146,7 @@ class PersistentDialing:
         peer = self.session_for(node_id)
         if peer is not None and peer.state is not PeerState.CLOSED:
             return peer
-        d = defer.Deferred()
+        d: defer.Deferred[Any] = defer.Deferred()
         waiters = self._waiters.setdefault(node_id, [])
         waiters.append(d)
 
@@ -168,12 +171,10 @@ class PersistentDialing:
             return
         source_host, allow_private = peer.remote_host, self.config.allow_discovered_private
         address = announced_address(peer.node_id, peer.listen_address, remote_host=source_host)
-        problem = (
-            discovered_problem(
-                address, source_host=source_host, allow_private=allow_private, listen_addresses=self.listen_addresses()
-            )
-            if address is not None
-            else "none"
+        if address is None:
+            return  # it announced none we could dial
+        problem = discovered_problem(
+            address, source_host=source_host, allow_private=allow_private, listen_addresses=self.listen_addresses()
         )
         if problem is not None:
             return  # specs/pex.md 3.5: never link-local, metadata, private (by default)...
@@ -231,12 +232,12 @@ class _Redial:
     def start(self) -> None:
         self.dialer.start()
 
-    def stop(self, error: Exception) -> None:
+    def stop(self, error: BaseException) -> None:
         self.dialer.stop()
         self._fail_waiters(error, everyone=True)
 
     def first_session(self, retry: bool) -> defer.Deferred:
-        d = defer.Deferred()
+        d: defer.Deferred[Any] = defer.Deferred()
         self._waiters.append((d, retry))
         self.start()
         return d
@@ -280,8 +281,8 @@ class _Redial:
             del owner.redials[self.node_id]
         owner.initial.discard(self)
 
-    def _fail_waiters(self, error: Exception, *, everyone: bool) -> None:
-        keep = []
+    def _fail_waiters(self, error: BaseException, *, everyone: bool) -> None:
+        keep: list[tuple[defer.Deferred, bool]] = []
         for d, retry in self._waiters:
             if everyone or not retry:
                 d.errback(error)
