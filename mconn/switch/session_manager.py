@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 from mconn.switch import session_telemetry
 from mconn.errors import (
     AckError,
     ConnectionClosed,
     LocalProtocolError,
+    MConnError,
     PeerClosed,
     PeerRejected,
     SessionExpired,
@@ -73,8 +75,8 @@ class _Step:
     reason: Exception | None = None
     why: str = ""  # why a live transport is dropped
     stop_dialer: bool = True
-    protocol: object = None  # the new transport of a resume
-    resend: dict | None = None
+    protocol: Any = None  # the new transport of a resume (an MConnectionProtocol)
+    resend: dict[int, list[bytes]] | None = None
     answer: bool = False  # a resume the listener answers
     dropped: Exception | None = None  # set by DROP_TRANSPORT
 
@@ -161,6 +163,8 @@ class SessionManager:
 
     def _notify_suspended(self, peer: Peer, step_: _Step) -> None:
         reason = step_.reason if step_.reason is not None else step_.dropped
+        # A break or pong timeout gives its reason; a takeover drops the live transport.
+        assert reason is not None, "a session suspends for a reason"
         session_telemetry.suspended(self.node_id, peer, reason, self.config.resume_grace)
         self._notify("peer_suspended", peer, peer)
 
@@ -175,7 +179,8 @@ class SessionManager:
         self.apply(peer, I.EVICTED, self.rejected(peer, f"evicted: {why}"))
 
     def _resume_effect(self, peer: Peer, step_: _Step) -> None:
-        protocol = step_.protocol
+        protocol, resend = step_.protocol, step_.resend
+        assert resend is not None, "a resume is applied with what to re-send (_resume)"
         self._stop_waiting(peer, dialer=False)  # a dialer that got here stops by itself
         protocol.carry(peer)
         self._limits.counted(peer, -1)
@@ -185,9 +190,9 @@ class SessionManager:
             protocol.core.send_session_answer(
                 SessionAnswer(session_id=peer.session.id, resumed=True, delivered=peer.session.delivered_counts())
             )
-        peer._attach(protocol, step_.resend)
+        peer._attach(protocol, resend)
         peer.resumes += 1
-        session_telemetry.resumed(self.node_id, peer, protocol, step_.resend)
+        session_telemetry.resumed(self.node_id, peer, protocol, resend)
         self._notify("peer_resumed", peer, peer)
         protocol.pump()
         self._handshake_done(protocol, peer)
@@ -195,6 +200,9 @@ class SessionManager:
 
     def _end_effect(self, peer: Peer, step_: _Step) -> None:
         reason = step_.reason
+        # Every row that ends a session is given an MConnError (the table names which):
+        # its unconfirmed counts are recorded on it.
+        assert isinstance(reason, MConnError), f"a session ends for an MConnError, not {reason!r}"
         self._stop_waiting(peer, dialer=step_.stop_dialer)
         if not reason.unconfirmed:
             reason.unconfirmed = peer.session.unconfirmed()
@@ -313,7 +321,12 @@ class SessionManager:
             )
         request = session_request_of(hello)
         asks_resume = request is not None and request.resume
-        proves = existing is not None and asks_resume and existing.session.proves(request.session_id)
+        proves = (
+            existing is not None
+            and request is not None
+            and request.resume
+            and existing.session.proves(request.session_id)
+        )
         simultaneous = (
             existing is None and not asks_resume and self.node_id < hello.node_id and self._dialing_to(hello.node_id)
         )
@@ -325,7 +338,9 @@ class SessionManager:
             simultaneous=simultaneous,
             proven=proven,
         )
+        # Only a held session is refused for, resumed, probed or ended (decide_hello).
         if verdict.decision is Decision.REFUSE:
+            assert existing is not None and verdict.ends is not None
             self.apply(existing, verdict.ends)
             raise PeerRejected(
                 verdict.reason,
@@ -334,13 +349,16 @@ class SessionManager:
                 f"key cannot end it (resume it with its session id, or start a new one once it has ended)",
             )
         if verdict.decision is Decision.RESUME:
+            assert existing is not None and request is not None
             self._resume(protocol, existing, request.delivered, answer=True)
         elif verdict.decision is Decision.PROBE:
+            assert existing is not None
             self._probes.start(protocol, existing, proven=proven)
         elif verdict.decision is Decision.SIMULTANEOUS:
             self.count(hello.node_id, "simultaneous_dials")
             raise PeerRejected(SIMULTANEOUS_DIAL, simultaneous_why(hello.node_id, self.node_id))
         elif verdict.ends is not None:
+            assert existing is not None
             self.apply(
                 existing,
                 verdict.ends,
@@ -400,6 +418,7 @@ class SessionManager:
             why = simultaneous_why(node_id, self.node_id)
             if verdict.decision is Decision.SIMULTANEOUS:
                 raise PeerRejected(SIMULTANEOUS_DIAL, why)
+            assert existing is not None  # the held session is connected (decide_answer)
             old = existing.connection
 
             def replace() -> None:
@@ -409,6 +428,7 @@ class SessionManager:
             ended = self.rejected(existing, "simultaneous dial: " + why)
             self.apply(existing, I.SIMULTANEOUS_DIAL, ended, then=replace)
         elif verdict.ends is not None:
+            assert existing is not None  # only a held session is ended (decide_answer)
             self.apply(existing, verdict.ends, self.rejected(existing, verdict.reason), then=start)
         else:
             start()
