@@ -36,6 +36,7 @@ from mconn.switch.dialer import default_reconnect_delay
 from mconn.errors import ConnectionClosed, PeerRejected
 from mconn.core.node_info import NodeInfo
 from mconn.core.node_key import NodeKey
+from mconn.switch.peer import Peer
 from mconn.switch.persistent import PersistentDialing
 from mconn.net.protocol import IConnectionOwner, MConnectionFactory
 from mconn.switch.routing import ReactorSet
@@ -72,6 +73,10 @@ class Switch(Service):
         announced in every hello; every peer must then send a compatible one
         (specs/handshake.md section 6). None: nothing announced, nothing required.
     """
+
+    #: The session lifecycle (set last in __init__: the parts built before it reach it
+    #: through lambdas).
+    _sessions: SessionManager
 
     def __init__(
         self,
@@ -110,8 +115,8 @@ class Switch(Service):
         self._route = reactor_set.route
         self._notify = reactor_set.notify
         self.listen_address = ""
-        self._ports = []
-        self._stats_loop = None
+        self._ports: list = []
+        self._stats_loop: LoopingCall | None = None
         #: The stats tick's state: node id -> (sample_key, channel_samples) as last taken
         #: (this tick's, and the previous tick's), and the next slice of a tick under way.
         self._stats_samples: dict = {}
@@ -465,7 +470,7 @@ class Switch(Service):
         self._stats_previous, self._stats_samples = previous, {}
         self._stats_slice(list(self.peers.values()), 0)
 
-    def _stats_slice(self, peers: list, start: int) -> None:
+    def _stats_slice(self, peers: list[Peer], start: int) -> None:
         self._stats_call = None
         previous, samples, current_peers = self._stats_previous, self._stats_samples, self.peers
         for peer in peers[start : start + STATS_SLICE]:
