@@ -14,9 +14,20 @@ and ``MemoryNetwork`` (mconn/testing/network.py), the public face over them all.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IReactorTCP
+
+
+class _Host(Protocol):
+    """What the fabric and the links read of a node (``mconn.testing.node._Node``,
+    which imports this module)."""
+
+    host: str
+    alive: bool
+    host_up: bool
+    ports: dict[int, tuple]
 
 
 @dataclass
@@ -53,7 +64,7 @@ class Fabric:
         #: Every MemoryLink made, in order; one removed from here is detached.
         self.links: list = []
         #: host -> the node living there now.
-        self.nodes: dict[str, object] = {}
+        self.nodes: dict[str, _Host] = {}
         self._paths: dict[frozenset, Path] = {}
 
     def new_host(self) -> str:
