@@ -12,13 +12,15 @@ scheduled through its reactor runs: that is how ``network.kill`` silences a proc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet.abstract import isIPAddress
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import CannotListenError, ConnectionRefusedError, TimeoutError, UserError
 from twisted.internet.interfaces import (
     IConnector,
+    IDelayedCall,
     IHostnameResolver,
     IHostResolution,
     IListeningPort,
@@ -32,7 +34,9 @@ from zope.interface import implementer
 from mconn.testing.transport import open_link
 
 if TYPE_CHECKING:
+    from mconn.switch.switch import Switch
     from mconn.testing.fabric import Fabric
+    from mconn.testing.transport import MemoryTransport
 
 LOOPBACK = "127.0.0.1"
 
@@ -45,7 +49,7 @@ class _Node:
         self.alive = True
         #: False once the host went down with the process (``kill(..., silently=True)``).
         self.host_up = True
-        self.switch = None
+        self.switch: Switch | None = None
         #: port -> (factory, interface) of what listens here.
         self.ports: dict[int, tuple] = {}
         self.reactor = _NodeReactor(fabric, self)
@@ -95,10 +99,11 @@ class _NodeReactor:
     def seconds(self) -> float:
         return self._clock.seconds()
 
-    def callLater(self, delay, function, *args, **kwargs):
+    def callLater(self, delay: float, callable: Callable[..., Any], *args: object, **kwargs: object) -> IDelayedCall:
+        # The parameter is named as IReactorTime.callLater names it.
         if delay <= 0:
-            self._spin_guard(function)
-        return self._clock.callLater(delay, self._node.run, function, args, kwargs)
+            self._spin_guard(callable)
+        return self._clock.callLater(delay, self._node.run, callable, args, kwargs)
 
     def _spin_guard(self, function) -> None:
         """Fail loudly where a real reactor would spin: endless calls at one instant."""
@@ -193,8 +198,8 @@ class _MemoryConnector:
     def __init__(self, node: _Node, host: str, port: int, factory, timeout: float) -> None:
         self.node, self.host, self.port, self.factory, self.timeout = node, host, port, factory, timeout
         self.state = "connecting"
-        self.transport = None
-        self.call = None
+        self.transport: MemoryTransport | None = None
+        self.call: IDelayedCall | None = None
 
     def getDestination(self) -> IPv4Address:
         return IPv4Address("TCP", self.host, self.port)
@@ -208,6 +213,7 @@ class _MemoryConnector:
 
     def disconnect(self) -> None:
         if self.state == "connected":
+            assert self.transport is not None  # set with the state (_establish)
             self.transport.loseConnection()
         else:
             self.stopConnecting()
