@@ -181,7 +181,8 @@ class MemoryLink:
     def __init__(self, fabric: Fabric, outbound, inbound, path: Path) -> None:
         self.outbound = getattr(outbound, "_wrappedProtocol", outbound)  # endpoints wrap it
         self.inbound = inbound
-        self.transports: tuple[MemoryTransport, MemoryTransport] = ()
+        #: Empty until open_link makes the pair.
+        self.transports: tuple[MemoryTransport, ...] = ()
         self.delivered_bytes = 0
         self.lost_bytes = 0
         self._fabric = fabric
