@@ -46,8 +46,10 @@ import fnmatch
 import ipaddress
 import os
 import re
+from typing import TYPE_CHECKING, Any
 
 from autobahn.twisted.websocket import (
+    WebSocketAdapterProtocol,
     WebSocketClientFactory,
     WebSocketClientProtocol,
     WebSocketServerFactory,
@@ -57,7 +59,7 @@ from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.interfaces import IPushProducer, ITransport
+from twisted.internet.interfaces import IProtocol, IPushProducer, ITransport
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -88,19 +90,35 @@ _CLOSED = WebSocketProtocol.STATE_CLOSED
 _READING = (_OPEN, WebSocketProtocol.STATE_CLOSING)
 
 
+if TYPE_CHECKING:
+    # What _Carrier is mixed into, for the type checker only: autobahn's Twisted adapter
+    # and its WebSocket protocol (at run time each carrier names its autobahn class itself).
+    class _Autobahn(WebSocketAdapterProtocol, WebSocketProtocol):  # type: ignore[misc]  # autobahn's two bases disagree on peer and _transport_details
+        pass
+else:
+    _Autobahn = object
+
+
 @implementer(ITransport, IPushProducer)
-class _Carrier:
+class _Carrier(_Autobahn):
     """What the WebSocket protocols add to autobahn's: the transport of the protocol above.
 
     Mixed in before an autobahn protocol class; ``wrapped`` is the protocol above, built
     by the factory at connect time and connected once the upgrade succeeds.
     """
 
-    wrapped = None
+    #: Our factory: the carrier's limits, clock and options (None until buildProtocol).
+    factory: WebSocketServerCarrierFactory | WebSocketClientCarrierFactory
+    #: What carries the WebSocket: TCP, or TLS with wss (None until makeConnection); asked
+    #: for abortConnection, getHandle and the producer methods, which ITransport does not declare.
+    transport: Any
+    #: ws_handshake_timeout, copied from the factory's options by autobahn at connect.
+    openHandshakeTimeout: float
+    wrapped: IProtocol | None = None
     #: Why the WebSocket layer failed the connection (a WebSocketError), once it did.
     error: WebSocketError | None = None
     #: Frame payloads of the network read being parsed.
-    _gathered: list | None = None
+    _gathered: list[bytes] | None = None
     #: Reads the data frames once the connection is open (mconn.net.websocket_frames).
     _reader: FrameReader | None = None
     _opened = False
@@ -127,9 +145,10 @@ class _Carrier:
                 return
         self._deliver(self._read_slow(data))
 
-    def _read_slow(self, data: bytes) -> list:
+    def _read_slow(self, data: bytes) -> list[bytes]:
         """autobahn parses ``data``; the payloads of its data frames, in order."""
-        gathered = self._gathered = []
+        gathered: list[bytes] = []
+        self._gathered = gathered
         try:
             super().dataReceived(data)
         finally:
@@ -138,7 +157,7 @@ class _Carrier:
 
     def _read_fast(self, reader: FrameReader, data: bytes) -> None:
         """The data frames by the FrameReader; whatever else, by autobahn (websocket_frames.py)."""
-        payloads = []
+        payloads: list[bytes] = []
         for _ in range(len(data) + 1):  # each turn consumes at least one frame
             got, stop, data = reader.read(data)
             payloads += got
@@ -166,7 +185,7 @@ class _Carrier:
                 return
         self._deliver(payloads)
 
-    def _deliver(self, payloads: list) -> None:
+    def _deliver(self, payloads: list[bytes]) -> None:
         if payloads and self.wrapped is not None and not self._lost and not self.failedByMe:
             self.wrapped.dataReceived(payloads[0] if len(payloads) == 1 else b"".join(payloads))
 
@@ -183,10 +202,11 @@ class _Carrier:
             self._gathered.append(payload)
 
     def onMessageFrameEnd(self) -> None:
-        self.frame_data = None  # nothing was kept: frame boundaries mean nothing here
+        # Nothing was kept: frame boundaries mean nothing here.
+        self.frame_data = None  # type: ignore[assignment]  # autobahn types it a list, and sets None itself once a frame ends
 
     def onMessageEnd(self) -> None:
-        self.message_data = None
+        self.message_data = None  # type: ignore[assignment]  # autobahn types it a list, and sets None itself once a message ends
 
     def onPing(self, payload: bytes) -> None:
         """Pings are answered (autobahn sends the pong) but bounded in number."""
@@ -236,6 +256,7 @@ class _Carrier:
     def onOpen(self) -> None:
         self._opened = True
         self._reader = FrameReader(masked=self.factory.isServer, max_message=self.factory.config.ws_max_message_bytes)
+        assert self.wrapped is not None  # built with the carrier by its factory
         self.wrapped.makeConnection(self)
 
     def onClose(self, wasClean, code, reason) -> None:
@@ -248,6 +269,7 @@ class _Carrier:
         super().connectionLost(reason)
         why = self._reason(reason)
         if self._opened:
+            assert self.wrapped is not None  # connected in onOpen
             self.wrapped.connectionLost(why)
         self._not_opened(why)
 
@@ -264,6 +286,11 @@ class _Carrier:
 
     def _not_opened(self, why: Failure) -> None:
         """A client's hook: the upgrade failed (its connect Deferred fails)."""
+
+    def _refuse_upgrade(self, why: str, code: int) -> None:
+        """Each side's answer to a start that cannot be a WebSocket upgrade (``why``; a
+        listener answers with HTTP status ``code``)."""
+        raise NotImplementedError
 
     @property
     def websocket_scheme(self) -> str:
@@ -326,7 +353,7 @@ class _Carrier:
         self.transport.stopProducing()
 
 
-class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
+class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):  # type: ignore[misc]  # autobahn's bases disagree on peer and _transport_details
     """A listener's WebSocket connection (specs/websocket.md section 2).
 
     Admitted at TCP accept by the owner of the connections above (``IUpgradeAdmission``,
@@ -335,10 +362,11 @@ class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
     its upgrade names once the upgrade is read (specs/websocket.md section 4).
     """
 
+    factory: WebSocketServerCarrierFactory
     #: The mconn protocol this connection will carry (the factory sets it).
-    above = None
+    above: IProtocol | None = None
     #: The owner that admitted this connection at accept, or None.
-    _admission = None
+    _admission: IUpgradeAdmission | None = None
 
     def connectionMade(self) -> None:
         factory = self.factory
@@ -428,13 +456,15 @@ class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):
         super().connectionLost(reason)
 
 
-class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):
+class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):  # type: ignore[misc]  # autobahn's bases disagree on peer and _transport_details
     """A dialer's WebSocket connection; ``opened`` fires with the protocol above once
     the upgrade succeeded, or fails with a WebSocketError saying why it did not."""
 
+    factory: WebSocketClientCarrierFactory
+
     def __init__(self) -> None:
         super().__init__()
-        self.opened = defer.Deferred()
+        self.opened: defer.Deferred[IProtocol | None] = defer.Deferred()
 
     def onConnect(self, response) -> None:
         if response.protocol not in (SUBPROTOCOL, None, ""):
@@ -561,7 +591,7 @@ class WebSocketServerCarrierFactory(WebSocketServerFactory):
     """Wraps the factory above (mconn's, or mconn's TLS): one WebSocket connection per
     TCP connection, upgraded at ``path``."""
 
-    protocol = WebSocketServerCarrier
+    protocol = WebSocketServerCarrier  # type: ignore[assignment]  # Factory.protocol's type wants any Factory as the protocol's factory; a carrier's is this class
     noisy = False
 
     def __init__(self, wrapped_factory, *, path: str, secure: bool, config, clock) -> None:
@@ -598,7 +628,7 @@ class WebSocketServerCarrierFactory(WebSocketServerFactory):
 class WebSocketClientCarrierFactory(WebSocketClientFactory):
     """A dialer's factory: upgrades at ``url`` (its host and port name the Host header)."""
 
-    protocol = WebSocketClientCarrier
+    protocol = WebSocketClientCarrier  # type: ignore[assignment]  # Factory.protocol's type wants any Factory as the protocol's factory; a carrier's is this class
     noisy = False
 
     def __init__(self, wrapped_factory, *, url: str, config, clock) -> None:
