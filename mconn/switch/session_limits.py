@@ -41,10 +41,11 @@ class SessionLimits:
 
     def state_changed(self, peer) -> None:
         """The table moved ``peer``: keep the suspended table in suspension order."""
+        node_id = peer.node_id
         if peer.state is PeerState.SUSPENDED:
-            self.suspended.setdefault(peer.node_id, peer)
-        elif self.suspended.get(peer.node_id) is peer:
-            del self.suspended[peer.node_id]
+            self.suspended.setdefault(node_id, peer)
+        elif self.suspended.get(node_id) is peer:
+            del self.suspended[node_id]
 
     def counted(self, peer, delta: int) -> None:
         """``peer`` joined (1) or left (-1) the peer table, or its address changes."""
