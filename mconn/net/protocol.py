@@ -20,7 +20,7 @@ itself once its writes since Twisted last resumed it reach ``Config.write_ahead_
 at the link's measured drain rate, so that Twisted resumes it only once the kernel has
 taken them: what waits below the scheduler stays within ``tcp_notsent_lowat`` and two writes.
 
-One class, one module (about 570 lines): the adapter's duties (bytes, events, time,
+One class, one module, past 500 lines: the adapter's duties (bytes, events, time,
 backpressure, the owner's decisions) share the protocol's state, and a mixin carved out
 to meet a line count would only hide which attributes they share.
 """
