@@ -229,17 +229,18 @@ class Peer:
     def _accept(self, channel_id: int, message: bytes) -> int | None:
         """Take a checked message into the session; its sequence number, or None if full.
 
-        The per-message path: one call into the connection's channel queue, one into the
-        session (``Session.admit``); a message the session refuses leaves the queue again.
+        The per-message path, in order: room in the connection's channel queue, then the
+        session (``Session.admit``: the recovery buffer), then the queue; a message the
+        session refuses was never queued.
         """
         core = self._core
         if core is not None and core.state is _OPEN:
             channel = self._queues[channel_id]
-            if not channel.enqueue(message):
+            if len(channel.queue) >= channel.capacity:
                 return None
             sequence = self.session.admit(channel_id, message)
-            if sequence is None:
-                channel.queue.pop()  # the recovery buffer is full: not accepted after all
+            if sequence is not None:
+                channel.writable_queue().append(message)
             return sequence
         held = self._held.get(channel_id, 0)
         if held >= self._shape.send_capacity[channel_id]:

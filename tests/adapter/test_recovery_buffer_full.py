@@ -1,9 +1,9 @@
 """A full recovery buffer refuses a message even when its channel queue has room.
 
-Peer takes a message into the connection's channel queue first and then into the
-session (``Session.admit``); when the session refuses, the message must leave the queue
-again: not sent, not counted, and the sequence numbers of later messages unchanged
-(specs/resume.md, the recovery buffer bound).
+Peer checks the connection's channel queue for room, then takes the message into the
+session (``Session.admit``), then into the queue; when the session refuses, the message
+is in neither: not sent, not counted, and the sequence numbers of later messages
+unchanged (specs/resume.md, the recovery buffer bound).
 """
 
 from helpers import messages_in, open_switch_connection
