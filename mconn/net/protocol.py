@@ -334,6 +334,15 @@ class MConnectionProtocol(Protocol):
 
     # -- sending -------------------------------------------------------------------
 
+    def send_ack(self, delivered: dict[int, int]) -> None:
+        """Acknowledge ``delivered`` (per channel, how many messages the reactors have,
+        cumulatively; specs/resume.md section 2.3) and write it: an ack still unsent is
+        replaced by this one."""
+        core = self.core
+        assert core is not None, "an ack on a connection refused before it had a core"
+        core.send_ack(delivered)
+        self.pump()
+
     def pump(self, room_only: bool = False) -> None:
         """Write what the core has to send until it has nothing or the transport is full.
 

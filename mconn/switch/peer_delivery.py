@@ -130,9 +130,7 @@ class PeerDelivery:
         """Acknowledge the deliveries not acknowledged yet, if connected."""
         self.cancel_ack_timer()
         if self._peer.state is CONNECTED and self._session.ack_pending:
-            protocol = self._peer.connection
-            protocol.core.send_ack(self._session.take_ack())
-            protocol.pump()
+            self._peer.connection.send_ack(self._session.take_ack())
 
     def cancel_ack_timer(self) -> None:
         if self._ack_timer is not None and self._ack_timer.active():
