@@ -1,8 +1,9 @@
 """No module reaches an underscore member that another module owns, unless it is listed here.
 
-One object calls another's underscore members only inside its own module (STYLE.md,
-principle 16); across modules, and always across packages, a call goes through a public
-method or a declared interface. This test reads mconn/ and reactors/ with ``ast`` and
+One object calls another's underscore members only inside its own module (Python's
+convention for a private member, which Twisted and magic-wormhole keep too); across
+modules, and always across packages, a call goes through a public method or a declared
+zope interface (``mconn.net.owner``). This test reads mconn/ and reactors/ with ``ast`` and
 collects every ``x._name`` (and ``getattr``/``setattr``/``hasattr``/``delattr`` of
 ``x`` with a constant ``"_name"``) where ``x`` is not ``self``, ``cls`` or ``super()``
 and ``_name`` is not a dunder.

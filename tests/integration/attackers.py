@@ -146,6 +146,17 @@ def reset(sock: socket.socket) -> None:
     sock.close()
 
 
+def connections(target: Target, role: str, index: int, deadline: float, retry: float = 0.1):
+    """Sockets from ``role``'s address, one after another until ``deadline``; a connect
+    the node refuses waits ``retry`` before the next. The caller closes each."""
+    while time.monotonic() < deadline:
+        sock = connect(target, source(role, index, target.ipv6))
+        if sock is None:
+            time.sleep(retry)
+            continue
+        yield sock
+
+
 def upgrade_request(target: Target, extra: str = "") -> bytes:
     """A WebSocket upgrade to the target's path; ``extra``: more header lines."""
     key = base64.b64encode(os.urandom(16)).decode()
@@ -207,11 +218,7 @@ class Wire:
 
 def dormant(target: Target, deadline: float, counts: dict) -> None:
     rng = random.Random(4)
-    while time.monotonic() < deadline:
-        sock = connect(target, source("dormant", 0, target.ipv6))
-        if sock is None:
-            time.sleep(0.05)
-            continue
+    for sock in connections(target, "dormant", 0, deadline, retry=0.05):
         try:
             peer = Wire(sock, target)
             peer.open()
@@ -227,11 +234,7 @@ def dormant(target: Target, deadline: float, counts: dict) -> None:
 
 def hoard(target: Target, index: int, deadline: float, counts: dict) -> None:
     rng = random.Random(index)
-    while time.monotonic() < deadline:
-        sock = connect(target, source("hoard", index, target.ipv6))
-        if sock is None:
-            time.sleep(0.1)
-            continue
+    for sock in connections(target, "hoard", index, deadline):
         try:
             peer = Wire(sock, target)
             peer.open()
@@ -300,11 +303,7 @@ def sybil(target: Target, index: int, deadline: float, counts: dict) -> None:
     targets = [target.address("169.254.169.254", 80), target.address("10.0.0.1", 22)]
     targets += [target.address(target.host, target.port), target.address("fd00:ec2::254", 80)]
     targets += [target.address(target.host, p) for p in range(20000, 20040)]
-    while time.monotonic() < deadline:
-        sock = connect(target, source("sybil", index, target.ipv6))
-        if sock is None:
-            time.sleep(0.1)
-            continue
+    for sock in connections(target, "sybil", index, deadline):
         try:
             peer = Wire(sock, target)
             peer.open()
@@ -323,11 +322,7 @@ def flood(target: Target, index: int, deadline: float, counts: dict) -> None:
     """Empty messages on BUSY, as fast as the node takes them, on one session at a time."""
     rng = random.Random(200 + index)
     write = binary_frames(FLOOD_WRITE, limit=len(FLOOD_WRITE), keys=os.urandom) if target.path else FLOOD_WRITE
-    while time.monotonic() < deadline:
-        sock = connect(target, source("flood", index, target.ipv6))
-        if sock is None:
-            time.sleep(0.1)
-            continue
+    for sock in connections(target, "flood", index, deadline):
         counts["flood"] += 1
         try:
             peer = Wire(sock, target)
@@ -372,11 +367,7 @@ def cut_small(peer: Wire, sock: socket.socket, deadline: float) -> bool:
 def tiny(target: Target, deadline: float, counts: dict) -> None:
     """Hellos announcing max_packet_payload 1; counts the connections cut small."""
     rng = random.Random(300)
-    while time.monotonic() < deadline:
-        sock = connect(target, source("tiny", 0, target.ipv6))
-        if sock is None:
-            time.sleep(0.1)
-            continue
+    for sock in connections(target, "tiny", 0, deadline):
         counts["tiny"] += 1
         try:
             peer = Wire(sock, target)
@@ -394,11 +385,7 @@ def browser(target: Target, deadline: float, counts: dict) -> None:
     """What a web page in the operator's browser can do: upgrades with an Origin header
     (``browser_open`` counts the ones the listener took), each then a made-up peer."""
     rng = random.Random(400)
-    while time.monotonic() < deadline:
-        sock = connect(target, source("browser", 0, target.ipv6))
-        if sock is None:
-            time.sleep(0.1)
-            continue
+    for sock in connections(target, "browser", 0, deadline):
         counts["browser"] += 1
         try:
             peer = Wire(sock, target)
