@@ -300,14 +300,44 @@ class Connection:
 
     # -- outbound ----------------------------------------------------------------
 
-    def queue_message(self, channel_id: int, message: bytes) -> bool:
-        """Queue a whole message on one of our channels; False when its queue is full."""
+    def _open_channel(self, channel_id: int, doing: str) -> Channel:
+        """Channel ``channel_id`` of an open connection, else LocalProtocolError."""
         if self.state is not _OPEN:
-            raise LocalProtocolError(f"cannot send on channel {channel_id:#04x}: connection is {self.state.value}")
+            raise LocalProtocolError(f"cannot {doing} on channel {channel_id:#04x}: connection is {self.state.value}")
         channel = self.channels.get(channel_id)
         if channel is None:
             raise LocalProtocolError(f"channel {channel_id:#04x} is not one of this connection's channels")
-        return channel.enqueue(message)
+        return channel
+
+    def room(self, channel_id: int) -> int:
+        """How many more messages channel ``channel_id``'s queue takes now (its
+        ``send_queue_capacity`` less those waiting); 0 unless the connection is open.
+
+        The send path asks first, so that a message is admitted to the session only when
+        the queue will take it (mconn.switch.peer)."""
+        if self.state is not _OPEN:
+            return 0
+        channel = self.channels.get(channel_id)
+        if channel is None:
+            raise LocalProtocolError(f"channel {channel_id:#04x} is not one of this connection's channels")
+        return channel.capacity - len(channel.queue)
+
+    def queue_message(self, channel_id: int, message: bytes) -> bool:
+        """Queue a whole message on one of our channels; False when its queue is full."""
+        return self._open_channel(channel_id, "send").enqueue(message)
+
+    def queue_messages(self, channel_id: int, messages: list[bytes]) -> int:
+        """Queue whole messages in order while the channel's queue has room.
+
+        :returns: how many were queued (a prefix of ``messages``): all of them when
+            ``room(channel_id)`` said they fit.
+        """
+        channel = self._open_channel(channel_id, "send")
+        taken = max(0, min(len(messages), channel.capacity - len(channel.queue)))
+        if taken:
+            queue = channel.writable_queue()
+            queue.extend(messages if taken == len(messages) else messages[:taken])
+        return taken
 
     def requeue(self, channel_id: int, messages: list[bytes]) -> None:
         """Put messages at the end of a channel's queue regardless of its capacity.
@@ -315,9 +345,7 @@ class Connection:
         For resumed sessions: re-sent messages were accepted before, so they never wait
         for room; new sends wait until the queue is back under its capacity.
         """
-        if self.state is not _OPEN:
-            raise LocalProtocolError(f"cannot requeue on channel {channel_id:#04x}: connection is {self.state.value}")
-        self.channels[channel_id].writable_queue().extend(messages)
+        self._open_channel(channel_id, "requeue").writable_queue().extend(messages)
 
     def send_ack(self, delivered: dict[int, int]) -> None:
         """Queue an ack packet (control: it goes out before data).

@@ -80,7 +80,6 @@ class Peer:
         "_config",
         "_shape",
         "_limits",
-        "_queues",
         "_core",
         "_connected_at",
         "_waiting",
@@ -88,7 +87,6 @@ class Peer:
         "_confirms",
         "data",
         "_receiving",
-        "deliver",
         "_flush_timer",
         "_flush_reason",
     )
@@ -135,9 +133,9 @@ class Peer:
         #: Per channel both sides have: the largest message it accepts (the smaller
         #: recv_message_capacity). Channels outside it are refused.
         self._limits = self._shape.limits(hello.channels)
-        #: The connection's channels (its queues) while connected, else None.
-        self._queues = protocol.core.channels
-        #: The connection's core while connected, else None (the per-message state check).
+        #: The connection's core (``mconn.core.connection.Connection``) while connected,
+        #: else None: sends go into its channel queues through ``room``, ``queue_message``
+        #: and ``queue_messages``.
         self._core = protocol.core
         self._connected_at = self._clock.seconds()
         self._waiting: dict[int, collections.deque] = {}
@@ -147,9 +145,6 @@ class Peer:
         self.data: dict = {}
         #: The receiving side (``_delivery``), None until the first message comes.
         self._receiving: PeerDelivery | None = None
-        #: ``deliver(channel_id, message)`` (``ICarriedSession``), called by the connection
-        #: for each whole message: the receiving side's own method once it is built.
-        self.deliver = self._first_delivery
         #: While ``close(flush=True)`` waits for the peer's acks: its timeout, else None.
         self._flush_timer = None
         self._flush_reason = ""
@@ -178,14 +173,24 @@ class Peer:
         if delivery is None:
             sessions = self._sessions
             delivery = self._receiving = PeerDelivery(
-                self, route=sessions.route, clock=self._clock, config=self._config
+                self, reactors=sessions.reactors, clock=self._clock, config=self._config
             )
-            self.deliver = delivery.deliver
         return delivery
 
-    def _first_delivery(self, channel_id: int, message: bytes) -> None:
-        """The first message received: the receiving side, built now, takes it and the rest."""
-        self._delivery.deliver(channel_id, message)
+    def deliver(self, channel_id: int, message: bytes) -> None:
+        """A whole message the connection read (``ICarriedSession``): the receiving side
+        hands it to its reactor.
+
+        The route of a message, read to receive: ``MConnectionProtocol.dataReceived``
+        (mconn.net.protocol) feeds ``Connection.receive_data`` (mconn.core.connection),
+        whose ``MessageReceived`` events come here; ``PeerDelivery.deliver``
+        (mconn.switch.peer_delivery) holds it if its channel is busy, else
+        ``ReactorSet.route`` (mconn.switch.routing) calls the owning ``Reactor.receive``.
+        """
+        delivery = self._receiving
+        if delivery is None:
+            delivery = self._delivery
+        delivery.deliver(channel_id, message)
 
     def __repr__(self) -> str:
         direction = "outbound" if self.is_outbound else "inbound"
@@ -229,18 +234,18 @@ class Peer:
     def _accept(self, channel_id: int, message: bytes) -> int | None:
         """Take a checked message into the session; its sequence number, or None if full.
 
-        The per-message path, in order: room in the connection's channel queue, then the
-        session (``Session.admit``: the recovery buffer), then the queue; a message the
-        session refuses was never queued.
+        The per-message path, in order: room in the connection's channel queue
+        (``Connection.room``), then the session (``Session.admit``: the recovery buffer),
+        then the queue (``Connection.queue_message``); a message the session refuses was
+        never queued.
         """
         core = self._core
         if core is not None and core.state is _OPEN:
-            channel = self._queues[channel_id]
-            if len(channel.queue) >= channel.capacity:
+            if not core.room(channel_id):
                 return None
             sequence = self.session.admit(channel_id, message)
             if sequence is not None:
-                channel.writable_queue().append(message)
+                core.queue_message(channel_id, message)
             return sequence
         held = self._held.get(channel_id, 0)
         if held >= self._shape.send_capacity[channel_id]:
@@ -269,10 +274,11 @@ class Peer:
 
         While connected, what does not depend on the message (the session's state, the
         channel, waiting sends) is checked once per batch and again after each write,
-        not once per message; each message is then one size test, one ``Session.admit``
-        and one append to the channel's queue (the per-message cost of a batch). A list of
-        bytes that fits the queue and the recovery buffer whole is taken in one step
-        (``Session.admit_many``).
+        not once per message; each message is then one size test and one
+        ``Session.admit``, and what was admitted goes into the connection's queue in one
+        ``Connection.queue_messages`` before each write (the per-message cost of a batch).
+        A list of bytes that fits the queue and the recovery buffer whole is taken in one
+        step (``Session.admit_many``).
 
         :returns: how many were accepted (a prefix of ``messages``: the rest were not).
         """
@@ -282,41 +288,47 @@ class Peer:
         if not self._accepts(channel_id, b"") or self._waiting.get(channel_id):
             return 0
         limit = self._limits[channel_id]
-        queue = self._queues[channel_id].writable_queue()
-        capacity = self._queues[channel_id].capacity
+        room = core.room(channel_id)
         if (
             type(messages) is list
             and messages
-            and len(messages) <= capacity - len(queue)
+            and len(messages) <= room
             and set(map(type, messages)) == _BYTES_ONLY
             and max(map(len, messages)) <= limit
             and self.session.admit_many(channel_id, messages, sum(map(len, messages))) is not None
         ):
-            queue.extend(messages)
+            core.queue_messages(channel_id, messages)
             self._protocol.pump()
             return len(messages)
         admit = self.session.admit
-        accepted = pending = 0
-        for message in messages:
-            if type(message) is not bytes:
-                message = self._bytes_of(channel_id, message)
-            if len(message) > limit:
-                self._accepts(channel_id, message)  # raises the ValueError naming the sizes
-            if len(queue) >= capacity:
-                if not pending:
-                    break
-                self._protocol.pump()  # the queue is full: what fits goes out, then try again
-                pending = 0
-                if core.state is not _OPEN or len(queue) >= capacity:
-                    break
-                if not self._accepts(channel_id, b"") or self._waiting.get(channel_id):
-                    break
-            if admit(channel_id, message) is None:
-                break  # the recovery buffer is full
-            queue.append(message)
-            accepted += 1
-            pending += 1
-        if pending and core.state is _OPEN:
+        admitted: list[bytes] = []  # admitted, not yet queued: they go in before each write
+        accepted = 0
+        try:
+            for message in messages:
+                if type(message) is not bytes:
+                    message = self._bytes_of(channel_id, message)
+                if len(message) > limit:
+                    self._accepts(channel_id, message)  # raises the ValueError naming the sizes
+                if not room:
+                    if not admitted:
+                        break
+                    core.queue_messages(channel_id, admitted)
+                    admitted = []
+                    self._protocol.pump()  # the queue is full: what fits goes out, then try again
+                    room = core.room(channel_id)
+                    if not room:
+                        break
+                    if not self._accepts(channel_id, b"") or self._waiting.get(channel_id):
+                        break
+                if admit(channel_id, message) is None:
+                    break  # the recovery buffer is full
+                admitted.append(message)
+                room -= 1
+                accepted += 1
+        finally:  # what the session admitted is queued, whatever ends the batch
+            if admitted:
+                core.queue_messages(channel_id, admitted)
+        if admitted and core.state is _OPEN:
             self._protocol.pump()
         return accepted
 
@@ -444,7 +456,6 @@ class Peer:
     def _detach(self) -> None:
         """The transport is gone: sends are held for the next one."""
         self._protocol = None
-        self._queues = None
         self._core = None
         self.disconnects += 1
         self._held = {}
@@ -455,7 +466,6 @@ class Peer:
         """A new transport carries the session on: re-send what the peer lacks
         (``resend``: ``Session.to_resend`` of the peer's delivered counts)."""
         self._protocol = protocol
-        self._queues = protocol.core.channels
         self._core = protocol.core
         self.remote_address = protocol.remote_address
         self.remote_host = transport_host(protocol.transport)
@@ -473,7 +483,6 @@ class Peer:
     def _end(self, reason: Exception) -> None:
         """The session is over: fail what waits on it."""
         self._protocol = None
-        self._queues = None
         self._core = None
         if self._receiving is not None:
             self._receiving.end()

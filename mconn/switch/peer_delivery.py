@@ -43,10 +43,12 @@ class PeerDelivery:
         "backlog_messages",
     )
 
-    def __init__(self, peer, *, route, clock, config) -> None:
+    def __init__(self, peer, *, reactors, clock, config) -> None:
         self._peer = peer
         self._session = peer.session
-        self._route = route
+        #: ``ReactorSet.route`` (mconn.switch.routing) of the node's reactors, bound once:
+        #: it calls the ``receive`` of the reactor owning the channel.
+        self._route = reactors.route
         self._clock = clock
         self._config = config
         self._ack_timer = None

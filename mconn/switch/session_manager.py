@@ -87,13 +87,14 @@ class SessionManager:
     :param channels: the node's ChannelDescriptors (every session covers them).
     :param admission: the Switch's ``Admission`` (peer limits per direction).
     :param dialing: the Switch's ``PersistentDialing``.
-    :param notify: ``notify(method, peer, *args)`` calls ``method`` on every reactor.
-    :param route: ``route(channel_id, peer, message)`` hands a message to its reactor.
+    :param reactors: the Switch's ``mconn.switch.routing.ReactorSet``: its ``notify``
+        tells every reactor about a session (add_peer, remove_peer, ...), its ``route``
+        hands each message a Peer receives to the reactor owning its channel.
     :param dialing_to: ``dialing_to(node_id)``: an outbound connection of ours to that
         node is still handshaking (a simultaneous dial).
     """
 
-    def __init__(self, *, node_id, clock, config, channels, admission, dialing, notify, route, dialing_to) -> None:
+    def __init__(self, *, node_id, clock, config, channels, admission, dialing, reactors, dialing_to) -> None:
         self.node_id = node_id
         self.clock = clock
         #: Unacknowledged bytes of all sessions (``Config.max_unacked_bytes``; follows ``config``).
@@ -104,9 +105,9 @@ class SessionManager:
         self.shape = ChannelShape(channels)
         self._channel_ids = tuple(d.id for d in channels)
         self._admission = admission
-        self.route = route
+        self.reactors = reactors
         self._dialing = dialing
-        self._notify = notify
+        self._notify = reactors.notify
         self._dialing_to = dialing_to
         #: Sessions by node id (none closed).
         self.peers: dict[str, Peer] = {}

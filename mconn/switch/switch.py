@@ -112,8 +112,6 @@ class Switch(Service):
         self.channels = reactor_set.channels
         #: Exceptions that escaped reactors (and failed receive Deferreds), by reactor name.
         self.reactor_errors: dict[str, int] = reactor_set.errors
-        self._route = reactor_set.route
-        self._notify = reactor_set.notify
         self.listen_address = ""
         self._ports: list = []
         self._stats_loop: LoopingCall | None = None
@@ -160,8 +158,7 @@ class Switch(Service):
             channels=self.channels,
             admission=self._admission,
             dialing=self._dialing,
-            notify=self._notify,
-            route=self._route,
+            reactors=reactor_set,
             dialing_to=self._connections.dialing_to,
         )
         self._connections.sessions = self._sessions

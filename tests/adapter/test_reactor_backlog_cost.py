@@ -29,6 +29,13 @@ class Unread:
     connection = None
 
 
+class NoReactors:
+    """The reactors a PeerDelivery routes to: none are reached while a channel is busy."""
+
+    def route(self, channel_id, peer, message):
+        raise AssertionError(f"a held message on channel {channel_id:#04x} reached a reactor")
+
+
 def read_messages(size: int) -> list[bytes]:
     """``COUNT`` messages of ``size`` bytes as a Connection hands them up from one read."""
     conn = open_connection(channels=[ChannelDescriptor(CH, recv_message_capacity=1 << 20)])
@@ -40,7 +47,7 @@ def read_messages(size: int) -> list[bytes]:
 def test_the_overhead_covers_what_a_held_message_costs(size):
     """Holding COUNT messages grows traced memory by at most payload + the overhead each,
     and the backlog counts exactly that cost and COUNT messages."""
-    delivery = PeerDelivery(Unread(), route=None, clock=Clock(), config=Config())
+    delivery = PeerDelivery(Unread(), reactors=NoReactors(), clock=Clock(), config=Config())
     delivery.busy[CH] = collections.deque()  # the channel is busy
     gc.collect()
     tracemalloc.start()
@@ -62,7 +69,7 @@ def test_the_overhead_covers_what_a_held_message_costs(size):
 def test_empty_messages_cost_their_overhead():
     """An empty message costs MESSAGE_OVERHEAD, so a stream of them meets the byte
     bound: reactor_backlog_bytes // MESSAGE_OVERHEAD of them at most."""
-    delivery = PeerDelivery(Unread(), route=None, clock=Clock(), config=Config())
+    delivery = PeerDelivery(Unread(), reactors=NoReactors(), clock=Clock(), config=Config())
     delivery.busy[CH] = collections.deque()
     for _ in range(1000):
         delivery.deliver(CH, b"")

@@ -145,3 +145,30 @@ def test_reads_do_not_rearm_the_keepalive_timer_but_the_ping_still_follows_the_l
     assert h.take() == b""
     h.clock.advance(0.02)
     assert h.take() == b"\x01"  # a ping, ping_interval after the last read
+
+
+def test_the_route_of_a_message_from_read_to_receive_is_one_chain_of_named_calls():
+    """A message read reaches Reactor.receive through these calls, each a method of the
+    module that owns its step (specs/reactor-api.md section 4.1): the protocol's read, the
+    core's events, the Peer (ICarriedSession), its receiving side, the reactor set's route.
+    No rebound attribute and no callable handed through constructors stands in between,
+    so the chain can be followed by reading (and a new detour shows up here)."""
+    import traceback
+
+    h = open_switch_connection(channels=CHANNELS)
+    stacks = []
+    h.reactor.on_receive = lambda channel_id, peer, message: stacks.append(traceback.extract_stack())
+    h.feed(msg(CH, b"first"))
+    h.feed(msg(CH, b"second"))
+    assert len(stacks) == 2
+    for stack in stacks:
+        frames = [(frame.filename.split("mconn/")[-1], frame.name) for frame in stack]
+        start = frames.index(("net/protocol.py", "dataReceived"))
+        assert frames[start:-2] == [
+            ("net/protocol.py", "dataReceived"),
+            ("switch/peer.py", "deliver"),
+            ("switch/peer_delivery.py", "deliver"),
+            ("switch/peer_delivery.py", "_hand"),
+            ("switch/routing.py", "route"),
+        ]
+        assert frames[-2][1] == "receive"  # RecordingReactor.receive, then its on_receive
