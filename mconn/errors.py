@@ -119,6 +119,12 @@ class PacketPayloadTooSmall(IncompatiblePeer):
     packet's work (specs/handshake.md section 3). The close code is the class name."""
 
 
+class RecvRateTooSmall(IncompatiblePeer):
+    """The peer's hello announces a receive rate below ``config.MIN_RECV_RATE`` (1000
+    bytes per second): what we send it would be held in our queues for that long
+    (specs/handshake.md section 7). The close code is the class name."""
+
+
 class PongTimeout(RemoteProtocolError):
     """Nothing was received within pong_timeout after a ping."""
 
@@ -236,12 +242,15 @@ class ConnectionClosed(MConnError):
 
 class ReactorError(ConnectionClosed):
     """This node dropped the peer for an error seen by a reactor: an exception escaped
-    its ``add_peer`` or ``receive`` (or the Deferred ``receive`` returned failed) under
-    ``Config.reactor_errors = "drop"``, or the reactor called ``peer.stop_for_error``
-    (CometBFT's StopPeerForError). The close packet's code is ``reactor_error``.
+    its ``add_peer``, its ``receive`` (or the Deferred ``receive`` returned failed) or a
+    per-peer routine (``Reactor.spawn``) under ``Config.reactor_errors = "drop"``, or the
+    reactor called ``peer.stop_for_error`` (CometBFT's StopPeerForError). The close
+    packet's code is ``reactor_error``.
 
     :param reactor: the reactor's name (``Reactor.name``), or None if not known.
-    :param channel_id: the channel the message came on, or None (``add_peer``).
+    :param channel_id: the channel the message came on, or None (``add_peer``, a routine).
+    :param method: where it escaped: ``add_peer``, ``receive``, ``routine``, or
+        ``stop_for_error``.
     :param error: the exception, or any reason given to ``stop_for_error``.
     """
 

@@ -19,8 +19,10 @@ channel; ``try_send`` never waits and never overtakes a waiting ``send``.
 from __future__ import annotations
 
 import collections
+import inspect
 
 from twisted.internet import defer
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mconn.core.address import transport_host
@@ -89,6 +91,9 @@ class Peer:
         "_receiving",
         "_flush_timer",
         "_flush_reason",
+        "close_reason",
+        "_removal_waiters",
+        "_routines",
     )
 
     def __init__(self, *, sessions, protocol, hello: Hello, session, is_outbound: bool, address=None) -> None:
@@ -148,6 +153,12 @@ class Peer:
         #: While ``close(flush=True)`` waits for the peer's acks: its timeout, else None.
         self._flush_timer = None
         self._flush_reason = ""
+        #: Why the session ended (the reason ``remove_peer`` gets), None until it has.
+        self.close_reason: Exception | None = None
+        #: ``when_removed`` Deferreds not fired yet, and the routines running (``spawn``):
+        #: None until the first.
+        self._removal_waiters: list | None = None
+        self._routines: dict | None = None
 
     @property
     def channels(self) -> dict[int, ChannelInfo]:
@@ -383,8 +394,9 @@ class Peer:
                 if self._live():
                     self._protocol.pump()
                 return self._confirmation(channel_id, sequence) if confirm else defer.succeed(True)
-        d: defer.Deferred[bool] = defer.Deferred()
-        entry = [message, d, None, confirm]
+        entry: list = [message, None, None, confirm]
+        d: defer.Deferred[bool] = defer.Deferred(canceller=lambda _: self._cancel_waiting(channel_id, entry))
+        entry[1] = d
         entry[2] = self._clock.callLater(self._config.send_timeout, self._send_timed_out, channel_id, entry)
         self._waiting.setdefault(channel_id, collections.deque()).append(entry)
         return d
@@ -393,9 +405,30 @@ class Peer:
         return self._shape.bytes_of(channel_id, message)
 
     def _confirmation(self, channel_id: int, sequence: int) -> defer.Deferred[bool]:
-        d: defer.Deferred[bool] = defer.Deferred()
+        d: defer.Deferred[bool] = defer.Deferred(canceller=self._cancel_confirmation)
         self._confirms.setdefault(channel_id, collections.deque()).append((sequence, d))
         return d
+
+    def _cancel_waiting(self, channel_id: int, entry: list) -> None:
+        """A waiting send's Deferred was cancelled (a routine cancelled at the session's
+        end, or its caller): it stops waiting; the message was never accepted."""
+        waiting = self._waiting.get(channel_id)
+        if waiting is not None and entry in waiting:
+            waiting.remove(entry)
+            if not waiting:
+                del self._waiting[channel_id]
+            entry[2].cancel()
+        else:  # a send_confirmed accepted since: it waits for its confirmation now
+            self._cancel_confirmation(entry[1])
+
+    def _cancel_confirmation(self, d: defer.Deferred) -> None:
+        """A ``send_confirmed`` Deferred was cancelled: nobody waits for that confirmation
+        any more (the message itself stays accepted and is still delivered)."""
+        for confirms in self._confirms.values():
+            for item in confirms:
+                if item[1] is d:
+                    confirms.remove(item)
+                    return
 
     def _send_timed_out(self, channel_id: int, entry: list) -> None:
         waiting = self._waiting[channel_id]
@@ -481,12 +514,18 @@ class Peer:
             self._delivery.send_ack()
 
     def _end(self, reason: Exception) -> None:
-        """The session is over: fail what waits on it."""
+        """The session is over: cancel its routines, fail what waits on it, tell
+        ``when_removed`` (all before the reactors' ``remove_peer``)."""
+        self.close_reason = reason
         self._protocol = None
         self._core = None
         if self._receiving is not None:
             self._receiving.end()
         self._cancel_flush()
+        routines = self._routines
+        if routines:
+            for d in list(routines):
+                d.cancel()  # CancelledError at the routine's await; _routine_done drops it
         for waiting in self._waiting.values():
             while waiting:
                 _, d, timer, _ = waiting.popleft()
@@ -496,6 +535,82 @@ class Peer:
             while confirms:
                 sequence, d = confirms.popleft()
                 d.errback(DeliveryNotConfirmed(channel_id, sequence, reason))
+        waiters, self._removal_waiters = self._removal_waiters, None
+        for d in waiters or ():
+            d.callback(reason)
+
+    # -- per-peer routines (specs/reactor-api.md section 5.8) ---------------------------
+
+    def when_removed(self) -> defer.Deferred:
+        """A Deferred that fires with the reason the session ended (the error
+        ``remove_peer`` gets) when it ends, before ``remove_peer`` is called; at once if it
+        has ended. CometBFT's ``peer.Quit()``. Each call gives a Deferred of its own;
+        cancelling one stops only that one waiting."""
+        if self.close_reason is not None:
+            return defer.succeed(self.close_reason)
+        d: defer.Deferred = defer.Deferred(canceller=self._cancel_removal_waiter)
+        if self._removal_waiters is None:
+            self._removal_waiters = []
+        self._removal_waiters.append(d)
+        return d
+
+    def _cancel_removal_waiter(self, d: defer.Deferred) -> None:
+        if self._removal_waiters is not None and d in self._removal_waiters:
+            self._removal_waiters.remove(d)
+
+    def spawn(self, routine, *, reactor) -> defer.Deferred:
+        """Run ``routine`` (a coroutine, such as ``reactor.gossip(peer)``, or a Deferred)
+        for as long as this session lives: ``Reactor.spawn(peer, routine)`` calls this.
+
+        The routine is cancelled (``CancelledError`` at its ``await``) when the session
+        ends, before ``remove_peer``; it keeps running while the session is suspended
+        (sends are held for the resume). An exception that escapes it is ``reactor``'s
+        error, handled like one from ``receive``: ``Reactor.on_error(peer, None, error)``
+        or ``Config.reactor_errors`` (``"drop"`` ends the session with a ``ReactorError``).
+
+        :returns: a Deferred firing with the routine's result, or None if it was
+            cancelled or failed (the failure is handled as above, never left unhandled).
+            On a session that has ended the routine is not started (a coroutine is
+            closed) and the Deferred fires None at once.
+        :raises TypeError: for anything but a coroutine or a Deferred.
+        """
+        if inspect.iscoroutine(routine):
+            if self.close_reason is not None:
+                routine.close()
+                return defer.succeed(None)
+            d = defer.Deferred.fromCoroutine(routine)
+        elif isinstance(routine, defer.Deferred):
+            d = routine
+            if self.close_reason is not None:
+                d.cancel()
+                d.addErrback(lambda _: None)
+                return defer.succeed(None)
+        else:
+            raise TypeError(
+                f"a peer routine is a coroutine (call the async def: spawn(peer, self.gossip(peer))) "
+                f"or a Deferred, not {type(routine).__name__}"
+            )
+        if d.called:  # it ended before its first wait
+            return d.addBoth(self._routine_done, None, reactor)
+        if self._routines is None:
+            self._routines = {}
+        self._routines[d] = reactor
+        return d.addBoth(self._routine_done, d, reactor)
+
+    def _routine_done(self, result, d, reactor):
+        """A routine ended: forget it; hand its exception to the reactor error policy."""
+        if d is not None and self._routines is not None:
+            self._routines.pop(d, None)
+        if not isinstance(result, Failure):
+            return result
+        if not result.check(defer.CancelledError):
+            self._sessions.reactors.routine_failed(reactor, self, result.value)
+        return None
+
+    @property
+    def routines(self) -> int:
+        """How many routines (``spawn``) are running for this session now."""
+        return len(self._routines) if self._routines else 0
 
     def close(self, reason=None, *, flush: bool = False) -> None:
         """End the session with a close packet; the reactors get ``remove_peer``.

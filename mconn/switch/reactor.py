@@ -56,6 +56,14 @@ class Reactor:
         ``ReactorError``, ``"log"`` to keep the peer, or None for ``Config.reactor_errors``."""
         return None
 
+    def spawn(self, peer, routine):
+        """Run a per-peer routine (a coroutine, e.g. ``self.spawn(peer, self.gossip(peer))``
+        in ``add_peer``) until the session ends: it is cancelled then, before
+        ``remove_peer``; an exception escaping it is handled like one from ``receive``
+        (``on_error`` with ``channel_id`` None). Returns a Deferred firing with its result,
+        or None if it was cancelled or failed (section 5.8; ``Peer.spawn``)."""
+        return peer.spawn(routine, reactor=self)
+
     def mark_good(self, peer) -> None:
         """``switch.mark_good(peer)``: another reactor vouches for ``peer`` (an address
         book moves it to its tried table)."""

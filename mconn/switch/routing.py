@@ -12,8 +12,9 @@ reverse order) and the calls the Switch makes on them:
   reactor in order.
 
 An exception escaping a reactor is counted (``errors``), logged as ``reactor_error``, and
-for ``add_peer`` and ``receive`` judged by the reactor's ``on_error`` or
-``Config.reactor_errors``: "drop" stops the peer with a ``ReactorError`` (section 4).
+for ``add_peer``, ``receive`` and a per-peer routine (``Reactor.spawn``) judged by the
+reactor's ``on_error`` or ``Config.reactor_errors``: "drop" stops the peer with a
+``ReactorError`` (section 4).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from mconn.switch import telemetry
 from mconn.core.codec import typed_receiver
 from mconn.errors import ReactorError
 from mconn.switch.reactor import reactor_name
+
+#: The calls whose exceptions the reactor's error policy judges (the rest are logged).
+_POLICY_METHODS = ("add_peer", "receive", "routine")
 
 
 class ReactorSet:
@@ -154,6 +158,16 @@ class ReactorSet:
             if hook is not None:
                 hook(peer)
 
+    def routine_failed(self, reactor, peer, error: Exception) -> None:
+        """An exception escaped a per-peer routine of ``reactor`` (``Reactor.spawn``):
+        handled like one from ``receive`` (``on_error(peer, None, error)`` or
+        ``Config.reactor_errors``) while the session lives; only counted and logged once
+        it has ended (there is nothing left to drop)."""
+        try:
+            raise error
+        except Exception:  # logged with its traceback, as one from receive
+            self._failed(reactor, "routine", peer, None, error, drop_now=peer.close_reason is None)
+
     def _failed(self, reactor, method: str, peer, channel_id, error: Exception, *, drop_now=True):
         """An exception escaped a reactor (inside its ``except``): count and log it, and
         apply the reactor's ``on_error`` or ``Config.reactor_errors`` (section 4).
@@ -161,7 +175,7 @@ class ReactorSet:
         name = reactor_name(reactor)
         self._count(reactor)
         policy = "log"
-        if method in ("add_peer", "receive"):
+        if method in _POLICY_METHODS:
             try:
                 policy = reactor.on_error(peer, channel_id, error) or self._switch.config.reactor_errors
             except Exception:
@@ -172,7 +186,7 @@ class ReactorSet:
             reactor=name,
             method=method,
             peer_id=peer.node_id,
-            action="dropped" if policy == "drop" else "kept" if method in ("add_peer", "receive") else "none",
+            action="dropped" if policy == "drop" else "kept" if method in _POLICY_METHODS else "none",
         )
         if policy != "drop":
             return None
