@@ -680,3 +680,24 @@ def test_a_run_of_full_packets_past_recv_message_capacity_fails_before_it_is_kep
     assert isinstance(events[-1].error, MessageTooLarge)
     assert "3072" in str(events[-1].error) and "2048" in str(events[-1].error)
     assert conn.channels[CH].receiving is None
+
+
+def test_room_and_queue_messages_are_the_send_path_into_a_channel_queue():
+    """``room`` counts what the queue takes; ``queue_messages`` queues a prefix that fits,
+    in order; both refuse a channel the connection lacks; nothing is taken unless open."""
+    conn = make_connection(channels=[ChannelDescriptor(CH, send_queue_capacity=3)])
+    assert conn.room(CH) == 0  # handshaking: nothing may be queued yet
+    with pytest.raises(LocalProtocolError, match="connection is handshaking"):
+        conn.queue_messages(CH, [b"early"])
+    conn = open_connection(channels=[ChannelDescriptor(CH, send_queue_capacity=3)])
+    assert conn.room(CH) == 3
+    assert conn.queue_message(CH, b"a")
+    assert conn.room(CH) == 2
+    assert conn.queue_messages(CH, [b"b", b"c", b"d"]) == 2  # "d" does not fit
+    assert conn.room(CH) == 0 and not conn.queue_message(CH, b"d")
+    assert conn.queue_messages(CH, [b"d"]) == 0
+    with pytest.raises(LocalProtocolError, match="channel 0x7f is not one of this connection's channels"):
+        conn.room(0x7F)
+    out = conn.data_to_send(1.0)
+    assert [m for _, _, m in msg_payloads(out)] == [b"a", b"b", b"c"]
+    assert conn.room(CH) == 3
