@@ -159,6 +159,12 @@ class Config:
     allow_discovered_private: bool = False
     #: Dial a persistent peer's addresses in the given order instead of shuffling them.
     retain_address_order: bool = False
+    #: Let two nodes hold sessions from (or be dialed at) one IP address. False: a
+    #: second node's session from an IP address that has one, inbound or outbound, in any
+    #: state, is refused (``duplicate_ip``) and such an address is not dialed (CometBFT's
+    #: ``allow_duplicate_ip = false``). Exact addresses, unlike max_connections_per_ip,
+    #: which also bounds one IPv6 /64's inbound sessions and applies either way.
+    allow_duplicate_ip: bool = True
     #: Host (IP) that outgoing connections bind to (None: the kernel chooses).
     local_address: str | None = None
     #: A new connection from a node that already has a live one: seconds the old one has
@@ -289,6 +295,7 @@ class Config:
             "ignore_discovered_addresses",
             "retain_address_order",
             "allow_discovered_private",
+            "allow_duplicate_ip",
             "metrics_per_peer",
         ):
             if not isinstance(getattr(self, name), bool):

@@ -8,6 +8,7 @@ above. The modules, in reading order:
 * ``routing``: every call into reactors, and the error policy;
 * ``connection_set``: the live connections, the owner each connection talks to;
 * ``authorize``: may a node whose id is proven join;
+* ``bans``: node ids a reactor marked bad, refused and not dialed for a while;
 * ``session_manager``: the peer table and every session's lifecycle;
 * ``session_limits``: dormant sessions make room instead of locking a node out;
 * ``duplicates``: is a session's live connection still there;

@@ -30,6 +30,7 @@ from mconn.switch import telemetry
 from mconn.core.address import PeerAddress, parse_address
 from mconn.core.admission import Admission
 from mconn.switch.authorize import Authorizer
+from mconn.switch.bans import BanList
 from mconn.config import Config
 from mconn.switch.connection_set import ConnectionSet
 from mconn.switch.dialer import default_reconnect_delay
@@ -125,8 +126,17 @@ class Switch(Service):
         self.reconnect_delay = reconnect_delay or self._default_reconnect_delay
         self.choose_address = choose_address
         self._admission = Admission(config)
+        #: Node ids marked bad (``mark_bad``): refused and not dialed until their bans end.
+        self.bans = BanList(clock)
         self._authorizer = Authorizer(
-            allowed_peers, authorize, tls=tls is not None, clock=clock, timeout=config.handshake_timeout
+            allowed_peers,
+            authorize,
+            tls=tls is not None,
+            clock=clock,
+            timeout=config.handshake_timeout,
+            bans=self.bans,
+            peers=lambda: self.peers,
+            config=lambda: self.config,
         )
         self._connections = ConnectionSet(
             node_id=node_id,
@@ -397,6 +407,10 @@ class Switch(Service):
 
     def _connect(self, target: PeerAddress, node_id: str | None) -> defer.Deferred:
         """One dial attempt; fires with the Peer once its session is up (new or resumed)."""
+        try:
+            self._authorizer.check_dial(target, node_id)  # a banned node, an IP address in use
+        except PeerRejected:
+            return defer.fail()
         peer = self.peers.get(node_id) if node_id is not None else None
         if peer is not None and peer.state is PeerState.CONNECTED:
             return defer.succeed(peer)  # a connection from that node won meanwhile
@@ -442,6 +456,22 @@ class Switch(Service):
         """Vouch for ``peer`` (CometBFT's MarkPeerAsGood): every reactor's ``mark_good``
         is called; the PEX reactor's moves it to its address book's tried table."""
         self._reactor_set.mark_good(peer)
+
+    def mark_bad(self, peer, seconds: float, reason: str = "") -> float:
+        """Ban ``peer`` (a Peer or a node id) for ``seconds``: its session ends now (a close
+        packet with the text ``banned for Ns: reason``), its hellos are refused with
+        ``PeerRejected("banned")`` inbound and outbound, and it is not dialed (a dial
+        fails at once with that error) until the ban ends (specs/reactor-api.md 6.5).
+
+        :returns: the clock time the ban ends.
+        :raises ValueError: for a ``seconds`` that is not a positive finite number.
+        """
+        node_id = getattr(peer, "node_id", peer)
+        until = self.bans.ban(node_id, seconds, reason)
+        session = self.peers.get(node_id)
+        if session is not None:
+            session.close(f"banned for {seconds}s" + (f": {reason}" if reason else ""))
+        return until
 
     def _decode_failed(self, peer, error) -> None:
         """A message on a typed channel did not decode (a ``DecodeError``): the sender
