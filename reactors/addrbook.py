@@ -157,6 +157,11 @@ class AddressBook:
         return types.MappingProxyType(self._entries)
 
     @property
+    def key(self) -> bytes:
+        """The secret that keys placement (saved with the book: reactors/addrbook_file.py)."""
+        return self._key
+
+    @property
     def capacity(self) -> int:
         return (self.new_buckets + self.tried_buckets) * self.bucket_size
 

@@ -36,23 +36,35 @@ in reactors/pex_wire.py: a *request* naming how many addresses the asker accepts
   address, a forbidden host (link-local, metadata, unspecified, multicast...) or a DNS
   name; a loopback address only from a peer that connects over loopback; a private one
   only with ``Config.allow_discovered_private``. Dials are rate-bounded by a token
-  bucket (``dial_rate``, ``dial_burst``) and bans are bounded (``max_bans``).
+  bucket (``dial_rate``, ``dial_burst``) and bans are bounded (``max_bans``). Node ids
+  the Switch banned (``Switch.mark_bad``) are not dialed.
+* *Public networks* (CometBFT's p2p/pex options): ``addrbook_file`` keeps the book across
+  restarts (reactors/addrbook_file.py: saved every ``save_interval`` and when the Switch
+  stops, read when it starts); ``private_peer_ids`` are never booked nor shared;
+  ``seed_mode`` crawls the book (dials its entries, asks each for addresses, then
+  disconnects it), answers whoever connects once and disconnects them, and holds no
+  peer longer than ``seed_hold``.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import random
+import re
 import secrets
 import types
+from collections.abc import Iterable
 
+from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mconn import ChannelDescriptor, Reactor
 from mconn.core.address import PUBLIC, PeerAddress, announced_address, discovered_problem, host_of, host_scope
 from mconn.core.address import parse_address
 from reactors.addrbook import AddressBook, BanTable, BookEntry, network_group
+from reactors.addrbook_file import BookFileError, read_book, save_book
 from reactors.pex_dial import PexDialer
 from reactors.pex_wire import MAX_WIRE_ADDRESSES, PEX_CHANNEL, PEX_SCHEMES_CHANNEL, PexMisbehaved, PexType
 from reactors.pex_wire import decode_message
@@ -64,6 +76,10 @@ log = Logger(namespace="reactors.pex")
 
 #: The sender's own rule: never ask one peer twice within this part of request_interval.
 SEND_GAP = 0.5
+#: A loopback host standing for the source of a saved entry of the ``loopback`` group
+#: (the rules of specs/pex.md section 3.5 need a source host; the file keeps its group).
+_LOOPBACK_SOURCE = "127.0.0.1"
+_NODE_ID = re.compile(r"[0-9a-f]{40}")
 
 
 @dataclasses.dataclass
@@ -77,6 +93,8 @@ class _PeerState:
     #: When we last asked it, or got its reply if that came later.
     last_sent: float | None = None
     last_received: float | None = None
+    #: seed_mode: the timer that disconnects it after seed_hold.
+    hold: object = None
 
 
 class PexReactor(Reactor):
@@ -105,6 +123,18 @@ class PexReactor(Reactor):
     :param routable_only: keep only publicly routable IPs (CometBFT's ``addr_book_strict``),
         whatever ``Config.allow_discovered_private`` says.
     :param rng: a ``random.Random`` (seeded in tests); it also makes the book's key then.
+    :param addrbook_file: keep the book in this JSON file (CometBFT's ``addrbook.json``):
+        read when the Switch starts, saved every ``save_interval`` seconds and when it
+        stops. A file that cannot be used is logged, kept as ``FILE.refused``, and the
+        node starts with an empty book (``book_file_error``).
+    :param save_interval: seconds between saves of ``addrbook_file``.
+    :param seed_mode: crawl and hand out addresses, holding no peer for long (CometBFT's
+        ``seed_mode``): an inbound peer is answered once and disconnected, a dialed one
+        is asked and disconnected once it answers, any peer at ``seed_hold`` at most.
+    :param seed_hold: seconds a seed keeps any peer at most.
+    :param crawl_interval: seconds before a seed dials a node it crawled again.
+    :param private_peer_ids: node ids never booked, never shared (CometBFT's
+        ``private_peer_ids``): a sentry's validator, say.
     """
 
     def __init__(
@@ -128,6 +158,12 @@ class PexReactor(Reactor):
         max_dial_failures: int = 8,
         routable_only: bool = False,
         rng: random.Random | None = None,
+        addrbook_file: str | None = None,
+        save_interval: float = 120.0,
+        seed_mode: bool = False,
+        seed_hold: float = 30.0,
+        crawl_interval: float = 120.0,
+        private_peer_ids: Iterable[str] = (),
     ) -> None:
         if not request_interval > 0:
             raise ValueError(f"request_interval {request_interval!r} must be > 0")
@@ -149,30 +185,74 @@ class PexReactor(Reactor):
         self.max_dial_failures = max_dial_failures
         self.routable_only = routable_only
         self.max_message_bytes = max_message_bytes(max_addresses)
+        for name, value in (("save_interval", save_interval), ("seed_hold", seed_hold)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} {value!r} must be a number of seconds > 0")
+        self.save_interval = save_interval
+        self.seed_hold = seed_hold
+        self.crawl_interval = crawl_interval
+        self.addrbook_file: str | None = None
+        self.seed_mode = False
+        self.private_peer_ids: frozenset[str] = frozenset()
+        self.configure_pex(addrbook_file=addrbook_file, seed_mode=seed_mode, private_peer_ids=private_peer_ids)
+        #: Why the book file was refused at start (the node started with an empty book), or None.
+        self.book_file_error: str | None = None
         self._rng = rng if rng is not None else random.Random()
         key = self._rng.randbytes(32) if rng is not None else secrets.token_bytes(32)
-        self._book = AddressBook(
-            key=key,
+        self._book_sizes = dict(
             new_buckets=new_buckets,
             tried_buckets=tried_buckets,
             bucket_size=bucket_size,
             new_buckets_per_group=new_buckets_per_group,
             per_source_cap=per_source_cap,
         )
+        self._book = AddressBook(key=key, **self._book_sizes)
         self._peers: dict[str, _PeerState] = {}
         self._bans = BanTable(max_bans)
         self._dialer = PexDialer(self, self._book, self._rng)
         self._timer = None
+        self._save_loop: LoopingCall | None = None
         #: Rounds run so far.
         self.rounds = 0
         #: requests_sent/received, replies_sent/received/dropped/unsent, penalties,
-        #: addresses_added/replaced/capped/dropped/skipped/forgotten, dials, dials_deferred,
-        #: dial_failures, ignored.
+        #: addresses_added/replaced/capped/dropped/skipped/forgotten/private/loaded, dials,
+        #: dials_deferred, dial_failures, ignored, book_saves, book_save_failures,
+        #: seed_disconnects.
         self.counters: collections.Counter = collections.Counter()
         #: Penalties by reason (PexMisbehaved.reason).
         self.penalties: collections.Counter = collections.Counter()
         #: Addresses skipped by rule (forbidden, name, own, loopback, private, not_public).
         self.skipped: collections.Counter = collections.Counter()
+
+    def configure_pex(
+        self,
+        *,
+        addrbook_file: str | None = None,
+        seed_mode: bool | None = None,
+        private_peer_ids: Iterable[str] | None = None,
+    ) -> None:
+        """Set the public-network options before the Switch starts (``twistd mconn``'s
+        ``--addrbook-file``, ``--seed-mode``, ``--private-peer-ids`` come this way);
+        an argument left None keeps its value.
+
+        :raises ValueError: for a private peer id that is not 40 lowercase hex digits.
+        """
+        if addrbook_file is not None:
+            self.addrbook_file = os.fspath(addrbook_file)
+        if seed_mode is not None:
+            if not isinstance(seed_mode, bool):
+                raise ValueError(f"seed_mode {seed_mode!r} must be True or False")
+            self.seed_mode = seed_mode
+        if private_peer_ids is not None:
+            if isinstance(private_peer_ids, str):
+                raise ValueError(
+                    f"private_peer_ids must be a collection of node ids, got the text {private_peer_ids!r}"
+                )
+            ids = frozenset(private_peer_ids)
+            bad = sorted(i for i in ids if not isinstance(i, str) or not _NODE_ID.fullmatch(i))
+            if bad:
+                raise ValueError(f"private peer id {bad[0]!r} is not a node id (40 lowercase hex digits)")
+            self.private_peer_ids = ids
 
     # -- the read-only view ---------------------------------------------------------
 
@@ -207,6 +287,9 @@ class PexReactor(Reactor):
             "tables": self._book.counts(),
             "banned": sorted(self._bans.view),
             "bans_evicted": self._bans.evicted,
+            "seed_mode": self.seed_mode,
+            "addrbook_file": self.addrbook_file,
+            "book_file_error": self.book_file_error,
             "rounds": self.rounds,
             "counters": dict(self.counters),
             "penalties": dict(self.penalties),
@@ -239,8 +322,11 @@ class PexReactor(Reactor):
             self._book.mark_connected(peer.node_id)
         if getattr(self.switch, "running", False):
             self.start()
-        if peer.is_outbound and self._needs_addresses():
-            self._request(self._peers[peer.node_id])
+        state = self._peers[peer.node_id]
+        if self.seed_mode:  # a seed holds no peer for long (CometBFT's seed disconnects)
+            state.hold = self.switch.clock.callLater(self.seed_hold, self._seed_close, state, "held seed_hold")
+        if peer.is_outbound and (self.seed_mode or self._needs_addresses()):
+            self._request(state)
 
     def mark_good(self, peer) -> None:
         """``switch.mark_good(peer)``: another reactor vouches for it; its address moves
@@ -251,6 +337,7 @@ class PexReactor(Reactor):
         state = self._peers.get(peer.node_id)
         if state is not None and state.peer is peer:
             del self._peers[peer.node_id]
+            _cancel(state.hold)
         if not getattr(self.switch, "running", False):
             self.stop()
 
@@ -272,6 +359,96 @@ class PexReactor(Reactor):
             self._answer(state, value)
         else:
             self._take_reply(state, value)
+
+    def start_reactor(self) -> None:
+        """The Switch starts: read ``addrbook_file`` and save it every ``save_interval``;
+        a seed, or a node whose book holds entries, starts its rounds now (it has
+        addresses to dial before any peer comes)."""
+        if self.addrbook_file is not None:
+            self._load_book()
+            self._save_loop = LoopingCall(self.save_book)
+            self._save_loop.clock = self.switch.clock
+            self._save_loop.start(self.save_interval, now=False)
+        if getattr(self.switch, "running", False) and (self.seed_mode or len(self._book)):
+            self.start()
+
+    def stop_reactor(self) -> None:
+        """The Switch stopped (every session ended): save the book one last time."""
+        self.stop()
+        if self._save_loop is not None and self._save_loop.running:
+            self._save_loop.stop()
+        self._save_loop = None
+        self.save_book()
+
+    # -- the book file --------------------------------------------------------------
+
+    def save_book(self) -> bool:
+        """Write the book to ``addrbook_file`` now (atomically; reactors/addrbook_file.py).
+
+        :returns: whether it was written (False without a file, or on an error, which is
+            logged and counted as ``book_save_failures``).
+        """
+        if self.addrbook_file is None:
+            return False
+        try:
+            save_book(self.addrbook_file, self._book)
+        except OSError as e:
+            self.counters["book_save_failures"] += 1
+            log.error("pex cannot save {path}: {error}", path=self.addrbook_file, error=e.strerror or str(e))
+            return False
+        self.counters["book_saves"] += 1
+        return True
+
+    def _load_book(self) -> None:
+        """Replace the (empty) book with ``addrbook_file``'s; a file that cannot be used
+        leaves the book empty, is kept as ``FILE.refused`` and named in ``book_file_error``."""
+        path = self.addrbook_file
+        assert path is not None
+        try:
+            saved = read_book(path, capacity=self._book.capacity)
+        except BookFileError as e:
+            self.book_file_error = str(e)
+            log.error("pex: {error}; starting with an empty address book", error=str(e))
+            try:
+                os.replace(path, path + ".refused")
+            except OSError:
+                pass
+            return
+        if saved is None:
+            return
+        self._book = AddressBook(key=saved.key, **self._book_sizes)
+        self._dialer = PexDialer(self, self._book, self._rng)
+        for entry in saved.entries:
+            address, node_id = entry.address, entry.address.node_id
+            source_host = _LOOPBACK_SOURCE if entry.source_group == "loopback" else None
+            if node_id == self.switch.node_id or node_id in self.private_peer_ids:
+                continue
+            if self._problem(address, source_host) is not None:
+                self.counters["addresses_skipped"] += 1
+                continue
+            result = self._book.add(address, source=entry.source, source_group=entry.source_group, now=entry.added)
+            booked = self._book.get(node_id)
+            if result not in ("added", "replaced") or booked is None:
+                continue
+            if entry.tried:
+                self._book.mark_good(node_id, entry.last_success if entry.last_success is not None else entry.added)
+            booked.did_connect, booked.failures = entry.did_connect, entry.failures
+            self.counters["addresses_loaded"] += 1
+
+    # -- seed mode ------------------------------------------------------------------
+
+    def _seed_close(self, state: _PeerState, why: str, *, flush: bool = False) -> None:
+        """A seed is done with a peer: disconnect it; one it dialed (crawled) is dialed
+        again only after ``crawl_interval``."""
+        _cancel(state.hold)
+        state.hold = None
+        if self._peers.get(state.peer.node_id) is not state:
+            return
+        entry = self._book.get(state.peer.node_id)
+        if entry is not None and state.peer.is_outbound:
+            entry.next_dial = max(entry.next_dial, self.switch.clock.seconds() + self.crawl_interval)
+        self.counters["seed_disconnects"] += 1
+        state.peer.close(f"seed node: {why}", flush=flush)
 
     # -- rounds ---------------------------------------------------------------------
 
@@ -335,6 +512,9 @@ class PexReactor(Reactor):
             raise ValueError(f"a book address needs its node id (ID@host:port), got {address}")
         if node_id == self.switch.node_id or self._is_banned(node_id) or self._is_banned(source):
             return False
+        if node_id in self.private_peer_ids:  # never booked, so never shared (CometBFT's private_peer_ids)
+            self.counters["addresses_private"] += 1
+            return False
         if source_host is None and source in self._peers:
             source_host = remote_host_of(self._peers[source].peer)
         problem = self._problem(address, source_host)
@@ -388,8 +568,10 @@ class PexReactor(Reactor):
             )
             self._penalise(state, error)
             return
-        requester = state.peer.node_id
-        shared = [e.address for n, e in self._book.entries.items() if n != requester and not e.failures]
+        requester, private = state.peer.node_id, self.private_peer_ids
+        shared = [
+            e.address for n, e in self._book.entries.items() if n != requester and not e.failures and n not in private
+        ]
         channels = state.peer.channels  # a peer without PEX_SCHEMES_CHANNEL reads tcp addresses only
         if channels is not None and PEX_SCHEMES_CHANNEL not in channels:
             shared = [a for a in shared if a.scheme == "tcp"]
@@ -398,6 +580,8 @@ class PexReactor(Reactor):
             self.counters["replies_sent"] += 1
         else:
             self.counters["replies_unsent"] += 1
+        if self.seed_mode and not state.peer.is_outbound:  # answered once: done (CometBFT's seed)
+            self._seed_close(state, "addresses sent", flush=True)
 
     def _take_reply(self, state: _PeerState, addresses) -> None:
         if not state.asked:
@@ -417,6 +601,8 @@ class PexReactor(Reactor):
         source, source_host = state.peer.node_id, remote_host_of(state.peer)
         for address in addresses:
             self.add_address(address, source=source, source_host=source_host)
+        if self.seed_mode:  # crawled: its addresses are what a seed wanted of it
+            self._seed_close(state, "crawled")
         self._dialer.dial_more(self.switch.clock.seconds())
 
     def _penalise(self, state: _PeerState, error: PexMisbehaved) -> None:
@@ -430,6 +616,11 @@ class PexReactor(Reactor):
         self._book.remove(node_id)
         log.warn("pex penalises {peer_id}: {error}", peer_id=node_id, reason=error.reason, error=str(error))
         state.peer.close(error)
+
+
+def _cancel(timer) -> None:
+    if timer is not None and timer.active():
+        timer.cancel()
 
 
 def remote_host_of(peer) -> str | None:

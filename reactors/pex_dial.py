@@ -5,7 +5,11 @@ peers, within the dial budget, never a node that has a session, is being dialed,
 dialed by the Switch already or is our own address) and the dial rules of section 3.4
 (a failed dial backs off exponentially; after ``max_dial_failures``, or at once for
 another node's address or one that led back to this node, the entry is forgotten; a dial
-refused as ``duplicate`` or ``simultaneous_dial`` is not a failure). A
+refused as ``duplicate`` or ``simultaneous_dial`` is not a failure). Nodes the Switch
+banned (``Switch.mark_bad``) are not dialed, nor, with ``Config.allow_duplicate_ip``
+False, an IP address that has a session already (CometBFT's ``IsDialingOrExistingAddress``);
+a dial the Switch refuses as ``banned`` or ``duplicate_ip`` is not a failure either,
+and waits ``max_dial_backoff``. A
 :class:`PexDialer` is a part of one ``reactors.pex.PexReactor``: it reads the reactor's
 Switch, counters and dial settings when it uses them, and shares its book and random
 generator.
@@ -13,6 +17,7 @@ generator.
 
 from __future__ import annotations
 
+import ipaddress
 import random
 
 from twisted.logger import Logger
@@ -26,6 +31,8 @@ log = Logger(namespace="reactors.pex")
 
 #: Errors of a dial that mean the node is connected anyway (specs/resume.md section 7).
 _CONNECTED_ANYWAY = frozenset({"duplicate", "simultaneous_dial"})
+#: Refusals of this node's own Switch: no fault of the address; it waits max_dial_backoff.
+_REFUSED_HERE = frozenset({"banned", "duplicate_ip"})
 #: Addresses that led to ourselves, remembered at most (CometBFT's "our addresses").
 MAX_OWN_ADDRESSES = 16
 
@@ -56,6 +63,8 @@ class PexDialer:
         if self._dial_tokens is None:
             self._dial_tokens = TokenBucket(pex.dial_rate, now, burst=pex.dial_burst)
         listening = self.listen_addresses()
+        bans = getattr(switch, "bans", None)
+        in_use = None if getattr(switch.config, "allow_duplicate_ip", True) else _ips_in_use(switch.peers)
 
         def eligible(entry: BookEntry) -> bool:
             node_id = entry.address.node_id
@@ -65,6 +74,8 @@ class PexDialer:
                 and entry.next_dial <= now
                 and switch.address_pool(node_id) is None  # the Switch dials it already
                 and not is_own_address(entry.address, listening)
+                and (bans is None or not bans.is_banned(node_id))
+                and (in_use is None or _ip(entry.address.host) not in in_use)
             )
 
         for _ in range(max(0, target - outbound)):
@@ -99,6 +110,9 @@ class PexDialer:
         word = error.code if isinstance(error, PeerClosed) else word
         if word in _CONNECTED_ANYWAY:
             return
+        if word in _REFUSED_HERE:
+            entry.next_dial = pex.switch.clock.seconds() + pex.max_dial_backoff
+            return
         pex.counters["dial_failures"] += 1
         entry.failures += 1
         entry.last_error = f"{type(error).__name__}: {error}"
@@ -113,3 +127,18 @@ class PexDialer:
             return
         backoff = min(pex.dial_backoff * 2 ** min(entry.failures - 1, 30), pex.max_dial_backoff)
         entry.next_dial = pex.switch.clock.seconds() + backoff
+
+
+def _ip(host: str | None):
+    """``host`` as an IP address (an IPv4-mapped one as IPv4), or None for a name."""
+    try:
+        ip = ipaddress.ip_address(host or "")
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return mapped if mapped is not None else ip
+
+
+def _ips_in_use(peers) -> set:
+    """The IP addresses the sessions in ``peers`` come from."""
+    return {ip for ip in (_ip(getattr(p, "remote_host", None)) for p in peers.values()) if ip is not None}

@@ -120,6 +120,7 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
     for setting in settings.listen + ((settings.status,) if settings.status is not None else ()):
         _check_endpoint(clock, setting)
     reactors = [_build_reactor(setting) for setting in settings.reactors]
+    _configure_pex(reactors, settings)
     key, created = _load_key(settings.key)
     tls = _build_tls(settings, key, created)
     try:
@@ -186,6 +187,29 @@ def _build_reactor(setting: Setting) -> Reactor:
         kind = type(reactor).__name__
         raise ConfigurationError(f"{setting.where}: {setting.value}() is a {kind}, not an mconn Reactor")
     return reactor
+
+
+def _configure_pex(reactors: list[Reactor], settings: NodeSettings) -> None:
+    """Give ``--addrbook-file``, ``--seed-mode`` and ``--private-peer-ids`` to every
+    reactor that takes them (a ``configure_pex`` method: ``reactors.pex.PexReactor``)."""
+    pex = settings.pex
+    given = pex.given()
+    if not given:
+        return
+    takers = [getattr(r, "configure_pex") for r in reactors if callable(getattr(r, "configure_pex", None))]
+    if not takers:
+        raise ConfigurationError(
+            f"{given[0].where}: is for a PEX reactor, and no --reactor takes it (give --reactor reactors.pex:PexReactor)"
+        )
+    for configure_pex in takers:
+        try:
+            configure_pex(
+                addrbook_file=pex.addrbook_file.value if pex.addrbook_file is not None else None,
+                seed_mode=pex.seed_mode.value if pex.seed_mode is not None else None,
+                private_peer_ids=pex.private_peer_ids.value if pex.private_peer_ids is not None else None,
+            )
+        except (TypeError, ValueError) as e:
+            raise ConfigurationError(f"{given[0].where}: {e}") from None
 
 
 def _build_tls(settings: NodeSettings, key: NodeKey, created: bool) -> TLSOptions | None:

@@ -28,16 +28,19 @@ from mconn.ops.telemetry_file import DEFAULT_KEEP_BYTES, DEFAULT_KEEP_FILES, DEF
 
 #: Settings that may be repeated; the rest take one value.
 REPEATABLE = ("listen", "peer", "reactor")
-PATHS = ("key", "telemetry", "tls_ca", "tls_cert")
+PATHS = ("key", "telemetry", "tls_ca", "tls_cert", "addrbook_file")
 #: Settings that are on when given (``--tls``), true or false in TOML.
-FLAGS = ("create_key", "tls", "tls_no_client_cert", "tls_upgrade", "tls_accept_upgrade")
+FLAGS = ("create_key", "tls", "tls_no_client_cert", "tls_upgrade", "tls_accept_upgrade", "seed_mode")
+#: Settings that are a set of words: comma-separated on the command line, a list or a
+#: comma-separated string in TOML (CometBFT's ``private_peer_ids``).
+WORD_SETS = ("private_peer_ids",)
 #: Settings that are a number of bytes or files, 0 or more, and their defaults.
 COUNTS = {
     "telemetry_rotate_bytes": DEFAULT_ROTATE_BYTES,
     "telemetry_keep_files": DEFAULT_KEEP_FILES,
     "telemetry_keep_bytes": DEFAULT_KEEP_BYTES,
 }
-NODE_SETTINGS = REPEATABLE + PATHS + tuple(COUNTS) + ("status",) + FLAGS
+NODE_SETTINGS = REPEATABLE + PATHS + tuple(COUNTS) + ("status",) + FLAGS + WORD_SETS
 CONFIG_TYPES = typing.get_type_hints(Config)
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
@@ -80,6 +83,8 @@ def _setting_type(name: str) -> tuple[type, bool]:
         return int, False
     if name in FLAGS:
         return bool, False
+    if name in WORD_SETS:
+        return frozenset, False
     if name == "status":
         return str, False
     hint = CONFIG_TYPES[name]
@@ -127,6 +132,11 @@ def _from_toml(name: str, value, where: str, base: str):
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
             raise ConfigurationError(f"{where}: {value!r} must be a string or a list of strings")
         return items
+    if name in WORD_SETS:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ConfigurationError(f"{where}: {value!r} must be a list of strings or a comma-separated string")
+        return frozenset(i.strip() for i in items if i.strip())
     if name in PATHS:
         if not isinstance(value, str):
             raise ConfigurationError(f"{where}: {value!r} must be a path (a string)")

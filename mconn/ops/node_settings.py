@@ -4,7 +4,8 @@ Every setting may come from the command line or from a TOML file (``--config FIL
 its keys are the long options without the leading dashes (``listen``, ``peer``, ``reactor``,
 ``key``, ``create_key``, ``telemetry``, ``telemetry_rotate_bytes``, ``telemetry_keep_files``,
 ``telemetry_keep_bytes``, ``status``, ``tls``, ``tls_ca``, ``tls_cert``,
-``tls_no_client_cert``, ``tls_upgrade``, ``tls_accept_upgrade``; the flags are ``true`` or
+``tls_no_client_cert``, ``tls_upgrade``, ``tls_accept_upgrade``, and for a PEX reactor
+``addrbook_file``, ``seed_mode``, ``private_peer_ids``; the flags are ``true`` or
 ``false`` there) and the :class:`mconn.Config` fields (``ping_interval = 30``), which are
 also options (``--ping-interval 30``; a boolean field is a pair of flags,
 ``--tcp-keepalive`` / ``--no-tcp-keepalive``). A key may be written with dashes, as on the
@@ -48,6 +49,7 @@ from mconn.ops.node_config_file import (
     PATHS,
     REPEATABLE,
     TRUE_WORDS,
+    WORD_SETS,
     ConfigurationError,
     Setting,
     from_text,
@@ -82,6 +84,19 @@ class TLSSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class PexSettings:
+    """The options of a PEX reactor (specs/pex.md section 3.6-3.8), given to every reactor
+    with a ``configure_pex`` method (``reactors.pex.PexReactor``)."""
+
+    addrbook_file: Setting | None = None
+    seed_mode: Setting | None = None
+    private_peer_ids: Setting | None = None  # of frozenset[str]
+
+    def given(self) -> list[Setting]:
+        return [s for s in (self.addrbook_file, self.seed_mode, self.private_peer_ids) if s is not None]
+
+
+@dataclasses.dataclass(frozen=True)
 class NodeSettings:
     """Everything a node needs, checked as far as that is possible without I/O."""
 
@@ -97,6 +112,7 @@ class NodeSettings:
     telemetry_keep_files: int = DEFAULT_KEEP_FILES
     telemetry_keep_bytes: int = DEFAULT_KEEP_BYTES
     create_key: bool = False  # --create-key: a missing key file is created (twistd refuses it otherwise)
+    pex: PexSettings = PexSettings()
 
 
 def text_of(setting: Setting) -> str:
@@ -191,6 +207,20 @@ class Options(usage.Options):
         ],
         ["tls-ca", None, None, "CA mode: trust the CAs in this PEM file (peers need certificates they signed)"],
         ["tls-cert", None, None, "CA mode: this node's certificate (PEM), whose key is the --key file"],
+        [
+            "addrbook-file",
+            None,
+            None,
+            "PEX: keep the address book in this JSON file (mode 0600), read at start, saved every "
+            "2 minutes and at stop (CometBFT's addr_book_file) [default: none: not kept]",
+        ],
+        [
+            "private-peer-ids",
+            None,
+            None,
+            "PEX: node ids, comma-separated, never added to the address book nor shared "
+            "(CometBFT's private_peer_ids) [default: none]",
+        ],
     ] + _config_parameters()
     optFlags = [
         [
@@ -206,6 +236,12 @@ class Options(usage.Options):
             "tls-accept-upgrade",
             None,
             "accept dialers that start with the pre-hello, besides TLS first [default: off]",
+        ],
+        [
+            "seed-mode",
+            None,
+            "PEX: run as a seed: crawl the address book, answer whoever connects once and "
+            "disconnect them (CometBFT's seed_mode) [default: off]",
         ],
     ] + _config_flags()
 
@@ -356,7 +392,24 @@ def resolve(given: dict) -> NodeSettings:
         status=status,
         tls=_tls_settings(given, listening=bool(listen)),
         create_key=_flag(given, "create_key"),
+        pex=_pex_settings(given),
     )
+
+
+def _pex_settings(given: dict) -> PexSettings:
+    """The PEX options, checked: the seed flag a bool, each private peer id a node id."""
+    seed = given.get("seed_mode")
+    if seed is not None:
+        _flag(given, "seed_mode")
+    private = given.get("private_peer_ids")
+    for name in WORD_SETS:
+        setting = given.get(name)
+        if setting is None:
+            continue
+        for word in sorted(setting.value):
+            if not (len(word) == 40 and all(c in "0123456789abcdef" for c in word)):
+                raise ConfigurationError(f"{setting.where}: {word!r} is not a node id (40 lowercase hex digits)")
+    return PexSettings(addrbook_file=given.get("addrbook_file"), seed_mode=seed, private_peer_ids=private)
 
 
 def _flag(given: dict, name: str) -> bool:

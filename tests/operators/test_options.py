@@ -510,3 +510,53 @@ def test_ca_mode_with_a_missing_key_file_stops_and_writes_no_key(pki, tmp_path):
         f"--tls-cert {pki['cert']} holds"
     )
     assert not (tmp_path / "new.key").exists()
+
+
+def test_pex_settings_from_the_command_line_and_toml_reach_the_pex_reactor(tmp_path):
+    """--addrbook-file, --seed-mode and --private-peer-ids (and their TOML keys, the file's
+    path relative to the file) are given to the PEX reactor; without one they are refused."""
+    other = "cd" * 20
+    service = makeService(
+        parse(
+            "--reactor",
+            "reactors.pex:PexReactor",
+            "--addrbook-file",
+            "book.json",
+            "--seed-mode",
+            "--private-peer-ids",
+            f"{ID}, {other}",
+        )
+    )
+    pex = service.switch.reactor("PexReactor")
+    assert pex.addrbook_file == str(tmp_path / "book.json")
+    assert pex.seed_mode is True and pex.private_peer_ids == {ID, other}
+    (tmp_path / "conf").mkdir()
+    config = write(
+        tmp_path / "conf" / "node.toml",
+        f"""\
+        reactor = "reactors.pex:PexReactor"
+        addrbook_file = "data/addrbook.json"
+        seed-mode = true
+        private_peer_ids = ["{other}"]
+    """,
+    )
+    pex = makeService(parse("--config", config)).switch.reactor("PexReactor")
+    assert pex.addrbook_file == str(tmp_path / "conf" / "data" / "addrbook.json")
+    assert pex.seed_mode is True and pex.private_peer_ids == {other}
+    assert makeService(parse("--reactor", "reactors.pex:PexReactor")).switch.reactor("PexReactor").seed_mode is False
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--seed-mode"], "mconn: --seed-mode: is for a PEX reactor, and no --reactor takes it"),
+        (["--addrbook-file", "b.json"], "mconn: --addrbook-file: is for a PEX reactor"),
+        (
+            ["--reactor", "reactors.pex:PexReactor", "--private-peer-ids", "validator"],
+            "mconn: --private-peer-ids: 'validator' is not a node id (40 lowercase hex digits)",
+        ),
+    ],
+)
+def test_bad_pex_settings_stop_with_one_line(args, expected):
+    """A PEX option without a PEX reactor, or a private peer id that is not a node id, stops the node."""
+    assert error_of(*args).startswith(expected)
