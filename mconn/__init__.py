@@ -42,7 +42,7 @@ from mconn.errors import (
 )
 from mconn.core.node_info import NodeInfo, ProtocolVersion
 from mconn.core.node_key import NodeKey
-from mconn.switch.reactor import Reactor
+from mconn.switch.reactor import MessageCounter, Reactor
 from mconn.core.session_table import PeerState
 
 # The Twisted layer is imported on first use, so that importing the pure core
@@ -70,6 +70,7 @@ __all__ = [
     "Peer",
     "PeerState",
     "Reactor",
+    "MessageCounter",
     "Switch",
     "TLSOptions",
     "MConnError",

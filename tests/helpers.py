@@ -335,6 +335,7 @@ SPEC_TYPE_CHECKS = {
     "list of str": lambda v: isinstance(v, list) and all(isinstance(i, str) for i in v),
     "list of float": lambda v: isinstance(v, list) and all(isinstance(i, float) for i in v),
     "list of object": lambda v: isinstance(v, list) and all(isinstance(i, dict) for i in v),
+    "object": lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
     "object of int": lambda v: (
         isinstance(v, dict)
         and all(isinstance(k, str) and isinstance(i, int) and not isinstance(i, bool) for k, i in v.items())

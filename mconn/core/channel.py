@@ -27,14 +27,28 @@ not copied until the join; other pieces are copied into a bytearray between the
 views, so what a partial message keeps alive is at most about twice its bytes. (A
 BytesIO grew to the exact size at every 64 KiB write, each growth a realloc that
 copied or faulted in the whole buffer: ~0.4 ms per 1 MiB message, bench/history/2026-11-24-night.md.)
+
+Send-queue delay (``SendDelay``, ``mconn_channel_send_queue_seconds``, specs/status.md
+section 4). A channel with a ``send_delay`` stamps one message in ``SendDelay.every``
+as it is queued (``writable_queue``, which every append to a queue goes through), and
+only while none of its stamps is in flight: the stamp is the message's place in the
+channel's sequence (messages finished plus messages waiting) and the clock's time. When
+``emit`` finishes that message (its last packet handed to the connection, which writes
+it to the transport), the time since the stamp is observed. So a channel costs one
+attribute test per message without a ``send_delay``, and with one, a countdown per
+message and two clock reads per sample. The core reads no clock itself: the clock is
+the one the ``SendDelay`` was given. Which descriptors have a ``SendDelay`` is kept by
+``watch_send_delay``; a Channel made from one of them takes it.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import functools
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, cast
 
 from mconn.core.codec import codec_for
@@ -49,6 +63,28 @@ DEFAULT_RECV_MESSAGE_CAPACITY = 22020096
 #: A received payload piece this large, and at least half of the read it is a view of,
 #: is kept as that view until its message is whole; smaller ones are copied (see above).
 KEEP_VIEW_MIN = 4096
+#: Upper bounds (seconds) of the send-queue delay buckets: 100 us to 30 s.
+SEND_DELAY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+#: One message in this many is stamped (when none of the channel's stamps is in flight).
+SEND_DELAY_EVERY = 16
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,6 +149,75 @@ class ChannelStats:
         self.messages_received = 0
 
 
+class SendDelay:
+    """How long messages of one channel wait to be written: a histogram of the time from
+    a message's queueing to its last packet handed to the transport, over every
+    connection whose Channel has it (sampled: see the theory of operation).
+
+    :param clock: returns the time in seconds (a Switch gives its ``clock.seconds``).
+    :param every: stamp one queued message in this many (an integer >= 1).
+    :param buckets: the buckets' upper bounds in seconds, increasing.
+    """
+
+    __slots__ = ("clock", "every", "buckets", "counts", "total", "count")
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        every: int = SEND_DELAY_EVERY,
+        buckets: tuple[float, ...] = SEND_DELAY_BUCKETS,
+    ) -> None:
+        if not _is_int(every) or every < 1:
+            raise ValueError(f"SendDelay every must be an integer >= 1, got {every!r}")
+        if not buckets or any(not b > a for a, b in zip(buckets, buckets[1:])) or not buckets[0] > 0:
+            raise ValueError(f"SendDelay buckets must be positive and increasing, got {buckets!r}")
+        self.clock = clock
+        self.every = every
+        self.buckets = tuple(float(b) for b in buckets)
+        #: Observations per bucket (not cumulative); the last one is past every bound.
+        self.counts = [0] * (len(buckets) + 1)
+        #: Seconds observed in all, and how many observations.
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, seconds: float) -> None:
+        """Count one message that waited ``seconds`` (a clock set back counts as 0)."""
+        seconds = max(0.0, seconds)
+        self.counts[bisect.bisect_left(self.buckets, seconds)] += 1
+        self.total += seconds
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """``(upper bound, observations at or below it)`` per bucket, ``inf`` last."""
+        running = 0
+        out = []
+        for bound, count in zip((*self.buckets, math.inf), self.counts):
+            running += count
+            out.append((bound, running))
+        return out
+
+
+#: id(descriptor) -> (the descriptor, kept so that its id is not reused; its SendDelay).
+_WATCHED: dict[int, tuple[ChannelDescriptor, SendDelay]] = {}
+
+
+def watch_send_delay(desc: ChannelDescriptor, delay: SendDelay | None) -> None:
+    """Channels made from ``desc`` (this very object) from now on sample their send-queue
+    delay into ``delay``; None stops it for channels made later. Channels already made
+    are changed with ``Channel.set_send_delay``."""
+    if delay is None:
+        _WATCHED.pop(id(desc), None)
+    else:
+        _WATCHED[id(desc)] = (desc, delay)
+
+
+def send_delay_of(desc: ChannelDescriptor) -> SendDelay | None:
+    """The SendDelay ``watch_send_delay`` gave ``desc``, or None."""
+    entry = _WATCHED.get(id(desc))
+    return entry[1] if entry is not None and entry[0] is desc else None
+
+
 class Channel:
     """Per-connection state of one channel: its queue, its current message, reassembly."""
 
@@ -128,8 +233,12 @@ class Channel:
         "receiving",
         "receiving_size",
         "stats",
+        "send_delay",
         "_full_header",
         "_full_payload",
+        "_stamp_at",
+        "_stamp_time",
+        "_stamp_skip",
     )
 
     def __init__(self, desc: ChannelDescriptor) -> None:
@@ -149,6 +258,19 @@ class Channel:
         self.stats = ChannelStats()
         self._full_header = b""
         self._full_payload = -1
+        #: Where send-queue delays are sampled (None: they are not).
+        self.send_delay = send_delay_of(desc)
+        #: The stamped message's place in this channel's sequence (-1: none in flight),
+        #: when it was queued, and the queued messages left before the next stamp.
+        self._stamp_at = -1
+        self._stamp_time = 0.0
+        self._stamp_skip = 1
+
+    def set_send_delay(self, delay: SendDelay | None) -> None:
+        """Sample into ``delay`` from the next queued message on (None: stop sampling)."""
+        self.send_delay = delay
+        self._stamp_at = -1
+        self._stamp_skip = 1
 
     @property
     def queue_depth(self) -> int:
@@ -167,11 +289,31 @@ class Channel:
         return True
 
     def writable_queue(self) -> collections.deque[bytes]:
-        """The queue as a deque (made on the first message)."""
+        """The queue as a deque (made on the first message), to append to: every append
+        goes through here, so that a send-queue delay sample can be stamped."""
         queue = self.queue
         if isinstance(queue, tuple):
             queue = self.queue = collections.deque()
+        if self.send_delay is not None and self._stamp_at < 0:
+            self._stamp(len(queue))
         return queue
+
+    def _stamp(self, waiting: int) -> None:
+        """The next message queued is sampled if its turn has come (``SendDelay.every``)."""
+        self._stamp_skip -= 1
+        if self._stamp_skip > 0:
+            return
+        delay = cast(SendDelay, self.send_delay)
+        self._stamp_skip = delay.every
+        self._stamp_at = self.stats.messages_sent + waiting + (self.sending is not None)
+        self._stamp_time = delay.clock()
+
+    def _observe(self) -> None:
+        """The stamped message is finished: observe how long it waited."""
+        self._stamp_at = -1
+        delay = self.send_delay
+        if delay is not None:
+            delay.observe(delay.clock() - self._stamp_time)
 
     def emit(self, parts: list[Any], payload: int, budget: int) -> tuple[int, int]:
         """Append packets of the current message to ``parts`` until ``budget`` wire bytes.
@@ -236,6 +378,8 @@ class Channel:
         stats = self.stats
         stats.messages_sent += finished
         stats.bytes_sent += wire
+        if self._stamp_at >= 0 and stats.messages_sent > self._stamp_at:
+            self._observe()
         return wire, finished
 
     def too_large(self, size: int) -> MessageTooLarge:

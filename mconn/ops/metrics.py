@@ -4,9 +4,20 @@
 several nodes in one process never share or clash) with one collector, and
 ``SwitchMetrics.exposition(accept)`` renders it in the format the scraper asked for.
 
+Reactors add their own metrics (``Reactor.metrics(registry)``, specs/reactor-api.md
+section 12): once, when a ``SwitchMetrics`` is made, each reactor's hook is called with
+a :class:`ReactorRegistry`, whose collectors are read after mconn's own at each scrape.
+Names starting ``mconn_`` are mconn's: registering one raises ValueError naming the
+reactor and the names, and a family of that name that a reactor's collector yields later
+is left out. A collector that raises at a scrape is logged and left out of that scrape.
+
 Theory of operation
 -------------------
-Nothing here runs per message. What is live is read when Prometheus scrapes: the
+Nothing here runs per message, except the send-queue delay samples
+(``mconn_channel_send_queue_seconds``): while the metrics are started, each channel of
+each connection stamps one queued message in ``SEND_DELAY_EVERY`` (mconn/core/channel.py,
+``SendDelay``) and the histogram counts the time from its queueing to its last packet
+handed to the transport. What is live is read when Prometheus scrapes: the
 byte and message counters of every live connection, the peers by state, queue depths,
 the recovery buffers, the last round trips. Those connection counters start from zero
 on every transport and vanish with it, so a node-wide total made of them alone would go
@@ -32,9 +43,22 @@ from __future__ import annotations
 from typing import cast
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.exposition import choose_encoder
-from twisted.logger import ILogObserver, globalLogPublisher
+from twisted.logger import ILogObserver, Logger, globalLogPublisher
+
+from mconn.core.channel import SendDelay, send_delay_of, watch_send_delay
+from mconn.switch.reactor import reactor_name
+
+log = Logger(namespace="mconn.metrics")
+
+#: Metric names starting so are mconn's own; a reactor may not register one.
+RESERVED_PREFIX = "mconn_"
 
 #: Distinct values one event-derived label keeps per metric; past it values count as "other".
 MAX_LABEL_VALUES = 64
@@ -136,10 +160,14 @@ class EventTotals:
 class SwitchCollector:
     """A prometheus_client collector reading one Switch at scrape time."""
 
-    def __init__(self, switch, totals: EventTotals, *, per_peer: bool | None = None) -> None:
+    def __init__(
+        self, switch, totals: EventTotals, *, per_peer: bool | None = None, send_delays: dict | None = None
+    ) -> None:
         self.switch = switch
         self.totals = totals
         self._per_peer = per_peer
+        #: channel id -> the SendDelay its connections' channels sample into.
+        self.send_delays: dict[int, SendDelay] = send_delays if send_delays is not None else {}
 
     @property
     def per_peer(self) -> bool:
@@ -171,6 +199,7 @@ class SwitchCollector:
         yield refusals
         if self.per_peer:
             yield from per_peer_metrics(switch)
+        yield send_delay_histogram(self.send_delays)
 
     def _connections(self):
         """Live connections: counts, wire and channel counters (plus those that ended), queues."""
@@ -312,6 +341,62 @@ def round_trip_histogram(round_trips: list[float]) -> GaugeHistogramMetricFamily
     )
 
 
+def send_delay_histogram(send_delays: dict[int, SendDelay]) -> HistogramMetricFamily:
+    """``mconn_channel_send_queue_seconds``: each channel's sampled send-queue delays."""
+    family = HistogramMetricFamily(
+        "mconn_channel_send_queue_seconds",
+        "Seconds from a sampled message's queueing to its last packet handed to the transport.",
+        labels=("channel",),
+    )
+    for channel_id, delay in send_delays.items():
+        buckets = [("+Inf" if bound == float("inf") else repr(bound), count) for bound, count in delay.cumulative()]
+        family.add_metric((channel_label(channel_id),), buckets, sum_value=delay.total)
+    return family
+
+
+class ReactorRegistry(CollectorRegistry):
+    """The registry ``Reactor.metrics(registry)`` gets: a prometheus_client
+    ``CollectorRegistry`` whose collectors the node's ``/metrics`` serves after mconn's own.
+
+    ``register`` refuses a collector with a family named ``mconn_...`` (ValueError naming
+    the reactor and the names), as it refuses a name registered twice. At a scrape, a
+    collector that raises is logged and left out, and families named ``mconn_...`` are
+    dropped, so a reactor can neither break nor forge the node's own metrics.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(auto_describe=True)
+        #: The name of the reactor whose hook is running (error messages name it).
+        self.owner: str | None = None
+        self._owned: list[tuple[object, str | None]] = []
+
+    def register(self, collector) -> None:
+        describe = getattr(collector, "describe", None) or collector.collect
+        reserved = sorted({f.name for f in describe() if f.name.startswith(RESERVED_PREFIX)})
+        if reserved:
+            raise ValueError(
+                f"reactor {self.owner!r} registers {', '.join(reserved)}: metric names starting "
+                f"{RESERVED_PREFIX!r} are mconn's own"
+            )
+        super().register(collector)
+        self._owned.append((collector, self.owner))
+
+    def unregister(self, collector) -> None:
+        super().unregister(collector)
+        self._owned = [(c, owner) for c, owner in self._owned if c is not collector]
+
+    def collect(self):
+        for collector, owner in list(self._owned):
+            try:
+                families = list(collector.collect())
+            except Exception:
+                log.failure("a metrics collector of reactor {reactor} failed; left out of this scrape", reactor=owner)
+                continue
+            for family in families:
+                if not family.name.startswith(RESERVED_PREFIX):
+                    yield family
+
+
 def per_peer_metrics(switch):
     """The opt-in per-peer series, labelled by the peer's node id."""
     up = GaugeMetricFamily(
@@ -363,16 +448,54 @@ class SwitchMetrics:
     def __init__(self, switch, *, per_peer: bool | None = None) -> None:
         self.switch = switch
         self.totals = EventTotals(switch)
-        self.collector = SwitchCollector(switch, self.totals, per_peer=per_peer)
+        #: channel id -> SendDelay (``mconn_channel_send_queue_seconds``), sampled while started.
+        self.send_delays = {d.id: SendDelay(switch.clock.seconds) for d in switch.channels}
+        self._watching: list = []
+        self.collector = SwitchCollector(switch, self.totals, per_peer=per_peer, send_delays=self.send_delays)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
+        #: What the reactors registered (``Reactor.metrics``), served after mconn's own.
+        self.reactor_registry = ReactorRegistry()
+        self.registry.register(self.reactor_registry)
+        for reactor in switch.reactors:
+            self.reactor_registry.owner = name = reactor_name(reactor)
+            try:
+                reactor.metrics(self.reactor_registry)
+            except Exception:
+                log.failure("the metrics hook of reactor {reactor} failed", reactor=name)
+        self.reactor_registry.owner = None
 
     def start(self) -> None:
-        """Count the node's events from now on."""
+        """Count the node's events, and sample send-queue delays, from now on."""
         self.totals.start()
+        if self._watching:
+            return
+        for desc in self.switch.channels:
+            current = send_delay_of(desc)
+            if current is not None:  # another SwitchMetrics of this Switch samples already
+                self.send_delays[desc.id] = current
+                continue
+            watch_send_delay(desc, self.send_delays[desc.id])
+            self._watching.append(desc)
+        self._set_live(lambda channel: channel.send_delay is None)
 
     def stop(self) -> None:
         self.totals.stop()
+        ours = {id(self.send_delays[desc.id]) for desc in self._watching}
+        for desc in self._watching:
+            watch_send_delay(desc, None)
+        self._watching = []
+        self._set_live(lambda channel: id(channel.send_delay) in ours, clear=True)
+
+    def _set_live(self, which, clear: bool = False) -> None:
+        """Give the channels of live connections their SendDelay (or take it back)."""
+        for proto in list(self.switch.connections):
+            core = proto.core
+            if core is None:
+                continue
+            for channel in core.channels.values():
+                if channel.id in self.send_delays and which(channel):
+                    channel.set_send_delay(None if clear else self.send_delays[channel.id])
 
     def exposition(self, accept: str | None = None) -> tuple[bytes, str]:
         """(body, content type) for a scrape: OpenMetrics if ``accept`` asks for it, else
@@ -381,4 +504,12 @@ class SwitchMetrics:
         return encoder(self.registry), content_type
 
 
-__all__ = ["SwitchMetrics", "SwitchCollector", "EventTotals", "channel_label", "MAX_LABEL_VALUES"]
+__all__ = [
+    "SwitchMetrics",
+    "SwitchCollector",
+    "EventTotals",
+    "ReactorRegistry",
+    "channel_label",
+    "MAX_LABEL_VALUES",
+    "RESERVED_PREFIX",
+]

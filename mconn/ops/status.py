@@ -23,11 +23,20 @@ sample. The counters belong to a connection, so they restart from zero when a se
 resumes on a new one; a counter that went down is taken as restarted, and its value is
 the bytes since then. Each peer and channel keeps its last ``samples`` rates in a
 bounded deque; a peer's history is forgotten when its session ends.
+
+Reactors' sections: each reactor whose ``status()`` returns a dict gets one, in the
+document's ``reactors`` and on the page. What a reactor returns is bounded before it is
+served (``reactor_status``): at most ``STATUS_ROWS`` keys, each key a string of at most
+``STATUS_KEY_CHARS``, each value a number, bool, null or a string of at most
+``STATUS_TEXT_CHARS`` (a list or dict is written as compact JSON of its first
+``STATUS_ITEMS`` items, and cut). A ``status()`` that raises shows its error instead. The
+page writes every value as text (``textContent``), never as HTML.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import time
 
@@ -41,6 +50,7 @@ from twisted.web import pages, resource, server
 from mconn.ops.metrics import SwitchMetrics
 from mconn.ops.status_page import PAGE
 from mconn.net.websocket_endpoints import transport_kind
+from mconn.switch.reactor import reactor_name
 
 log = Logger(namespace="mconn.status")
 
@@ -49,6 +59,12 @@ STATUS_VERSION = 1
 #: Seconds between two rate samples, and how many samples each sparkline shows.
 SAMPLE_INTERVAL = 1.0
 SAMPLES = 60
+#: Bounds of a reactor's section (``Reactor.status()``): keys, characters of a key and of
+#: a text value, and items of a list or dict written out.
+STATUS_ROWS = 32
+STATUS_KEY_CHARS = 64
+STATUS_TEXT_CHARS = 256
+STATUS_ITEMS = 16
 #: Interfaces an endpoint without ``interface=`` listens on.
 DEFAULT_INTERFACES = {"tcp": "127.0.0.1", "tcp6": "::1", "ssl": "127.0.0.1"}
 
@@ -164,7 +180,64 @@ def status_document(switch, sampler: RateSampler, listen_addresses) -> dict:
             for node_id, counters in sorted(switch.node_counters.items())
         ],
         "refusals": {reason: int(count) for reason, count in sorted(switch.refusals.items())},
+        "reactors": reactor_sections(switch),
     }
+
+
+def reactor_sections(switch) -> list[dict]:
+    """``[{"name": ..., "status": {...}}]`` of every reactor whose ``status()`` is not None,
+    in the Switch's order, each bounded by :func:`reactor_status`."""
+    sections = []
+    for reactor in switch.reactors:
+        status_of = getattr(reactor, "status", None)
+        if status_of is None:
+            continue
+        try:
+            status = status_of()
+        except Exception as e:
+            status = {"error": f"{type(e).__name__}: {e}"}
+        if status is None:
+            continue
+        sections.append({"name": reactor_name(reactor), "status": reactor_status(status)})
+    return sections
+
+
+def reactor_status(status) -> dict:
+    """A reactor's ``status()`` made safe to serve: at most STATUS_ROWS string keys, each
+    value a number, bool, null or a string of at most STATUS_TEXT_CHARS."""
+    if not isinstance(status, dict):
+        return {"error": _cut(f"status() returned a {type(status).__name__}, not a dict")}
+    out: dict[str, object] = {}
+    for i, (key, value) in enumerate(status.items()):
+        if i == STATUS_ROWS:
+            out["..."] = f"{len(status) - STATUS_ROWS} more"
+            break
+        out[str(key)[:STATUS_KEY_CHARS]] = _cell(value)
+    return out
+
+
+def _cell(value):
+    if value is None or isinstance(value, (bool, int)):
+        return value
+    if isinstance(value, float):
+        return value if value == value and abs(value) != float("inf") else str(value)  # JSON has no nan, inf
+    if isinstance(value, str):
+        return _cut(value)
+    if isinstance(value, dict):
+        items = list(itertools.islice(value.items(), STATUS_ITEMS))
+        text = json.dumps({str(k): v for k, v in items}, separators=(",", ":"), default=str)
+        more = len(value) - len(items)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = list(itertools.islice(value, STATUS_ITEMS))
+        text = json.dumps(items, separators=(",", ":"), default=str)
+        more = len(value) - len(items)
+    else:
+        return _cut(str(value))
+    return _cut(text + (f" (+{more} more)" if more else ""))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= STATUS_TEXT_CHARS else text[: STATUS_TEXT_CHARS - 1] + "\u2026"
 
 
 def _transport(peer) -> str | None:

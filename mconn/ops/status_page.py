@@ -1,7 +1,9 @@
 """The status page's HTML (served at ``/`` by mconn.ops.status): self-contained, inline CSS
 and JavaScript, no external fetches (its Content-Security-Policy forbids them). It
 fetches ``status.json`` every second and redraws the peers, their channels and the rate
-sparklines (specs/status.md section 1).
+sparklines (specs/status.md section 1), and a section per reactor that reports a status
+(``Reactor.status()``: its keys and values, written as text with ``textContent``, never
+parsed as HTML).
 """
 
 PAGE = """<!DOCTYPE html>
@@ -53,6 +55,7 @@ PAGE = """<!DOCTYPE html>
   <tbody></tbody></table>
 <h2>Refused connections</h2>
 <table id="refusals"><thead><tr><th>reason</th><th>count</th></tr></thead><tbody></tbody></table>
+<div id="reactors"></div>
 <script>
 "use strict";
 const SVG = "http://www.w3.org/2000/svg";
@@ -129,6 +132,20 @@ function render(doc) {
   document.querySelector("#counters tbody").replaceChildren(...(counters.length ? counters : [row(["none"])]));
   const refusals = Object.entries(doc.refusals).map(([reason, count]) => row([reason, num(count)]));
   document.querySelector("#refusals tbody").replaceChildren(...(refusals.length ? refusals : [row(["none"])]));
+  const sections = (doc.reactors || []).map(r => {
+    const section = el("section", null, "reactor");
+    section.dataset.reactor = r.name;
+    section.appendChild(el("h2", "Reactor " + r.name));
+    const body = el("tbody");
+    for (const [key, value] of Object.entries(r.status)) {
+      body.appendChild(row([el("td", key, "mono"), el("td", value === null ? "null" : String(value))]));
+    }
+    const table = el("table");
+    table.appendChild(body);
+    section.appendChild(table);
+    return section;
+  });
+  document.getElementById("reactors").replaceChildren(...sections);
 }
 async function refresh() {
   try {

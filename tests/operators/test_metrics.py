@@ -330,7 +330,7 @@ SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "status.md"
 #: A row of specs/status.md section 4: | `metric` | type | labels | meaning |
 METRIC_ROW = re.compile(r"^\| `(mconn_\w+)` \| ([a-z ]+) \|([^|]*)\|")
 #: prometheus_client's family type (0.0.4 text format) of each type the spec names.
-SPEC_TYPES = {"counter": "counter", "gauge": "gauge", "gauge histogram": "histogram"}
+SPEC_TYPES = {"counter": "counter", "gauge": "gauge", "gauge histogram": "histogram", "histogram": "histogram"}
 
 
 def spec_metrics() -> dict:

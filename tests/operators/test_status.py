@@ -46,12 +46,19 @@ CHANNELS = (ChannelDescriptor(0x20, priority=1), ChannelDescriptor(0x30, priorit
 CONFIG = Config(stats_interval=0)
 
 
+#: A reactor's status value that would be markup if the page parsed it as HTML.
+MARKUP = '<b id="injected">bold</b> & <img src=x>'
+
+
 class Sink(Reactor):
     def get_channels(self):
         return list(CHANNELS)
 
     def receive(self, channel_id, peer, message):
         pass
+
+    def status(self):
+        return {"messages": 3, "note": MARKUP}
 
 
 def fetch(url: str) -> tuple[dict, bytes]:
@@ -217,6 +224,7 @@ async def test_a_live_document_has_exactly_the_fields_and_types_of_the_spec(netw
     a._sessions.count(b.node_id, "simultaneous_dials")  # so node_counters has an item to check
     a.refusals["pending_limit"] = 1
     service = await serve_status(a, interval=0.05)
+    assert (await get_json(service))["reactors"] == [{"name": "Sink", "status": {"messages": 3, "note": MARKUP}}]
     services.append(service)
     await a.peers[b.node_id].send(0x20, b"hello")
     await until(lambda: any(service.sampler.fields(b.node_id, 0x20)["send_history"]), "a rate sample")
@@ -305,6 +313,14 @@ async def look_at(service, a, b, c):
         assert match.group(1).count('<svg class="spark"') == 2
     assert dom.count('<tr class="channel">') == 4
     assert '<div id="error"></div>' in dom  # every fetch of status.json succeeded
+    # The reactor's own section, its values written as text, not parsed as HTML.
+    section = re.search(r'<section class="reactor" data-reactor="Sink">(.*?)</section>', dom, re.S)
+    assert section, f"no section for the reactor in the rendered page:\n{dom[-3000:]}"
+    assert "<h2>Reactor Sink</h2>" in section.group(1) and '<td class="mono">messages</td><td>3</td>' in section.group(
+        1
+    )
+    assert '&lt;b id="injected"&gt;bold&lt;/b&gt; &amp; &lt;img src=x&gt;' in section.group(1)
+    assert 'id="injected"' not in dom.replace('&lt;b id="injected"', "") and "<img" not in dom
 
     ARTIFACTS.mkdir(exist_ok=True)
     screenshot = ARTIFACTS / "status_page.png"
