@@ -1,5 +1,5 @@
-"""A block-sync reactor: CometBFT's ``blocksync/reactor.go`` request/response pattern,
-ported to mconn's public API.
+"""A block-sync reactor: CometBFT's ``blocksync/reactor.go`` request/response pattern
+(v1.0), ported to mconn's public API.
 
 Channel 0x40 (CometBFT's BlocksyncChannel) carries five messages (declared with construct
 below, one type byte then the fields; trailing bytes are an error):
@@ -36,7 +36,30 @@ into ``peer.stop_for_error`` (CometBFT's StopPeerForError), for a message that d
 decode (``MalformedBlocksyncMessage``) and for a status no chain can have
 (``ImplausibleStatus``: a base above the height, or a height or base past
 ``max_height``); the reactor calls ``peer.stop_for_error`` itself for a block nobody
-asked that peer for and a block that fails ``check_block``.
+asked that peer for and a block that fails ``check_block``. As in CometBFT: its
+``ValidateMsg`` stops a peer for a status with the base above the height, its
+MConnection for a message that does not unmarshal, its pool for a block from a peer it
+was not requested from (v1.0's ``FilterMsgBytes`` refuses an unsolicited BlockResponse
+before decoding), and ``handlePeerResponse`` for a block that fails to convert. Not as
+in CometBFT: ``max_height`` is mconn's own bound (CometBFT's heights are int64 and only
+its window bounds what it requests).
+
+What is ported: the five messages and their meaning, the status on a new peer, the
+periodic status request, the window (``maxTotalRequesters``) and the request bounds
+(``maxPendingRequests``, ``maxPendingRequestsPerPeer``), NoBlockResponse for a block
+the node lacks and a request asked again of another peer (``RedoRequestFrom``), and a
+timeout of an unanswered request. What is not: the block *store* and *execution* (blocks
+are opaque bytes kept in ``blocks``; ``check_block`` stands for verifying them against
+the previous one's commit), the extended commits of vote extensions, the switch to
+consensus once caught up, adaptive sync, the per-peer receive rate check that drops a
+slow peer (``minRecvRate``), and the ``bpRequester`` goroutines with their second
+request to another peer for the next height. A block request is a plain message here,
+so the channel's encoding is mconn's construct layout, not CometBFT's protobuf.
+
+Observability (specs/reactor-api.md section 12): ``status()`` is the reactor's section
+of the status page; ``metrics(registry)`` adds ``blocksync_messages_total`` (by
+direction and type), ``blocksync_height``, ``blocksync_pending_requests``,
+``blocksync_peers`` and ``blocksync_blocks_received_total``.
 """
 
 from __future__ import annotations
@@ -55,9 +78,10 @@ from construct import (
     Switch,
     Terminated,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from twisted.internet.task import LoopingCall
 
-from mconn import ChannelDescriptor, Reactor
+from mconn import ChannelDescriptor, MessageCounter, Reactor
 
 BLOCKSYNC_CHANNEL = 0x40
 #: The largest block (also the channel's recv_message_capacity, minus the header).
@@ -91,6 +115,10 @@ MESSAGE = Struct(
     ),
     Terminated,
 )
+
+
+#: The ``type`` labels of the messages (``MessageCounter``): the type names, lower case.
+MESSAGE_TYPES = tuple(kind.name.lower() for kind in BlocksyncType)
 
 
 class BlocksyncError(ValueError):
@@ -186,6 +214,10 @@ class BlocksyncReactor(Reactor):
         self._serving: dict[str, _Serving] = {}
         #: Block requests answered NoBlockResponse because that peer had too many waiting.
         self.requests_refused = 0
+        #: Messages received and sent, by type (one that does not decode: ``other``).
+        self.messages = MessageCounter(
+            "blocksync_messages", MESSAGE_TYPES, "Blocksync messages, by direction and type."
+        )
 
     @property
     def height(self) -> int:
@@ -219,14 +251,15 @@ class BlocksyncReactor(Reactor):
         for height, (_, asked_at) in list(self.pending.items()):
             if now - asked_at > self.request_timeout:
                 del self.pending[height]
-        self.switch.try_broadcast(BLOCKSYNC_CHANNEL, encode(BlocksyncType.STATUS_REQUEST))
+        accepted = self.switch.try_broadcast(BLOCKSYNC_CHANNEL, encode(BlocksyncType.STATUS_REQUEST))
+        self.messages.sent("status_request", sum(accepted.values()))
         self._request_missing()
 
     # -- the Reactor contract ----------------------------------------------------------
 
     def add_peer(self, peer) -> None:
         self._serving[peer.node_id] = _Serving(peer)
-        peer.try_send(BLOCKSYNC_CHANNEL, self._status())
+        self._send_status(peer)
 
     def remove_peer(self, peer, reason) -> None:
         serving = self._serving.get(peer.node_id)
@@ -241,9 +274,14 @@ class BlocksyncReactor(Reactor):
         self._request_missing()
 
     def receive(self, channel_id, peer, message) -> None:
-        kind, body = decode(message)  # MalformedBlocksyncMessage drops the peer
+        try:
+            kind, body = decode(message)
+        except MalformedBlocksyncMessage:
+            self.messages.received(MessageCounter.OTHER)
+            raise  # drops the peer
+        self.messages.received(MESSAGE_TYPES[kind - 1])
         if kind is BlocksyncType.STATUS_REQUEST:
-            peer.try_send(BLOCKSYNC_CHANNEL, self._status())
+            self._send_status(peer)
         elif kind is BlocksyncType.STATUS_RESPONSE:
             self._status_arrived(peer, body.base, body.height)
         elif kind is BlocksyncType.BLOCK_REQUEST:
@@ -254,11 +292,35 @@ class BlocksyncReactor(Reactor):
             del self.pending[body.height]  # ask someone else
             self._request_missing()
 
+    # -- observability (specs/reactor-api.md section 12) -------------------------------
+
+    def metrics(self, registry) -> None:
+        registry.register(self.messages)
+        registry.register(_BlocksyncCollector(self))
+
+    def status(self) -> dict:
+        return {
+            "height": self.height,
+            "peers": len(self.peer_status),
+            "best_peer_height": max((top for _, _, top in self.peer_status.values()), default=0),
+            "pending_requests": len(self.pending),
+            "max_pending": self.max_pending,
+            "blocks_received": self.received_blocks,
+            "peers_dropped": self.dropped,
+            "requests_refused": self.requests_refused,
+            "received": self.messages.as_dict()["received"],
+            "sent": self.messages.as_dict()["sent"],
+        }
+
     # -- requests and responses --------------------------------------------------------
 
     def _status(self) -> bytes:
         height = self.height
         return encode(BlocksyncType.STATUS_RESPONSE, base=1 if height else 0, height=height)
+
+    def _send_status(self, peer) -> None:
+        if peer.try_send(BLOCKSYNC_CHANNEL, self._status()):
+            self.messages.sent("status_response")
 
     def _block_requested(self, peer, height: int) -> None:
         """Queue the request for ``_serve``, or answer NoBlockResponse at once: for a block
@@ -268,7 +330,8 @@ class BlocksyncReactor(Reactor):
         if height not in self.blocks or serving is None or len(serving.waiting) >= self.max_pending_per_peer:
             if height in self.blocks:
                 self.requests_refused += 1
-            peer.try_send(BLOCKSYNC_CHANNEL, encode(BlocksyncType.NO_BLOCK_RESPONSE, height=height))
+            if peer.try_send(BLOCKSYNC_CHANNEL, encode(BlocksyncType.NO_BLOCK_RESPONSE, height=height)):
+                self.messages.sent("no_block_response")
             return
         serving.waiting.append(height)
         self._serve(serving)
@@ -292,6 +355,8 @@ class BlocksyncReactor(Reactor):
             serving.looping = False
 
     def _served(self, accepted: bool, serving: _Serving) -> None:
+        if accepted:
+            self.messages.sent("block_response")
         serving.busy = False  # accepted or not (send_timeout, the session ended): the next
         if self._serving.get(serving.peer.node_id) is serving:
             self._serve(serving)
@@ -364,6 +429,7 @@ class BlocksyncReactor(Reactor):
             entry = holders[next(self._round_robin) % len(holders)]
             peer = entry[0]
             if peer.try_send(BLOCKSYNC_CHANNEL, encode(BlocksyncType.BLOCK_REQUEST, height=height)):
+                self.messages.sent("block_request")
                 self.pending[height] = (peer.node_id, now)
                 free -= 1
                 entry[3] -= 1
@@ -384,3 +450,19 @@ class _Serving:
         self.waiting: collections.deque = collections.deque()
         self.busy = False
         self.looping = False
+
+
+class _BlocksyncCollector:
+    """The reactor's height, requests in flight, peers and blocks, read at each scrape."""
+
+    def __init__(self, reactor: BlocksyncReactor) -> None:
+        self.reactor = reactor
+
+    def collect(self):
+        reactor = self.reactor
+        yield GaugeMetricFamily("blocksync_height", "The top of the contiguous run of blocks.", value=reactor.height)
+        yield GaugeMetricFamily("blocksync_pending_requests", "Block requests in flight.", value=len(reactor.pending))
+        yield GaugeMetricFamily("blocksync_peers", "Peers that reported a status.", value=len(reactor.peer_status))
+        yield CounterMetricFamily(
+            "blocksync_blocks_received", "Blocks received and kept.", value=reactor.received_blocks
+        )

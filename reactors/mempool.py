@@ -1,4 +1,4 @@
-"""A mempool reactor: CometBFT's ``mempool/reactor.go`` ported to mconn's public API.
+"""A mempool reactor: CometBFT's ``mempool/reactor.go`` (v1.0) ported to mconn's public API.
 
 Transactions gossip on one channel (0x30, CometBFT's MempoolChannel). As in CometBFT:
 
@@ -7,10 +7,22 @@ Transactions gossip on one channel (0x30, CometBFT's MempoolChannel). As in Come
   (``peer.send``: a slow peer holds only its own routine);
 * a transaction is never sent back to a peer that sent it to us, nor twice to one peer
   (the per-peer *seen* set: what it sent us and what we sent it);
-* a transaction that fails ``check_tx`` is a misbehaving peer: ``receive`` raises
-  ``InvalidTransaction`` and mconn's default policy drops the sender with a
-  ``ReactorError`` (CometBFT's ``StopPeerForError``; specs/reactor-api.md section 4);
+* a transaction from a peer that fails ``check_tx`` is not the peer's fault: it is
+  counted (``invalid_txs``) and logged, and the peer stays (CometBFT's Receive logs
+  "Could not check tx" and carries on: a transaction valid at its sender may have
+  become invalid here, after a block). Only a message the channel cannot carry is the
+  peer's fault: one over ``max_tx_bytes`` ends the connection in mconn itself
+  (``MessageTooLarge``, as CometBFT's MConnection does past ``RecvMessageCapacity``);
 * a full mempool refuses new transactions without blaming the peer.
+
+What is not ported: CometBFT's wire message is a protobuf ``Txs`` (a list of
+transactions; an empty list is logged) and an unknown message type stops the peer; here
+a message is one raw transaction, so there is no other type to refuse. Its
+``broadcast`` switch and the wait for a lagging peer's height (``PeerState``, set by the
+consensus reactor, which mconn does not have) are left out, and so are ``CheckTx``'s
+ABCI round trip (``check_tx`` is a local call), rechecks after a block, and the cache of
+invalid transactions (``keep-invalid-txs-in-cache``). Senders are remembered per peer
+in a bounded seen set, not per transaction (CometBFT's ``txSenders``).
 
 Bounds (what a peer can make this reactor hold): the mempool holds ``max_txs``
 transactions (CometBFT's ``mempool.size``, 5000); of those, at most ``max_peer_txs``
@@ -36,14 +48,24 @@ the mempool.
 
 A transaction on the wire is the raw bytes; ``check_tx(tx)`` raises ValueError for a bad
 one. The default accepts any non-empty transaction up to ``max_tx_bytes``.
+
+Observability (specs/reactor-api.md section 12): ``status()`` is the mempool's section
+of the status page; ``metrics(registry)`` adds ``mempool_messages_total`` (by direction,
+type ``tx``), ``mempool_size`` and ``mempool_txs_refused_total`` (by reason: ``full``,
+``share``, ``invalid``) to the node's ``/metrics``.
 """
 
 from __future__ import annotations
 
 import hashlib
 
-from mconn import ChannelDescriptor, Reactor
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from twisted.logger import Logger
+
+from mconn import ChannelDescriptor, MessageCounter, Reactor
 from reactors.lru import LRUSet
+
+log = Logger(namespace="reactors.mempool")
 
 MEMPOOL_CHANNEL = 0x30
 #: Seconds before a transaction whose send found no room within send_timeout is tried again.
@@ -51,7 +73,8 @@ RETRY_DELAY = 0.5
 
 
 class InvalidTransaction(ValueError):
-    """A peer sent a transaction that ``check_tx`` refused; it is dropped for it."""
+    """A transaction ``check_tx`` refused (raised by ``add_tx``; from a peer it is only
+    counted and logged)."""
 
 
 def tx_key(tx: bytes) -> bytes:
@@ -118,6 +141,10 @@ class MempoolReactor(Reactor):
         #: Transactions refused because the mempool was full, or their sender's share was.
         self.refused_full = 0
         self.refused_share = 0
+        #: Transactions from peers that ``check_tx`` (or the size check) refused.
+        self.invalid_txs = 0
+        #: Messages received and sent, by type (one type: a transaction).
+        self.messages = MessageCounter("mempool_messages", ["tx"], "Mempool messages, by direction and type.")
 
     def get_channels(self):
         return [
@@ -235,7 +262,35 @@ class MempoolReactor(Reactor):
             self._seen.pop(peer.node_id, None)  # a later session starts from what it tells us
 
     def receive(self, channel_id, peer, message) -> None:
-        self.add_tx(message, sender=peer)  # InvalidTransaction drops the peer
+        self.messages.received("tx")
+        try:
+            self.add_tx(message, sender=peer)
+        except InvalidTransaction as error:
+            # CometBFT logs "Could not check tx" and keeps the peer: a transaction can turn
+            # invalid between its sender's check and ours. Debug level: a flood of them
+            # would otherwise fill the log; invalid_txs counts them.
+            self.invalid_txs += 1
+            log.debug("could not check a transaction from {peer}: {error}", peer=peer.node_id, error=str(error))
+
+    # -- observability (specs/reactor-api.md section 12) -------------------------------
+
+    def metrics(self, registry) -> None:
+        registry.register(self.messages)
+        registry.register(_MempoolCollector(self))
+
+    def status(self) -> dict:
+        return {
+            "txs": len(self.txs),
+            "max_txs": self.max_txs,
+            "peers": len(self._routines),
+            "largest_share": max(self._charged.values(), default=0),
+            "max_peer_txs": self.max_peer_txs,
+            "refused_full": self.refused_full,
+            "refused_share": self.refused_share,
+            "invalid_txs": self.invalid_txs,
+            "received": self.messages.counts["received"]["tx"],
+            "sent": self.messages.counts["sent"]["tx"],
+        }
 
     # -- the per-peer sender routine (CometBFT's broadcastTxRoutine) -------------------
 
@@ -280,6 +335,7 @@ class MempoolReactor(Reactor):
         if self._routines.get(peer.node_id) is not routine:
             return  # the session ended
         if accepted:
+            self.messages.sent("tx")
             self._pump(routine)  # does nothing while _pump's own loop runs
             return
         # No room within send_timeout: the peer is slow; try that transaction again later
@@ -294,3 +350,21 @@ class MempoolReactor(Reactor):
     def _retry(self, routine: list) -> None:
         routine[2] = False
         self._pump(routine)
+
+
+class _MempoolCollector:
+    """The mempool's size and refusals, read at each scrape."""
+
+    def __init__(self, reactor: MempoolReactor) -> None:
+        self.reactor = reactor
+
+    def collect(self):
+        reactor = self.reactor
+        yield GaugeMetricFamily("mempool_size", "Transactions in the mempool.", value=len(reactor.txs))
+        refused = CounterMetricFamily(
+            "mempool_txs_refused", "Transactions not admitted, by reason.", labels=("reason",)
+        )
+        refused.add_metric(("full",), reactor.refused_full)
+        refused.add_metric(("share",), reactor.refused_share)
+        refused.add_metric(("invalid",), reactor.invalid_txs)
+        yield refused

@@ -1,6 +1,6 @@
 """atheris harness for the mempool reactor, reactors/mempool.py, fed whole sessions (long runs, not in CI).
 
-The target (tests/fuzz/reactor_target.py, ``fuzz_mempool``) checks that receive raises only InvalidTransaction, and that the mempool, each peer's share, each seen set and the order stay within the reactor's bounds.
+The target (tests/fuzz/reactor_target.py, ``fuzz_mempool``) checks that receive raises nothing (an invalid transaction is only counted), and that the mempool, each peer's share, each seen set and the order stay within the reactor's bounds.
 
     python tests/fuzz/fuzz_mempool.py tests/fuzz/corpus/mempool    # fuzz (atheris / libFuzzer flags)
 

@@ -23,7 +23,8 @@ tests/fuzz/message_target.py's.
   are accepted or not; each step a peer sends a transaction (from a small pool, so that
   duplicates happen, or raw bytes, too large or refused by ``check_tx``), the node adds
   or removes transactions, the clock moves, or a peer leaves and another comes.
-  ``receive`` raises only ``InvalidTransaction``. After every step: the mempool within
+  ``receive`` raises nothing: an invalid transaction is counted (``invalid_txs``) and
+  not kept, and its peer stays (as in CometBFT). After every step: the mempool within
   ``max_txs``, each peer's charge within ``max_peer_txs`` and all charges within the
   mempool, each seen set within ``seen_capacity`` and only for connected peers, the
   order within twice the mempool and consistent with it.
@@ -50,7 +51,7 @@ from reactors.blocksync import (
     BlocksyncType,
     MalformedBlocksyncMessage,
 )
-from reactors.mempool import MEMPOOL_CHANNEL, InvalidTransaction, MempoolReactor
+from reactors.mempool import MEMPOOL_CHANNEL, MempoolReactor, tx_key
 
 from tests.fuzz.declared import RAW, Chooser, Reader, build_struct, draw_edits, mutate, value
 from tests.fuzz.message_target import bounded
@@ -70,7 +71,7 @@ MAX_STEPS = 16
 
 def attach(reactor, clock: task.Clock):
     """The little of a Switch the reactors use: a clock and try_broadcast."""
-    reactor.switch = SimpleNamespace(clock=clock, try_broadcast=lambda channel_id, message: 0)
+    reactor.switch = SimpleNamespace(clock=clock, try_broadcast=lambda channel_id, message: {})
     return reactor
 
 
@@ -231,12 +232,13 @@ class MempoolSession:
         if action <= 3:
             peer = self.peers[index]
             tx = self._tx(chooser)
+            before = self.reactor.invalid_txs
             outcome = bounded(lambda: self.reactor.receive(MEMPOOL_CHANNEL, peer, tx), len(tx))
             if isinstance(outcome, Exception):
-                if type(outcome) is not InvalidTransaction:
-                    raise outcome
+                raise outcome  # an invalid transaction is counted, never raised: the peer stays
+            if self.reactor.invalid_txs != before:
                 self.invalid += 1
-                self._leave(index, chooser)
+                assert self.reactor.invalid_txs == before + 1 and tx_key(tx) not in self.reactor.txs
         elif action == 4:
             tx = b"tx-%d" % chooser.number(40)
             self.reactor.add_tx(tx)

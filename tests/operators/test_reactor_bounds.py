@@ -33,7 +33,7 @@ WEDGE = encode(BlocksyncType.STATUS_RESPONSE, base=2**62, height=2**63 - 1)
 
 def attach(reactor):
     """Give ``reactor`` the little of a Switch it uses: a clock and try_broadcast."""
-    reactor.switch = SimpleNamespace(clock=task.Clock(), try_broadcast=lambda channel_id, message: 0)
+    reactor.switch = SimpleNamespace(clock=task.Clock(), try_broadcast=lambda channel_id, message: {})
     return reactor
 
 
