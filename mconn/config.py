@@ -145,11 +145,15 @@ class Config:
     ack_interval: float = 0.1
     #: Largest wait, in seconds, between two dial attempts of a persistent or resuming peer.
     max_reconnect_delay: float = 4.0
-    #: Dial attempts after a break before giving up (None: until resume_grace ends, or
-    #: forever for persistent peers). Reset on success.
+    #: Failed dial attempts in a row before a dialer gives up (None: until resume_grace
+    #: ends for a suspended session, forever for persistent peers and retrying first
+    #: dials). Bounds persistent peers too: one that reaches it is no longer persistent
+    #: and its waiting dial fails with DialGaveUp. A first dial makes one attempt even
+    #: with 0. Reset on success.
     max_reconnects: int | None = None
-    #: A first ``Switch.dial`` keeps trying (with the reconnect backoff) instead of
-    #: failing on the first error (NATS's retry_on_failed_connect).
+    #: A first non-persistent ``Switch.dial`` keeps trying (with the reconnect backoff)
+    #: instead of failing on the first error (NATS's retry_on_failed_connect). A
+    #: persistent dial always keeps trying, whatever this says.
     retry_initial_dial: bool = False
     #: Do not add the listen addresses that peers announce to their address pools.
     ignore_discovered_addresses: bool = False

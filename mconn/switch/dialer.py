@@ -30,10 +30,11 @@ made:
    clients in lockstep).
 3. *Connect.* Success marks the address ``did_connect``, clears its failures and the
    attempt counter, calls ``on_connected`` and stops: the owner calls ``start()`` again
-   after the next break. Failure counts against the address; an authentication failure
-   (``is_not_retried``) bans it for good. The Dialer gives up, calling ``on_give_up``
-   with a reason, when ``max_reconnects`` attempts failed since the last success or
-   when no candidate is left.
+   after the next break. Failure counts against the address; a permanent refusal
+   (``is_not_retried``: another node id, unauthorized, incompatible, TLS required) bans
+   it for good. The Dialer gives up, calling ``on_give_up`` with a reason, when
+   ``max_reconnects`` attempts failed since the last success (``start(at_least_once=True)``
+   owes one attempt first, whatever the limit) or when no candidate is left.
 
 ``stop()`` cancels the pending wait and bumps a generation number, so the outcome of an
 attempt already in flight is ignored (its failure is swallowed, not left unhandled).
@@ -104,17 +105,28 @@ def default_reconnect_delay(
 #: Failures that ban an address (the NATS clients stop on repeated auth errors).
 #: Read at call time, so an owner may extend it.
 NOT_RETRIED: tuple[type[BaseException], ...] = (PeerIdMismatch, AuthenticationError)
-#: ``PeerRejected.reason`` / ``PeerClosed.code`` values that ban an address (``self``:
-#: it leads back to this node; ``tls_required``: a TLS-only listener refuses this
-#: node's plaintext start, and will again: its configuration, not the network, decides).
+#: ``PeerRejected.reason`` / ``PeerClosed.code`` values that ban an address: answers the
+#: same address gives every time, because the node there (its key, its configuration)
+#: decides them, not the network or the moment. ``id_mismatch``: another node answers
+#: there; ``unauthorized``: its ``allowed_peers`` or ``authorize`` refuses this node;
+#: ``self``: it leads back to this node; ``tls_required``: a TLS-only listener refuses
+#: this node's plaintext start, and will again.
 NOT_RETRIED_REASONS = frozenset({"unauthorized", "id_mismatch", "self", "tls_required"})
 #: A node the compatibility rule refused (another network, block version, no common
 #: channel, no node info: specs/handshake.md section 6.2) stays refused.
 NOT_RETRIED_REASONS |= INCOMPATIBLE_NODE
+#: Everything else is retried, with the backoff: connection errors and timeouts, a node
+#: that is stopping (``shutdown``) or closed the session (``closed``), and refusals that
+#: pass: ``session_held`` (the node holds the suspended session of this node's previous
+#: process until its grace ends; specs/resume.md section 6.4), ``inbound_limit`` /
+#: ``outbound_limit``, ``pending_limit`` / ``ip_limit``, ``authorize_timeout``,
+#: ``unproven``, ``duplicate`` / ``simultaneous_dial`` (another connection brings the
+#: session), protocol errors.
 
 
 def is_not_retried(error: BaseException) -> bool:
-    """Whether ``error`` means the address must not be dialed again."""
+    """Whether ``error`` means the address must not be dialed again (a permanent
+    refusal: NOT_RETRIED, NOT_RETRIED_REASONS); any other failure is retried."""
     if isinstance(error, NOT_RETRIED):
         return True
     if isinstance(error, PeerRejected):
@@ -305,9 +317,17 @@ class Dialer:
         self._last_connected: AddressState | None = None
         #: Bumped by stop(): outcomes of attempts from an older generation are ignored.
         self._generation = 0
+        #: An attempt is owed whatever ``max_reconnects`` says (``start(at_least_once=True)``).
+        self._owed_attempt = False
 
-    def start(self) -> None:
-        """Begin attempting; the first attempt comes after ``reconnect_delay(attempts + 1)``."""
+    def start(self, *, at_least_once: bool = False) -> None:
+        """Begin attempting; the first attempt comes after ``reconnect_delay(attempts + 1)``.
+
+        :param at_least_once: make one attempt even if ``max_reconnects`` allows none
+            (a first dial: ``max_reconnects`` bounds the attempts after a failure).
+        """
+        if at_least_once and not self.attempts:
+            self._owed_attempt = True
         if self.running:
             return
         self.running = True
@@ -316,6 +336,7 @@ class Dialer:
     def stop(self) -> None:
         """Cancel the pending wait and ignore the outcome of an attempt in flight."""
         self.running = False
+        self._owed_attempt = False
         self._generation += 1
         if self._pending is not None and self._pending.active():
             self._pending.cancel()
@@ -346,6 +367,8 @@ class Dialer:
                 return "the address pool is empty"
             banned = ", ".join(f"{s.address} ({_describe(s.last_error)})" for s in self.pool)
             return f"no address left to dial; all are banned: {banned}"
+        if self._owed_attempt:
+            return None
         if self.max_reconnects is not None and self.attempts >= self.max_reconnects:
             reason = f"gave up after {self.attempts} failed attempts (max_reconnects={self.max_reconnects})"
             if self.last_info is not None:
@@ -399,6 +422,7 @@ class Dialer:
                 return
             state = self._next_in_order()
         self.attempts += 1
+        self._owed_attempt = False
         self._last_tried = state
         state.last_attempt = self.clock.seconds()
         info = {"address": str(state.address), "attempt": self.attempts, "delay": delay}

@@ -4,8 +4,14 @@ Theory of operation. One ``_Redial`` per node id: a ``mconn.switch.dialer.Dialer
 node's ``AddressPool``, plus the ``dial`` calls waiting for a session with it. A
 persistent one lives as long as the Switch: it re-dials a suspended session (the
 resume of section 4) and, once a session has ended for any reason but the Switch
-stopping, dials again for a fresh one. Others serve one purpose: re-dialing one
-suspended session (they end with it), or a first dial that retries
+stopping, dials again for a fresh one. A first dial of a persistent node keeps trying
+too, whatever ``retry_initial_dial`` says: the node may be down, or refuse us for a
+while (``session_held``: it still holds the session of our previous process, until its
+grace ends; a peer limit), and it is kept connected once it answers. Only a permanent
+refusal (every address banned, ``mconn.switch.dialer.is_not_retried``), ``max_reconnects``
+failed attempts in a row, ``stop_dialing`` or the Switch stopping end it; its waiting
+dials then fail with ``DialGaveUp``. Other re-dialers serve one purpose: re-dialing one
+suspended session (they end with it), or a non-persistent first dial that retries
 (``retry_initial_dial``, keyed by nothing until the node answers).
 
 ``PersistentDialing`` sees the rest of the Switch through a few callables only:
@@ -26,7 +32,7 @@ from twisted.internet import defer
 from mconn.switch import telemetry
 from mconn.core.address import PeerAddress, announced_address, discovered_problem, parse_address
 from mconn.switch.dialer import AddressPool, Dialer
-from mconn.errors import ConnectionLost, DialGaveUp, PeerRejected
+from mconn.errors import DialGaveUp, PeerRejected
 from mconn.core.session_table import PeerState
 
 #: Refusals that mean another connection brings (or has) the session with that node.
@@ -81,7 +87,11 @@ class PersistentDialing:
     # -- what Switch.dial and friends ask --------------------------------------------
 
     def dial(self, target: PeerAddress, *, persistent: bool, retry: bool) -> defer.Deferred:
-        """``Switch.dial`` once the address is checked (specs/resume.md section 7.1)."""
+        """``Switch.dial`` once the address is checked (specs/resume.md section 7.1).
+
+        A persistent dial always retries (``retry`` is for the others): its Deferred
+        fires with the Peer of the first session, or fails with DialGaveUp when the
+        dialing ends without one."""
         existing = self.session_for(target.node_id) if target.node_id is not None else None
         if persistent:
             node_id = target.node_id
@@ -94,13 +104,13 @@ class PersistentDialing:
                 redial.dialer.pool.add_configured(target)
             if existing is not None:
                 return defer.succeed(existing)
-            return redial.first_session(retry)
+            return redial.first_session()
         if existing is not None:
             return defer.fail(PeerRejected("duplicate", f"node {target.node_id} is already connected"))
         if retry:
-            redial = _Redial(self, target.node_id, [target], persistent=False, initial=True)
+            redial = _Redial(self, target.node_id, [target], persistent=False)
             self.initial.add(redial)
-            return redial.first_session(True)
+            return redial.first_session()
         return self.attempt(target, target.node_id)
 
     def set_pool(self, node_id: str, addresses) -> None:
@@ -204,15 +214,21 @@ class PersistentDialing:
 
 
 class _Redial:
-    """The Dialer of one node (or one address), and the ``dial`` calls waiting on it."""
+    """The Dialer of one node (or one address), and the ``dial`` calls waiting on it.
 
-    def __init__(self, owner: PersistentDialing, node_id: str | None, addresses, *, persistent: bool, initial=False):
+    A waiting dial fires with the Peer of the next session the Dialer connects, and fails
+    only when the Dialer gives up (``DialGaveUp``: ``max_reconnects``, or every address
+    banned, with the refusal that banned the last one as its ``__cause__``) or is
+    stopped: a failed attempt that may be retried never fails it.
+    """
+
+    def __init__(self, owner: PersistentDialing, node_id: str | None, addresses, *, persistent: bool):
         self.owner = owner
         self.node_id = node_id
         self.persistent = persistent
-        self.initial = initial
-        self.ever_connected = False
-        self._waiters: list[tuple[defer.Deferred, bool]] = []
+        self._waiters: list[defer.Deferred] = []
+        #: The error of the last attempt that banned its address (is_not_retried).
+        self._refusal: BaseException | None = None
         config = owner.config
         pool = AddressPool(
             addresses, retain_order=config.retain_address_order, ignore_discovered=config.ignore_discovered_addresses
@@ -234,12 +250,14 @@ class _Redial:
 
     def stop(self, error: BaseException) -> None:
         self.dialer.stop()
-        self._fail_waiters(error, everyone=True)
+        self._fail_waiters(error)
 
-    def first_session(self, retry: bool) -> defer.Deferred:
+    def first_session(self) -> defer.Deferred:
+        """A Deferred for the next session; the Dialer makes at least one attempt for it
+        (even with ``max_reconnects`` 0, which allows no attempt after a break)."""
         d: defer.Deferred[Any] = defer.Deferred()
-        self._waiters.append((d, retry))
-        self.start()
+        self._waiters.append(d)
+        self.dialer.start(at_least_once=True)
         return d
 
     def _choose(self, pool, last_info):
@@ -248,23 +266,15 @@ class _Redial:
 
     def _attempted(self, info: dict) -> None:
         telemetry.emit("dial_attempt", node_id=self.owner.node_id, peer_id=self.node_id, **info)
+        if info["result"] == "not_retried":
+            state = self.dialer.pool.get(info["address"])
+            self._refusal = state.last_error if state is not None else None
         if info["result"] != "connected":
             self.owner.failed_attempt(self.node_id)
-        if info["result"] == "connected" or self.ever_connected or not self._waiters:
-            return  # a re-dial of a session tries until max_reconnects or the grace ends
-        state = self.dialer.pool.get(info["address"])
-        error = (
-            state.last_error if state is not None and state.last_error is not None else ConnectionLost(info["error"])
-        )
-        self._fail_waiters(error, everyone=False)
-        if not self._waiters:
-            self._forget()
-            self.dialer.stop()
 
     def _connected(self, peer, state) -> None:
-        self.ever_connected = True
         waiters, self._waiters = self._waiters, []
-        for d, _ in waiters:
+        for d in waiters:
             d.callback(peer)
         if not self.persistent:
             self._forget()
@@ -272,7 +282,10 @@ class _Redial:
     def _gave_up(self, reason: str) -> None:
         telemetry.emit("dial_gave_up", node_id=self.owner.node_id, peer_id=self.node_id, reason=reason)
         self._forget()
-        self._fail_waiters(DialGaveUp(self.node_id, reason), everyone=True)
+        error = DialGaveUp(self.node_id, reason)
+        if not self.dialer.pool.candidates():  # every address banned: say by what, last
+            error.__cause__ = self._refusal
+        self._fail_waiters(error)
         self.owner.gave_up(self.node_id, reason)
 
     def _forget(self) -> None:
@@ -281,14 +294,10 @@ class _Redial:
             del owner.redials[self.node_id]
         owner.initial.discard(self)
 
-    def _fail_waiters(self, error: BaseException, *, everyone: bool) -> None:
-        keep: list[tuple[defer.Deferred, bool]] = []
-        for d, retry in self._waiters:
-            if everyone or not retry:
-                d.errback(error)
-            else:
-                keep.append((d, retry))
-        self._waiters = keep
+    def _fail_waiters(self, error: BaseException) -> None:
+        waiters, self._waiters = self._waiters, []
+        for d in waiters:
+            d.errback(error)
 
 
 def with_node_id(address, node_id: str) -> PeerAddress:

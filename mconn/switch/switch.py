@@ -332,19 +332,28 @@ class Switch(Service):
         retry_initial_dial: bool | None = None,
         unconditional: bool = False,
     ) -> defer.Deferred:
-        """Connect to ``ID@host:port`` or ``host:port``.
+        """Connect to ``ID@host:port`` or ``host:port`` (specs/reactor-api.md section 6.3).
 
-        :param persistent: keep this node connected for the Switch's lifetime: after any
+        :param persistent: keep this node connected for the Switch's lifetime: it is
+            dialed, with the reconnect backoff, until a session is up, and after any
             break or end of the session it is dialed again, over its address pool
-            (specs/resume.md section 7). Needs the node id.
-        :param retry_initial_dial: keep trying the first dial with the reconnect backoff
-            instead of failing at the first error (``Config.retry_initial_dial`` if None).
+            (specs/resume.md section 7.1). Needs the node id. Only a permanent refusal of
+            every address (``mconn.switch.dialer.is_not_retried``: another node id,
+            unauthorized, incompatible node info, TLS required), ``Config.max_reconnects``
+            failed attempts in a row (if set), ``stop_dialing`` or ``stopService`` end it.
+        :param retry_initial_dial: a non-persistent dial keeps trying with the reconnect
+            backoff instead of failing at the first error (``Config.retry_initial_dial``
+            if None). A persistent dial always does: False with ``persistent`` fails
+            with ValueError.
         :param unconditional: this node's sessions bypass the peer limits from now on
             (added to ``Config.unconditional_peers``). Needs the node id.
-        :returns: a Deferred firing with the Peer once a session is up, or failing with
-            PeerRejected (self, duplicate, id mismatch, limits), a RemoteProtocolError,
-            the connection error, or DialGaveUp (``max_reconnects``, or every address
-            banned).
+        :returns: a Deferred firing with the Peer once a session is up (at once if the
+            node has one and ``persistent``). A persistent or retrying dial fails only
+            with DialGaveUp (``max_reconnects``; every address banned, the refusal that
+            banned the last one as its ``__cause__``; ``stop_dialing``; ``stopService``).
+            A plain dial fails at its first error: PeerRejected (self, duplicate, id
+            mismatch, limits), PeerClosed (the other side refused us), a
+            RemoteProtocolError, or the connection error.
         """
         try:
             target = parse_address(address)
@@ -354,6 +363,13 @@ class Switch(Service):
             return defer.fail(PeerRejected("self", f"refusing to dial ourselves ({address})"))
         if persistent and target.node_id is None:
             return defer.fail(ValueError(f"a persistent peer needs its node id (ID@host:port), got {address!r}"))
+        if persistent and retry_initial_dial is False:
+            return defer.fail(
+                ValueError(
+                    f"retry_initial_dial=False does not apply to a persistent dial of {address!r}: a persistent"
+                    " peer is dialed until it answers; dial with persistent=False for one attempt"
+                )
+            )
         if unconditional:
             if target.node_id is None:
                 return defer.fail(

@@ -381,6 +381,22 @@ def test_max_reconnects_gives_up_after_that_many_failures():
     h.assert_idle()
 
 
+def test_start_at_least_once_owes_one_attempt_even_with_max_reconnects_0():
+    """max_reconnects 0: start() gives up before any attempt (no re-dial after a break),
+    start(at_least_once=True) makes one attempt first (a first dial), then gives up."""
+    h = Harness(max_reconnects=0)
+    h.dialer.start()
+    assert h.connect.calls == [] and len(h.gave_up) == 1
+    h.assert_idle()
+    h = Harness(max_reconnects=0)
+    h.dialer.start(at_least_once=True)
+    assert h.gave_up == []
+    h.fail_next()
+    assert len(h.connect.calls) == 1 and len(h.gave_up) == 1
+    assert "gave up after 1 failed attempts (max_reconnects=0)" in h.gave_up[0]
+    h.assert_idle()
+
+
 def test_max_reconnects_counts_again_from_zero_after_a_success():
     """A success resets the count toward max_reconnects."""
     h = Harness(max_reconnects=3)

@@ -108,26 +108,48 @@ def test_retry_initial_dial_keeps_trying_until_the_node_listens(network):
     check(a, b)
 
 
-def test_without_retry_initial_dial_the_first_error_fails_the_dial_and_ends_dialing(network, telemetry):
-    """A persistent dial without retry_initial_dial fails at the first refused attempt,
-    and nothing dials that node again (NATS without retry_on_failed_connect)."""
+def test_without_retry_initial_dial_a_plain_dial_fails_at_the_first_error_and_ends_dialing(network, telemetry):
+    """A non-persistent dial without retry_initial_dial fails at the first refused
+    attempt, and nothing dials that node again (NATS without retry_on_failed_connect)."""
     a = Node(network, None)
     node_id = "ab" * 20
-    got = results_of(a.switch.dial(f"{node_id}@127.0.0.1:26656", persistent=True))
+    got = results_of(a.switch.dial(f"{node_id}@127.0.0.1:26656"))
     settle(network)
     [failure] = got
     assert failure.check(ConnectionRefusedError)
     assert a.switch.address_pool(node_id) is None
-    settle(network, 20)
-    assert [e["attempt"] for e in telemetry.named("dial_attempt")] == [1]
+    network.clock.advance(20)
+    assert network.clock.tcpClients == [], "the node was dialed again"
+    assert telemetry.named("dial_attempt") == []  # a plain dial has no dialer
+
+
+def test_a_persistent_dial_keeps_trying_without_retry_initial_dial(network, telemetry):
+    """A persistent dial with Config.retry_initial_dial False (the default) of a node that
+    does not listen yet rides out refused connections and fires with the Peer once the
+    node listens: persistent peers are always retried (specs/resume.md section 7.1)."""
+    assert not CONFIG.retry_initial_dial
+    a, b = Node(network, None), Node(network, None)
+    b.port = 26656
+    got = results_of(a.switch.dial(b.address, persistent=True))
+    settle(network, 20, rounds=200)
+    assert got == [], "a persistent dial failed at a refused connection"
+    assert a.switch.address_pool(b.switch.node_id) is not None and a.switch.peers == {}
+    assert len(telemetry.named("dial_attempt")) > 3
+    b.switch.listen("tcp:26656:interface=127.0.0.1")
+    settle(network, 10)
+    [peer] = got
+    assert peer.node_id == b.switch.node_id and peer.state == "connected"
+    assert a.switch.peers[b.switch.node_id] is peer and peer.is_persistent
+    check(a, b)
 
 
 def test_max_reconnects_gives_up_with_dial_gave_up(network, telemetry):
-    """After max_reconnects failed attempts the dial fails with DialGaveUp, logged, and the pool is dropped."""
+    """max_reconnects bounds a persistent dial too: after that many failed attempts it
+    fails with DialGaveUp, logged, the pool is dropped and the node is no longer persistent."""
     config = CONFIG.replace(max_reconnects=3)
     a = Node(network, None, config=config)
     node_id = "ab" * 20
-    got = results_of(a.switch.dial(f"{node_id}@127.0.0.1:26656", persistent=True, retry_initial_dial=True))
+    got = results_of(a.switch.dial(f"{node_id}@127.0.0.1:26656", persistent=True))
     settle(network, 5)
     [failure] = got
     assert failure.check(DialGaveUp) and "max_reconnects=3" in str(failure.value)
@@ -204,7 +226,7 @@ def test_the_dialer_walks_the_pool_to_an_address_that_answers(network, telemetry
     """The configured address is dead; a second one added with set_address_pool works."""
     a, b = Node(network, None), Node(network, 26656)
     node_id = b.switch.node_id
-    got = results_of(a.switch.dial(f"{node_id}@127.0.0.1:26001", persistent=True, retry_initial_dial=True))
+    got = results_of(a.switch.dial(f"{node_id}@127.0.0.1:26001", persistent=True))
     settle(network, 1)
     assert got == []
     a.switch.set_address_pool(node_id, ["127.0.0.1:26001", "127.0.0.1:26656"])
@@ -325,7 +347,7 @@ def test_choose_address_picks_the_next_address(network):
         return state, 0.0
 
     a, b = Node(network, None, choose_address=choose), Node(network, 26656)
-    got = results_of(a.switch.dial(f"{b.switch.node_id}@127.0.0.1:26001", persistent=True, retry_initial_dial=True))
+    got = results_of(a.switch.dial(f"{b.switch.node_id}@127.0.0.1:26001", persistent=True))
     a.switch.set_address_pool(b.switch.node_id, ["127.0.0.1:26001", "127.0.0.1:26656"])
     settle(network)
     [peer] = got

@@ -31,6 +31,7 @@ from mconn import (
     CertificateMismatch,
     ChannelDescriptor,
     Config,
+    DialGaveUp,
     NodeKey,
     PeerClosed,
     PeerIdMismatch,
@@ -265,9 +266,10 @@ async def test_dialing_another_node_id_is_refused_and_the_address_banned(telemet
             await bounded(b.dial(f"{wanted}@127.0.0.1:{port}"))
         assert wanted in str(info.value) and a.node_id in str(info.value)
         assert is_not_retried(info.value)
-        # A persistent dial bans the address instead of retrying it.
-        with pytest.raises(PeerIdMismatch):
+        # A persistent dial bans the address instead of retrying it, and gives up naming why.
+        with pytest.raises(DialGaveUp) as gave_up:
             await bounded(b.dial(f"{wanted}@127.0.0.1:{port}", persistent=True))
+        assert isinstance(gave_up.value.__cause__, PeerIdMismatch) and "all are banned" in gave_up.value.reason
         await sleep(0.3)
         inbound = [e for e in telemetry.named("connection_made") if e["direction"] == "inbound"]
         assert len(inbound) == 2, "the banned address was dialed again"
@@ -583,9 +585,10 @@ async def test_a_node_not_in_allowed_peers_is_refused_inbound_and_not_redialed(t
     a, ra = identity_node(allowed_peers={NodeKey.generate().node_id})
     try:
         port = await listen(a)
-        with pytest.raises(PeerClosed) as info:
+        with pytest.raises(DialGaveUp) as info:
             await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port}", persistent=True))
-        assert info.value.code == "unauthorized"
+        refusal = info.value.__cause__
+        assert isinstance(refusal, PeerClosed) and refusal.code == "unauthorized"
         await sleep(0.3)
         assert b.address_pool(a.node_id) is None  # its only address banned: the dialer gave up
         [event] = telemetry.named("peer_rejected")
