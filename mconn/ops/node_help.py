@@ -15,9 +15,10 @@ import re
 from mconn.config import Config
 
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-#: Config defaults that differ for a node run by twistd: a --peer that is down when the
-#: node starts is dialed until it comes up, not forgotten after the first failure.
-NODE_CONFIG_DEFAULTS = {"retry_initial_dial": True}
+#: Config defaults that differ for a node run by twistd, each with its reason in
+#: ``_NODE_DEFAULT_REASONS``: none now (a ``--peer`` is a persistent dial, which is retried
+#: until it answers whatever ``retry_initial_dial`` says).
+NODE_CONFIG_DEFAULTS: dict[str, object] = {}
 
 
 def config_field_docs() -> dict[str, str]:
@@ -59,7 +60,7 @@ def describe_default(value) -> str:
 
 
 #: Why a twistd node's default differs from Config's (NODE_CONFIG_DEFAULTS).
-_NODE_DEFAULT_REASONS = {"retry_initial_dial": "a --peer that is down at start is dialed until it is up"}
+_NODE_DEFAULT_REASONS: dict[str, str] = {}
 
 
 def config_option_help(name: str) -> str:

@@ -12,9 +12,8 @@ also options (``--ping-interval 30``; a boolean field is a pair of flags,
 command line (``ping-interval = 30`` is ``ping_interval``); both spellings of one key in
 one file are an error. An unknown key is an error that names the closest valid key. The
 command line wins: a repeatable option given there replaces the file's list. Relative
-paths in the file are relative to the file. One default differs from Config's:
-``retry_initial_dial`` is true, so that a ``--peer`` that is down when the node starts is
-dialed until it is up.
+paths in the file are relative to the file. The defaults are Config's; a ``--peer`` is a
+persistent dial, so one that is down when the node starts is dialed until it is up.
 
 The help of a Config option is the ``#:`` comment above its field in mconn/config.py
 (meaning, unit, why the default) and the default a twistd node uses (mconn/ops/node_help.py):

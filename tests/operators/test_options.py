@@ -16,8 +16,9 @@ from mconn.core.address import PeerAddress
 from mconn.ops.node import NodeService, Options, build_service, makeService
 
 ID = "ab" * 20
-#: The Config of a twistd node when nothing is set: a --peer down at start is dialed until it is up.
-NODE_CONFIG = Config(retry_initial_dial=True)
+#: The Config of a twistd node when nothing is set: Config's defaults (a --peer is a
+#: persistent dial, retried until it answers without retry_initial_dial).
+NODE_CONFIG = Config()
 
 
 def parse(*args, create_key=True) -> Options:
