@@ -21,6 +21,11 @@ MAX_PACKET_PAYLOAD_LIMIT = 1 << 20
 #: into tiny packets, each costing the sender a packet's work (payload 1 cost 452 times
 #: the core's CPU per MiB at 1024; bench/packet_floor.py). specs/handshake.md section 3.
 MIN_PACKET_PAYLOAD = 1024
+#: Smallest recv_rate a Config or a peer's hello may announce, in bytes per second: a
+#: sender holds what it sends a peer in its own queues at the rate the peer announces,
+#: so a lower one would only hold a session open for nothing; at it, a packet of the
+#: smallest size (1024) still passes in about a second. specs/handshake.md section 7.
+MIN_RECV_RATE = 1000
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -90,9 +95,12 @@ class Config:
     #: Control packets (pongs...) queued unsent because the peer does not read them.
     max_control_backlog: int = 64
     #: Bytes per second this node sends to one peer, at most (None: unlimited, the link
-    #: decides; CometBFT caps it at 5,120,000 by default).
+    #: decides; CometBFT caps it at 5,120,000 by default): every byte on the wire, control
+    #: packets and headers included. Lowered to the recv_rate a peer announces.
     send_rate: float | None = None
-    #: Bytes per second this node reads from one peer, at most (None: unlimited).
+    #: Bytes per second this node reads from one peer, at most (None: unlimited). Every
+    #: byte counts, as for send_rate. Announced in the hello, so that the peer sends no
+    #: faster and its backlog stays in its priority scheduler; at least MIN_RECV_RATE.
     recv_rate: float | None = None
     #: Largest hello body accepted, in bytes, checked before it is buffered (a hello is
     #: about 200 bytes; 4 KiB leaves room for extensions).
@@ -326,6 +334,11 @@ class Config:
             value = getattr(self, name)
             if value is not None:
                 _check_positive(name, value)
+        if self.recv_rate is not None and self.recv_rate < MIN_RECV_RATE:
+            raise ValueError(
+                f"Config.recv_rate must be at least MIN_RECV_RATE {MIN_RECV_RATE} bytes per second "
+                f"(it is announced to peers, which refuse less), got {self.recv_rate!r}"
+            )
         if not (type(self.stats_interval) in (int, float) and self.stats_interval == 0):
             _check_positive("stats_interval", self.stats_interval)
 

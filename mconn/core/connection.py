@@ -42,7 +42,15 @@ from mconn.core.events import (
     SessionAnswered,
 )
 from mconn.core.frame_buffer import MSG, PING, PONG, RUN, FrameBuffer
-from mconn.core.handshake import asks_for_session, check_hello, fresh_answer_parts, hello_packet
+from mconn.core.handshake import (
+    announcing_recv_rate,
+    asks_for_session,
+    check_hello,
+    fresh_answer_parts,
+    hello_packet,
+    recv_rate_of,
+)
+from mconn.core.packet_size import payload_for_pace
 from mconn.core.rate import TokenBucket
 
 # State, Input, TRANSITIONS: also mconn.core.connection's names (``X as X`` re-exports them).
@@ -97,13 +105,15 @@ class Connection:
     """One MConnection between us and a peer, as a plain object.
 
     :param config: limits and timers.
-    :param hello: what we announce (handshake.make_hello).
+    :param hello: what we announce (handshake.make_hello); with ``config.recv_rate`` the
+        hello announces it (``handshake.announcing_recv_rate``), and ``self.hello`` is that one.
     :param channels: our channel descriptors, in priority tie-break order.
     :param now: the current time, in seconds, from the caller's clock.
     """
 
     def __init__(self, *, config: Config, hello: Hello, channels: list[ChannelDescriptor], now: float) -> None:
         self.config = config
+        hello = announcing_recv_rate(hello, config.recv_rate)
         self.hello = hello
         self.state = _HANDSHAKING
         self.peer_hello: Hello | None = None
@@ -124,8 +134,14 @@ class Connection:
         self._started = now
         self._last_received = now
         self._ping_sent_at: float | None = None
+        # Both buckets count every byte on the wire, control packets and headers included
+        # (specs/connection.md section 5), so that a sender pacing at the rate its peer
+        # announced never sends more than the peer reads.
         self._send_bucket = TokenBucket(config.send_rate, now) if config.send_rate else None
         self._recv_bucket = TokenBucket(config.recv_rate, now) if config.recv_rate else None
+        #: Bytes per second this connection sends at most: ``send_rate``, lowered to the
+        #: recv_rate the peer's hello announces once it arrives (None: unlimited).
+        self.send_pace: float | None = config.send_rate
         self.bytes_received = 0
         self.bytes_sent = 0
         #: False when the last ``data_to_send`` left nothing it could send now (its
@@ -231,7 +247,7 @@ class Connection:
         elif kind == PacketType.HELLO:
             self._transition(Input.HELLO, packet)
             if self.state is _OPEN:
-                self._open(decode_hello(packet[1]), events)
+                self._open(decode_hello(packet[1]), events, now)
         elif kind == PacketType.CLOSE:
             code, text = decode_close(packet[1])
             self._transition(Input.CLOSE_RECEIVED, packet)
@@ -278,9 +294,19 @@ class Connection:
             raise UnexpectedPacket(f"{event.value} packet not allowed while the connection is {self.state.value}")
         self.state = new
 
-    def _open(self, hello: Hello, events: list[object]) -> None:
+    def _open(self, hello: Hello, events: list[object], now: float) -> None:
         self.max_packet_payload = check_hello(self.hello, hello)
         self._buffer.max_payload = self.max_packet_payload
+        announced = recv_rate_of(hello)
+        if announced is not None and (self.send_pace is None or announced < self.send_pace):
+            # Send no faster than the peer reads: what it cannot take yet waits in our
+            # scheduler, where a higher-priority message overtakes it, not in the
+            # kernels' buffers between us (specs/connection.md section 5).
+            self.send_pace = float(announced)
+            if self._send_bucket is None:
+                self._send_bucket = TokenBucket(announced, now)
+            else:
+                self._send_bucket.set_rate(announced, now)
         self.set_packet_payload(self._payload_cap)
         self.peer_hello = hello
         events.append(HelloReceived(hello=hello, max_packet_payload=self.max_packet_payload))
@@ -411,17 +437,22 @@ class Connection:
         (``mconn.core.packet_size``; None: the negotiated ``max_packet_payload``), never above
         the negotiated size (specs/wire.md section 4) nor below ``MIN_PACKET_PAYLOAD``,
         which bounds the work per byte sent whatever is asked (both hellos announce at
-        least that, so the floor is never above the negotiated size)."""
+        least that, so the floor is never above the negotiated size), nor above what
+        ``send_pace`` drains in a quarter of its burst (``packet_size.payload_for_pace``)."""
         self._payload_cap = payload
         limit = self.max_packet_payload
+        if self.send_pace is not None:
+            limit = min(limit, payload_for_pace(self.send_pace))
         self._payload = limit if payload is None else max(MIN_PACKET_PAYLOAD, min(payload, limit))
 
     def data_to_send(self, now: float, budget: int | None = None) -> bytes:
         """The next bytes for the transport: control packets first, then scheduled data.
 
-        ``budget`` caps the data bytes (default ``config.write_batch_bytes``); send_rate
-        caps it further. Msg packets are cut at ``set_packet_payload``'s size. Returns
-        b"" when there is nothing to send now.
+        ``budget`` caps the data bytes (default ``config.write_batch_bytes``); ``send_pace``
+        caps it further: its bucket counts every byte returned, control packets included
+        (they are never held back: they spend tokens, and data waits for them to be
+        repaid). Msg packets are cut at ``set_packet_payload``'s size. Returns b"" when
+        there is nothing to send now.
         """
         if not self._control:
             for channel in self._channel_list:
@@ -438,13 +469,14 @@ class Connection:
         if self.state is _OPEN:
             limit = self.config.write_batch_bytes if budget is None else budget
             if self._send_bucket is not None:
-                limit = min(limit, int(self._send_bucket.available(now)))
+                tokens = self._send_bucket.available(now)
+                if parts:
+                    tokens -= sum(map(len, parts))  # the control packets go first
+                limit = min(limit, int(tokens))
             if limit > 0:
                 data, sent = self._scheduler.next_packets(now, self._payload, limit)
                 if sent:
                     parts.extend(data)
-                    if self._send_bucket is not None:
-                        self._send_bucket.spend(sent, now)
                     # Short of the budget only when no channel has anything left.
                     more = sent >= limit
         self.more_to_send = more
@@ -452,6 +484,8 @@ class Connection:
             return b""
         out = b"".join(parts)
         self.bytes_sent += len(out)
+        if self._send_bucket is not None:
+            self._send_bucket.spend(len(out), now)
         return out
 
     # -- time --------------------------------------------------------------------
@@ -459,7 +493,7 @@ class Connection:
     def next_deadline(self, sending: bool = True) -> float | None:
         """When ``handle_timeout`` must next be called (None: no timer needed).
 
-        ``sending=False`` (the transport paused us) leaves out send_rate's wake-up: the
+        ``sending=False`` (the transport paused us) leaves out send_pace's wake-up: the
         adapter pumps again when the transport resumes, so that time would be a busy loop.
         """
         if self.state is _CLOSED or self.state is _CLOSING:

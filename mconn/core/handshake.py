@@ -9,12 +9,13 @@ Switch's decision, made on the HelloReceived event.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 from mconn.core.channel import ChannelDescriptor
-from mconn.config import MIN_PACKET_PAYLOAD
-from mconn.errors import IncompatiblePeer, PacketPayloadTooSmall
+from mconn.config import MIN_PACKET_PAYLOAD, MIN_RECV_RATE
+from mconn.errors import IncompatiblePeer, MalformedPacket, PacketPayloadTooSmall, RecvRateTooSmall
 from mconn.core.node_info import NodeInfo, node_info_field, node_info_of
 from mconn.core.wire import (
     PROTOCOL_VERSION,
@@ -23,13 +24,18 @@ from mconn.core.wire import (
     Hello,
     HelloTag,
     PacketType,
+    RecvRateBody,
     SessionAnswer,
     encode_extension,
     encode_hello,
     encode_session_answer,
 )
+from mconn.core.wire_primitives import MAX_UVARINT_SIZE, parse, read_uvarint, uvarint_bytes
 
 _SESSION_TAG = HelloTag.SESSION
+_RECV_RATE_TAG = HelloTag.RECV_RATE
+#: The largest rate the field can carry (a uvarint): a Config's larger one announces this.
+MAX_ANNOUNCED_RATE = (1 << (8 * MAX_UVARINT_SIZE)) - 1
 
 
 def make_hello(
@@ -59,15 +65,18 @@ def make_hello(
 
 def check_hello(ours: Hello, theirs: Hello) -> int:
     """Raise IncompatiblePeer if ``theirs`` cannot work with ``ours``: another protocol
-    version, or (PacketPayloadTooSmall) a max_packet_payload below ``MIN_PACKET_PAYLOAD``,
-    which would have everything we send cut into packets that small.
+    version, (PacketPayloadTooSmall) a max_packet_payload below ``MIN_PACKET_PAYLOAD``,
+    which would have everything we send cut into packets that small, or
+    (RecvRateTooSmall) a receive rate below ``MIN_RECV_RATE``, which would have us hold
+    what we send it in our queues for nothing.
 
     Returns the negotiated max_packet_payload: the smaller of the two, so at least
     ``MIN_PACKET_PAYLOAD`` (a Config cannot announce less).
 
-    :raises MalformedPacket: if their node info field does not decode (specs/handshake.md
-        section 6.1): the connection fails like on any malformed packet. Whether the node
-        info is compatible is the Switch's decision (``node_info.check_compatible``).
+    :raises MalformedPacket: if their node info field or receive rate field does not
+        decode (specs/handshake.md sections 6.1 and 7): the connection fails like on any
+        malformed packet. Whether the node info is compatible is the Switch's decision
+        (``node_info.check_compatible``).
     """
     if theirs.version != ours.version:
         raise IncompatiblePeer(
@@ -79,7 +88,72 @@ def check_hello(ours: Hello, theirs: Hello) -> int:
             f"peer {theirs.node_id} announces max_packet_payload {theirs.max_packet_payload}; "
             f"the floor is {MIN_PACKET_PAYLOAD} bytes (CometBFT's packet size)"
         )
+    rate = recv_rate_of(theirs)
+    if rate is not None and rate < MIN_RECV_RATE:
+        raise RecvRateTooSmall(
+            f"peer {theirs.node_id} announces recv_rate {rate} bytes per second; "
+            f"the floor is {MIN_RECV_RATE} (what we send it would wait in our queues)"
+        )
     return min(ours.max_packet_payload, theirs.max_packet_payload)
+
+
+def recv_rate_field(rate: float) -> tuple[int, bytes]:
+    """The hello field announcing that we read at most ``rate`` bytes per second from a
+    peer (tag ``03``, specs/handshake.md section 7): whole bytes, rounded down, so that a
+    sender pacing at it never sends faster than we read."""
+    return (_RECV_RATE_TAG, uvarint_bytes(min(int(rate), MAX_ANNOUNCED_RATE)))
+
+
+def recv_rate_of(hello: Hello) -> int | None:
+    """The receive rate ``hello`` announces, bytes per second; None when it announces
+    none (an older node, or one without ``Config.recv_rate``): no limit.
+
+    :raises MalformedPacket: if the field's value is not one uvarint, or the hello
+        carries the field twice.
+    """
+    found = None
+    for tag, value in hello.fields:
+        if tag == _RECV_RATE_TAG:
+            if found is not None:
+                raise MalformedPacket("hello announces recv_rate twice")
+            found = value
+    if found is None:
+        return None
+    try:
+        rate, end = read_uvarint(found, 0)
+        if end == len(found):
+            return rate
+    except IndexError:
+        pass
+    try:
+        parsed: int = parse(RecvRateBody, found, "recv_rate field").rate  # raises, naming why
+    except MalformedPacket as e:
+        if "recv_rate" in str(e):
+            raise
+        raise MalformedPacket(f"malformed recv_rate field ({len(found)} bytes): {e}") from None
+    return parsed
+
+
+def announcing_recv_rate(hello: Hello, rate: float | None) -> Hello:
+    """``hello`` with the receive rate field for ``rate`` after its other fields (itself
+    when ``rate`` is None or it carries the field already). The last one is remembered
+    by identity: a listener announces the same hello to every peer."""
+    if rate is None:
+        return hello
+    last = _last_announced
+    if last[0] is hello and last[1] == rate:
+        announced: Hello = last[2]
+        return announced
+    if any(tag == _RECV_RATE_TAG for tag, _ in hello.fields):
+        announced = hello
+    else:
+        announced = dataclasses.replace(hello, fields=(*hello.fields, recv_rate_field(rate)))
+    _last_announced[:] = (hello, rate, announced)
+    return announced
+
+
+#: The Hello ``announcing_recv_rate`` was last given, the rate, and what it returned.
+_last_announced: list[Any] = [None, None, None]
 
 
 def hello_packet(hello: Hello) -> bytes:

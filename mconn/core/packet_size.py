@@ -18,6 +18,13 @@ before; at 1 Gbit/s about 31 KB; on loopback the negotiated maximum. Per-packet 
 only matters at the rates where packets grow. A receiver accepts any payload up to the
 negotiated maximum, so the sender may choose any size per write.
 
+A connection paced by a rate (``Config.send_rate``, or the lower rate the peer announced
+in its hello: specs/connection.md section 5) drains no faster than that rate, whatever
+the link could take: its packets are cut at ``PER_WRITE``-th of the token bucket's burst
+at that rate (``payload_for_pace``), at least ``FLOOR``, so a message on a higher-priority
+channel waits behind at most a quarter of a burst (at 1 MB/s a 2.5 KB packet, 2.5 ms)
+instead of a whole 64 KiB packet (65 ms).
+
 Where the rate is not measured (TLS, WebSocket, ``write_ahead_time=None``) and on a
 plain TCP connection before its first rate sample, packets are ``UNMEASURED``: one TLS
 record's worth. Those transports write ``write_batch_bytes`` (64 KiB) at a time and
@@ -28,6 +35,7 @@ keep up to their own buffer size (64 KiB for Twisted's TCP) below the scheduler,
 from __future__ import annotations
 
 from mconn.config import MIN_PACKET_PAYLOAD
+from mconn.core.rate import BURST_TIME
 
 #: The smallest payload the rate picks, in bytes: CometBFT's packet size, the floor of
 #: every max_packet_payload (``config.MIN_PACKET_PAYLOAD``). Below it the per-packet work
@@ -47,3 +55,10 @@ def payload_for_rate(rate: float | None, ahead_time: float | None) -> int:
     if rate is None or ahead_time is None:
         return UNMEASURED
     return max(FLOOR, int(rate * ahead_time / PER_WRITE))
+
+
+def payload_for_pace(rate: float) -> int:
+    """The largest payload for a connection paced at ``rate`` bytes per second: a
+    ``PER_WRITE``-th of the token bucket's burst (``BURST_TIME`` of the rate), at least
+    ``FLOOR``. The caller caps it at the negotiated ``max_packet_payload``."""
+    return max(FLOOR, int(rate * BURST_TIME / PER_WRITE))

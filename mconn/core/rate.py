@@ -14,18 +14,34 @@ import math
 
 #: Refilled tokens this close below one whole byte count as one (see ``_refill``).
 ROUNDING = 1e-6
+#: The default burst, in seconds of the rate (at least ``min_burst`` bytes).
+BURST_TIME = 0.01
 
 
 class TokenBucket:
     """Rate limiter: ``available(now)`` bytes may go out now; ``spend(n)`` records them."""
 
     def __init__(self, rate: float, now: float, *, burst: float | None = None, min_burst: int = 2068) -> None:
-        if rate <= 0:
-            raise ValueError(f"rate must be positive, got {rate!r}")
-        self.rate = float(rate)
-        self.burst = float(burst if burst is not None else max(rate * 0.01, min_burst))
+        self._fixed_burst = burst
+        self._min_burst = min_burst
+        self._set(rate)
         self._tokens = self.burst
         self._stamp = now
+
+    def _set(self, rate: float) -> None:
+        if not rate > 0:
+            raise ValueError(f"rate must be positive, got {rate!r}")
+        self.rate = float(rate)
+        burst = self._fixed_burst
+        self.burst = float(burst if burst is not None else max(rate * BURST_TIME, self._min_burst))
+
+    def set_rate(self, rate: float, now: float) -> None:
+        """Refill at ``rate`` from ``now`` on (the tokens until ``now`` at the old one);
+        the default burst follows the rate, and tokens above the new burst are dropped
+        (a debt is kept: it was spent)."""
+        self._refill(now)
+        self._set(rate)
+        self._tokens = min(self._tokens, self.burst)
 
     def _refill(self, now: float) -> None:
         if now > self._stamp:

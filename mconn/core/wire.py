@@ -74,6 +74,8 @@ class HelloTag(enum.IntEnum):
     SESSION = 0x01
     #: The node info: network, protocol versions, moniker, other (specs/handshake.md section 6).
     NODE_INFO = 0x02
+    #: The rate the sender reads at, bytes per second (specs/handshake.md section 7).
+    RECV_RATE = 0x03
 
 
 SESSION_ID_BYTES = 16
@@ -158,6 +160,10 @@ NodeInfoBody = Struct(
     "other" / PrefixedArray(uvarint, Struct("key" / String, "value" / String)),
     Terminated,
 )
+
+# Hello field RECV_RATE (specs/handshake.md section 7): uvarint bytes per second, the
+# most the sender of the hello reads from one peer (its Config.recv_rate, rounded down).
+RecvRateBody = Struct("rate" / uvarint, Terminated)
 
 # Session packet (the listener's answer, specs/resume.md section 2):
 #   16 bytes session id | resumed (1 byte: 00 fresh, 01 resumed) | String reason | Counts

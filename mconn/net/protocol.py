@@ -111,6 +111,8 @@ class MConnectionProtocol(Protocol):
         self._socket: socket.socket | None = None
         #: Plain TCP; a read is handled and its first write may go through (write_through.py).
         self._through_ok = self._through = False
+        #: Sending is paced (``Connection.send_pace``): our send_rate, or from the peer's
+        #: hello on, the lower recv_rate it announced.
         self._rate_limited = owner.config.send_rate is not None
         self._recv_limited = owner.config.recv_rate is not None
         #: Our entry in the clock's Timers while one is armed (mconn/net/timers.py).
@@ -378,7 +380,7 @@ class MConnectionProtocol(Protocol):
         if core.state is _CLOSING or core.state is _CLOSED:
             self._disconnect()
         elif self._rate_limited:
-            self._rearm()  # send_rate may have left data for later
+            self._rearm()  # the pace may have left data for later
 
     def _write_first(self, data: bytes) -> None:
         """The pump's write while a read is handled: the first goes through."""
@@ -463,6 +465,8 @@ class MConnectionProtocol(Protocol):
 
     def _on_hello(self, event: HelloReceived) -> None:
         self.hello = event.hello
+        assert self.core is not None  # events come from the core
+        self._rate_limited = self.core.send_pace is not None
         self.decide(self.owner.hello_received, event)
 
     def _on_session(self, event: SessionAnswered) -> None:

@@ -68,3 +68,35 @@ def test_long_run_rate_is_exact(rate, packet):
             bucket.spend(packet, now)
             sent += packet
     assert rate * 60 <= sent <= rate * 60 + bucket.burst + packet
+
+
+def test_set_rate_refills_at_the_old_rate_until_now_then_at_the_new_one():
+    """set_rate keeps what the old rate refilled up to now, then refills at the new rate."""
+    bucket = TokenBucket(1000, now=0.0, burst=5000)
+    bucket.spend(5000, 0.0)
+    bucket.set_rate(100, 1.0)  # 1000 tokens at the old rate
+    assert bucket.rate == 100
+    assert bucket.available(1.0) == pytest.approx(1000)
+    assert bucket.available(2.0) == pytest.approx(1100)
+
+
+def test_set_rate_keeps_a_debt_and_the_default_burst_follows_the_rate():
+    """A debt stays owed across set_rate; the default burst becomes the new rate's and
+    tokens above it are dropped."""
+    bucket = TokenBucket(5_120_000, now=0.0)
+    assert bucket.burst == 51_200
+    bucket.set_rate(1_000_000, 0.0)
+    assert bucket.burst == 10_000 and bucket.available(0.0) == 10_000
+    bucket.spend(30_000, 0.0)
+    bucket.set_rate(2_000_000, 0.0)
+    assert bucket.available(0.0) == -20_000
+    assert bucket.ready_time() == pytest.approx(20_001 / 2_000_000)
+
+
+@pytest.mark.parametrize("rate", [0, -1, float("nan")])
+def test_set_rate_must_be_positive(rate):
+    """set_rate refuses what the constructor refuses, quoting the value."""
+    bucket = TokenBucket(1000, now=0.0)
+    with pytest.raises(ValueError, match="rate must be positive, got"):
+        bucket.set_rate(rate, 1.0)
+    assert bucket.rate == 1000

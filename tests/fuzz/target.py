@@ -61,6 +61,7 @@ SPECIFIC = frozenset(
         errors.HandshakeTimeout,
         errors.IncompatiblePeer,
         errors.PacketPayloadTooSmall,
+        errors.RecvRateTooSmall,
         errors.PongTimeout,
         errors.ControlFlood,
     }
