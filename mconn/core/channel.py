@@ -29,14 +29,17 @@ BytesIO grew to the exact size at every 64 KiB write, each growth a realloc that
 copied or faulted in the whole buffer: ~0.4 ms per 1 MiB message, bench/history/2026-11-24-night.md.)
 
 Send-queue delay (``SendDelay``, ``mconn_channel_send_queue_seconds``, specs/status.md
-section 4). A channel with a ``send_delay`` stamps one message in ``SendDelay.every``
-as it is queued (``writable_queue``, which every append to a queue goes through), and
-only while none of its stamps is in flight: the stamp is the message's place in the
-channel's sequence (messages finished plus messages waiting) and the clock's time. When
-``emit`` finishes that message (its last packet handed to the connection, which writes
-it to the transport), the time since the stamp is observed. So a channel costs one
-attribute test per message without a ``send_delay``, and with one, a countdown per
-message and two clock reads per sample. The core reads no clock itself: the clock is
+section 4). A channel with a ``send_delay`` stamps a queueing (a call of
+``writable_queue``, which every append to a queue goes through: one message queued by
+``enqueue``, or the first message of a batch extended at once): the stamp is the
+message's place in the channel's sequence (messages finished plus messages waiting) and
+the clock's time. When ``emit`` finishes that message (its last packet handed to the
+connection, which writes it to the transport), the time since the stamp is observed,
+and no message is stamped until the channel's sequence reaches ``SendDelay.every``
+places past the sampled one: at most one message in ``every`` is sampled, never two at
+once. Both the stamp in flight and that window are one integer, ``_stamp_at``, which
+``emit`` compares with its finished count once per call: a channel costs one attribute
+test per queueing without a ``send_delay``, two with one, and two clock reads per sample. The core reads no clock itself: the clock is
 the one the ``SendDelay`` was given. Which descriptors have a ``SendDelay`` is kept by
 ``watch_send_delay``; a Channel made from one of them takes it.
 """
@@ -83,8 +86,8 @@ SEND_DELAY_BUCKETS = (
     10.0,
     30.0,
 )
-#: One message in this many is stamped (when none of the channel's stamps is in flight).
-SEND_DELAY_EVERY = 16
+#: At most one message in this many is stamped (and never two in flight).
+SEND_DELAY_EVERY = 256
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -155,7 +158,7 @@ class SendDelay:
     connection whose Channel has it (sampled: see the theory of operation).
 
     :param clock: returns the time in seconds (a Switch gives its ``clock.seconds``).
-    :param every: stamp one queued message in this many (an integer >= 1).
+    :param every: stamp at most one queued message in this many (an integer >= 1).
     :param buckets: the buckets' upper bounds in seconds, increasing.
     """
 
@@ -238,7 +241,7 @@ class Channel:
         "_full_payload",
         "_stamp_at",
         "_stamp_time",
-        "_stamp_skip",
+        "_skipping",
     )
 
     def __init__(self, desc: ChannelDescriptor) -> None:
@@ -260,17 +263,18 @@ class Channel:
         self._full_payload = -1
         #: Where send-queue delays are sampled (None: they are not).
         self.send_delay = send_delay_of(desc)
-        #: The stamped message's place in this channel's sequence (-1: none in flight),
-        #: when it was queued, and the queued messages left before the next stamp.
+        #: -1: the next queueing is stamped. Else, with ``_skipping`` False, the stamped
+        #: message's place in this channel's sequence (``_stamp_time``: when it was
+        #: queued); with ``_skipping`` True, the last place of the window after a sample.
         self._stamp_at = -1
         self._stamp_time = 0.0
-        self._stamp_skip = 1
+        self._skipping = False
 
     def set_send_delay(self, delay: SendDelay | None) -> None:
         """Sample into ``delay`` from the next queued message on (None: stop sampling)."""
         self.send_delay = delay
         self._stamp_at = -1
-        self._stamp_skip = 1
+        self._skipping = False
 
     @property
     def queue_depth(self) -> int:
@@ -299,21 +303,26 @@ class Channel:
         return queue
 
     def _stamp(self, waiting: int) -> None:
-        """The next message queued is sampled if its turn has come (``SendDelay.every``)."""
-        self._stamp_skip -= 1
-        if self._stamp_skip > 0:
-            return
+        """The next message queued is sampled: its place, and the time now."""
         delay = cast(SendDelay, self.send_delay)
-        self._stamp_skip = delay.every
         self._stamp_at = self.stats.messages_sent + waiting + (self.sending is not None)
         self._stamp_time = delay.clock()
 
     def _observe(self) -> None:
-        """The stamped message is finished: observe how long it waited."""
-        self._stamp_at = -1
+        """``emit`` passed ``_stamp_at``: observe how long the stamped message waited and
+        open the window, or close the window."""
         delay = self.send_delay
-        if delay is not None:
-            delay.observe(delay.clock() - self._stamp_time)
+        if self._skipping or delay is None:
+            self._stamp_at = -1
+            self._skipping = False
+            return
+        delay.observe(delay.clock() - self._stamp_time)
+        sampled = self._stamp_at
+        if delay.every > 1 and self.stats.messages_sent < sampled + delay.every:
+            self._stamp_at = sampled + delay.every - 1  # stamp again from place sampled + every
+            self._skipping = True
+        else:
+            self._stamp_at = -1
 
     def emit(self, parts: list[Any], payload: int, budget: int) -> tuple[int, int]:
         """Append packets of the current message to ``parts`` until ``budget`` wire bytes.
