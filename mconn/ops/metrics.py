@@ -15,7 +15,7 @@ Theory of operation
 -------------------
 Nothing here runs per message, except the send-queue delay samples
 (``mconn_channel_send_queue_seconds``): while the metrics are started, each channel of
-each connection stamps one queued message in ``SEND_DELAY_EVERY`` (mconn/core/channel.py,
+each connection stamps at most one queued message in ``SEND_DELAY_EVERY`` (mconn/core/channel.py,
 ``SendDelay``) and the histogram counts the time from its queueing to its last packet
 handed to the transport. What is live is read when Prometheus scrapes: the
 byte and message counters of every live connection, the peers by state, queue depths,
