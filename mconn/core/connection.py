@@ -356,8 +356,8 @@ class Connection:
         queue = channel.queue
         if len(queue) >= channel.capacity:
             return False
-        if isinstance(queue, tuple):
-            queue = channel.writable_queue()
+        if isinstance(queue, tuple) or channel.send_delay is not None:
+            queue = channel.writable_queue()  # makes the deque; stamps a delay sample
         queue.append(message)
         return True
 

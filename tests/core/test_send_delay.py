@@ -175,3 +175,20 @@ def test_a_clock_set_back_counts_as_no_delay():
     clock.now = 50.0
     drain(channel)
     assert (delay.count, delay.total, delay.counts[0]) == (1, 0.0, 1)
+
+
+def test_messages_queued_one_by_one_through_the_connection_are_sampled():
+    """``Connection.queue_message`` (the per-message send path of ``Peer.try_send``) stamps
+    samples as ``Channel.enqueue`` does: of 40 messages each queued and sent at once, one
+    in ``every`` is observed."""
+    from tests.helpers_core import open_connection
+
+    clock = Clock()
+    delay = SendDelay(clock, every=4)
+    conn = open_connection(channels=[ChannelDescriptor(0x20, send_queue_capacity=8)])
+    conn.channels[0x20].set_send_delay(delay)
+    for i in range(40):
+        assert conn.queue_message(0x20, b"x" * 100)
+        clock.now += 0.001
+        assert conn.data_to_send(float(i))
+    assert delay.count == 10
