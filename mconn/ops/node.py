@@ -135,6 +135,7 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
                 settings.telemetry.value,
                 key.node_id,
                 rotate_bytes=settings.telemetry_rotate_bytes,
+                rotate_seconds=settings.telemetry_rotate_seconds,
                 keep_files=settings.telemetry_keep_files,
                 keep_bytes=settings.telemetry_keep_bytes,
             )

@@ -24,7 +24,12 @@ from twisted.python import usage
 
 from mconn.config import Config
 from mconn.ops.node_help import CONFIG_FIELDS
-from mconn.ops.telemetry_file import DEFAULT_KEEP_BYTES, DEFAULT_KEEP_FILES, DEFAULT_ROTATE_BYTES
+from mconn.ops.telemetry_file import (
+    DEFAULT_KEEP_BYTES,
+    DEFAULT_KEEP_FILES,
+    DEFAULT_ROTATE_BYTES,
+    DEFAULT_ROTATE_SECONDS,
+)
 
 #: Settings that may be repeated; the rest take one value.
 REPEATABLE = ("listen", "peer", "reactor")
@@ -37,6 +42,7 @@ WORD_SETS = ("private_peer_ids",)
 #: Settings that are a number of bytes or files, 0 or more, and their defaults.
 COUNTS = {
     "telemetry_rotate_bytes": DEFAULT_ROTATE_BYTES,
+    "telemetry_rotate_seconds": DEFAULT_ROTATE_SECONDS,
     "telemetry_keep_files": DEFAULT_KEEP_FILES,
     "telemetry_keep_bytes": DEFAULT_KEEP_BYTES,
 }

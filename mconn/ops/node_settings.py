@@ -2,7 +2,7 @@
 
 Every setting may come from the command line or from a TOML file (``--config FILE``):
 its keys are the long options without the leading dashes (``listen``, ``peer``, ``reactor``,
-``key``, ``create_key``, ``telemetry``, ``telemetry_rotate_bytes``, ``telemetry_keep_files``,
+``key``, ``create_key``, ``telemetry``, ``telemetry_rotate_bytes``, ``telemetry_rotate_seconds``, ``telemetry_keep_files``,
 ``telemetry_keep_bytes``, ``status``, ``tls``, ``tls_ca``, ``tls_cert``,
 ``tls_no_client_cert``, ``tls_upgrade``, ``tls_accept_upgrade``, and for a PEX reactor
 ``addrbook_file``, ``seed_mode``, ``private_peer_ids``; the flags are ``true`` or
@@ -56,7 +56,12 @@ from mconn.ops.node_config_file import (
 )
 from mconn.ops.node_help import CONFIG_FIELDS, NODE_CONFIG_DEFAULTS, config_option_help, describe_default
 from mconn.ops.status import local_endpoint
-from mconn.ops.telemetry_file import DEFAULT_KEEP_BYTES, DEFAULT_KEEP_FILES, DEFAULT_ROTATE_BYTES
+from mconn.ops.telemetry_file import (
+    DEFAULT_KEEP_BYTES,
+    DEFAULT_KEEP_FILES,
+    DEFAULT_ROTATE_BYTES,
+    DEFAULT_ROTATE_SECONDS,
+)
 
 
 #: The key file used when neither the command line nor the config file names one.
@@ -110,6 +115,7 @@ class NodeSettings:
     tls: TLSSettings | None = None
     telemetry_keep_files: int = DEFAULT_KEEP_FILES
     telemetry_keep_bytes: int = DEFAULT_KEEP_BYTES
+    telemetry_rotate_seconds: int = DEFAULT_ROTATE_SECONDS
     create_key: bool = False  # --create-key: a missing key file is created (twistd refuses it otherwise)
     pex: PexSettings = PexSettings()
 
@@ -181,6 +187,14 @@ class Options(usage.Options):
             None,
             f"rotate the telemetry file when it reaches this many bytes, 0: never "
             f"[default: {describe_default(DEFAULT_ROTATE_BYTES)}]",
+        ],
+        [
+            "telemetry-rotate-seconds",
+            None,
+            None,
+            "also rotate the telemetry file once it has been open this many seconds, and at stop, "
+            "so that a reader of closed files gets every record within that time, 0: never "
+            f"[default: {DEFAULT_ROTATE_SECONDS}]",
         ],
         [
             "telemetry-keep-files",
@@ -467,7 +481,7 @@ def _count(given: dict, name: str, default: int) -> int:
     """A number of bytes or files, 0 or more."""
     setting = given.get(name, Setting(default, "default"))
     if isinstance(setting.value, bool) or not isinstance(setting.value, int) or setting.value < 0:
-        what = "files" if name.endswith("_files") else "bytes"
+        what = "files" if name.endswith("_files") else "seconds" if name.endswith("_seconds") else "bytes"
         raise ConfigurationError(f"{setting.where}: {setting.value!r} must be a number of {what} >= 0")
     return setting.value
 

@@ -3,20 +3,31 @@
 specs/telemetry.md section 2: each event is written as one lean record (version 2: ``v``,
 ``event``, ``node_id``, ``log_time``, ``level`` and the event's own fields; none of
 Twisted's ``log_*`` keys), one JSON object a line, into a
-``twisted.python.logfile.LogFile``. The file rotates once it has reached ``rotate_bytes``:
-``PATH`` becomes ``PATH.1``, ``PATH.1`` becomes ``PATH.2``, and so on. The size is checked
+``twisted.python.logfile.LogFile``. The file rotates once it has reached ``rotate_bytes``,
+or (with ``rotate_seconds``) once it has been open that long: ``PATH`` is closed and renamed
+to a **closed name** that never changes afterwards, ``PATH.<UTC time>-<seq>``
+(``node.json.20261125T101502Z-000007``: when it was closed, then a sequence number one
+more than the largest of the log's closed files), and a new ``PATH`` is opened. A reader
+that takes only closed names (Spark's file source, which reads each new file once) sees
+every record once; the live ``PATH`` is still being written. The size is checked
 before each write, and a write is whole records (the records of one reactor turn, cut
 where the file reaches its size), so a record is never split across two files and none
-is lost in the rotation. A file whose last record was cut short
+is lost in the rotation. With ``rotate_seconds`` a timer also closes a file that has
+been open that long, so a record is in a closed file at most ``rotate_seconds`` after it
+was written, and ``stopService`` closes the last one (a non-empty ``PATH`` left by a killed
+process is closed when the file is opened again). An empty file is never closed. A file
+whose last record was cut short
 (a killed process) gets a newline before the next record, so the cut record cannot spoil
 it. Read the files back, oldest first, with :func:`read_events`: it reads the version 2
 records and the version 1 records of Twisted's ``jsonFileLogObserver`` (RS-separated)
-that older nodes wrote, even mixed in one file.
+that older nodes wrote, even mixed in one file. Rotated files of the layout before closed
+names (``PATH.1`` newest, ``PATH.2``...) are still read, pruned and tightened, as older
+than any closed file.
 
 Retention (specs/telemetry.md section 2.1): after each rotation, and when the file is
 opened, the rotated files are pruned to the newest ``keep_files`` whose sizes add up to at
-most ``keep_bytes``; the oldest go first, so the files kept are always ``PATH.1`` to
-``PATH.K`` with no gap. With rotation on, a log never holds more than ``rotate_bytes`` plus
+most ``keep_bytes``; the oldest go first, so the files kept are always the newest K,
+with no gap. With rotation on, a log never holds more than ``rotate_bytes`` plus
 one record in ``PATH`` and ``keep_bytes`` in the rotated files, however many peers connect.
 
 Privacy (specs/telemetry.md section 2.2): PATH and its rotated files are the owner's
@@ -35,7 +46,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
+import time
 
 from twisted.application.service import Service
 from twisted.logger import ILogObserver, eventFromJSON, globalLogPublisher
@@ -56,6 +69,8 @@ __all__ = [
     "DEFAULT_KEEP_BYTES",
     "DEFAULT_KEEP_FILES",
     "DEFAULT_ROTATE_BYTES",
+    "DEFAULT_ROTATE_SECONDS",
+    "CLOSED_NAME",
     "ENVELOPE",
     "FILE_MODE",
     "RECORD_SEPARATOR",
@@ -64,6 +79,8 @@ __all__ = [
     "RetainingLogFile",
     "TelemetryFileService",
     "_strict",
+    "closed_name",
+    "closed_paths",
     "encode_record",
     "format_record",
     "lean_record",
@@ -79,6 +96,8 @@ __all__ = [
 
 #: Default size at which a telemetry file rotates (10 MiB).
 DEFAULT_ROTATE_BYTES = 10 * 1024 * 1024
+#: Default age at which a telemetry file rotates: 0, never (by size only).
+DEFAULT_ROTATE_SECONDS = 0
 #: Default retention of the rotated files: at most 10 files and 100 MiB.
 DEFAULT_KEEP_FILES = 10
 DEFAULT_KEEP_BYTES = 100 * 1024 * 1024
@@ -89,6 +108,19 @@ FILE_MODE = 0o600
 
 #: ASCII record separator: Twisted's version 1 records each start with one (RFC 7464).
 RECORD_SEPARATOR = "\x1e"
+
+#: The suffix of a closed file's name, after ``PATH.``: when it was closed (UTC, to the
+#: second), then its sequence number (groups: time, seq). It never changes once given.
+CLOSED_NAME = re.compile(r"^(\d{8}T\d{6}Z)-(\d+)$")
+#: Digits of a closed file's sequence number (more when it grows past them).
+SEQ_DIGITS = 6
+
+
+def closed_name(path: str | os.PathLike, when: float, seq: int) -> str:
+    """The name ``path`` gets when it is closed at ``when`` (seconds since the epoch) as
+    the log's file number ``seq``: ``PATH.20261125T101502Z-000007``."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when))
+    return f"{os.fspath(path)}.{stamp}-{seq:0{SEQ_DIGITS}d}"
 
 
 class JsonLinesObserver:
@@ -142,17 +174,39 @@ class JsonLinesObserver:
 
 
 class RetainingLogFile(LogFile):
-    """A LogFile that prunes its rotated files to ``keep_files`` and ``keep_bytes``, and
-    whose files are ``FILE_MODE`` (the owner's only), rotated ones included."""
+    """A LogFile that closes its files under names that never change (``closed_name``),
+    by size and by age (``rotate_seconds``), prunes them to ``keep_files`` and
+    ``keep_bytes``, and whose files are ``FILE_MODE`` (the owner's only), closed ones
+    included.
 
-    def __init__(self, name, directory, rotateLength, *, keep_files: int, keep_bytes: int) -> None:
+    ``clock`` (an ``IReactorTime``; the system's time if None) gives a file's age and
+    the time in a closed name. With ``rotate_seconds``, a non-empty PATH found when the
+    file is opened (left by a process that was killed) is closed first.
+    """
+
+    def __init__(
+        self,
+        name,
+        directory,
+        rotateLength,
+        *,
+        keep_files: int,
+        keep_bytes: int,
+        rotate_seconds: float = DEFAULT_ROTATE_SECONDS,
+        clock=None,
+    ) -> None:
         self.keep_files = keep_files
         self.keep_bytes = keep_bytes
+        self.rotate_seconds = rotate_seconds
+        self.now = clock.seconds if clock is not None else time.time
         super().__init__(name, directory, rotateLength, defaultMode=FILE_MODE)
+        self.next_seq = 1 + max((seq for _, seq in _closed(self.path)), default=0)
         self.prune()
         for rotated in rotated_paths(self.path):  # left by an earlier run, maybe before 0600
             if rotated != self.path:
                 tighten_path(rotated)
+        if rotate_seconds:
+            self.hand_over()
 
     def _openFile(self) -> None:
         """Open PATH with ``open_private``, in place of LogFile's ``open`` (which creates
@@ -160,6 +214,8 @@ class RetainingLogFile(LogFile):
         self.closed = False
         self._file = open_private(self.path)
         self.size = self._file.tell()
+        #: When this file was opened: its age counts from here (``rotate_seconds``).
+        self.opened_at = self.now()
         if self.size:  # a record cut short by a killed process must not spoil the next one
             self._file.seek(-1, os.SEEK_END)
             last = self._file.read(1)
@@ -168,9 +224,43 @@ class RetainingLogFile(LogFile):
                 self._file.write(b"\n")
                 self.size += 1
 
+    def age(self) -> float:
+        """Seconds since PATH was opened (or its age last restarted, empty)."""
+        return self.now() - self.opened_at
+
+    def shouldRotate(self) -> bool:
+        """A non-empty file rotates at ``rotateLength`` bytes, or ``rotate_seconds`` old."""
+        if not self.size:
+            return False
+        if self.rotateLength and self.size >= self.rotateLength:
+            return True
+        return bool(self.rotate_seconds) and self.age() >= self.rotate_seconds
+
     def rotate(self) -> None:
-        super().rotate()
+        """Close PATH under its closed name and open a new PATH; then prune. An empty
+        PATH is not closed: its age starts again. As LogFile's, does nothing when the
+        directory or PATH cannot be written (logging goes on to PATH)."""
+        if not self.size:
+            self.opened_at = self.now()
+            return
+        if not (os.access(self.directory, os.W_OK) and os.access(self.path, os.W_OK)):
+            return
+        self._file.close()
+        when = self.now()
+        target = closed_name(self.path, when, self.next_seq)
+        while os.path.lexists(target):  # a file put there by someone else: never replaced
+            self.next_seq += 1
+            target = closed_name(self.path, when, self.next_seq)
+        os.rename(self.path, target)
+        self.next_seq += 1
+        self._openFile()
         self.prune()
+
+    def hand_over(self) -> None:
+        """Close PATH now if it holds anything (a stop, a start after a kill)."""
+        if self.size:
+            self.flush()
+            self.rotate()
 
     def prune(self) -> list[str]:
         """Delete the rotated files beyond the retention bound; their paths, oldest first."""
@@ -183,14 +273,26 @@ def open_log_file(
     *,
     keep_files: int = DEFAULT_KEEP_FILES,
     keep_bytes: int = DEFAULT_KEEP_BYTES,
+    rotate_seconds: float = DEFAULT_ROTATE_SECONDS,
+    clock=None,
 ) -> RetainingLogFile:
-    """A LogFile at ``path`` that rotates at ``rotate_bytes`` (0: never) and keeps at most
-    ``keep_files`` rotated files holding at most ``keep_bytes`` in all.
+    """A LogFile at ``path`` that rotates at ``rotate_bytes`` (0: never) or once it is
+    ``rotate_seconds`` old (0: never; checked before each write, and by the caller's
+    timer: ``TelemetryFileService``), and keeps at most ``keep_files`` rotated files
+    holding at most ``keep_bytes`` in all.
 
     :raises OSError: if the file cannot be opened for appending.
     """
     directory, name = os.path.split(os.path.abspath(os.fspath(path)))
-    return RetainingLogFile(name, directory, rotate_bytes or None, keep_files=keep_files, keep_bytes=keep_bytes)
+    return RetainingLogFile(
+        name,
+        directory,
+        rotate_bytes or None,
+        keep_files=keep_files,
+        keep_bytes=keep_bytes,
+        rotate_seconds=rotate_seconds,
+        clock=clock,
+    )
 
 
 def open_private(path: str | os.PathLike):
@@ -244,7 +346,7 @@ def tighten_path(path: str | os.PathLike) -> None:
 
 
 def prune_rotated(path: str | os.PathLike, keep_files: int, keep_bytes: int) -> list[str]:
-    """Keep the newest rotated files of ``path`` (``PATH.1`` first) while there are at most
+    """Keep the newest rotated files of ``path`` (the last closed first) while there are at most
     ``keep_files`` of them holding at most ``keep_bytes``; delete the rest.
 
     :returns: the deleted paths, oldest first.
@@ -267,13 +369,33 @@ def prune_rotated(path: str | os.PathLike, keep_files: int, keep_bytes: int) -> 
 
 
 def rotated_paths(path: str | os.PathLike) -> list[str]:
-    """The files of a telemetry log, oldest first: ``PATH.N``, ..., ``PATH.1``, ``PATH``."""
+    """The files of a telemetry log, oldest first: the old layout's ``PATH.N``, ...,
+    ``PATH.1``, then the closed files by sequence number, then ``PATH`` if it exists."""
     path = os.fspath(path)
     directory, name = os.path.split(os.path.abspath(path))
     prefix = name + "."
     suffixes = [f[len(prefix) :] for f in os.listdir(directory) if f.startswith(prefix)]
     found = [f"{path}.{n}" for n in sorted((int(s) for s in suffixes if s.isdigit()), reverse=True)]
+    found += closed_paths(path)
     return found + [path] if os.path.exists(path) else found
+
+
+def closed_paths(path: str | os.PathLike) -> list[str]:
+    """The closed files of the log at ``path`` (``PATH.<UTC time>-<seq>``), by sequence number."""
+    return [name for name, _ in _closed(path)]
+
+
+def _closed(path: str | os.PathLike) -> list[tuple[str, int]]:
+    """(closed file, its sequence number) of the log at ``path``, by sequence number."""
+    path = os.fspath(path)
+    directory, name = os.path.split(os.path.abspath(path))
+    prefix = name + "."
+    found = []
+    for entry in os.listdir(directory):
+        match = CLOSED_NAME.match(entry[len(prefix) :]) if entry.startswith(prefix) else None
+        if match:
+            found.append((int(match.group(2)), match.group(1), f"{path}.{entry[len(prefix) :]}"))
+    return [(file, seq) for seq, _, file in sorted(found)]
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:
@@ -318,9 +440,13 @@ class TelemetryFileService(Service):
     node listens, so its ``listening`` events are kept) and removed in ``stopService``,
     which closes the file.
 
-    :param path: the file; rotated files are ``PATH.1``, ``PATH.2``...
+    :param path: the file; closed files are ``PATH.<UTC time>-<seq>`` (``closed_name``).
     :param node_id: whose events to write.
     :param rotate_bytes: rotate once the file has this many bytes (0: never).
+    :param rotate_seconds: rotate a non-empty file once it has been open this many
+        seconds (0: never), checked before each write and by a timer on ``clock``; the
+        last file is closed at ``stopService``, so a reader of closed files gets every
+        record at most this long after it was written.
     :param keep_files: rotated files kept at most (0: none); the oldest are deleted first.
     :param keep_bytes: bytes the rotated files hold at most, in all.
     :param publisher: the log publisher to observe (``globalLogPublisher`` if None).
@@ -340,11 +466,15 @@ class TelemetryFileService(Service):
         keep_bytes: int = DEFAULT_KEEP_BYTES,
         publisher=None,
         clock=None,
+        rotate_seconds: float = DEFAULT_ROTATE_SECONDS,
     ) -> None:
+        if rotate_seconds < 0:
+            raise ValueError(f"rotate_seconds must be 0 (never) or more, got {rotate_seconds!r}")
         self.path = os.fspath(path)
         self.clock = clock
         self.node_id = node_id
         self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
         self.keep_files = keep_files
         self.keep_bytes = keep_bytes
         self.publisher = publisher if publisher is not None else globalLogPublisher
@@ -352,9 +482,18 @@ class TelemetryFileService(Service):
         self._observer: ILogObserver | None = None
         #: The JsonLinesObserver writing the file while the service runs.
         self._writer: JsonLinesObserver | None = None
+        #: The timer that closes a file ``rotate_seconds`` old (IDelayedCall), while running.
+        self._rotation = None
 
     def _open(self) -> RetainingLogFile:
-        return open_log_file(self.path, self.rotate_bytes, keep_files=self.keep_files, keep_bytes=self.keep_bytes)
+        return open_log_file(
+            self.path,
+            self.rotate_bytes,
+            keep_files=self.keep_files,
+            keep_bytes=self.keep_bytes,
+            rotate_seconds=self.rotate_seconds,
+            clock=self.clock,
+        )
 
     def _write_ours(self, write):
         """An observer passing ``write`` this node's mconn events (namespace ``mconn`` or
@@ -382,11 +521,17 @@ class TelemetryFileService(Service):
 
     def stopService(self) -> None:
         super().stopService()
+        if self._rotation is not None:
+            if self._rotation.active():
+                self._rotation.cancel()
+            self._rotation = None
         if self._observer is not None:
             self.publisher.removeObserver(self._observer)
             self._observer = None
             assert self._writer is not None  # set with the observer
             self._writer.flush()
+            if self.rotate_seconds:
+                self.log_file.hand_over()
             self.log_file.close()
 
     def _observe(self) -> None:
@@ -400,3 +545,21 @@ class TelemetryFileService(Service):
         self._writer = JsonLinesObserver(self.log_file, clock)
         self._observer = self._write_ours(self._writer)
         self.publisher.addObserver(self._observer)
+        if self.rotate_seconds:
+            self._arm(clock)
+
+    def _arm(self, clock) -> None:
+        """Call ``_rotate_by_age`` when the file turns ``rotate_seconds`` old."""
+        delay = max(0.0, self.rotate_seconds - self.log_file.age())
+        self._rotation = clock.callLater(delay, self._rotate_by_age, clock)
+
+    def _rotate_by_age(self, clock) -> None:
+        """Close the file if it is old enough and holds anything (an empty one starts its
+        age again), after writing the records waiting for the end of the turn."""
+        self._rotation = None
+        if self._writer is None or self.log_file.closed:
+            return
+        self._writer.flush()
+        if self.log_file.age() >= self.rotate_seconds:
+            self.log_file.rotate()
+        self._arm(clock)

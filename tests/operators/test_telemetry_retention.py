@@ -24,6 +24,7 @@ from mconn.ops.telemetry_file import (
     DEFAULT_KEEP_FILES,
     TelemetryFileService,
     read_events,
+    closed_paths,
     rotated_paths,
 )
 
@@ -47,12 +48,18 @@ def write_events(path, count, **retention):
     return rotated_paths(path)
 
 
+def seqs(path) -> list[int]:
+    """The sequence numbers of the closed files of the log at ``path``, oldest first."""
+    return [int(name.rsplit("-", 1)[1]) for name in closed_paths(path)]
+
+
 def test_rotated_files_beyond_keep_files_are_deleted_oldest_first(tmp_path):
-    """With keep_files 3, only PATH.1 to PATH.3 remain after many rotations, and what they hold is the newest
-    events, contiguous up to the last one logged."""
+    """With keep_files 3, only the last three closed files remain after many rotations, and what they hold is
+    the newest events, contiguous up to the last one logged."""
     path = tmp_path / "t.json"
     files = write_events(path, 200, rotate_bytes=1000, keep_files=3, keep_bytes=10**9)
-    assert files == [f"{path}.3", f"{path}.2", f"{path}.1", str(path)]
+    last = seqs(path)[-1]
+    assert files == closed_paths(path) + [str(path)] and seqs(path) == [last - 2, last - 1, last] and last > 3
     numbers = [e["n"] for e in read_events(path)]
     assert numbers == list(range(numbers[0], 200)) and numbers[0] > 0, "kept events are not the newest, in order"
 
@@ -63,7 +70,8 @@ def test_rotated_files_hold_at_most_keep_bytes(tmp_path):
     path = tmp_path / "t.json"
     files = write_events(path, 200, rotate_bytes=1000, keep_files=100, keep_bytes=2500)
     rotated = [p for p in files if p != str(path)]
-    assert rotated == [f"{path}.{n}" for n in range(len(rotated), 0, -1)] and rotated, files
+    assert rotated == closed_paths(path) and rotated, files
+    assert seqs(path) == list(range(seqs(path)[0], seqs(path)[0] + len(rotated)))  # the newest, no gap
     assert sum((tmp_path / p).stat().st_size for p in rotated) <= 2500
     assert read_events(path)[-1]["n"] == 199
 
@@ -138,7 +146,7 @@ async def test_a_strangers_connections_cannot_grow_a_nodes_telemetry_beyond_the_
         capture.stop()
     path = tmp_path / "node.json"
     files = rotated_paths(path)
-    assert files == [f"{path}.2", f"{path}.1", str(path)], files
+    assert files == closed_paths(path) + [str(path)] and len(files) == 3, files
     assert sum((tmp_path / p).stat().st_size for p in files[:-1]) <= 10000
     kept = read_events(path)
     assert kept[0]["event"] != "node_started" and kept[-1] == {**kept[-1], "node_id": service.switch.node_id}
