@@ -442,8 +442,9 @@ class NodeService(MultiService):
             )
         self._binding = False
         if failures:
-            for port in self.ports:
-                port.stopListening()
+            # The Switch closes the ports it opened and, with no connection yet, runs
+            # stop_reactor now: twistd -n exits before its reactor runs.
+            self.switch.stopService()
             if self.status is not None and self.status.port is not None:
                 self.status.port, port = None, self.status.port
                 port.stopListening()

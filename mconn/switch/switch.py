@@ -279,9 +279,11 @@ class Switch(Service):
         self._sessions.stop()
         self._dialing.stop()
         # One reason per connection: the session's end records its undelivered counts on it.
-        waits += self._connections.close_all(lambda: ConnectionClosed("shutdown", "the node is stopping"))
-        d = defer.DeferredList(waits, consumeErrors=True)
-        return d.addCallback(lambda _: self._reactor_set.stop())
+        closes = self._connections.close_all(lambda: ConnectionClosed("shutdown", "the node is stopping"))
+        # stop_reactor follows the last session, not the ports: with no connection it runs
+        # now, so a node whose start failed stops its reactors before it exits.
+        closed = defer.DeferredList(closes, consumeErrors=True).addCallback(lambda _: self._reactor_set.stop())
+        return defer.DeferredList([*waits, closed], consumeErrors=True).addCallback(lambda _: None)
 
     # -- listening and dialing -----------------------------------------------------
 
@@ -289,9 +291,28 @@ class Switch(Service):
         """Accept peers on a Twisted server endpoint string, e.g. ``tcp:0:interface=127.0.0.1``.
 
         :returns: a Deferred firing with the IListeningPort. ``node_started`` is logged
-            once the port is bound: a node whose port is in use never started.
+            once the port is bound: a node whose port is in use never started. A listen
+            that fails on a Switch not started, with nothing else open, undoes the
+            ``start_reactor`` it ran: ``stop_reactor`` runs before the Deferred fails.
         """
+        if self._reactor_set.started:
+            return self._listen(endpoint_description)
         self._reactor_set.start()
+        try:
+            d = self._listen(endpoint_description)
+        except Exception:  # a description serverFromString does not take
+            self._unstart_reactors()
+            raise
+        return d.addErrback(self._unstart_reactors)
+
+    def _unstart_reactors(self, failure=None):
+        """A listen that started the reactors failed: stop them again, unless the Switch
+        has been started since or holds a port, a session or a connection."""
+        if not (self.running or self._ports or self.peers or self.connections):
+            self._reactor_set.stop()
+        return failure
+
+    def _listen(self, endpoint_description: str) -> defer.Deferred:
         endpoint = serverFromString(self.clock, endpoint_description)
         factory = MConnectionFactory(self, is_outbound=False)
         if self.tls is not None:  # TLS first; a plaintext start gets a close packet (specs/tls.md)
