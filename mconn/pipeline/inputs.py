@@ -5,14 +5,16 @@ is resolved to concrete files, and only telemetry files are kept:
 
 * a directory is walked recursively; a file in it is a candidate when its name looks
   like telemetry (``TELEMETRY_NAME``: ``.json``, ``.jsonl`` or ``.ndjson``, then
-  an optional rotation index ``.N``, then an optional ``.gz`` or ``.bz2``). Other names
+  an optional closed-file suffix ``.<UTC time>-<seq>`` or an older rotation index ``.N``,
+  then an optional ``.gz`` or ``.bz2``). Other names
   (``n0.key``, ``twistd.log``) are skipped and named in one warning; names starting with ``.``
   or ``_`` are skipped as Spark skips them;
 * a glob (``*``, ``?``, ``[``; ``**`` crosses directories) selects what it matches, a
   directory it matches as above;
 * a file named on the command line is a candidate whatever its name;
-* the rotated files of a candidate (``PATH.1``, ``PATH.2``, ...) come along, so a glob
-  like ``logs/*.json`` reads every rotation.
+* the rotated files of a candidate (its closed files ``PATH.<UTC time>-<seq>``
+  (specs/telemetry.md section 2.1), and ``PATH.1``, ``PATH.2``, ... of the older layout)
+  come along, so a glob like ``logs/*.json`` reads every rotation.
 
 The walk is bounded and never loops: neither a directory walk nor ``**`` enters a
 directory through a symbolic link (such links are named in one warning; a link named
@@ -33,7 +35,8 @@ handed to Spark unchanged.
 A local path that does not exist, or a glob that matches nothing, is an
 :class:`InputError` (one line, raised before Spark starts), and so is a selection with
 no telemetry file left. A node's files with a gap in their rotation indices
-(``PATH.1`` and ``PATH.3`` without ``PATH.2``, or rotated files without ``PATH``) get a
+(``PATH.1`` and ``PATH.3`` without ``PATH.2``, or rotated files without ``PATH``) or in
+their closed files' sequence numbers (``-000004`` and ``-000006`` without ``-000005``) get a
 warning: their records are missing from the tables.
 
 :func:`redact` removes what looks like key material (PEM blocks, long base64 or hex
@@ -51,13 +54,19 @@ import os
 import re
 import stat
 
-#: Names a telemetry file may have inside a directory: a JSON suffix, a rotation index,
-#: a compression suffix (groups: base, rotation index).
-TELEMETRY_NAME = re.compile(r"^(.+\.(?:json|jsonl|ndjson))(?:\.(\d+))?(?:\.(?:gz|bz2))?$")
+#: Names a telemetry file may have inside a directory: a JSON suffix, an older rotation
+#: index or a closed file's suffix, a compression suffix (groups: base, rotation index,
+#: closed file's sequence number).
+TELEMETRY_NAME = re.compile(r"^(.+\.(?:json|jsonl|ndjson))(?:\.(\d+)|\.\d{8}T\d{6}Z-(\d+))?(?:\.(?:gz|bz2))?$")
+#: A Hadoop glob, under a directory, matching the closed telemetry files in it and no live
+#: one (specs/telemetry.md section 2.1): what ``mconn-pipeline --follow`` reads.
+CLOSED_GLOB = "*.{json,jsonl,ndjson}.[0-9][0-9][0-9][0-9][0-9][0-9][0-9][0-9]T[0-9][0-9][0-9][0-9][0-9][0-9]Z-[0-9]*"
 #: Bytes read at most to find a file's first record (records are a few KB).
 FIRST_RECORD_BYTES = 1 << 20
 RECORD_SEPARATOR = "\x1e"
 _ROTATED = re.compile(r"^(.+)\.(\d+)$")
+#: A closed file (groups: its log's PATH, its sequence number).
+_CLOSED = re.compile(r"^(.+)\.\d{8}T\d{6}Z-(\d+)$")
 _COMPRESSED = {".gz": gzip.open, ".bz2": bz2.open}
 _GLOB = re.compile(r"[*?\[]")
 #: Rotated siblings looked for at most per file (telemetry keeps 10 by default).
@@ -305,25 +314,28 @@ def _directories(base: str, budget: Budget, links: list[str]) -> list[str]:
     return directories
 
 
-def _rotations(path: str, listings: dict[str, dict[str, list[int]]], budget: Budget) -> list[str]:
-    """``PATH.1``, ``PATH.2``, ... that exist, for a file that is not itself rotated.
+def _rotations(path: str, listings: dict[str, dict[str, list[tuple[int, str]]]], budget: Budget) -> list[str]:
+    """The rotated files that exist, for a file that is not itself rotated: ``PATH.1``,
+    ``PATH.2``, ... (the older layout), then its closed files by sequence number.
 
     ``listings`` caches each directory's rotated files by base name (one listing per
     directory, counted in ``budget``)."""
-    if _ROTATED.match(path) or os.path.splitext(path)[1] in _COMPRESSED:
+    if _ROTATED.match(path) or _CLOSED.match(path) or os.path.splitext(path)[1] in _COMPRESSED:
         return []
     directory, name = os.path.split(path)
     if directory not in listings:
-        rotated: dict[str, list[int]] = {}
+        rotated: dict[str, list[tuple[int, str]]] = {}
         names = os.listdir(directory or ".")
         budget.take(directory, len(names))
         for entry in names:
-            match = _ROTATED.match(entry)
-            if match:
-                rotated.setdefault(match.group(1), []).append(int(match.group(2)))
+            old, closed = _ROTATED.match(entry), _CLOSED.match(entry)
+            if old:  # the older layout first (older than any closed file), by index
+                rotated.setdefault(old.group(1), []).append((-(1 << 62) + int(old.group(2)), entry))
+            elif closed:
+                rotated.setdefault(closed.group(1), []).append((int(closed.group(2)), entry))
         listings[directory] = rotated
-    indices = sorted(listings[directory].get(name, []))[:MAX_ROTATIONS]
-    return [f"{path}.{n}" for n in indices]
+    found = sorted(listings[directory].get(name, []))[:MAX_ROTATIONS]
+    return [os.path.join(directory, entry) if directory else entry for _, entry in found]
 
 
 def first_record_verdict(path: str) -> str | None:
@@ -386,15 +398,37 @@ def _head_verdict(file, opener) -> str | None:
 
 
 def rotation_gaps(paths: list[str]) -> list[str]:
-    """One warning per log whose rotated files have a gap: a missing index, or no live file."""
+    """One warning per log whose rotated files have a gap: a missing index or no live
+    file (the older layout), or a sequence number missing between two closed files (the
+    oldest closed files go by retention, and a stopped node's PATH may be empty: neither
+    is a gap)."""
     indices: dict[str, set[int]] = {}
+    seqs: dict[str, set[int]] = {}
     for path in paths:
-        match = TELEMETRY_NAME.match(os.path.basename(path)) or _ROTATED.match(os.path.basename(path))
+        name = os.path.basename(path)
+        closed = _CLOSED.match(name)
+        if closed is not None and TELEMETRY_NAME.match(name):
+            seqs.setdefault(os.path.join(os.path.dirname(path), closed.group(1)), set()).add(int(closed.group(2)))
+            continue
+        match = TELEMETRY_NAME.match(name) or _ROTATED.match(name)
         if match is None:
             continue
         base = os.path.join(os.path.dirname(path), match.group(1))
         indices.setdefault(base, set()).add(int(match.group(2) or 0))
+    for base in seqs:  # closed files: the older layout's files before them need no live PATH
+        if base in indices:
+            indices[base].add(0)
     warnings = []
+    for base, numbers in sorted(seqs.items()):
+        ordered = sorted(numbers)
+        holes = [n for a, b in zip(ordered, ordered[1:]) for n in range(a + 1, min(b, a + 6))][:5]
+        count = ordered[-1] - ordered[0] + 1 - len(ordered)
+        if count:
+            more = f" and {count - len(holes)} more" if count > len(holes) else ""
+            names = ", ".join(f"{n:06d}" for n in holes)
+            warnings.append(
+                f"gap in the closed files of {base}: sequence number {names}{more} missing; their records are not read"
+            )
     for base, present in sorted(indices.items()):
         ordered = sorted(present)
         count = ordered[-1] + 1 - len(ordered)  # indices 0 .. max not present
