@@ -3,9 +3,29 @@
 ``MConnError`` is the root. ``LocalProtocolError`` means the caller misused the API;
 ``RemoteProtocolError`` means the peer misbehaved and its connection is dropped. Every
 message names what was wrong and the values involved (specs/wire.md, specs/handshake.md).
+
+Each class says what kind of failure it is in ``kind`` (``error_kind`` reads it from any
+exception), so that logs, metrics and telemetry tell a network blip from a peer that
+broke the rules (specs/telemetry.md, ``link_failed`` and ``protocol_error``):
+
+* ``LINK``: the path to the peer failed, and nothing says the peer did wrong: nothing
+  arrived in time (``PongTimeout``, ``HandshakeTimeout``) or the transport broke under
+  mconn's protocol (``ConnectionLost``: a reset, TCP_USER_TIMEOUT, an I/O error, and its
+  TLS, WebSocket and proxy forms). Expected now and then on any network; the session
+  suspends and resumes.
+* ``MISBEHAVIOUR``: the peer sent what the protocol forbids: every other
+  ``RemoteProtocolError`` (malformed or oversize packets, unknown channels, impossible
+  acks, floods, an incompatible hello, undecodable messages).
+* ``OTHER``: everything else: closes on purpose, refusals, session ends, local misuse.
 """
 
 import warnings
+
+#: The values of ``MConnError.kind`` (a fixed set: metrics may use it as a label).
+LINK = "link"
+MISBEHAVIOUR = "misbehaviour"
+OTHER = "other"
+KINDS = (LINK, MISBEHAVIOUR, OTHER)
 
 
 class MConnError(Exception):
@@ -17,7 +37,11 @@ class MConnError(Exception):
     message the peer's reactor got whose acknowledgement was still on its way when the
     connection broke is counted too. Each instance has its own dict, empty until the
     session's end fills it in. ``undelivered`` is its old name, deprecated.
+
+    ``kind`` is ``LINK``, ``MISBEHAVIOUR`` or ``OTHER`` (the module's docstring).
     """
+
+    kind = OTHER
 
     @property
     def unconfirmed(self) -> dict[int, int]:
@@ -67,6 +91,8 @@ class LocalProtocolError(ProtocolError):
 class RemoteProtocolError(ProtocolError):
     """The peer sent something the protocol forbids; its connection is closed."""
 
+    kind = MISBEHAVIOUR
+
 
 class MalformedPacket(RemoteProtocolError):
     """A packet's bytes do not follow specs/wire.md."""
@@ -106,7 +132,9 @@ class HandshakeError(RemoteProtocolError):
 
 
 class HandshakeTimeout(HandshakeError):
-    """No hello within handshake_timeout."""
+    """No hello within handshake_timeout (a link failure: a stalled link looks the same)."""
+
+    kind = LINK
 
 
 class IncompatiblePeer(HandshakeError):
@@ -126,7 +154,10 @@ class RecvRateTooSmall(IncompatiblePeer):
 
 
 class PongTimeout(RemoteProtocolError):
-    """Nothing was received within pong_timeout after a ping."""
+    """Nothing was received within pong_timeout after a ping (a link failure: a frozen
+    peer and a dead link look the same)."""
+
+    kind = LINK
 
 
 class ControlFlood(RemoteProtocolError):
@@ -213,7 +244,9 @@ class PeerClosed(MConnError):
 
 
 class ConnectionLost(MConnError):
-    """The transport went away without a close packet."""
+    """The transport went away without a close packet (a link failure)."""
+
+    kind = LINK
 
 
 class WebSocketError(ConnectionLost):
@@ -298,6 +331,13 @@ class DialGaveUp(MConnError):
         super().__init__(f"gave up dialing {node_id or 'the peer'}: {reason}")
         self.node_id = node_id
         self.reason = reason
+
+
+def error_kind(error: BaseException) -> str:
+    """``LINK``, ``MISBEHAVIOUR`` or ``OTHER``: what kind of failure ``error`` is (its
+    class's ``kind``; ``OTHER`` for an exception that is not an MConnError)."""
+    kind = getattr(error, "kind", OTHER) if isinstance(error, MConnError) else OTHER
+    return kind if kind in KINDS else OTHER
 
 
 class DeliveryNotConfirmed(MConnError):

@@ -20,7 +20,7 @@ from zope.interface import implementer
 
 from mconn.switch import telemetry
 from mconn.core.connection import Connection
-from mconn.errors import PeerIdMismatch, PeerRejected
+from mconn.errors import LINK, PeerIdMismatch, PeerRejected, error_kind
 from mconn.core.handshake import make_hello
 from mconn.core.node_info import check_compatible, node_info_of
 from mconn.net.owner import IConnectionOwner
@@ -280,8 +280,10 @@ class ConnectionSet:
         )
 
     def protocol_error(self, protocol, error) -> None:
+        # A link failure (PongTimeout, HandshakeTimeout: nothing came in time) is not the
+        # peer's protocol error: it is logged as link_failed, at info (mconn.errors kind).
         telemetry.emit(
-            "protocol_error",
+            "link_failed" if error_kind(error) == LINK else "protocol_error",
             node_id=self.node_id,
             peer_id=protocol.peer.node_id if protocol.peer is not None else None,
             remote_address=protocol.remote_address,
@@ -309,6 +311,7 @@ class ConnectionSet:
             direction=_direction(protocol),
             reason_type=type(reason).__name__,
             reason=str(reason),
+            reason_kind=error_kind(reason),
             duration=self.clock.seconds() - protocol.started,
             bytes_sent=protocol.core.bytes_sent,
             bytes_received=protocol.core.bytes_received,

@@ -9,7 +9,7 @@ lists for it.
 
 from __future__ import annotations
 
-from mconn.errors import MConnError
+from mconn.errors import MConnError, error_kind
 from mconn.switch import telemetry
 
 
@@ -59,6 +59,7 @@ def ended(node_id: str, peer, reason: MConnError) -> None:
         peer,
         reason_type=type(reason).__name__,
         reason=str(reason),
+        reason_kind=error_kind(reason),
         # The telemetry field keeps its name (the pipeline reads it); it counts messages
         # not confirmed delivered (specs/telemetry.md, session_ended).
         undelivered=[{"channel_id": c, "count": n} for c, n in sorted(reason.unconfirmed.items())],

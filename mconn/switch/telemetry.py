@@ -36,8 +36,9 @@ FORMATS = {
     "peer_rejected": "{node_id} refused {peer_id} at {remote_address}: {reason}: {message}",
     "connection_refused": "{node_id} refused a connection from {remote_address}: {reason}: {message}",
     "protocol_error": "{node_id} protocol error from {peer_id} at {remote_address}: {error_type}: {error}",
+    "link_failed": "{node_id} link to {peer_id} at {remote_address} failed: {error_type}: {error}",
     "connection_lost": "{node_id} connection with {peer_id} at {remote_address} ended: {reason_type}: {reason}",
-    "channel_stats": "{node_id} channel {channel_id} with {peer_id}: queue {queue_depth}",
+    "channel_stats": "{node_id} channel {channel_id:#04x} with {peer_id}: queue {queue_depth}",
     "reactor_error": "{node_id} reactor {reactor} failed in {method} for {peer_id}",
     "session_started": "{node_id} session {session_id} with {peer_id} started",
     "session_suspended": "{node_id} session {session_id} with {peer_id} suspended: {reason_type}",
@@ -104,6 +105,7 @@ def format_for(event: str, fields: dict) -> str:
         for known, unknown in (
             (" with {peer_id} at ", " at "),
             (" from {peer_id} at ", " from "),
+            (" to {peer_id} at ", " to "),
             ("refused {peer_id} at ", "refused a connection from "),
         ):
             text = text.replace(known, unknown)

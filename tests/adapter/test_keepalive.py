@@ -5,6 +5,8 @@ within pong_timeout after it, the connection fails with PongTimeout. Only receiv
 prove the peer alive: our own outgoing traffic does not.
 """
 
+from twisted.logger import formatEvent
+
 from helpers import PING, PONG, close_packets_in, msg_packet, open_switch_connection, parse_packets
 from mconn import Config, PongTimeout
 from mconn.core.wire import PacketType
@@ -60,13 +62,18 @@ def test_pong_timeout_drops_the_connection():
 
 
 def test_pong_timeout_is_logged(telemetry):
-    """A pong timeout is a protocol_error event naming the peer."""
+    """A pong timeout is a link failure, logged at info as link_failed naming the peer, never as
+    the peer's protocol_error."""
     h = open_switch_connection(config=CONFIG)
     h.clock.advance(10)
     h.clock.advance(4)
-    [event] = telemetry.named("protocol_error")
+    [event] = telemetry.named("link_failed")
     assert event["error_type"] == "PongTimeout"
     assert event["peer_id"] == h.peer_node_id
+    assert event["log_level"].name == "info"
+    assert formatEvent(event).startswith(f"{h.switch.node_id} link to {h.peer_node_id} at ")
+    assert " failed: PongTimeout: nothing received within pong_timeout 4" in formatEvent(event)
+    assert telemetry.named("protocol_error") == []
 
 
 def test_pong_cancels_the_pong_timeout_and_measures_round_trip():

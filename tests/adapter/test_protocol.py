@@ -60,16 +60,18 @@ def test_handshake_timeout_drops_the_connection():
     h.switch._check_invariants()
 
 
-def test_handshake_timeout_is_logged_as_protocol_error(telemetry):
-    """The handshake timeout is reported as a protocol_error with no peer id."""
+def test_handshake_timeout_is_logged_as_a_link_failure(telemetry):
+    """The handshake timeout is a link failure: link_failed with no peer id, not a protocol_error,
+    and its connection_lost says reason_kind link."""
     h = open_switch_connection(handshake=False, config=Config(handshake_timeout=5))
     h.clock.advance(5)
     h.lose()
-    [event] = telemetry.named("protocol_error")
+    [event] = telemetry.named("link_failed")
     assert event["error_type"] == "HandshakeTimeout"
     assert event["peer_id"] is None
+    assert telemetry.named("protocol_error") == []
     [lost] = telemetry.named("connection_lost")
-    assert lost["reason_type"] == "HandshakeTimeout"
+    assert lost["reason_type"] == "HandshakeTimeout" and lost["reason_kind"] == "link"
 
 
 def test_hello_in_time_cancels_the_handshake_timeout():

@@ -103,6 +103,7 @@ def emitted():
         d = network.switch([RecordingReactor(CHANNELS)], config=Config(stats_interval=0, max_connections_per_ip=1))
         network.connect_raw(RawPeer(), d)
         network.connect_raw(RawPeer(), d)  # a second one from that address: connection_refused
+        network.advance(d.config.handshake_timeout + 1)  # the first never says hello: link_failed
         a.stopService()  # connection_lost, both sides
         b.stopService()
         network.flush()
@@ -197,6 +198,10 @@ def test_common_field_values(emitted):
     assert {e["reason"] for e in emitted if e["event"] == "connection_refused"} == {"ip_limit"}
     errors = {(e["error_type"], e["peer_id"] is None) for e in emitted if e["event"] == "protocol_error"}
     assert errors == {("UnknownPacketType", True), ("UnknownChannel", False)}
+    links = {(e["error_type"], e["peer_id"] is None) for e in emitted if e["event"] == "link_failed"}
+    assert links == {("HandshakeTimeout", True)}  # a link failure, never a protocol_error
+    kinds = {(e["reason_type"], e["reason_kind"]) for e in emitted if e["event"] == "connection_lost"}
+    assert {("HandshakeTimeout", "link"), ("UnknownChannel", "misbehaviour")} <= kinds
 
 
 def test_node_started_opens_each_run_with_a_fresh_run_id(emitted):
