@@ -590,6 +590,9 @@ class MConnectionFactory(Factory):
     """Builds the protocols of one owner (a Switch, or an ``IConnectionOwner``), all
     with the same context."""
 
+    #: No "Starting factory <... at 0x...>" line per listen and per dial.
+    noisy = False
+
     def __init__(
         self, owner, *, is_outbound: bool, expected_node_id: str | None = None, resuming=None, address=None
     ) -> None:

@@ -86,8 +86,9 @@ _NORMAL_CLOSE = 1000
 _OPEN = WebSocketProtocol.STATE_OPEN
 _CONNECTING = WebSocketProtocol.STATE_CONNECTING
 _CLOSED = WebSocketProtocol.STATE_CLOSED
+_CLOSING = WebSocketProtocol.STATE_CLOSING
 #: The states in which the FrameReader reads (once closing, frames may still be on the way).
-_READING = (_OPEN, WebSocketProtocol.STATE_CLOSING)
+_READING = (_OPEN, _CLOSING)
 
 
 if TYPE_CHECKING:
@@ -234,6 +235,7 @@ class _Carrier(_Autobahn):
         self._note(f"WebSocket close {code}: {reason}")
         self.failedByMe = True
         self.wasClean = False
+        self.wasNotCleanReason = reason  # what autobahn's warning on the drop names
         if self.state == _OPEN:
             self.sendCloseFrame(code=code, reasonUtf8=reason.encode("ascii", "replace")[:123], isReply=False)
         self.dropConnection(abort=False)
@@ -309,9 +311,15 @@ class _Carrier(_Autobahn):
         self.write(b"".join(parts))
 
     def loseConnection(self) -> None:
+        """Start the closing handshake (code 1000); autobahn drops the transport once it
+        is done, or at its closeHandshakeTimeout. A second call while it runs (TLS above
+        calls once to send its close_notify and again when the peer's arrives) changes
+        nothing: dropping now would cut the handshake short and make autobahn warn
+        ``dropping connection ... abort=False`` on every clean close."""
         if self.state == _OPEN:
             self.sendClose(_NORMAL_CLOSE)
-        elif self.state != _CLOSED:
+        elif self.state not in (_CLOSED, _CLOSING):  # the upgrade has not finished
+            self.wasNotCleanReason = "closed by this side before the WebSocket upgrade finished"
             self.dropConnection(abort=False)
 
     def abortConnection(self) -> None:

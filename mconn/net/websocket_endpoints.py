@@ -307,6 +307,8 @@ class TunnelEndpoint:
 
 
 class _TunnelFactory(protocol.Factory):
+    noisy = False
+
     def __init__(self, wrapped_factory, endpoint: TunnelEndpoint) -> None:
         self.wrapped_factory = wrapped_factory
         self.endpoint = endpoint

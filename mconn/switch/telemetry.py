@@ -50,6 +50,12 @@ FORMATS = {
     "loop_stalled": "{node_id} event loop stalled {late:.3f}s (keepalive verdict on {peer_id} deferred)",
 }
 
+#: Events that are data only: logged without a ``log_format``, so text observers (twistd's
+#: console and log file) skip them, while the telemetry file, the status page and the
+#: metrics read their fields. ``channel_stats`` is one line per channel and peer at every
+#: stats tick: most of a busy node's log, and no news to a reader of it.
+DATA_ONLY = frozenset({"channel_stats"})
+
 _LEVELS = {
     "protocol_error": "warn",
     "peer_rejected": "warn",
@@ -95,11 +101,13 @@ def emit(event: str, **fields) -> None:
     log.observer(fields)
 
 
-def format_for(event: str, fields: dict) -> str:
+def format_for(event: str, fields: dict) -> str | None:
     """The event's ``log_format``: its FORMATS template, worded for what is known. A
     connection that ends before the hello has no peer id ("connection at ADDRESS", not
     "with None"); an event with an ``error`` its template does not show ends with it
-    (a failed dial says why)."""
+    (a failed dial says why). None for the DATA_ONLY events: no text observer shows them."""
+    if event in DATA_ONLY:
+        return None
     text = FORMATS[event]
     if "peer_id" in fields and fields["peer_id"] is None:
         for known, unknown in (

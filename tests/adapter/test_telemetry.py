@@ -11,11 +11,11 @@ import re
 
 import pytest
 from twisted.internet.testing import MemoryReactorClock
-from twisted.logger import eventAsJSON, eventFromJSON, formatEvent
+from twisted.logger import eventAsJSON, eventFromJSON, formatEvent, formatEventAsClassicLogText
 
 from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, RawPeer, RecordingReactor, Telemetry, hello_packet, msg_packet
 from mconn import ChannelDescriptor, Config
-from mconn.switch.telemetry import FORMATS, format_for
+from mconn.switch.telemetry import DATA_ONLY, FORMATS, format_for
 from mconn.testing import MemoryNetwork
 
 SPEC = pathlib.Path(__file__).resolve().parents[2] / "specs" / "telemetry.md"
@@ -168,11 +168,23 @@ def test_events_are_in_the_mconn_namespace_with_the_event_name_in_the_field(emit
 
 
 def test_events_render_with_their_format(emitted):
-    """The human-readable format of every event renders from its fields."""
+    """The human-readable format of every event renders from its fields; a data-only event
+    (channel_stats) has none, so text observers skip it, and its FORMATS template renders."""
     for event in emitted:
+        if event["event"] in DATA_ONLY:
+            assert event["log_format"] is None and formatEventAsClassicLogText(event) is None
+            event = {**event, "log_format": FORMATS[event["event"]]}
         text = formatEvent(event)
         assert "Unable to format" not in text and "MISSING" not in text, text
         assert event["node_id"] in text
+    assert DATA_ONLY == {"channel_stats"} <= {e["event"] for e in emitted}
+
+
+def test_channel_ids_print_as_two_hex_digits(emitted):
+    """A channel id in an event's text is 0x plus two hex digits, as everywhere else."""
+    stats = next(e for e in emitted if e["event"] == "channel_stats")
+    text = formatEvent({**stats, "log_format": FORMATS["channel_stats"]})
+    assert f" channel {stats['channel_id']:#04x} with " in text and "channel 0x" in text
 
 
 def test_events_survive_the_json_log_format(emitted):
