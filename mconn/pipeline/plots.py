@@ -139,18 +139,32 @@ def bars(rows: list[tuple[str, dict[str, float]]], colors: dict, title: str, xla
     """Horizontal stacked bars: ``[(label, {part: value})]``, first row on top."""
     if not rows:
         return None
-    fig = Figure(figsize=(5, 0.3 * len(rows) + 1.3))
-    ax = fig.add_subplot()
+    return _png(bars_figure(rows, colors, title, xlabel))
+
+
+#: Rows of height a bar chart has at least: with fewer, the bars keep their thickness
+#: and the chart its proportions instead of one bar filling the axes.
+MIN_BAR_ROWS = 4
+#: Inches per row of a bar chart; for its title and axis; for its legend (below the axis).
+BAR_ROW_INCHES, BAR_FRAME_INCHES, BAR_LEGEND_INCHES = 0.3, 0.75, 0.3
+
+
+def bars_figure(rows: list[tuple[str, dict[str, float]]], colors: dict, title: str, xlabel: str) -> Figure:
+    """The figure of ``bars``: its height grows with the rows, at least MIN_BAR_ROWS of them."""
+    slots = max(len(rows), MIN_BAR_ROWS)
     parts = list(dict.fromkeys(part for _, values in rows for part in values))
+    frame = BAR_FRAME_INCHES + (BAR_LEGEND_INCHES if len(parts) > 1 else 0)
+    fig = Figure(figsize=(5, BAR_ROW_INCHES * slots + frame), layout="constrained")
+    ax = fig.add_subplot()
     left = [0.0] * len(rows)
     for part in parts:
         widths = [values.get(part, 0) for _, values in rows]
         ax.barh(range(len(rows)), widths, left=left, label=part, color=colors.get(part, GREY))
         left = [a + b for a, b in zip(left, widths)]
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=7)
-    ax.invert_yaxis()
+    ax.set_ylim(slots - 0.5, -0.5)  # first row on top; empty slots below a short list
     ax.set_xlabel(xlabel)
     ax.set_title(title)
-    if len(parts) > 1:
-        ax.legend(fontsize=8)
-    return _png(fig)
+    if len(parts) > 1:  # below the axes, where it hides no bar
+        fig.legend(fontsize=8, loc="outside lower center", ncol=len(parts), frameon=False)
+    return fig

@@ -3,9 +3,10 @@
 The first screen answers "is the fleet healthy?": a verdict line on exactly-once
 delivery, the headline numbers, and the audit's findings if there are any. The plots
 follow (link timeline, reconnect delays, round trips, bandwidth against priority,
-unstable peers, errors), then the tables behind them. Everything shown is collected
-from the written tables with bounded queries (top N, or a sample of at most
-``SAMPLE`` values per histogram), so the driver's memory does not grow with the fleet.
+unstable links, errors), then the tables behind them. Everything shown is collected
+from the written tables (the contention chart: from the events' ``channel_stats``)
+with bounded queries (top N, or a sample of at most ``SAMPLE`` values per histogram),
+so the driver's memory does not grow with the fleet.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import html
 import os
 import typing
 
-from pyspark.sql import functions as F
+from pyspark.sql import Window, functions as F
 
-from mconn.pipeline import audit, console, headline, plots
+from mconn.pipeline import audit, channels, console, headline, plots
 from mconn.pipeline.ingest import MALFORMED, UNKNOWN
 from mconn.pipeline.inputs import redact
+from mconn.pipeline.sessions import PAIR
 
 SAMPLE = 50_000
 LANES = 25
@@ -93,20 +95,45 @@ def reconnect_samples(reconnects, rows: int) -> tuple[dict[str, list[float]], li
     return dict(sorted(delays.items())), list(recovery.values())
 
 
-def share_points(channels) -> list[dict]:
+def share_points(events) -> list[dict]:
+    """Bandwidth share against priority share per link channel, over the intervals in which
+    at least two of the link's channels were *backlogged*: messages queued at both samples
+    that bound the interval (``channel_stats.queue_depth`` above 0 at the sample before and
+    at this one). A message queued at one sample and sent before the next is no backlog, so
+    a chat line queued behind a bulk stream does not make the link contended; a queue that
+    stays non-empty from sample to sample does. Over those intervals the promise is the
+    channel's priority over the backlogged channels' priorities, weighted by the interval's
+    bytes, as for the ``channels`` table (specs/pipeline.md section 4.3), whose ``pending``
+    is looser (queued at either sample)."""
+    s = channels.samples(events)
+    by_channel = Window.partitionBy(*PAIR, "channel_id").orderBy("log_time")
+    s = s.withColumn("backlogged", (F.col("queue_depth") > 0) & (F.lag("queue_depth", 1, 0).over(by_channel) > 0))
+    tick = Window.partitionBy(*PAIR, "tick")
+    backlogged = F.col("backlogged")
+    s = s.select(
+        "*",
+        F.sum(backlogged.cast("int")).over(tick).alias("backlogged_channels"),
+        F.sum(F.when(backlogged, F.col("priority")).otherwise(0)).over(tick).alias("backlogged_priority"),
+        F.sum("bytes_sent").over(tick).alias("tick_bytes"),
+    )
+    promised = F.when(backlogged, F.col("priority") / F.col("backlogged_priority")).otherwise(0.0)
     per_channel = (
-        channels.groupBy("node_id", "peer_id", "channel_id")
+        s.where(F.col("backlogged_channels") >= 2)
+        .groupBy(*PAIR, "channel_id")
         .agg(
             F.max("priority").alias("priority"),
-            F.sum("contended_bytes").alias("contended"),
-            F.sum("link_contended_bytes").alias("link"),
-            F.sum(F.col("priority_share") * F.col("link_contended_bytes")).alias("promised"),
+            F.sum("bytes_sent").alias("contended"),
+            F.sum("tick_bytes").alias("link"),
+            F.sum(promised * F.col("tick_bytes")).alias("promised"),
         )
         .where(F.col("link") > 0)
     )
-    rows = per_channel.orderBy(F.desc("link")).limit(2000).collect()
+    rows = per_channel.orderBy(F.desc("link"), *PAIR, "channel_id").limit(2000).collect()
     return [
         {
+            "node_id": r["node_id"],
+            "peer_id": r["peer_id"],
+            "channel_id": r["channel_id"],
             "priority_share": r["promised"] / r["link"],
             "bandwidth_share": r["contended"] / r["link"],
             "priority": r["priority"],
@@ -116,16 +143,23 @@ def share_points(channels) -> list[dict]:
     ]
 
 
-def unstable_peers(links) -> list:
+def unstable_links(links) -> list:
+    """The links (node pairs, ``a`` < ``b``) with the most breaks and lost sessions.
+
+    A break suspends both ends of a session, and a lost session has an end at each node
+    (``restarted`` at the one that died, ``fresh`` or ``expired`` at the other): counted
+    per link and session once, the larger of the two ends' counts, so a break is not
+    blamed on each peer in turn."""
     lost = F.col("outcome").isin(*LOST).cast("int")
-    per_peer = links.groupBy("peer_id").agg(
-        F.sum("suspensions").alias("suspensions"),
-        F.sum(lost).alias("sessions_lost"),
-        F.count("*").alias("sessions"),
-        F.countDistinct("node_id").alias("seen_by"),
+    link = [F.least("node_id", "peer_id").alias("a"), F.greatest("node_id", "peer_id").alias("b")]
+    per_session = links.groupBy(*link, "session_id").agg(
+        F.max("suspensions").alias("breaks"), F.max(lost).alias("lost")
     )
-    score = F.col("suspensions") + F.col("sessions_lost")
-    return per_peer.where(score > 0).orderBy(score.desc(), "peer_id").limit(TOP).collect()
+    per_link = per_session.groupBy("a", "b").agg(
+        F.sum("breaks").alias("breaks"), F.sum("lost").alias("sessions_lost"), F.count("*").alias("sessions")
+    )
+    score = F.col("breaks") + F.col("sessions_lost")
+    return per_link.where(score > 0).orderBy(score.desc(), "a", "b").limit(TOP).collect()
 
 
 def error_kinds(errors) -> list:
@@ -145,11 +179,18 @@ body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
 h1 { font-size: 1.4em; margin-bottom: 0.2em; } h2 { font-size: 1.1em; margin-top: 1.6em; }
 .verdict { padding: 0.6em 1em; border-radius: 6px; font-size: 1.1em; font-weight: 600; }
 .ok { background: #e3f4e6; color: #1d6b2e; } .bad { background: #fbe3e3; color: #8c1c1c; }
+.caveat { background: #fdf0d5; color: #7a4b00; }
+.verdict ul { margin: 0.3em 0 0 0; padding-left: 1.2em; font-weight: normal; font-size: 0.9em; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.4em 0; }
 td, th { border: 1px solid #ddd; padding: 2px 8px; text-align: left; } th { background: #f4f4f4; }
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
-.grid { display: flex; flex-wrap: wrap; gap: 1em; } .grid img { max-width: 100%; }
+.grid { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
+.grid figure { margin: 0; max-width: 100%; } img { max-width: 100%; height: auto; }
+figcaption { color: #666; font-size: 0.8em; max-width: 32em; }
 .note { color: #666; font-size: 0.85em; }
+dl.legend { color: #444; font-size: 0.8em; margin: 0.3em 0; }
+dl.legend dt { font-weight: 600; float: left; clear: left; margin-right: 0.4em; }
+dl.legend dd { margin: 0 0 0.2em 0; }
 """
 
 
@@ -167,7 +208,7 @@ def _cell(value) -> str:
         text = f"{value:,}" if isinstance(value, int) else f"{value:,.3f}"
         return f'<td class="n">{text}</td>'
     text = str(value)
-    if len(text) == 40 and all(c in "0123456789abcdef" for c in text):
+    if len(text) in (32, 40) and all(c in "0123456789abcdef" for c in text):  # a session or node id
         return f'<td title="{text}">{text[:12]}</td>'
     return f"<td>{html.escape(text)}</td>"
 
@@ -185,21 +226,21 @@ def write(
 ) -> None:
     """Collect what the report shows from the tables (``rows``: their sizes) and the audit's
     ``findings``, draw it, write it."""
-    healthy, verdict = headline.verdict(summary)
     span = f"{summary['first_time']} to {summary['last_time']} UTC"
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>mconn fleet telemetry</title>",
         f"<style>{_CSS}</style></head><body>",
         "<h1>mconn fleet telemetry</h1>",
         f"<p class='note'>{html.escape(span)}</p>",
-        f"<div class='verdict {'ok' if healthy else 'bad'}'>{html.escape(verdict)}</div>",
+        _verdict(summary),
         _notes(findings),
         _table(["figure", "value"], headline.rows(summary)),
         "<h2>Delivery audit findings</h2>",
         _findings(tables["delivery_audit"]),
+        _legend(),
         "<h2>Links</h2>",
         _link_plots(summary, tables, rows, shared),
-        _side_plots_and_tables(tables),
+        _side_plots_and_tables(tables, shared),
         "<h2>Input</h2>",
         _input_section(event_counts, everything),
         "</body></html>",
@@ -218,27 +259,57 @@ def _notes(findings: audit.Findings) -> str:
     return "".join(f"<p class='note'>{html.escape(line)}</p>" for line in lines)
 
 
+#: The verdict's level -> its CSS class: green, amber, red.
+_LEVEL_CLASS = {headline.OK: "ok", headline.CAVEAT: "caveat", headline.PROBLEM: "bad"}
+
+
+def _verdict(summary: dict) -> str:
+    """The verdict's first clause, then each thing not confirmed either way as a list item:
+    green only when there is none."""
+    level, head, notes = headline.assess(summary)
+    items = "".join(f"<li>{html.escape(note)}</li>" for note in notes)
+    listed = f"<ul>{items}</ul>" if items else ""
+    return f"<div class='verdict {_LEVEL_CLASS[level]}' id='verdict'>{html.escape(head)}{listed}</div>"
+
+
+def _legend() -> str:
+    """What the audit's words mean, under the tables that use them."""
+    items = "".join(f"<dt>{html.escape(word)}</dt><dd>{html.escape(text)}</dd>" for word, text in headline.LEGEND)
+    return f"<dl class='legend'>{items}</dl>"
+
+
+#: The findings table's columns: (header, delivery_audit column). The sender's count of
+#: messages not confirmed delivered is ``undelivered`` in the table and in telemetry;
+#: the report uses the API's word.
+_FINDING_COLUMNS = (
+    ("sender", "sender"),
+    ("receiver", "receiver"),
+    ("session_id", "session_id"),
+    ("channel_id", "channel_id"),
+    ("accepted", "accepted"),
+    ("unconfirmed", "undelivered"),
+    ("delivered", "delivered"),
+    ("lost", "lost"),
+    ("duplicated", "duplicated"),
+    ("in doubt", "in_doubt"),
+    ("unsettled", "unsettled"),
+    ("verdict", "verdict"),
+)
+
+
 def _findings(audit) -> str:
+    """The audit rows whose verdict is not ``ok``, and those with unconfirmed messages that
+    were not delivered (the receiver did not deliver them, or its counters are not final),
+    worst first."""
+    not_delivered = F.coalesce(F.col("undelivered"), F.lit(0)) - F.col("in_doubt")
     findings = (
-        audit.where(F.col("verdict") != "ok")
-        .orderBy(F.desc("lost"), F.desc("duplicated"), F.desc("unsettled"), "sender", "receiver")
+        audit.where((F.col("verdict") != "ok") | (not_delivered > 0))
+        .orderBy(F.desc("lost"), F.desc("duplicated"), F.desc("unsettled"), not_delivered.desc(), "sender", "receiver")
         .limit(50)
         .collect()
     )
-    columns = (
-        "sender",
-        "receiver",
-        "session_id",
-        "channel_id",
-        "accepted",
-        "undelivered",
-        "delivered",
-        "lost",
-        "duplicated",
-        "unsettled",
-        "verdict",
-    )
-    return _table(list(columns), [tuple(r[c] for c in columns) for r in findings])
+    rows = [tuple(r[column] for _, column in _FINDING_COLUMNS) for r in findings]
+    return _table([header for header, _ in _FINDING_COLUMNS], rows)
 
 
 def _link_plots(summary: dict, tables: dict, rows: dict, shared) -> str:
@@ -255,37 +326,79 @@ def _link_plots(summary: dict, tables: dict, rows: dict, shared) -> str:
     )
 
 
-def _side_plots_and_tables(tables: dict) -> str:
-    peers = unstable_peers(tables["links"])
+#: The chart's caption: what counts as contention (``share_points``).
+SHARES_CAPTION = (
+    "Each point is one channel of a link, over the intervals between two channel_stats samples in "
+    "which at least two of the link's channels were backlogged: messages queued at both samples. "
+    "A message queued at one sample and sent before the next is not contention. On the diagonal, "
+    "a channel got the bandwidth its priority promises among the backlogged channels."
+)
+#: The errors table's columns: (header, errors column).
+_ERROR_COLUMNS = (
+    ("source", "source"),
+    ("kind", "kind"),
+    ("scope", "scope"),
+    ("node", "node_id"),
+    ("peer", "peer_id"),
+    ("remote host", "remote_host"),
+    ("count", "count"),
+    ("nodes", "nodes"),
+    ("example", "example"),
+)
+ERRORS_CAPTION = (
+    "scope node: about the node that logged it (its event loop stalled), named in the node column. "
+    "scope link: both ends of the link logged it about each other (a silent link times out at both): "
+    "one event, counted once; node is the end that logged it first, peer the other end. "
+    "scope peer: about the peer or remote host named, counted over the nodes that logged it."
+)
+
+
+def _figure(png: bytes | None, alt: str, caption: str = "", empty: str = "") -> str:
+    """A chart with its caption; ``empty`` says why there is no chart, when there is none."""
+    text = f"<figcaption>{html.escape(caption)}</figcaption>" if caption else ""
+    if png is None and empty:
+        return f"<figure><p class='note'>{html.escape(alt)}: {html.escape(empty)}</p>{text}</figure>"
+    return f"<figure>{_img(png, alt)}{text}</figure>"
+
+
+def _side_plots_and_tables(tables: dict, shared) -> str:
+    links = unstable_links(tables["links"])
     kinds = error_kinds(tables["errors"])
     unstable = [
-        (short(r["peer_id"]), {"suspensions": r["suspensions"], "sessions lost": r["sessions_lost"]}) for r in peers
+        (f"{short(r['a'])} - {short(r['b'])}", {"breaks": r["breaks"], "sessions lost": r["sessions_lost"]})
+        for r in links
     ]
     by_kind = [(f"{r['source']}: {r['kind']}", {"count": r["count"]}) for r in kinds]
-    errors = tables["errors"].orderBy(F.desc("count")).limit(20).collect()
-    error_columns = ("source", "kind", "remote_host", "peer_id", "count", "nodes", "example")
+    errors = tables["errors"].orderBy(F.desc("count"), "source", "kind").limit(20).collect()
     return "\n".join(
         [
             "<div class='grid'>",
-            _img(plots.shares(share_points(tables["channels"])), "bandwidth share against priority"),
-            _img(
-                plots.bars(
-                    unstable, {"suspensions": plots.ORANGE, "sessions lost": plots.RED}, "Most unstable peers", "count"
-                ),
-                "unstable peers",
+            _figure(
+                plots.shares(share_points(shared.events)),
+                "bandwidth share against priority",
+                SHARES_CAPTION,
+                "nothing to plot: no link had two channels backlogged at once.",
             ),
-            _img(plots.bars(by_kind, {"count": plots.RED}, "Errors by kind", "count"), "errors"),
+            _figure(
+                plots.bars(
+                    unstable, {"breaks": plots.ORANGE, "sessions lost": plots.RED}, "Most unstable links", "count"
+                ),
+                "unstable links",
+                "A break or a lost session counts once per link, not once at each end.",
+            ),
+            _figure(plots.bars(by_kind, {"count": plots.RED}, "Errors by kind", "count"), "errors"),
             "</div>",
-            "<h2>Most unstable peers</h2>",
+            "<h2>Most unstable links</h2>",
             _table(
-                ["peer", "suspensions", "sessions lost", "sessions", "seen by nodes"],
-                [(r["peer_id"], r["suspensions"], r["sessions_lost"], r["sessions"], r["seen_by"]) for r in peers],
+                ["node", "node", "breaks", "sessions lost", "sessions"],
+                [(r["a"], r["b"], r["breaks"], r["sessions_lost"], r["sessions"]) for r in links],
             ),
             "<h2>Errors</h2>",
             _table(
-                list(error_columns),
-                [tuple(redact(r[c]) if c == "example" else r[c] for c in error_columns) for r in errors],
+                [header for header, _ in _ERROR_COLUMNS],
+                [tuple(redact(r[c]) if c == "example" else r[c] for _, c in _ERROR_COLUMNS) for r in errors],
             ),
+            f"<p class='note'>{html.escape(ERRORS_CAPTION)}</p>",
         ]
     )
 

@@ -34,6 +34,8 @@ COLUMNS = (
     "messages_audited",
     "lost",
     "duplicated",
+    "unconfirmed",
+    "unconfirmed_receiver_killed",
     "in_doubt",
     "unsettled",
     "one_sided_rows",
@@ -105,6 +107,12 @@ def build(spark, event_counts: dict, events, *, links, reconnects, audit, errors
             "messages_audited"
         ),
         *[F.coalesce(F.sum(c), F.lit(0)).alias(c) for c in ("lost", "duplicated", "in_doubt", "unsettled")],
+        # The API's word for the senders' ``undelivered``; the part whose receiver end has no
+        # final counters (its node was killed, or its logs stop or are missing).
+        F.coalesce(F.sum("undelivered"), F.lit(0)).alias("unconfirmed"),
+        F.coalesce(F.sum(F.when(~F.coalesce("receiver_final", F.lit(False)), F.col("undelivered"))), F.lit(0)).alias(
+            "unconfirmed_receiver_killed"
+        ),
         F.count(F.when(F.col("verdict") == "one_sided", 1)).alias("one_sided_rows"),
     )
     by_source = errors.agg(

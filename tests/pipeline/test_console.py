@@ -2,31 +2,55 @@
 
 from mconn.pipeline.audit import Findings
 from mconn.pipeline.console import finding_lines, summary_table
-from mconn.pipeline.headline import verdict
+from mconn.pipeline.headline import assess, verdict
 
-BASE = {"messages_audited": 3647, "lost": 0, "duplicated": 0, "unsettled": 0, "one_sided_rows": 0}
+BASE = {"messages_audited": 3647, "lost": 0, "duplicated": 0, "in_doubt": 0, "unsettled": 0, "one_sided_rows": 0}
 
 
 def test_a_clean_audit_has_no_notes():
-    """A clean audit's verdict is healthy and states the counts with no notes."""
-    assert verdict(BASE) == (True, "exactly-once holds: 3,647 messages audited, 0 lost, 0 duplicated")
+    """A clean audit's verdict is ok (green) and states the counts with no notes."""
+    assert verdict(BASE) == ("ok", "exactly-once holds: 3,647 messages audited, 0 lost, 0 duplicated")
 
 
 def test_unsettled_and_one_sided_rows_say_where_they_come_from():
-    """Unsettled messages and one-sided rows keep the verdict healthy, with a note saying where each comes
-    from."""
-    healthy, text = verdict(dict(BASE, unsettled=66, one_sided_rows=2))
-    assert healthy
-    assert text.endswith(
-        "(66 unsettled: a sender was killed or the logs stop before its session ended; "
+    """Unsettled messages and one-sided rows make the verdict a caveat, not "exactly-once holds", with a note
+    saying where each comes from."""
+    level, text = verdict(dict(BASE, unsettled=66, one_sided_rows=2))
+    assert level == "caveat"
+    assert text == (
+        "0 lost, 0 duplicated in 3,647 messages audited; "
+        "66 unsettled: a sender was killed or the logs stop before its session ended; "
         "2 one-sided rows: one end logged no counters for them (its node was killed before it logged any, "
-        "or its logs are missing))"
+        "or its logs are missing)"
     )
 
 
+def test_unconfirmed_messages_are_counted_by_cause_and_never_green():
+    """Unconfirmed messages (the API's word for the sender's undelivered) qualify the verdict: those sent to a
+    node that was killed, those the receiver delivered anyway (in doubt), and the rest, not delivered."""
+    summary = dict(BASE, unconfirmed=530, unconfirmed_receiver_killed=514, in_doubt=6)
+    level, head, notes = assess(summary)
+    assert (level, head) == ("caveat", "0 lost, 0 duplicated in 3,647 messages audited")
+    assert notes == [
+        "514 unconfirmed: sent to a node that was killed (or whose logs stop or are missing), never acknowledged",
+        "10 unconfirmed: not delivered, the session ended first (its sender's reactors were told)",
+        "6 in doubt: reported unconfirmed, yet delivered (the ack was lost with the connection)",
+    ]
+    assert verdict(summary)[1] == "; ".join([head, *notes])
+    assert "holds" not in verdict(summary)[1]
+
+
 def test_lost_or_duplicated_is_a_problem():
-    """Any lost or duplicated message makes the verdict a PROBLEM that names both counts."""
-    assert verdict(dict(BASE, lost=1, duplicated=2)) == (False, "PROBLEM: 1 lost, 2 duplicated (see delivery_audit)")
+    """Any lost or duplicated message makes the verdict a PROBLEM that names both counts; what is not
+    confirmed either way follows."""
+    assert verdict(dict(BASE, lost=1, duplicated=2)) == (
+        "problem",
+        "PROBLEM: 1 lost, 2 duplicated (see delivery_audit)",
+    )
+    assert verdict(dict(BASE, lost=1, unconfirmed=3, unconfirmed_receiver_killed=3))[1] == (
+        "PROBLEM: 1 lost (see delivery_audit); 3 unconfirmed: sent to a node that was killed (or whose logs stop "
+        "or are missing), never acknowledged"
+    )
 
 
 A, B, C = "a" * 40, "b" * 40, "c" * 40
