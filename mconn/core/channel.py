@@ -51,6 +51,7 @@ import collections
 import functools
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -88,6 +89,9 @@ SEND_DELAY_BUCKETS = (
 )
 #: At most one message in this many is stamped (and never two in flight).
 SEND_DELAY_EVERY = 256
+#: ``ChannelDescriptor.name``: at most this many characters of [A-Za-z0-9_.-].
+MAX_CHANNEL_NAME = 32
+_CHANNEL_NAME = re.compile(r"[A-Za-z0-9_.\-]*")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -103,6 +107,10 @@ class ChannelDescriptor:
         ``receive`` gets decoded objects and ``send`` encodes them. None: raw bytes.
     :param codec: any object with ``encode(obj) -> bytes`` and ``decode(bytes) -> obj``,
         instead of protobuf's; once built, ``codec`` is the channel's codec or None.
+    :param name: a name for people (``"votes"``): the status page, the metrics
+        (``mconn_channel_info``) and ``channel_stats`` show it next to the id. At most
+        ``MAX_CHANNEL_NAME`` (32) characters of ``[A-Za-z0-9_.-]``; empty: none. This
+        node's own: never sent to peers.
     """
 
     id: int
@@ -111,6 +119,7 @@ class ChannelDescriptor:
     recv_message_capacity: int = DEFAULT_RECV_MESSAGE_CAPACITY
     message_type: type | None = None
     codec: object = None
+    name: str = ""
 
     def __post_init__(self) -> None:
         if not _is_int(self.id) or not 0 <= self.id <= 255:
@@ -125,6 +134,15 @@ class ChannelDescriptor:
             raise ValueError(
                 f"channel {self.id:#04x}: recv_message_capacity must be an integer >= 0, "
                 f"got {self.recv_message_capacity!r}"
+            )
+        if (
+            not isinstance(self.name, str)
+            or len(self.name) > MAX_CHANNEL_NAME
+            or not _CHANNEL_NAME.fullmatch(self.name)
+        ):
+            raise ValueError(
+                f"channel {self.id:#04x}: name must be text of at most {MAX_CHANNEL_NAME} characters "
+                f"of [A-Za-z0-9_.-], got {self.name!r}"
             )
         object.__setattr__(self, "codec", codec_for(self.id, self.message_type, self.codec))
 
@@ -141,7 +159,8 @@ def msg_header(channel_id: int, eof: bool, length: int) -> bytes:
 
 
 class ChannelStats:
-    """Counters of one channel on one connection."""
+    """Counters of one channel on one connection: messages, and their bytes (payloads,
+    without packet headers) sent and received."""
 
     __slots__ = ("bytes_sent", "messages_sent", "bytes_received", "messages_received")
 
@@ -329,7 +348,9 @@ class Channel:
 
         Returns ``(wire_bytes, messages_finished)``. At least one packet is emitted. A
         message that fits one packet goes out as it is (no view of it is made), and its
-        header is looked up once for a run of messages of one size.
+        header is looked up once for a run of messages of one size. ``stats.bytes_sent``
+        counts the message bytes (payloads), as the receiving side's ``bytes_received``
+        does, so the two ends of a link agree; the scheduler weighs wire bytes.
         """
         if self._full_payload != payload:
             self._full_header = msg_header(self.id, False, payload)
@@ -345,6 +366,7 @@ class Channel:
         last_size = -1
         header = b""
         wire = 0
+        data = 0  # payload bytes
         finished = 0
         while True:
             if mv is None:
@@ -358,6 +380,7 @@ class Channel:
                     if size:
                         append(message)
                     wire += len(header) + size
+                    data += size
                     finished += 1
                     if not queue or wire >= budget:
                         break
@@ -371,6 +394,7 @@ class Channel:
                 append(mv[offset : offset + payload])
                 offset += payload
                 wire += full_wire
+                data += payload
                 if wire >= budget:
                     break
                 continue
@@ -378,6 +402,7 @@ class Channel:
             append(last)
             append(mv[offset:])
             wire += len(last) + remaining
+            data += remaining
             finished += 1
             mv = None
             if not queue or wire >= budget:
@@ -386,7 +411,7 @@ class Channel:
         self.offset = offset
         stats = self.stats
         stats.messages_sent += finished
-        stats.bytes_sent += wire
+        stats.bytes_sent += data
         if self._stamp_at >= 0 and stats.messages_sent > self._stamp_at:
             self._observe()
         return wire, finished

@@ -1,10 +1,14 @@
-"""The ``mconn`` command: node keys and a running node's status.
+"""The ``mconn`` command: node keys, a running node's status, and a fault proxy.
 
 ::
 
     mconn keygen PATH    write a new node key (mode 0600); refuses to overwrite a file
     mconn id PATH        print the node id of a key
     mconn status URL     print a running node's status page (URL/status.json) as a table
+    mconn faultproxy --listen ADDR --to ADDR [--reset-every S] [--blackhole S]
+                     [--delay MS] [--duration S]
+                         relay TCP connections between loopback addresses and break them
+                         on a schedule (mconn/ops/faultproxy.py), to rehearse failures
 
 Output to a pipe that its reader closes early (``mconn status URL | head -3``) ends the
 command quietly, with exit status 0.
@@ -23,9 +27,12 @@ mconn/ops/status.py) is specified field by field in specs/status.md; the fields 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import math
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -57,7 +64,9 @@ class CommandError(Exception):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mconn", description="Node keys and status; run nodes with: twistd mconn")
+    parser = argparse.ArgumentParser(
+        prog="mconn", description="Node keys, status and a fault proxy; run nodes with: twistd mconn"
+    )
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
     keygen = commands.add_parser("keygen", help="write a new node key (mode 0600); never overwrites")
     keygen.add_argument("path")
@@ -68,6 +77,52 @@ def _parser() -> argparse.ArgumentParser:
     status = commands.add_parser("status", help="print a running node's status (URL/status.json) as a table")
     status.add_argument("url", help="the node's status page, e.g. http://127.0.0.1:8080")
     status.set_defaults(command=status_command, name="status")
+    proxy = commands.add_parser(
+        "faultproxy",
+        help="relay TCP connections on the loopback and break them on a schedule",
+        description=FAULTPROXY_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    proxy.add_argument(
+        "--listen",
+        required=True,
+        type=listen_address,
+        metavar="ADDR",
+        help="where to accept connections: PORT, 127.0.0.1:PORT or [::1]:PORT (0: any free port)",
+    )
+    proxy.add_argument(
+        "--to",
+        required=True,
+        type=target_address,
+        metavar="ADDR",
+        help="the node to relay to: PORT, 127.0.0.1:PORT or [::1]:PORT (its tcp or ws listener)",
+    )
+    proxy.add_argument(
+        "--reset-every",
+        type=positive_seconds,
+        metavar="S",
+        help="every S seconds, reset (RST) every live link",
+    )
+    proxy.add_argument(
+        "--blackhole",
+        type=positive_seconds,
+        metavar="S",
+        help="S seconds forwarding, then S seconds black-holed, over and over; each hole ends with a reset",
+    )
+    proxy.add_argument(
+        "--delay",
+        type=milliseconds,
+        default=0.0,
+        metavar="MS",
+        help="delay every chunk, each way, by MS milliseconds [default: 0]",
+    )
+    proxy.add_argument(
+        "--duration",
+        type=positive_seconds,
+        metavar="S",
+        help="stop after S seconds [default: run until SIGINT or SIGTERM]",
+    )
+    proxy.set_defaults(command=faultproxy_command, name="faultproxy", parser=proxy)
     return parser
 
 
@@ -183,6 +238,217 @@ def format_round_trip(seconds) -> str:
     if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds < 0:
         return "-"
     return f"{seconds * 1000:.1f} ms"
+
+
+# -- fault proxy -----------------------------------------------------------------------
+
+FAULTPROXY_DESCRIPTION = """\
+Relay TCP connections from --listen to --to, both on the loopback, and break them on a
+schedule: resets (RST both ends: the sessions suspend and resume), black holes (an
+unplugged cable: nothing forwarded, nothing closed; the nodes' keepalive notices) and a
+delay each way. Give peers the proxy's address instead of the node's (and
+--ignore-discovered-addresses to the dialing node, so it does not learn the direct one).
+
+Prints one line at start, one per fault and a summary at the end, each with the time."""
+
+
+def parse_address(text: str, *, port_zero: bool) -> tuple[str, int]:
+    """``PORT``, ``HOST:PORT`` or ``[HOST]:PORT`` with a loopback IP host -> (host, port)."""
+    host, port_text = "127.0.0.1", text
+    if ":" in text:
+        host, _, port_text = text.rpartition(":")
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        elif ":" in host:
+            raise argparse.ArgumentTypeError(f"{text!r}: write an IPv6 address in brackets, [::1]:PORT")
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the host must be a loopback IP address (127.0.0.1, ::1); the fault proxy is for "
+            "rehearsals on one machine"
+        )
+    lowest = 0 if port_zero else 1
+    if not (port_text.isdigit() and lowest <= int(port_text) <= 65535):
+        raise argparse.ArgumentTypeError(f"{text!r}: the port must be a number from {lowest} to 65535")
+    return host, int(port_text)
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """``--listen``: a loopback address; port 0 picks a free one."""
+    return parse_address(text, port_zero=True)
+
+
+def target_address(text: str) -> tuple[str, int]:
+    """``--to``: a loopback address with a port."""
+    return parse_address(text, port_zero=False)
+
+
+def _number(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of {what}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """A number of seconds above 0."""
+    value = _number(text, "seconds")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the number of seconds must be above 0")
+    return value
+
+
+def milliseconds(text: str) -> float:
+    """A number of milliseconds, 0 or more."""
+    value = _number(text, "milliseconds")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the number of milliseconds must be 0 or more")
+    return value
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def faultproxy_command(args) -> None:
+    """Run the proxy until --duration ends or SIGINT/SIGTERM; the summary line at the end."""
+    if args.listen == args.to:
+        args.parser.error(
+            f"--listen {format_address(*args.listen)} is the --to address: the proxy would relay to itself"
+        )
+    from twisted.internet import reactor
+
+    run = FaultProxyRun(reactor, args, sys.stdout)
+    reactor.callWhenRunning(run.start)
+    reactor.run()
+    if run.error is not None:
+        raise CommandError(run.error)
+
+
+class FaultProxyRun:
+    """One ``mconn faultproxy``: a FaultProxy and its fault schedule in ``clock``.
+
+    Resets every ``--reset-every`` seconds; with ``--blackhole S``, S seconds forwarding
+    and S seconds black-holed in turn, each hole ended by ``heal`` and a reset of the
+    links it killed (a black-holed link never forwards again). Stops at ``--duration``
+    or when the reactor shuts down (SIGINT, SIGTERM), then stops the reactor.
+    """
+
+    def __init__(self, clock, args, out) -> None:
+        from mconn.ops.faultproxy import FaultProxy
+
+        self.clock = clock
+        self.args = args
+        self.out = out
+        self.proxy = FaultProxy(*args.to, clock=clock)
+        #: Why the run could not start (the --listen port in use), for one line on stderr.
+        self.error: str | None = None
+        self.resets = 0
+        self.links_reset = 0
+        self.holes = 0
+        self._calls: list = []
+        self._stopping = None
+
+    def say(self, text: str) -> None:
+        print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}", file=self.out, flush=True)
+
+    def start(self) -> None:
+        from twisted.internet import defer
+
+        defer.ensureDeferred(self._start()).addErrback(self._failed)
+
+    async def _start(self) -> None:
+        from twisted.internet.error import CannotListenError
+
+        args, proxy = self.args, self.proxy
+        proxy.set_delay(args.delay / 1000)
+        try:
+            port = await proxy.start(args.listen[1], interface=args.listen[0])
+        except CannotListenError as e:
+            reason = getattr(e.socketError, "strerror", None) or str(e.socketError)
+            self.error = f"--listen {format_address(*args.listen)}: {reason}"
+            self.clock.stop()
+            return
+        self.clock.addSystemEventTrigger("before", "shutdown", self.stop)
+        faults = [f"reset every {args.reset_every:g} s"] if args.reset_every else []
+        if args.blackhole:
+            faults.append(f"black hole {args.blackhole:g} s in every {2 * args.blackhole:g} s")
+        if args.delay:
+            faults.append(f"delay {args.delay:g} ms each way")
+        self.say(
+            f"mconn faultproxy: listening on {format_address(args.listen[0], port)}, relaying to "
+            f"{format_address(*args.to)}; "
+            + (", ".join(faults) or "no faults")
+            + (f"; stopping after {args.duration:g} s" if args.duration else "")
+        )
+        if args.reset_every:
+            self._later(args.reset_every, self._reset)
+        if args.blackhole:
+            self._later(args.blackhole, self._hole_begins)
+        if args.duration:
+            self._later(args.duration, self._done)
+
+    def _later(self, seconds: float, call) -> None:
+        self._calls = [c for c in self._calls if c.active()]
+        self._calls.append(self.clock.callLater(seconds, call))
+
+    def _reset(self) -> None:
+        links = self.proxy.reset_all()
+        self.resets += 1
+        self.links_reset += links
+        self.say(f"reset: {_plural(links, 'link')}")
+        self._later(self.args.reset_every, self._reset)
+
+    def _hole_begins(self) -> None:
+        self.holes += 1
+        self.proxy.blackhole_all()
+        self.say(f"black hole: {_plural(len(self.proxy.links), 'link')}, for {self.args.blackhole:g} s")
+        self._later(self.args.blackhole, self._hole_ends)
+
+    def _hole_ends(self) -> None:
+        self.proxy.heal()
+        links = self.proxy.reset_all()
+        self.links_reset += links
+        self.say(f"black hole over: {_plural(links, 'dead link')} reset")
+        self._later(self.args.blackhole, self._hole_begins)
+
+    def _done(self) -> None:
+        self.clock.stop()  # the shutdown trigger stops the proxy
+
+    def stop(self):
+        """Cancel the schedule, stop the proxy (every link aborted), print the summary."""
+        if self._stopping is None:
+            for call in self._calls:
+                if call.active():
+                    call.cancel()
+            self._calls = []
+            from twisted.internet import defer
+
+            self._stopping = defer.ensureDeferred(self.proxy.stop()).addBoth(self._stopped)
+        return self._stopping
+
+    def _stopped(self, result) -> None:
+        proxy = self.proxy
+        self.say(
+            f"stopped: {_plural(proxy.connections_accepted, 'connection')}, {proxy.bytes_up} bytes up, "
+            f"{proxy.bytes_down} bytes down, {_plural(self.resets, 'reset')}, {_plural(self.holes, 'black hole')}, "
+            f"{_plural(self.links_reset, 'link')} reset in all"
+        )
+
+    def _failed(self, failure) -> None:
+        self.error = f"{type(failure.value).__name__}: {failure.value}"
+        if self.clock.running:
+            self.clock.stop()
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """An in-process TCP fault proxy for loopback networks: a small toxiproxy written with Twisted.
 
-The integration tests and the fleet demo (examples/fleet.py) break links with it.
+The integration tests and the fleet demo (examples/fleet.py) break links with it, and
+operators with ``mconn faultproxy`` (mconn/ops/cli.py), which runs one on a schedule.
 
-A FaultProxy listens on 127.0.0.1 and relays every accepted connection to one target on
-the loopback (127.0.0.1 or ::1). Faults are injected on demand, by the caller, in the
+A FaultProxy listens on the loopback (127.0.0.1 unless told ::1) and relays every accepted
+connection to one target on the loopback (127.0.0.1 or ::1). Faults are injected on demand, by the caller, in the
 caller's own reactor: reset (RST both ends), black hole (the unplugged cable: nothing is
 forwarded and nothing is closed), latency, a cut after exactly N bytes (a break at any
 byte offset, in the middle of a frame) and refusal (a node that is down). These are
@@ -30,6 +31,13 @@ from mconn.ops.faultproxy_link import DIRECTIONS, MAX_BUFFERED, Link, check_cut,
 __all__ = ["DIRECTIONS", "MAX_BUFFERED", "FaultProxy", "Link"]
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class _Refused(protocol.Protocol):
     """Accepted, then aborted at once: a node that is down."""
 
@@ -48,18 +56,14 @@ class _ListenFactory(protocol.Factory):
 
 
 class FaultProxy:
-    """Relays TCP connections from 127.0.0.1:``port`` to a loopback target, with faults.
+    """Relays TCP connections from a loopback ``port`` to a loopback target, with faults.
 
     Fault settings (``refuse``, ``blackhole_all``/``heal``, ``set_delay``, ``cut_after``)
     last until changed; each says whether it touches live links or only new ones.
     """
 
     def __init__(self, target_host: str, target_port: int, *, clock=None):
-        try:
-            loopback = ipaddress.ip_address(target_host).is_loopback
-        except ValueError:
-            loopback = False
-        if not loopback:
+        if not _is_loopback(target_host):
             raise ValueError(f"FaultProxy targets loopback IP addresses only, got {target_host!r}")
         if clock is None:
             from twisted.internet import reactor as clock
@@ -79,11 +83,18 @@ class FaultProxy:
         self._stop_state = "running"  # -> "stopping" -> "stopped"
         self._stop_waiters: list[defer.Deferred[None]] = []
 
-    async def start(self, listen_port: int = 0) -> int:
-        """Listen on 127.0.0.1:``listen_port`` (0: any free port); return the port."""
+    async def start(self, listen_port: int = 0, interface: str = "127.0.0.1") -> int:
+        """Listen on ``interface``:``listen_port`` (0: any free port); return the port.
+
+        :param interface: a loopback IP address (127.0.0.1, ::1, ...).
+        :raises ValueError: for an interface that is not a loopback IP address.
+        :raises twisted.internet.error.CannotListenError: the port is in use.
+        """
         if self._listening is not None or self._stop_state != "running":
             raise RuntimeError("a FaultProxy starts once")
-        listening = self.clock.listenTCP(listen_port, _ListenFactory(self), interface="127.0.0.1")
+        if not _is_loopback(interface):
+            raise ValueError(f"FaultProxy listens on loopback IP addresses only, got {interface!r}")
+        listening = self.clock.listenTCP(listen_port, _ListenFactory(self), interface=interface)
         self._listening = listening
         self.port = port = listening.getHost().port
         return port

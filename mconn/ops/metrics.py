@@ -36,12 +36,27 @@ keeps at most ``MAX_LABEL_VALUES`` of them, counting the rest as ``other``. Node
 peers appear only with ``per_peer`` (``Config.metrics_per_peer``, or
 ``StatusService(..., per_peer_metrics=True)``): a node with 10,000 peers then exposes
 10,000 series per per-peer metric.
+
+Every series of a known label value exists from the first scrape, at 0: the directions,
+states and channels, and the values mconn's code can give (``KNOWN_LABELS``: the error
+classes of each kind, the close codes of refusals, dial results...). A series that appears
+with its first event has no earlier sample to compare with, so ``increase()`` and
+``rate()`` read 0 for that first event and an alert on them misses it.
+
+Link failures and the peer's misbehaviour are counted apart (``mconn.errors`` kinds):
+``mconn_link_failures_total{error}`` counts connections that ended for a link failure
+(``connection_lost`` with ``reason_kind`` ``link``: PongTimeout, HandshakeTimeout,
+ConnectionLost...), ``mconn_protocol_errors_total{error}`` the ``protocol_error`` events,
+which are misbehaviour only.
 """
 
 from __future__ import annotations
 
-from typing import cast
+import importlib.metadata
+import platform
+from typing import NamedTuple, cast
 
+import twisted
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -52,6 +67,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 from twisted.logger import ILogObserver, Logger, globalLogPublisher
 
+from mconn import errors
 from mconn.core.channel import SendDelay, send_delay_of, watch_send_delay
 from mconn.switch.reactor import reactor_name
 
@@ -67,22 +83,140 @@ ROUND_TRIP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25
 STATES = ("connected", "suspended", "connecting")
 DIRECTIONS = ("inbound", "outbound")
 
-#: Event-derived counters: name -> (telemetry event, label or None, help).
-EVENT_COUNTERS = {
-    "mconn_connections_opened": ("connection_made", "direction", "Transports made, by direction."),
-    "mconn_connections_closed": ("connection_lost", "direction", "Transports ended, by direction."),
-    "mconn_sessions_started": ("session_started", "direction", "Sessions started, by who dialed."),
-    "mconn_sessions_suspended": ("session_suspended", None, "Sessions suspended: the transport broke."),
-    "mconn_session_resumes": ("session_resumed", None, "Sessions resumed on a new transport."),
-    "mconn_sessions_ended": ("session_ended", "reason", "Sessions ended, by the class of the reason."),
-    "mconn_protocol_errors": ("protocol_error", "error", "Protocol errors of peers, by error class."),
-    "mconn_duplicate_connections": ("duplicate_connection", "outcome", "Second connections from a node, by outcome."),
-    "mconn_dial_attempts": ("dial_attempt", "result", "Dial attempts, by result."),
-    "mconn_reactor_errors": ("reactor_error", "method", "Reactor callbacks that raised, by method."),
-    "mconn_loop_stalls": ("loop_stalled", None, "Event loop stalls seen by a keepalive verdict."),
+
+def error_classes(kind: str) -> tuple[str, ...]:
+    """The names of mconn's error classes of ``kind`` (``mconn.errors.LINK``...), sorted."""
+    return tuple(
+        sorted(
+            name
+            for name, value in vars(errors).items()
+            if isinstance(value, type) and issubclass(value, errors.MConnError) and value.kind == kind
+        )
+    )
+
+
+#: The close codes a refusal can have (``Switch.refusals``, specs/telemetry.md
+#: ``peer_rejected`` and ``connection_refused``).
+REFUSAL_REASONS = (
+    "authorize_timeout",
+    "banned",
+    "duplicate",
+    "duplicate_ip",
+    "id_mismatch",
+    "inbound_limit",
+    "ip_limit",
+    "malformed_pre_hello",
+    "network_mismatch",
+    "no_common_channel",
+    "node_info_missing",
+    "outbound_limit",
+    "pending_evicted",
+    "pending_group_limit",
+    "pending_limit",
+    "self",
+    "session_held",
+    "simultaneous_dial",
+    "tls_required",
+    "unauthorized",
+    "unproven",
+    "version_mismatch",
+)
+#: The reasons a session can end with (specs/reactor-api.md section 7.1).
+SESSION_END_REASONS = tuple(
+    sorted(
+        {"SessionExpired", "SessionRejected", "PeerClosed", "ConnectionClosed", "ReactorError"}
+        | set(error_classes(errors.LINK))
+        | set(error_classes(errors.MISBEHAVIOUR))
+    )
+)
+#: label -> the values mconn's code gives it, whose series exist at 0 from the start.
+KNOWN_LABELS: dict[str, tuple[str, ...]] = {
+    "direction": DIRECTIONS,
+    "outcome": ("refused", "replaced"),
+    "result": ("connected", "failed", "not_retried"),
+    "method": (
+        "add_peer",
+        "receive",
+        "routine",
+        "remove_peer",
+        "peer_suspended",
+        "peer_resumed",
+        "start_reactor",
+        "stop_reactor",
+    ),
 }
-#: Event field holding each event-derived label.
-_LABEL_FIELDS = {"reason": "reason_type", "error": "error_type"}
+
+
+class Counted(NamedTuple):
+    """An event-derived counter: which telemetry events it counts, by which label."""
+
+    event: str
+    #: The label, or None for a counter without one.
+    label: str | None
+    #: The event field holding the label's value.
+    field: str | None
+    help: str
+    #: The label values whose series exist at 0 from the start.
+    known: tuple[str, ...] = ()
+    #: (field, value) an event must have to count, or None: every event of its name.
+    only: tuple[str, str] | None = None
+
+
+#: Event-derived counters: name -> what it counts.
+EVENT_COUNTERS = {
+    "mconn_connections_opened": Counted(
+        "connection_made", "direction", "direction", "Transports made, by direction.", DIRECTIONS
+    ),
+    "mconn_connections_closed": Counted(
+        "connection_lost", "direction", "direction", "Transports ended, by direction.", DIRECTIONS
+    ),
+    "mconn_sessions_started": Counted(
+        "session_started", "direction", "direction", "Sessions started, by who dialed.", DIRECTIONS
+    ),
+    "mconn_sessions_suspended": Counted("session_suspended", None, None, "Sessions suspended: the transport broke."),
+    "mconn_session_resumes": Counted("session_resumed", None, None, "Sessions resumed on a new transport."),
+    "mconn_sessions_ended": Counted(
+        "session_ended", "reason", "reason_type", "Sessions ended, by the class of the reason.", SESSION_END_REASONS
+    ),
+    "mconn_protocol_errors": Counted(
+        "protocol_error",
+        "error",
+        "error_type",
+        "The peers' misbehaviour (protocol errors), by error class; link failures are not counted here.",
+        error_classes(errors.MISBEHAVIOUR),
+    ),
+    "mconn_link_failures": Counted(
+        "connection_lost",
+        "error",
+        "reason_type",
+        "Connections ended by a link failure (PongTimeout, HandshakeTimeout, ConnectionLost...), by error class.",
+        error_classes(errors.LINK),
+        only=("reason_kind", errors.LINK),
+    ),
+    "mconn_duplicate_connections": Counted(
+        "duplicate_connection",
+        "outcome",
+        "outcome",
+        "Second connections from a node, by outcome.",
+        KNOWN_LABELS["outcome"],
+    ),
+    "mconn_dial_attempts": Counted(
+        "dial_attempt", "result", "result", "Dial attempts, by result.", KNOWN_LABELS["result"]
+    ),
+    "mconn_reactor_errors": Counted(
+        "reactor_error", "method", "method", "Reactor callbacks that raised, by method.", KNOWN_LABELS["method"]
+    ),
+    "mconn_loop_stalls": Counted("loop_stalled", None, None, "Event loop stalls seen by a keepalive verdict."),
+}
+
+
+def build_versions() -> tuple[str, str, str]:
+    """(mconn's version, Python's, Twisted's): ``mconn_build_info``'s labels."""
+    try:
+        version = importlib.metadata.version("mconn")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        version = "unknown"
+    return version, platform.python_version(), twisted.__version__
 
 
 def channel_label(channel_id: int) -> str:
@@ -101,14 +235,17 @@ class EventTotals:
         #: channel id -> [bytes sent, messages sent, bytes received, messages received]
         #: of connections that ended.
         self.channels: dict[int, list[int]] = {}
-        #: metric name -> {label value (or None): count}.
-        self.counts: dict[str, dict] = {name: {} for name in EVENT_COUNTERS}
+        #: metric name -> {label value (or None): count}; the known values at 0 from the start.
+        self.counts: dict[str, dict] = {
+            name: (dict.fromkeys(counted.known, 0) if counted.label is not None else {None: 0})
+            for name, counted in EVENT_COUNTERS.items()
+        }
         self.messages_resent = 0
         self.grace_expiries = 0
-        #: event name -> (metric name, label); looked up with whatever an event's ``event`` holds.
-        self._by_event: dict[object, tuple[str, str | None]] = {
-            event: (name, label) for name, (event, label, _) in EVENT_COUNTERS.items()
-        }
+        #: event name -> [(metric name, Counted)]; looked up with whatever an event's ``event`` holds.
+        self._by_event: dict[object, list[tuple[str, Counted]]] = {}
+        for name, counted in EVENT_COUNTERS.items():
+            self._by_event.setdefault(counted.event, []).append((name, counted))
         self._observing = False
 
     def start(self) -> None:
@@ -125,15 +262,17 @@ class EventTotals:
         """A log observer: counts this node's telemetry events, ignores everything else."""
         if event.get("log_namespace") != "mconn":
             return
-        entry = self._by_event.get(event.get("event"))
-        if entry is None or event.get("node_id") != self.switch.node_id:
+        entries = self._by_event.get(event.get("event"))
+        if entries is None or event.get("node_id") != self.switch.node_id:
             return
-        name, label = entry
-        value = None if label is None else str(event.get(_LABEL_FIELDS.get(label, label)))
-        counts = self.counts[name]
-        if value not in counts and len(counts) - ("other" in counts) >= MAX_LABEL_VALUES - 1:
-            value = "other"  # one slot is kept for it
-        counts[value] = counts.get(value, 0) + 1
+        for name, counted in entries:
+            if counted.only is not None and event.get(counted.only[0]) != counted.only[1]:
+                continue
+            value = None if counted.field is None else str(event.get(counted.field))
+            counts = self.counts[name]
+            if value not in counts and len(counts) - ("other" in counts) >= MAX_LABEL_VALUES - 1:
+                value = "other"  # one slot is kept for it
+            counts[value] = counts.get(value, 0) + 1
         kind = event["event"]
         if kind == "connection_lost":
             self._ended_connection(event)
@@ -182,19 +321,22 @@ class SwitchCollector:
 
     def collect(self):
         switch = self.switch
-        info = GaugeMetricFamily(
-            "mconn_node_info", "This node: its id and TLS mode; always 1.", labels=("node_id", "tls")
+        yield node_info(switch)
+        build = GaugeMetricFamily(
+            "mconn_build_info",
+            "The software this node runs: mconn's, Python's and Twisted's versions; always 1.",
+            labels=("version", "python", "twisted"),
         )
-        tls = getattr(switch, "tls", None)
-        info.add_metric((switch.node_id, tls.mode if tls is not None else "off"), 1)
-        yield info
+        build.add_metric(build_versions(), 1)
+        yield build
+        yield channel_info(switch)
         yield from self._connections()
         yield from self._peers()
         yield from self._events()
         refusals = CounterMetricFamily(
             "mconn_refusals", "Connections refused, by reason (Switch.refusals).", labels=("reason",)
         )
-        for reason, count in _bounded(switch.refusals.items()):
+        for reason, count in _bounded(switch.refusals.items(), known=REFUSAL_REASONS):
             refusals.add_metric((reason,), count)
         yield refusals
         if self.per_peer:
@@ -261,14 +403,12 @@ class SwitchCollector:
 
     def _events(self):
         totals = self.totals
-        for name, (_, label, help_text) in EVENT_COUNTERS.items():
+        for name, counted in EVENT_COUNTERS.items():
             counts = totals.counts[name]
-            if label is None:
-                yield CounterMetricFamily(name, help_text, value=counts.get(None, 0))
+            if counted.label is None:
+                yield CounterMetricFamily(name, counted.help, value=counts.get(None, 0))
                 continue
-            family = CounterMetricFamily(name, help_text, labels=(label,))
-            if label == "direction":  # a fixed set: both series exist from the start
-                counts = {**dict.fromkeys(DIRECTIONS, 0), **counts}
+            family = CounterMetricFamily(name, counted.help, labels=(counted.label,))
             for value, count in sorted(counts.items()):
                 family.add_metric((value,), count)
             yield family
@@ -428,13 +568,50 @@ def per_peer_metrics(switch):
     return [up, rtt, sent, received, buffered, resumes]
 
 
-def _bounded(items):
-    """(label value, count) pairs, at most MAX_LABEL_VALUES of them; the rest summed as "other"."""
-    items = sorted((str(k), v) for k, v in items)
+def _bounded(items, known: tuple[str, ...] = ()):
+    """(label value, count) pairs, at most MAX_LABEL_VALUES of them; the rest summed as
+    "other". The ``known`` values are always there (at 0 if absent), and kept first."""
+    counts = {**dict.fromkeys(known, 0), **{str(k): v for k, v in items}}
+    first = [(k, counts.pop(k)) for k in known]
+    items = first + sorted(counts.items())
     if len(items) <= MAX_LABEL_VALUES:
-        return items
+        return sorted(items)
     kept = items[: MAX_LABEL_VALUES - 1]
-    return kept + [("other", sum(v for _, v in items[MAX_LABEL_VALUES - 1 :]))]
+    return sorted(kept) + [("other", sum(v for _, v in items[MAX_LABEL_VALUES - 1 :]))]
+
+
+def node_info(switch) -> GaugeMetricFamily:
+    """``mconn_node_info``: this node's id, TLS mode and what its node info announces."""
+    info = GaugeMetricFamily(
+        "mconn_node_info",
+        "This node: its id, TLS mode, and its node info's moniker, network and software version; always 1.",
+        labels=("node_id", "tls", "moniker", "network", "version"),
+    )
+    tls = getattr(switch, "tls", None)
+    announced = getattr(switch, "node_info", None)
+    info.add_metric(
+        (
+            switch.node_id,
+            tls.mode if tls is not None else "off",
+            announced.moniker if announced is not None else "",
+            announced.network if announced is not None else "",
+            announced.version if announced is not None else "",
+        ),
+        1,
+    )
+    return info
+
+
+def channel_info(switch) -> GaugeMetricFamily:
+    """``mconn_channel_info``: each channel of this node with its name (``ChannelDescriptor.name``)."""
+    family = GaugeMetricFamily(
+        "mconn_channel_info",
+        "Each channel of this node, with its name (empty if its descriptor has none); always 1.",
+        labels=("channel", "name"),
+    )
+    for desc in switch.channels:
+        family.add_metric((channel_label(desc.id), getattr(desc, "name", "")), 1)
+    return family
 
 
 class SwitchMetrics:

@@ -28,6 +28,8 @@ class ChannelStatsSnapshot:
     accepted: int = 0
     acked: int = 0
     delivered: int = 0
+    #: The channel's name (``ChannelDescriptor.name``), empty if it has none.
+    name: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -91,6 +93,7 @@ def snapshot(peer, *, descriptors, held: dict, waiting: dict, uptime: float, nod
                 accepted=session.accepted(desc.id) if desc.id in session.channel_ids else 0,
                 acked=session.acked(desc.id) if desc.id in session.channel_ids else 0,
                 delivered=session.delivered(desc.id) if desc.id in session.channel_ids else 0,
+                name=desc.name,
             )
         )
     return PeerStats(

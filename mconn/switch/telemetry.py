@@ -138,6 +138,7 @@ def emit_failure(event: str, **fields) -> None:
 #: the tuples ``channel_samples`` returns.
 SAMPLE_FIELDS = (
     "channel_id",
+    "channel_name",
     "priority",
     "queue_depth",
     "bytes_sent",
@@ -161,6 +162,7 @@ def channel_samples(peer) -> tuple:
     return tuple(
         (
             c.channel_id,
+            c.name,
             c.priority,
             c.queue_depth,
             c.bytes_sent,
