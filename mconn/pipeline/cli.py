@@ -3,6 +3,8 @@
     mconn-pipeline LOGS... --out DIR [--master URL] [--since T] [--until T]
                    [--report FILE] [--conf KEY=VALUE]... [--check] [--json] [--quiet]
                    [--max-walk-entries N]
+    mconn-pipeline --follow DIR [--port P] [--trigger SECONDS] [--watermark SECONDS]
+                   [--out STATE] [--master URL] [--conf KEY=VALUE]...
 
 LOGS are files, directories, globs (rotated files come along), or any URI Spark reads;
 local ones are resolved to telemetry files before Spark starts (inputs.py: a missing
@@ -13,6 +15,10 @@ as Parquet, the report to DIR/report.html (or FILE). Progress lines and warnings
 stderr, the summary table and the audit's findings to stdout. Exit status: 0 done, 1
 the run failed, 2 bad usage, 3 with ``--check`` when the audit found a lost or
 duplicated message.
+
+With ``--follow DIR`` it keeps running instead (follow.py): the links, reconnects and
+delivery_audit tables are kept current from DIR's closed telemetry files, on a page
+served on 127.0.0.1.
 
 On a cluster, ``mconn-pipeline-submit`` (submit.py) submits this file with the installed
 pyspark's spark-submit; the master then comes from it::
@@ -104,6 +110,11 @@ def resolve(args):
 
 
 def main(argv=None) -> int:
+    arguments = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--follow" or a.startswith("--follow=") for a in arguments):
+        from mconn.pipeline import follow  # a program that keeps running: follow.py
+
+        return follow.main(arguments)
     args = parser().parse_args(argv)
     if args.since is not None and args.until is not None and args.since >= args.until:
         print("mconn-pipeline: error: --since must be before --until", file=sys.stderr)

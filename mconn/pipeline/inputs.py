@@ -128,7 +128,7 @@ def resolve(logs: list[str], max_entries: int = MAX_WALK_ENTRIES) -> Inputs:
         candidates += _expand(log, warnings, budget)
     paths: list[str] = []
     seen: set[str] = set()
-    listings: dict[str, dict[str, list[int]]] = {}
+    listings: dict[str, dict[str, list[tuple[int, str]]]] = {}
     for path in candidates:
         for file in [path] + _rotations(path, listings, budget):
             key = os.path.realpath(file)
