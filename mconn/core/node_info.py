@@ -189,6 +189,23 @@ def _check_text(name: str, value: object, limit: int) -> None:
         raise ValueError(f"{name} is {size} bytes; at most {limit}")
 
 
+#: How many hex digits of a node id ``display_name`` shows after a moniker.
+SHORT_ID_DIGITS = 8
+
+
+def display_name(node_id: str, node_info: NodeInfo | str | None = None) -> str:
+    """How logs, ``mconn status`` and the status page name a node: ``moniker (abcd1234)``,
+    its moniker and the first 8 hex digits of its id; its whole id when it has no moniker.
+
+    A moniker is chosen by the node itself and is not unique, so the id's digits always
+    follow it. ``node_info`` is the node's NodeInfo, or its moniker as text (as
+    ``/status.json`` carries it), or None. A moniker is printable text (``NodeInfo``
+    checks it), so the name is one line without control characters.
+    """
+    moniker = node_info.moniker if isinstance(node_info, NodeInfo) else node_info
+    return f"{moniker} ({node_id[:SHORT_ID_DIGITS]})" if moniker else node_id
+
+
 def node_info_field(info: NodeInfo) -> tuple[int, bytes]:
     """The hello field that carries ``info``."""
     return (HelloTag.NODE_INFO, info.encode())

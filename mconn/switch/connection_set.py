@@ -250,6 +250,7 @@ class ConnectionSet:
             max_packet_payload=event.max_packet_payload,
             channels=[c.id for c in hello.channels],
             listen_address=hello.listen_address,
+            **telemetry.hello_peer_name(hello),
         )
         # With TLS a listener knows the node id for sure unless the dialer presented no
         # certificate (CA mode with anonymous clients): then it is only claimed.
@@ -277,6 +278,7 @@ class ConnectionSet:
             remote_address=protocol.remote_address,
             reason=rejection.reason,
             message=str(rejection),
+            **telemetry.hello_peer_name(hello),
         )
 
     def protocol_error(self, protocol, error) -> None:
@@ -289,6 +291,7 @@ class ConnectionSet:
             remote_address=protocol.remote_address,
             error_type=type(error).__name__,
             error=str(error),
+            **telemetry.hello_peer_name(protocol.hello if protocol.peer is not None else None),
         )
 
     def loop_stalled(self, protocol, late: float) -> None:
@@ -317,6 +320,7 @@ class ConnectionSet:
             bytes_received=protocol.core.bytes_received,
             channels=telemetry.channel_counters(protocol.core),
             session_id=_session_of(protocol),
+            **telemetry.hello_peer_name(protocol.hello),
         )
         self._sessions.connection_lost(protocol, reason)
         self.admission.handshake_over(protocol)

@@ -24,6 +24,7 @@ def started(node_id: str, peer, protocol, refusal: str) -> None:
         remote_address=protocol.remote_address,
         direction="outbound" if peer.is_outbound else "inbound",
         resume_refused=refusal,
+        **telemetry.peer_name(peer.node_id, getattr(peer, "node_info", None)),
     )
 
 
@@ -70,4 +71,11 @@ def ended(node_id: str, peer, reason: MConnError) -> None:
 
 def _emit(event: str, node_id: str, peer, **fields) -> None:
     """One event of ``peer``'s session: node_id, peer_id and session_id, then ``fields``."""
-    telemetry.emit(event, node_id=node_id, peer_id=peer.node_id, session_id=peer.session.id.hex(), **fields)
+    telemetry.emit(
+        event,
+        node_id=node_id,
+        peer_id=peer.node_id,
+        session_id=peer.session.id.hex(),
+        **fields,
+        **telemetry.peer_name(peer.node_id, getattr(peer, "node_info", None)),
+    )

@@ -18,7 +18,9 @@ import time
 
 from twisted.logger import Logger, LogLevel
 
+from mconn.core.node_info import display_name, node_info_of
 from mconn.core.session_ref import session_ref_of_hex
+from mconn.errors import MalformedPacket
 
 log = Logger(namespace="mconn")
 
@@ -83,7 +85,13 @@ def emit(event: str, **fields) -> None:
     session_id = fields.get("session_id")
     if session_id is not None:
         fields["session_id"] = session_ref_of_hex(session_id)
-    key = (event, "peer_id" in fields and fields["peer_id"] is None, bool(fields.get("error")), log)
+    key = (
+        event,
+        "peer_id" in fields and fields["peer_id"] is None,
+        bool(fields.get("error")),
+        "log_peer" in fields,
+        log,
+    )
     envelope = _FORMAT_CACHE.get(key)
     if envelope is None:
         envelope = _FORMAT_CACHE[key] = {
@@ -117,9 +125,32 @@ def format_for(event: str, fields: dict) -> str | None:
             ("refused {peer_id} at ", "refused a connection from "),
         ):
             text = text.replace(known, unknown)
+    if "log_peer" in fields:  # a peer with a moniker: peer_name
+        text = text.replace("{peer_id}", "{log_peer}")
     if fields.get("error") and "{error}" not in text:
         text += " ({error})"
     return text
+
+
+def peer_name(node_id: str | None, node_info) -> dict:
+    """``{"log_peer": "moniker (abcd1234)"}`` for an event about a peer whose node info has
+    a moniker (``mconn.core.node_info.display_name``), ``{}`` otherwise. ``format_for`` then
+    shows it where the text showed ``{peer_id}``; like Twisted's own ``log_*`` keys it is
+    for the text only, and the telemetry file leaves it out (``peer_id`` is the field)."""
+    if node_id is None or node_info is None or not node_info.moniker:
+        return {}
+    return {"log_peer": display_name(node_id, node_info)}
+
+
+def hello_peer_name(hello) -> dict:
+    """``peer_name`` of the node that sent ``hello`` (None: no hello yet); a node info that
+    does not decode names no one (the connection is refused for it)."""
+    if hello is None:
+        return {}
+    try:
+        return peer_name(hello.node_id, node_info_of(hello))
+    except MalformedPacket:
+        return {}
 
 
 def node_started(node_id: str) -> str:
