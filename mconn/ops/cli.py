@@ -19,7 +19,7 @@ The status document (``GET URL/status.json``, served by ``twistd mconn --status 
 mconn/ops/status.py) is specified field by field in specs/status.md; the fields read here::
 
     {"node_id": str, "listen_addresses": [str],
-     "peers": [{"node_id": str, "state": str, "remote_address": str,
+     "peers": [{"node_id": str, "moniker": str, "state": str, "remote_address": str,
                 "uptime": seconds (number), "resumes": int,
                 "round_trip": seconds (number) or null, "channels": [...]}]}
 """
@@ -36,6 +36,8 @@ import time
 import urllib.error
 import urllib.request
 
+
+from mconn.core.node_info import display_name
 from mconn.core.node_key import NodeKey
 
 #: Seconds ``mconn status`` waits for the node's answer.
@@ -193,13 +195,15 @@ PEER_COLUMNS = ("PEER", "STATE", "ADDRESS", "UPTIME", "RESUMES", "RTT")
 def format_status(document: dict) -> str:
     """The status document as text: the node, its listen addresses, a table of peers."""
     lines = [
-        f"node       {document.get('node_id', '?')}",
+        f"node       {_peer_name(document)}",
         f"listening  {', '.join(document.get('listen_addresses') or []) or '-'}",
         "",
     ]
+    if document.get("moniker"):  # the name shows 8 hex digits of the id: the whole id too
+        lines.insert(1, f"id         {document.get('node_id', '?')}")
     rows = [PEER_COLUMNS] + [
         (
-            str(peer.get("node_id", "?")),
+            _peer_name(peer),
             str(peer.get("state", "?")),
             str(peer.get("remote_address") or "-"),
             format_duration(peer.get("uptime")),
@@ -217,6 +221,12 @@ def format_status(document: dict) -> str:
         cells = [cell.rjust(w) if i in numeric else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
+
+
+def _peer_name(peer: dict) -> str:
+    """``moniker (abcd1234)`` for a peer with a moniker, else its node id (display_name)."""
+    moniker = peer.get("moniker")
+    return display_name(str(peer.get("node_id", "?")), moniker if isinstance(moniker, str) else None)
 
 
 def format_duration(seconds) -> str:

@@ -4,7 +4,10 @@ twisted/plugins/mconn_plugin.py names this module; twistd builds :class:`Options
 the command line and calls :func:`makeService` with it. The options, the TOML file
 (``--config FILE``) and the checks that need no I/O are in mconn/ops/node_settings.py, which
 turns them into a :class:`NodeSettings`; this module builds the service from that (the
-reactors, the key, the TLS options, the telemetry file) and runs it.
+reactors, the key, the TLS options, the telemetry file) and runs it. A reactor is built as
+``CLASS(**options)`` from its ``--reactor-option CLASS.key=value`` and ``[reactors.CLASS]``
+options, checked against the constructor (specs/reactor-api.md section 13); ``--network``
+and ``--moniker`` are the Switch's NodeInfo.
 
 Bad configuration stops startup before anything has started (no port, no pid file, no
 key written), with one line on stderr that says what is wrong and where (the option, or
@@ -42,9 +45,11 @@ from __future__ import annotations
 
 import datetime
 import importlib
+import inspect
 import os
 import signal
 import sys
+import typing
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -57,7 +62,8 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 
-from mconn.ops.node_config_file import ConfigurationError, Setting
+from mconn.ops.node_config_file import FALSE_WORDS, TRUE_WORDS, ConfigurationError, Setting
+from mconn.core.node_info import display_name
 from mconn.core.node_key import NodeKey
 from mconn.ops.node_settings import NodeSettings, Options, text_of
 from mconn.switch.reactor import Reactor
@@ -119,12 +125,14 @@ def build_service(settings: NodeSettings, clock=None) -> NodeService:
         from twisted.internet import reactor as clock
     for setting in settings.listen + ((settings.status,) if settings.status is not None else ()):
         _check_endpoint(clock, setting)
-    reactors = [_build_reactor(setting) for setting in settings.reactors]
+    reactors = [_build_reactor(setting, settings.reactor_options) for setting in settings.reactors]
     _configure_pex(reactors, settings)
     key, created = _load_key(settings.key)
     tls = _build_tls(settings, key, created)
     try:
-        switch = Switch(reactors, node_key=key, config=settings.config, clock=clock, tls=tls)
+        switch = Switch(
+            reactors, node_key=key, config=settings.config, clock=clock, tls=tls, node_info=settings.node_info
+        )
     except ValueError as e:  # two reactors claim one channel
         where = settings.reactors[0].where if settings.reactors else "--reactor"
         raise ConfigurationError(f"{where}: {e}") from None
@@ -171,7 +179,7 @@ def _check_endpoint(clock, setting: Setting) -> None:
         raise ConfigurationError(f"{setting.where}: endpoint {setting.value!r} is not valid: {e}") from None
 
 
-def _build_reactor(setting: Setting) -> Reactor:
+def _build_reactor(setting: Setting, options: dict[str, dict[str, Setting]]) -> Reactor:
     module_name, _, name = text_of(setting).partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -180,14 +188,76 @@ def _build_reactor(setting: Setting) -> Reactor:
     factory = getattr(module, name, None)
     if factory is None:
         raise ConfigurationError(f"{setting.where}: module {module_name} has no {name}")
+    kwargs = _reactor_kwargs(factory, name, options.get(name, {}))
     try:
-        reactor = factory()
+        reactor = factory(**kwargs)
     except Exception as e:
         raise ConfigurationError(f"{setting.where}: {setting.value}() failed: {type(e).__name__}: {e}") from None
     if not isinstance(reactor, Reactor):
         kind = type(reactor).__name__
         raise ConfigurationError(f"{setting.where}: {setting.value}() is a {kind}, not an mconn Reactor")
     return reactor
+
+
+#: Parameter types a ``--reactor-option`` value (text) is converted to; others get the text.
+_OPTION_TYPES = (bool, int, float)
+
+
+def _reactor_kwargs(factory, name: str, options: dict[str, Setting]) -> dict[str, object]:
+    """The keyword arguments of ``factory`` (a reactor class) from its reactor options: a key
+    the constructor does not take is an error naming the reactor, the key and the ones it
+    takes; a text value becomes an int, float or bool where the parameter's annotation (or
+    else its default) is one (``none`` is None where it may be None)."""
+    if not options:
+        return {}
+    try:
+        parameters: typing.Mapping[str, inspect.Parameter] = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    try:
+        hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
+    except Exception:  # an annotation that does not resolve: no conversions from it
+        hints = {}
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    keywords = [n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    kwargs: dict[str, object] = {}
+    for key, setting in options.items():
+        if key not in keywords and not takes_any:
+            raise ConfigurationError(
+                f"{setting.where}: {name} takes no option {key!r} (its options: {', '.join(keywords) or 'none'})"
+            )
+        value = setting.value
+        if isinstance(value, str) and key in parameters:
+            value = _option_value(value, hints.get(key), parameters[key].default, setting.where, name, key)
+        kwargs[key] = value
+    return kwargs
+
+
+def _option_value(text: str, hint, default, where: str, reactor: str, key: str):
+    """``text`` as the type the parameter declares: its annotation, or its default's type."""
+    kinds = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_args(hint) else [hint]
+    optional = type(None) in typing.get_args(hint) or (hint is None and default is None)
+    kind = kinds[0] if len(kinds) == 1 and kinds[0] in _OPTION_TYPES else None
+    if kind is None and hint is None and type(default) in _OPTION_TYPES:
+        kind = type(default)
+    if optional and text.lower() == "none":
+        return None
+    if kind is None:
+        return text
+    try:
+        return _from_text_as(kind, text)
+    except ValueError:
+        raise ConfigurationError(f"{where}: {reactor}'s {key} is {kind.__name__}: {text!r} is not one") from None
+
+
+def _from_text_as(kind: type, text: str):
+    """``text`` as a bool (true/false, yes/no, on/off, 1/0), an int or a float."""
+    if kind is bool:
+        word = text.strip().lower()
+        if word not in TRUE_WORDS + FALSE_WORDS:
+            raise ValueError(text)
+        return word in TRUE_WORDS
+    return kind(text)
 
 
 def _configure_pex(reactors: list[Reactor], settings: NodeSettings) -> None:
@@ -364,9 +434,11 @@ class NodeService(MultiService):
         for address in own:
             log.warn("--peer {address} is this node itself (its own key); it is not dialed", address=address)
         peers = [a for a in self.peers if a not in own]
+        info = self.switch.node_info
         self.switch.clock.callWhenRunning(
             log.info,
-            "mconn node {node_id} started: listening on {addresses}, keeping {peers} connected",
+            "mconn node {node} started: listening on {addresses}, keeping {peers} connected",
+            node=display_name(self.switch.node_id, info) + (f" on network {info.network}" if info else ""),
             node_id=self.switch.node_id,
             addresses=", ".join(self._addresses()) or "nothing",
             peers=_count(len(peers), "peer"),

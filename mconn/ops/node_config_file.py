@@ -1,7 +1,8 @@
 """The values of a twistd node's settings: their names and kinds, the TOML file, the errors.
 
 Which settings a node has besides the :class:`mconn.Config` fields (``REPEATABLE``,
-``PATHS``, ``FLAGS``, ``COUNTS``: ``NODE_SETTINGS``), how a value given as text on the
+``PATHS``, ``FLAGS``, ``COUNTS``, ``TEXTS``: ``NODE_SETTINGS``; reactor options are the
+``[reactors.CLASS]`` tables, ``REACTOR_TABLE``), how a value given as text on the
 command line becomes its setting's type (:func:`from_text`), and how the ``--config FILE``
 TOML file is read into ``{name: Setting}`` (:func:`read_toml`): keys with ``_`` or ``-``,
 both spellings of one key an error, an unknown key an error that names the closest valid
@@ -46,7 +47,14 @@ COUNTS = {
     "telemetry_keep_files": DEFAULT_KEEP_FILES,
     "telemetry_keep_bytes": DEFAULT_KEEP_BYTES,
 }
-NODE_SETTINGS = REPEATABLE + PATHS + tuple(COUNTS) + ("status",) + FLAGS + WORD_SETS
+#: Settings that are one line of text: what the node announces in its node info
+#: (mconn.core.node_info): its network (chain id) and its moniker, a name for people.
+TEXTS = ("network", "moniker")
+NODE_SETTINGS = REPEATABLE + PATHS + tuple(COUNTS) + ("status",) + TEXTS + FLAGS + WORD_SETS
+#: The TOML table of reactor options (``[reactors.NAME]``) and the setting it becomes,
+#: with the command line's ``--reactor-option NAME.key=value``: {NAME: {key: Setting}}.
+REACTOR_TABLE = "reactors"
+REACTOR_OPTIONS = "reactor_options"
 CONFIG_TYPES = typing.get_type_hints(Config)
 TRUE_WORDS, FALSE_WORDS = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
 
@@ -91,7 +99,7 @@ def _setting_type(name: str) -> tuple[type, bool]:
         return bool, False
     if name in WORD_SETS:
         return frozenset, False
-    if name == "status":
+    if name == "status" or name in TEXTS:
         return str, False
     hint = CONFIG_TYPES[name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
@@ -114,6 +122,11 @@ def read_toml(path: str) -> dict[str, Setting]:
     for key, value in data.items():
         name = key.replace("-", "_")  # dashes as on the command line are accepted
         where = f"{path}: {key}"
+        if name == REACTOR_TABLE:
+            given[REACTOR_OPTIONS] = Setting(_reactor_tables(value, where), where)
+            continue
+        if name == "reactor_option":
+            raise ConfigurationError(f"{where}: in a file, reactor options are a table: [reactors.NAME] key = value")
         if name not in NODE_SETTINGS and name not in CONFIG_FIELDS:
             raise ConfigurationError(f"{where}: unknown setting; {_closest(name)}")
         if name in given:
@@ -122,9 +135,30 @@ def read_toml(path: str) -> dict[str, Setting]:
     return given
 
 
+def _reactor_tables(value, where: str) -> dict[str, dict[str, Setting]]:
+    """``[reactors.NAME]`` tables: {NAME: {key: Setting}}; the values keep their TOML types."""
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ConfigurationError(f"{where}: must hold one table per reactor: [reactors.NAME] key = value")
+    return {
+        name: {key: Setting(v, f"{where}.{name}.{key}") for key, v in table.items()} for name, table in value.items()
+    }
+
+
+def parse_reactor_option(text: str, where: str) -> tuple[str, str, str]:
+    """``NAME.key=value`` of ``--reactor-option``: (NAME, key, value text)."""
+    target, equals, value = text.partition("=")
+    name, dot, key = target.strip().partition(".")
+    if not equals or not dot or not name.isidentifier() or not key.isidentifier():
+        raise ConfigurationError(
+            f"{where} {text!r}: must be NAME.key=value, NAME the CLASS of a --reactor MODULE:CLASS "
+            "(like ChatReactor.name=alice)"
+        )
+    return name, key, value
+
+
 def _closest(name: str) -> str:
     """What to say about an unknown key: the closest valid one, or where the list is."""
-    valid = list(NODE_SETTINGS) + list(CONFIG_FIELDS)
+    valid = list(NODE_SETTINGS) + list(CONFIG_FIELDS) + [REACTOR_TABLE]
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
     if close:
         return f"did you mean {close[0]}?"

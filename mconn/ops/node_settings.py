@@ -4,9 +4,9 @@ Every setting may come from the command line or from a TOML file (``--config FIL
 its keys are the long options without the leading dashes (``listen``, ``peer``, ``reactor``,
 ``key``, ``create_key``, ``telemetry``, ``telemetry_rotate_bytes``, ``telemetry_rotate_seconds``, ``telemetry_keep_files``,
 ``telemetry_keep_bytes``, ``status``, ``tls``, ``tls_ca``, ``tls_cert``,
-``tls_no_client_cert``, ``tls_upgrade``, ``tls_accept_upgrade``, and for a PEX reactor
-``addrbook_file``, ``seed_mode``, ``private_peer_ids``; the flags are ``true`` or
-``false`` there) and the :class:`mconn.Config` fields (``ping_interval = 30``), which are
+``tls_no_client_cert``, ``tls_upgrade``, ``tls_accept_upgrade``, ``network``, ``moniker``,
+and for a PEX reactor ``addrbook_file``, ``seed_mode``, ``private_peer_ids``; the flags are
+``true`` or ``false`` there) and the :class:`mconn.Config` fields (``ping_interval = 30``), which are
 also options (``--ping-interval 30``; a boolean field is a pair of flags,
 ``--tcp-keepalive`` / ``--no-tcp-keepalive``). A key may be written with dashes, as on the
 command line (``ping-interval = 30`` is ``ping_interval``); both spellings of one key in
@@ -14,6 +14,13 @@ one file are an error. An unknown key is an error that names the closest valid k
 command line wins: a repeatable option given there replaces the file's list. Relative
 paths in the file are relative to the file. The defaults are Config's; a ``--peer`` is a
 persistent dial, so one that is down when the node starts is dialed until it is up.
+
+``--network`` and ``--moniker`` make the node's ``NodeInfo`` (specs/reactor-api.md section
+10). A reactor's options, ``--reactor-option CLASS.key=value`` or a ``[reactors.CLASS]``
+table, are keyword arguments of its constructor (mconn/ops/node.py checks and converts
+them; specs/reactor-api.md section 13); a command-line option replaces the file's value of
+that key only. ``--help`` lists the node's own options first and the Config fields after
+a heading (``NODE_HELP_ORDER``); a twistd option given after ``mconn`` is named as twistd's.
 
 The help of a Config option is the ``#:`` comment above its field in mconn/config.py
 (meaning, unit, why the default) and the default a twistd node uses (mconn/ops/node_help.py):
@@ -33,11 +40,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any, cast
 
 from twisted.python import usage
 
 from mconn.core.address import PeerAddress, parse_address
+from mconn.core.node_info import NodeInfo
 from mconn.config import Config
 from mconn.ops.node_config_file import (
     CONFIG_TYPES,
@@ -46,12 +55,15 @@ from mconn.ops.node_config_file import (
     FLAGS,
     NODE_SETTINGS,
     PATHS,
+    REACTOR_OPTIONS,
     REPEATABLE,
+    TEXTS,
     TRUE_WORDS,
     WORD_SETS,
     ConfigurationError,
     Setting,
     from_text,
+    parse_reactor_option,
     read_toml,
 )
 from mconn.ops.node_help import CONFIG_FIELDS, NODE_CONFIG_DEFAULTS, config_option_help, describe_default
@@ -118,6 +130,11 @@ class NodeSettings:
     telemetry_rotate_seconds: int = DEFAULT_ROTATE_SECONDS
     create_key: bool = False  # --create-key: a missing key file is created (twistd refuses it otherwise)
     pex: PexSettings = PexSettings()
+    #: What the node announces (--network, --moniker), or None: nothing announced or required.
+    node_info: NodeInfo | None = None
+    #: The keyword arguments of each reactor, by the CLASS of its ``--reactor MODULE:CLASS``:
+    #: {CLASS: {key: Setting}} (``--reactor-option CLASS.key=value``, ``[reactors.CLASS]``).
+    reactor_options: dict[str, dict[str, Setting]] = dataclasses.field(default_factory=dict)
 
 
 def text_of(setting: Setting) -> str:
@@ -162,8 +179,9 @@ class Options(usage.Options):
     longdesc = (
         "Run an mconn node: listen for peers, keep the --peer nodes connected, route their "
         "messages to the --reactor classes. Every option (without the leading dashes) and "
-        "every Config field may also be set in a TOML file given with --config; the command "
-        "line wins. Unless twistd's --pidfile is given, the pid file is the key file's path "
+        "every Config field may also be set in a TOML file given with --config, and a "
+        "reactor's options in a [reactors.CLASS] table; the command line wins. twistd's own "
+        "options (-n, --pidfile, --logfile...) go before 'mconn'. Unless twistd's --pidfile is given, the pid file is the key file's path "
         "with .pid for .key (node.key: node.pid), so nodes with different keys can run from "
         "one directory; --pidfile '' writes none."
     )
@@ -211,6 +229,21 @@ class Options(usage.Options):
             f"[default: {describe_default(DEFAULT_KEEP_BYTES)}]",
         ],
         ["config", None, None, "TOML file with any of these settings [default: none]"],
+        [
+            "network",
+            None,
+            None,
+            "the network (chain id) this node is on, announced in its hello; peers on another network, "
+            "or announcing none, are refused (1..50 printable ASCII characters, no spaces) "
+            "[default: none: nothing announced or required]",
+        ],
+        [
+            "moniker",
+            None,
+            None,
+            "a name for people (at most 64 bytes of printable text), announced with --network; "
+            "logs and 'mconn status' name a peer 'MONIKER (first 8 hex digits of its id)' [default: none]",
+        ],
         [
             "status",
             None,
@@ -262,6 +295,7 @@ class Options(usage.Options):
         super().__init__()
         for name in REPEATABLE:
             self[name] = []
+        self["reactor-option"] = []
 
     def opt_listen(self, endpoint: str) -> None:
         """accept peers on this server endpoint, e.g. tcp:26656:interface=127.0.0.1
@@ -273,8 +307,12 @@ class Options(usage.Options):
         self["peer"].append(address)
 
     def opt_reactor(self, spec: str) -> None:
-        """MODULE:CLASS of a Reactor to run, built with no arguments (repeatable) [default: none]"""
+        """MODULE:CLASS of a Reactor to run, built with its --reactor-option keyword arguments (repeatable) [default: none]"""
         self["reactor"].append(spec)
+
+    def opt_reactor_option(self, text: str) -> None:
+        """CLASS.key=value: the keyword argument key=value for --reactor MODULE:CLASS; the value is text, or an int, float or bool where the constructor's parameter says so (repeatable) [default: none]"""
+        self["reactor-option"].append(text)
 
     def parseOptions(self, options=None) -> None:
         """Parse, then say what is wrong in one line (twistd would print its usage first)."""
@@ -282,7 +320,21 @@ class Options(usage.Options):
             _check_flag_values(options)
             super().parseOptions(options)
         except usage.UsageError as e:
-            raise SystemExit(f"mconn: {e}") from None
+            raise SystemExit(f"mconn: {_twistd_option_hint(e)}") from None
+
+    def getUsage(self, width: int | None = None) -> str:
+        """The node's own options first, in the order a new node needs them (key, listen,
+        peer, reactor...), then the Config fields under a heading of their own."""
+        text = super().getUsage(width)
+        head, _, rest = text.partition("Options:\n")
+        blocks = _option_blocks(rest)
+        node = [b for name, b in blocks if name not in _CONFIG_OPTIONS]
+        order = {name: i for i, name in enumerate(NODE_HELP_ORDER)}
+        node_names = [name for name, _ in blocks if name not in _CONFIG_OPTIONS]
+        node = [b for _, b in sorted(zip(node_names, node), key=lambda nb: order.get(nb[0], len(order)))]
+        tuning = [b for name, b in blocks if name in _CONFIG_OPTIONS]
+        tail = rest[sum(len(b) for _, b in blocks) :]  # the long description after the options
+        return f"{head}Options:\n{''.join(node)}\n{TUNING_HEADING}\n{''.join(tuning)}{tail}" if tuning else text
 
     def parseArgs(self, *args: str) -> None:
         if args:
@@ -293,6 +345,16 @@ class Options(usage.Options):
         for name in REPEATABLE:
             if self[name]:
                 given[name] = Setting(list(self[name]), f"--{name}")
+        if self["reactor-option"]:
+            # Per reactor and key: the command line replaces the file's value of that key only.
+            tables = cast(
+                dict[str, dict[str, Setting]], given[REACTOR_OPTIONS].value if REACTOR_OPTIONS in given else {}
+            )
+            for text in self["reactor-option"]:
+                reactor, key, value = parse_reactor_option(text, "--reactor-option")
+                where = f"--reactor-option {reactor}.{key}"
+                tables.setdefault(reactor, {})[key] = Setting(value, where)
+            given[REACTOR_OPTIONS] = Setting(tables, "--reactor-option")
         for name in FLAGS:
             if self[_option(name)]:
                 given[name] = Setting(True, f"--{_option(name)}")
@@ -314,6 +376,76 @@ class Options(usage.Options):
         twistd = getattr(self, "parent", None)
         if twistd is not None and "pidfile" in twistd:
             twistd_files(twistd, self.settings)
+
+
+#: The node's own options in ``--help``, in this order; the Config fields follow them.
+NODE_HELP_ORDER = (
+    "key",
+    "create-key",
+    "listen",
+    "peer",
+    "reactor",
+    "reactor-option",
+    "network",
+    "moniker",
+    "config",
+    "status",
+    "tls",
+    "tls-ca",
+    "tls-cert",
+    "tls-no-client-cert",
+    "tls-upgrade",
+    "tls-accept-upgrade",
+    "telemetry",
+    "telemetry-rotate-bytes",
+    "telemetry-keep-files",
+    "telemetry-keep-bytes",
+    "addrbook-file",
+    "seed-mode",
+    "private-peer-ids",
+    "help",
+    "version",
+)
+TUNING_HEADING = (
+    "Tuning: each field of mconn.Config (mconn/config.py) is an option, and a TOML key;\nthe defaults suit most nodes:"
+)
+_CONFIG_OPTIONS = frozenset(
+    [_option(name) for name in CONFIG_FIELDS] + [f"no-{_option(name)}" for name in CONFIG_FIELDS]
+)
+
+
+def _option_blocks(text: str) -> list[tuple[str, str]]:
+    """(long option, its lines) of the option list twisted.python.usage writes, in order;
+    the text after the last option (the long description) is not in any block."""
+    blocks: list[tuple[str, str]] = []
+    for line in text.splitlines(keepends=True):
+        start = re.match(r" {2}(?:-\w, | {4})--([\w-]+)", line)
+        if start:
+            blocks.append((start.group(1), line))
+        elif blocks and line.startswith(" " * 8) and line.strip():
+            blocks[-1] = (blocks[-1][0], blocks[-1][1] + line)
+        else:
+            break
+    return blocks
+
+
+def _twistd_option_hint(error: usage.UsageError) -> str:
+    """A twistd option given after ``mconn`` (``twistd -n mconn --pidfile x.pid``): say
+    where it goes, instead of only that mconn does not know it."""
+    unknown = re.fullmatch(r"option (-{1,2})([\w-]+) not recognized", str(error))
+    if unknown is None:
+        return str(error)
+    from twisted.scripts.twistd import ServerOptions
+
+    twistd = ServerOptions()
+    dashes, name = unknown.groups()
+    names = {o.rstrip("=") for o in twistd.longOpt} if dashes == "--" else set(twistd.shortOpt.replace(":", ""))
+    if name not in names:
+        return str(error)
+    option = f"{dashes}{name}"
+    return (
+        f"{option} is an option of twistd, not of mconn: give it before 'mconn', as in 'twistd {option} ... mconn ...'"
+    )
 
 
 def _check_flag_values(arguments) -> None:
@@ -394,10 +526,11 @@ def resolve(given: dict) -> NodeSettings:
             raise ConfigurationError(f"{status.where}: {status.value!r} must be an endpoint, like tcp:8080")
         status = Setting(local_endpoint(status.value.strip()), status.where)
     listen = _each(given, "listen")
+    reactors = tuple(Setting(_reactor_spec(text_of(s), s.where), s.where) for s in _each(given, "reactor"))
     return NodeSettings(
         listen=listen,
         peers=tuple(Setting(_peer(text_of(s), s.where), s.where) for s in _each(given, "peer")),
-        reactors=tuple(Setting(_reactor_spec(text_of(s), s.where), s.where) for s in _each(given, "reactor")),
+        reactors=reactors,
         key=given.get("key", Setting(os.path.abspath(DEFAULT_KEY), "--key (default)")),
         telemetry=given.get("telemetry"),
         **counts,
@@ -406,7 +539,46 @@ def resolve(given: dict) -> NodeSettings:
         tls=_tls_settings(given, listening=bool(listen)),
         create_key=_flag(given, "create_key"),
         pex=_pex_settings(given),
+        node_info=_node_info(given),
+        reactor_options=_reactor_options(given, reactors),
     )
+
+
+def _node_info(given: dict) -> NodeInfo | None:
+    """The NodeInfo of ``--network`` and ``--moniker``; a moniker needs a network (the node
+    info that carries it makes peers without one unwelcome, so it is not implied)."""
+    network, moniker = (given.get(name) for name in TEXTS)
+    for setting in (network, moniker):
+        if setting is not None and not isinstance(setting.value, str):
+            raise ConfigurationError(f"{setting.where}: {setting.value!r} must be text")
+    if network is None:
+        if moniker is not None and moniker.value:
+            raise ConfigurationError(
+                f"{moniker.where}: a moniker is announced in the node info, which needs --network NAME too "
+                "(the network this node is on; peers on another one are refused)"
+            )
+        return None
+    try:
+        return NodeInfo(network=network.value, moniker=moniker.value if moniker is not None else "")
+    except ValueError as e:  # it names the field and the value
+        where = moniker.where if moniker is not None and "moniker" in str(e) else network.where
+        raise ConfigurationError(f"{where}: {e}") from None
+
+
+def _reactor_options(given: dict, reactors: tuple[Setting, ...]) -> dict[str, dict[str, Setting]]:
+    """The reactor options, each for a ``--reactor`` of that CLASS (checked against the
+    constructor when the reactor is built: mconn/ops/node.py)."""
+    setting = given.get(REACTOR_OPTIONS)
+    if setting is None:
+        return {}
+    tables = cast(dict[str, dict[str, Setting]], setting.value)
+    classes = [text_of(r).partition(":")[2] for r in reactors]
+    for name, options in tables.items():
+        if name not in classes:
+            where = next(iter(options.values())).where if options else setting.where
+            known = ", ".join(classes) or "none"
+            raise ConfigurationError(f"{where}: no --reactor is a {name} (the reactors: {known})")
+    return tables
 
 
 def _pex_settings(given: dict) -> PexSettings:

@@ -6,6 +6,7 @@ problem, before anything is written or bound.
 """
 
 import os
+import re
 import stat
 import textwrap
 
@@ -561,3 +562,170 @@ def test_pex_settings_from_the_command_line_and_toml_reach_the_pex_reactor(tmp_p
 def test_bad_pex_settings_stop_with_one_line(args, expected):
     """A PEX option without a PEX reactor, or a private peer id that is not a node id, stops the node."""
     assert error_of(*args).startswith(expected)
+
+
+# -- node info: --network and --moniker ------------------------------------------------------
+
+
+def test_network_and_moniker_from_the_command_line_and_toml_reach_the_switch(tmp_path):
+    """--network and --moniker (or network and moniker in a file) become the Switch's NodeInfo; without
+    --network the node announces none and requires none."""
+    assert makeService(parse()).switch.node_info is None
+    info = makeService(parse("--network", "chain-a", "--moniker", "alice west")).switch.node_info
+    assert (info.network, info.moniker) == ("chain-a", "alice west")
+    assert makeService(parse("--network", "chain-a")).switch.node_info.moniker == ""
+    write(tmp_path / "n.toml", "network = 'chain-b'\nmoniker = 'bob'\n")
+    info = makeService(parse("--config", "n.toml", "--moniker", "carol")).switch.node_info
+    assert (info.network, info.moniker) == ("chain-b", "carol")  # the command line wins
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--moniker", "alice"],
+            "mconn: --moniker: a moniker is announced in the node info, which needs --network NAME too",
+        ),
+        (["--network", "a b"], "mconn: --network: NodeInfo.network must be printable ASCII without spaces, got 'a b'"),
+        (["--network", "n" * 51], "mconn: --network: NodeInfo.network is 51 bytes; at most 50"),
+        (["--network", "a", "--moniker", "x" * 65], "mconn: --moniker: NodeInfo.moniker is 65 bytes; at most 64"),
+        (
+            ["--network", "a", "--moniker", "bell\x07"],
+            "mconn: --moniker: NodeInfo.moniker must be printable text, got 'bell\\x07'",
+        ),
+    ],
+)
+def test_a_bad_network_or_moniker_stops_with_one_line_naming_it(args, expected):
+    """A moniker without a network, or a network or moniker over its limit or with characters NodeInfo does
+    not allow, stops the node with one line naming the option and the value."""
+    assert error_of(*args).startswith(expected)
+
+
+def test_a_bad_moniker_in_toml_names_the_file_and_key(tmp_path):
+    write(tmp_path / "n.toml", "network = 'a'\nmoniker = 5\n")
+    assert error_of("--config", "n.toml") == "mconn: n.toml: moniker: 5 must be text"
+
+
+# -- reactor options -----------------------------------------------------------------------
+
+GREETER = "operators.option_reactors:Greeter"
+
+
+def greeter_options(*args) -> dict:
+    return makeService(parse("--reactor", GREETER, *args)).switch.reactor("Greeter").options
+
+
+def test_reactor_options_are_keyword_arguments_typed_by_the_constructor(tmp_path):
+    """--reactor-option CLASS.key=value is a keyword argument of that reactor; text becomes an int, float or
+    bool where the parameter is annotated so (none: None where it may be None), else stays text."""
+    assert greeter_options() == {"greeting": "hello", "repeat": 1, "loud": False, "ratio": None, "tags": ()}
+    options = greeter_options(
+        "--reactor-option",
+        "Greeter.greeting=hi=there",
+        "--reactor-option",
+        "Greeter.repeat=3",
+        "--reactor-option",
+        "Greeter.loud=yes",
+        "--reactor-option",
+        "Greeter.ratio=0.25",
+        "--reactor-option",
+        "Greeter.tags=a,b",
+    )
+    assert options == {"greeting": "hi=there", "repeat": 3, "loud": True, "ratio": 0.25, "tags": "a,b"}
+    assert greeter_options("--reactor-option", "Greeter.ratio=none")["ratio"] is None
+
+
+def test_reactor_tables_in_toml_keep_their_types_and_the_command_line_replaces_one_key(tmp_path):
+    """A [reactors.CLASS] table gives that reactor its keys with their TOML types; a --reactor-option of
+    the same key replaces the file's value, the file's other keys stay."""
+    write(
+        tmp_path / "n.toml",
+        f"""\
+        reactor = "{GREETER}"
+        [reactors.Greeter]
+        greeting = "from the file"
+        repeat = 2
+        tags = ["x", "y"]
+    """,
+    )
+    options = makeService(parse("--config", "n.toml", "--reactor-option", "Greeter.repeat=7")).switch.reactor("Greeter")
+    assert options.options == {
+        "greeting": "from the file",
+        "repeat": 7,
+        "loud": False,
+        "ratio": None,
+        "tags": ["x", "y"],
+    }
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["--reactor-option", "Greeter.colour=blue"],
+            "mconn: --reactor-option Greeter.colour: Greeter takes no option 'colour' "
+            "(its options: greeting, repeat, loud, ratio, tags)",
+        ),
+        (
+            ["--reactor-option", "Greeter.repeat=many"],
+            "mconn: --reactor-option Greeter.repeat: Greeter's repeat is int: 'many' is not one",
+        ),
+        (
+            ["--reactor-option", "Greeter.loud=maybe"],
+            "mconn: --reactor-option Greeter.loud: Greeter's loud is bool: 'maybe' is not one",
+        ),
+        (["--reactor-option", "Greeter"], "mconn: --reactor-option 'Greeter': must be NAME.key=value"),
+        (["--reactor-option", "Greeter.repeat"], "mconn: --reactor-option 'Greeter.repeat': must be NAME.key=value"),
+        (
+            ["--reactor-option", "Chat.x=1"],
+            "mconn: --reactor-option Chat.x: no --reactor is a Chat (the reactors: Greeter)",
+        ),
+    ],
+)
+def test_a_bad_reactor_option_stops_with_one_line_naming_reactor_and_key(args, expected):
+    """An option the constructor does not take, a value that is not the parameter's type, a malformed
+    option or one for a reactor that is not run stops the node, naming the reactor and the key."""
+    assert error_of("--reactor", GREETER, *args).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("[reactors.Greeter]\ncolour = 'blue'\n", "n.toml: reactors.Greeter.colour: Greeter takes no option 'colour'"),
+        ("reactors = 5\n", "n.toml: reactors: must hold one table per reactor: [reactors.NAME] key = value"),
+        ("reactor_option = ['Greeter.repeat=2']\n", "n.toml: reactor_option: in a file, reactor options are a table"),
+        ("[reactors.Nobody]\nx = 1\n", "n.toml: reactors.Nobody.x: no --reactor is a Nobody (the reactors: Greeter)"),
+    ],
+)
+def test_bad_reactor_tables_in_toml_name_the_file_and_key(tmp_path, text, expected):
+    write(tmp_path / "n.toml", text)
+    assert error_of("--reactor", GREETER, "--config", "n.toml").startswith(f"mconn: {expected}")
+
+
+# -- the first hour: help and twistd's own options ---------------------------------------------
+
+
+def test_help_lists_the_node_options_first_then_the_config_fields_under_a_heading():
+    """The node's own options come first, key and listen leading; the Config fields follow under the
+    tuning heading, none of them before it and none of the node's after it."""
+    text = Options().getUsage(width=100)
+    head, heading, tuning = text.partition("Tuning: each field of mconn.Config")
+    assert heading, text
+    node = re.findall(r"^ {2}(?:-\w, | {4})--([\w-]+)", head, re.M)
+    config = re.findall(r"^ {2}(?:-\w, | {4})--([\w-]+)", tuning, re.M)
+    assert node[:8] == ["key", "create-key", "listen", "peer", "reactor", "reactor-option", "network", "moniker"]
+    assert {"config", "status", "tls", "telemetry", "help"} <= set(node)
+    fields = {name.replace("_", "-") for name in Config.__annotations__}
+    assert not fields & set(node)
+    assert {n.removeprefix("no-") for n in config} == fields
+
+
+@pytest.mark.parametrize("option", ["--pidfile", "--logfile", "-n", "--nodaemon"])
+def test_a_twistd_option_after_mconn_says_it_goes_before_mconn(option):
+    """twistd's options given after ``mconn`` stop with one line saying whose option it is and where
+    it goes."""
+    args = [option, "x"] if option in ("--pidfile", "--logfile") else [option]
+    assert error_of(*args) == (
+        f"mconn: {option} is an option of twistd, not of mconn: give it before 'mconn', "
+        f"as in 'twistd {option} ... mconn ...'"
+    )
