@@ -47,6 +47,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web import pages, resource, server
 
+from mconn.core.node_info import display_name
 from mconn.ops.metrics import SwitchMetrics
 from mconn.ops.status_page import PAGE
 from mconn.net.websocket_endpoints import transport_kind
@@ -166,9 +167,12 @@ class RateSampler:
 def status_document(switch, sampler: RateSampler, listen_addresses) -> dict:
     """The ``/status.json`` document (specs/status.md section 2)."""
     tls = getattr(switch, "tls", None)
+    moniker = _moniker(getattr(switch, "node_info", None))
     return {
         "version": STATUS_VERSION,
         "node_id": switch.node_id,
+        "moniker": moniker,
+        "name": display_name(switch.node_id, moniker),
         "time": time.time(),
         "listen_addresses": list(listen_addresses()),
         "tls": tls.mode if tls is not None else None,
@@ -247,11 +251,19 @@ def _transport(peer) -> str | None:
     return transport_kind(protocol.transport) if protocol is not None and protocol.transport is not None else None
 
 
+def _moniker(node_info) -> str:
+    """The moniker of a node info, "" for none."""
+    return node_info.moniker if node_info is not None else ""
+
+
 def _peer_fields(peer, sampler: RateSampler) -> dict:
     stats = peer.stats
     unconfirmed = stats.unconfirmed
+    moniker = _moniker(peer.node_info)
     return {
         "node_id": stats.node_id,
+        "moniker": moniker,
+        "name": display_name(stats.node_id, moniker),
         "state": stats.state,
         "direction": "outbound" if stats.is_outbound else "inbound",
         "remote_address": str(peer.remote_address or ""),
@@ -275,6 +287,7 @@ def _peer_fields(peer, sampler: RateSampler) -> dict:
         "channels": [
             {
                 "channel_id": c.channel_id,
+                "name": c.name,
                 "priority": c.priority,
                 "queue_depth": c.queue_depth,
                 "waiting_sends": c.waiting_sends,

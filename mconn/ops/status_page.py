@@ -1,7 +1,10 @@
 """The status page's HTML (served at ``/`` by mconn.ops.status): self-contained, inline CSS
 and JavaScript, no external fetches (its Content-Security-Policy forbids them). It
 fetches ``status.json`` every second and redraws the peers, their channels and the rate
-sparklines (specs/status.md section 1), and a section per reactor that reports a status
+sparklines (specs/status.md section 1). Nodes are named ``moniker (abcd1234)`` (the
+document's ``name``; the whole id is the title of the cell), channels by their name and
+id; the session's message counts have a column each, under "sent" (accepted,
+acknowledged by the peer) and "received" (delivered here). Then a section per reactor that reports a status
 (``Reactor.status()``: its keys and values, written as text with ``textContent``, never
 parsed as HTML).
 """
@@ -20,7 +23,7 @@ PAGE = """<!DOCTYPE html>
   .meta { color: #4b5565; }
   .meta span { margin-right: 1.6em; }
   table { border-collapse: collapse; background: #fff; box-shadow: 0 0 0 1px #dde1e7; }
-  th, td { padding: .3em .55em; text-align: left; border-bottom: 1px solid #eceef2; white-space: nowrap; }
+  th, td { padding: .3em .45em; text-align: left; border-bottom: 1px solid #eceef2; white-space: nowrap; }
   th { background: #f0f2f5; font-weight: 600; font-size: 12.5px; }
   td.n { text-align: right; font-variant-numeric: tabular-nums; }
   tr.channel td { background: #fbfcfd; font-size: 12.5px; }
@@ -34,20 +37,29 @@ PAGE = """<!DOCTYPE html>
   svg.spark .send { stroke: #2463eb; } svg.spark .receive { stroke: #d9480f; }
   #error { color: #8a1c25; }
   .legend i { display: inline-block; width: .9em; height: .2em; vertical-align: middle; margin: 0 .3em 0 .8em; }
+  h1 .id { color: #4b5565; font-weight: 400; margin-left: .5em; }
+  th.group { text-align: center; border-bottom: 1px solid #dde1e7; }
+  .channel-name { font-weight: 600; color: #1d2430; }
 </style>
 </head>
 <body>
-<h1>mconn node <span class="id" id="node-id">&hellip;</span></h1>
+<h1>mconn node <span id="node-name">&hellip;</span> <span class="id" id="node-id"></span></h1>
 <div class="meta" id="meta"></div>
 <div class="meta">Prometheus metrics: <a href="metrics">/metrics</a></div>
 <div id="error"></div>
 <h2>Peers <span class="meta legend"><i style="background:#2463eb"></i>sent
   <i style="background:#d9480f"></i>received, bytes/s over the last minute</span></h2>
 <table id="peers"><thead><tr>
-  <th>peer / channel</th><th>state</th><th>address</th><th>transport</th><th>uptime</th><th>resumes</th>
-  <th title="last ping round trip">RTT</th><th>queue</th><th>send rate</th><th>receive rate</th>
-  <th title="messages accepted for sending / confirmed by the peer / delivered here">acc / ack / dlv</th>
-  <th title="accepted and not yet confirmed delivered by the peer">unconfirmed</th>
+  <th rowspan="2">peer / channel</th><th rowspan="2">state</th><th rowspan="2">address</th>
+  <th rowspan="2">transport</th><th rowspan="2">uptime</th><th rowspan="2">resumes</th>
+  <th rowspan="2" title="last ping round trip">RTT</th><th rowspan="2">queue</th>
+  <th rowspan="2">send rate</th><th rowspan="2">receive rate</th>
+  <th class="group" colspan="2" title="messages of this session">sent</th><th class="group" title="messages of this session">received</th>
+  <th rowspan="2" title="accepted and not yet confirmed delivered by the peer">unconfirmed</th>
+</tr><tr>
+  <th title="messages this session accepted for sending to the peer">accepted</th>
+  <th title="of those, confirmed delivered by the peer">acknowledged</th>
+  <th title="messages of this session from the peer delivered to this node's reactor">delivered</th>
 </tr></thead><tbody></tbody></table>
 <h2>Node counters</h2>
 <table id="counters"><thead><tr><th>node</th><th>resume rejections</th><th>grace expiries</th>
@@ -84,7 +96,7 @@ function duration(s) {
   return Math.floor(s / 86400) + "d" + String(Math.floor(s % 86400 / 3600)).padStart(2, "0") + "h";
 }
 function spark(values, cls, top, slots) {
-  const w = 90, h = 22, svg = document.createElementNS(SVG, "svg");
+  const w = 76, h = 22, svg = document.createElementNS(SVG, "svg");
   svg.setAttribute("class", "spark"); svg.setAttribute("width", w); svg.setAttribute("height", h);
   const line = document.createElementNS(SVG, "polyline");
   const n = Math.max(slots, values.length, 2) - 1, first = n + 1 - values.length;
@@ -101,7 +113,21 @@ function rates(o) {
   receive.appendChild(spark(o.receive_history, "receive", Math.max(1, ...o.receive_history), SLOTS));
   return [send, receive];
 }
+function channelName(c) {
+  const id = "0x" + c.channel_id.toString(16).padStart(2, "0");
+  const cell = el("td");
+  if (c.name) cell.append(el("span", c.name, "channel-name"), " (" + id + ")");
+  else cell.append("channel " + id);
+  cell.append(", priority " + c.priority);
+  return cell;
+}
+function nodeCell(id, name) {
+  const cell = el("td", name || id, "mono");
+  cell.title = id;
+  return cell;
+}
 function render(doc) {
+  document.getElementById("node-name").textContent = doc.name || doc.node_id;
   document.getElementById("node-id").textContent = doc.node_id;
   SLOTS = doc.sample_slots;
   const meta = document.getElementById("meta");
@@ -111,23 +137,24 @@ function render(doc) {
   const body = document.querySelector("#peers tbody");
   const rows = [];
   for (const p of doc.peers) {
-    const tr = row([el("td", p.node_id, "mono"), el("td"), el("td", p.remote_address, "mono"),
+    const tr = row([nodeCell(p.node_id, p.name), el("td"), el("td", p.remote_address, "mono"),
       el("td", p.transport || "-"), num(duration(p.uptime)), num(p.resumes),
       num(p.round_trip === null ? "-" : (p.round_trip * 1000).toFixed(1) + " ms"), num(""),
-      ...rates(p), num(""), num("")], "peer");
+      ...rates(p), num(""), num(""), num(""), num("")], "peer");
     tr.dataset.peer = p.node_id;
     tr.children[1].append(el("span", p.state, "state " + p.state), el("span", " " + p.direction, "dir"));
     rows.push(tr);
     for (const c of p.channels) {
-      rows.push(row([el("td", "channel 0x" + c.channel_id.toString(16).padStart(2, "0") + ", priority " + c.priority),
+      rows.push(row([channelName(c),
         "", "", "", "", "", "", num(c.queue_depth + (c.waiting_sends ? " +" + c.waiting_sends + " waiting" : "")),
-        ...rates(c), num(c.accepted + " / " + c.acked + " / " + c.delivered), num(c.unconfirmed)], "channel"));
+        ...rates(c), num(c.accepted), num(c.acked), num(c.delivered), num(c.unconfirmed)], "channel"));
     }
   }
   if (!rows.length) rows.push(row([el("td", "no peers")]));
   body.replaceChildren(...rows);
+  const names = Object.fromEntries(doc.peers.map(p => [p.node_id, p.name]));
   const counters = doc.node_counters.map(c =>
-    row([el("td", c.node_id, "mono"), num(c.resume_rejections), num(c.grace_expiries),
+    row([nodeCell(c.node_id, names[c.node_id]), num(c.resume_rejections), num(c.grace_expiries),
       num(c.duplicates_refused), num(c.duplicates_replaced), num(c.simultaneous_dials)]));
   document.querySelector("#counters tbody").replaceChildren(...(counters.length ? counters : [row(["none"])]));
   const refusals = Object.entries(doc.refusals).map(([reason, count]) => row([reason, num(count)]));

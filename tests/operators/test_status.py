@@ -28,7 +28,7 @@ import pytest_twisted
 from twisted.internet import defer, task, threads
 
 from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, the_reactor, until as poll
-from mconn import ChannelDescriptor, Config, Reactor, Switch
+from mconn import ChannelDescriptor, Config, NodeInfo, Reactor, Switch
 from mconn.ops.cli import format_status
 from mconn.ops.status import PAGE, StatusService, local_endpoint, serve_status
 
@@ -42,7 +42,9 @@ TIMEOUT = 15.0
 #: Every wait of this module polls for at most TIMEOUT seconds.
 until = functools.partial(poll, seconds=TIMEOUT)
 BROWSER_TIMEOUT = 60.0
-CHANNELS = (ChannelDescriptor(0x20, priority=1), ChannelDescriptor(0x30, priority=7))
+CHANNELS = (ChannelDescriptor(0x20, priority=1, name="votes"), ChannelDescriptor(0x30, priority=7))
+#: The monikers of a, b and c (the node infos of the network fixture).
+MONIKERS = ("alice", "bob", "carol")
 CONFIG = Config(stats_interval=0)
 
 
@@ -75,7 +77,10 @@ async def get_json(service) -> dict:
 @pytest.fixture
 def network():
     """Three started Switches (a, b, c), fully connected on 127.0.0.1; stopped at the end."""
-    switches = [Switch([Sink()], config=CONFIG, clock=the_reactor()) for _ in range(3)]
+    switches = [
+        Switch([Sink()], config=CONFIG, clock=the_reactor(), node_info=NodeInfo(network="status-test", moniker=m))
+        for m in MONIKERS
+    ]
     for s in switches:
         s.startService()
     services = []
@@ -107,15 +112,20 @@ async def test_status_json_shows_the_switch_its_peers_channels_and_moving_counte
     services.append(service)
     document = await get_json(service)
     assert document["version"] == 1 and document["node_id"] == a.node_id
+    assert document["moniker"] == "alice" and document["name"] == f"alice ({a.node_id[:8]})"
     assert document["listen_addresses"] == [a.listen_address] and document["tls"] is None
     peers = {p["node_id"]: p for p in document["peers"]}
     assert set(peers) == {b.node_id, c.node_id}
+    assert {p["name"] for p in peers.values()} == {f"bob ({b.node_id[:8]})", f"carol ({c.node_id[:8]})"}
     assert {p["state"] for p in peers.values()} == {"connected"}
     assert {p["direction"] for p in peers.values()} == {"inbound"}
     for node_id, peer in peers.items():
         assert peer["remote_address"] == a.peers[node_id].remote_address
         assert peer["listen_address"] == a.peers[node_id].listen_address != ""
-        assert [(ch["channel_id"], ch["priority"]) for ch in peer["channels"]] == [(0x20, 1), (0x30, 7)]
+        assert [(ch["channel_id"], ch["name"], ch["priority"]) for ch in peer["channels"]] == [
+            (0x20, "votes", 1),
+            (0x30, "", 7),
+        ]
 
     before = peers[b.node_id]["channels"][1]
     for _ in range(20):
@@ -164,7 +174,11 @@ async def test_the_page_is_self_contained_and_json_has_no_key_material(network):
         raw = switch.node_key.private_key.private_bytes_raw()
         assert raw.hex().encode() not in body and base64.b64encode(raw) not in body
     text = format_status(json.loads(body))  # `mconn status` reads the same document
-    assert b.node_id in text and c.node_id in text and "connected" in text
+    lines = text.splitlines()
+    assert lines[0] == f"node       alice ({a.node_id[:8]})" and lines[1] == f"id         {a.node_id}"
+    for name, switch in (("bob", b), ("carol", c)):
+        [row] = [line for line in lines if line.startswith(f"{name} ({switch.node_id[:8]})")]
+        assert "connected" in row
 
 
 def test_endpoints_without_an_interface_listen_on_loopback():
@@ -306,12 +320,26 @@ async def look_at(service, a, b, c):
     budget = "--virtual-time-budget=3000"
     dom = await threads.deferToThread(run_browser, budget, "--dump-dom", service.url)
     assert f'id="node-id">{a.node_id}<' in dom
-    for peer in (b, c):
+    assert f'id="node-name">alice ({a.node_id[:8]})<' in dom  # this node by its moniker
+    for name, peer in (("bob", b), ("carol", c)):
         match = re.search(rf'<tr class="peer" data-peer="{peer.node_id}">(.*?)</tr>', dom, re.S)
         assert match, f"no row for peer {peer.node_id} in the rendered page:\n{dom[:3000]}"
+        assert f'<td class="mono" title="{peer.node_id}">{name} ({peer.node_id[:8]})</td>' in match.group(1)
         assert '<span class="state connected">connected</span>' in match.group(1)
         assert match.group(1).count('<svg class="spark"') == 2
-    assert dom.count('<tr class="channel">') == 4
+    channels = re.findall(r'<tr class="channel">(.*?)</tr>', dom, re.S)
+    assert len(channels) == 4
+    # Channels by name and id; the session's counts in a labelled column each, under sent and received.
+    assert sum('<span class="channel-name">votes</span> (0x20), priority 1' in row for row in channels) == 2
+    assert sum("<td>channel 0x30, priority 7</td>" in row for row in channels) == 2
+    header = re.search(r"<thead>(.*?)</thead>", dom, re.S).group(1)
+    assert "acc / ack / dlv" not in dom
+    for label in ("sent", "received", "accepted", "acknowledged", "delivered", "unconfirmed"):
+        assert f">{label}</th>" in header, label
+    for row in channels:  # accepted, acknowledged, delivered, unconfirmed: one number a cell
+        accepted, acked, delivered, unconfirmed = re.findall(r'<td class="n">([^<]*)', row)[-4:]
+        assert all(n.isdigit() for n in (accepted, acked, delivered, unconfirmed)), row
+        assert int(acked) <= int(accepted)
     assert '<div id="error"></div>' in dom  # every fetch of status.json succeeded
     # The reactor's own section, its values written as text, not parsed as HTML.
     section = re.search(r'<section class="reactor" data-reactor="Sink">(.*?)</section>', dom, re.S)
