@@ -186,7 +186,7 @@ td, th { border: 1px solid #ddd; padding: 2px 8px; text-align: left; } th { back
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 .grid { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
 .grid figure { margin: 0; max-width: 100%; } img { max-width: 100%; height: auto; }
-figcaption { color: #666; font-size: 0.8em; max-width: 32em; }
+figcaption, figure > p.note { color: #666; font-size: 0.8em; max-width: 32em; }
 .note { color: #666; font-size: 0.85em; }
 dl.legend { color: #444; font-size: 0.8em; margin: 0.3em 0; }
 dl.legend dt { font-weight: 600; float: left; clear: left; margin-right: 0.4em; }
