@@ -268,7 +268,7 @@ class ChatTerminal:
             d = self.chat.send_file(path, on_progress=lambda sent, total: self.progress(name, sent, total))
         except OSError as e:
             return self.out(f"cannot send {path}: {e.strerror or e}")
-        self.sending = (name, 0, os.path.getsize(path) * len(self.switch.peers))
+        self.sending = (name, 0, os.path.getsize(path))  # the file's bytes, counted once (not per peer)
         d.addCallback(self.sent, name)
         d.addErrback(lambda f: self.out(f"sending {name} failed: {f.getErrorMessage()}"))
         d.addBoth(lambda _: setattr(self, "sending", None))

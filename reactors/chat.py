@@ -307,8 +307,10 @@ class ChatReactor(Reactor):
     def send_file(self, path, on_progress=None):
         """Send a file to every connected peer.
 
-        :param on_progress: called as ``on_progress(sent_bytes, total_bytes)``, summed over
-            the peers, as chunks are accepted by the channel queues.
+        :param on_progress: called as ``on_progress(sent_bytes, file_size)`` as chunks are
+            accepted by the channel queues, the file's bytes counted once: ``sent_bytes``
+            is what every peer still being sent the file has been given (the slowest one's
+            count; a peer that refused or left no longer holds it back).
         :returns: a Deferred firing with ``{node_id: FileReceipt}`` once every peer has
             answered (stored and verified, refused) or gone.
         :raises OSError: if the file cannot be read.

@@ -174,7 +174,7 @@ class FileTransfers:
         size, digest = _size_and_sha256(path)
         name = clip_utf8(os.path.basename(path).replace("\\", "_"), MAX_FILE_NAME) or "file"
         peers = list(self.chat.switch.peers.values())
-        progress = _Progress(size * len(peers), on_progress)
+        progress = _Progress(size, [p.node_id for p in peers], on_progress)
         sends = [defer.ensureDeferred(self._send_file_to(peer, path, name, size, digest, progress)) for peer in peers]
         d = defer.gatherResults(sends)
         return d.addCallback(lambda receipts: {p.node_id: r for p, r in zip(peers, receipts)})
@@ -185,6 +185,7 @@ class FileTransfers:
         try:
             return await self._transfer(peer, path, name, size, digest, progress)
         finally:
+            progress.done(peer.node_id)
             lock.release()
             if not lock.locked and not lock.waiting:
                 self._locks.pop(peer.node_id, None)
@@ -210,7 +211,8 @@ class FileTransfers:
                 if not await _send_while_open(peer, FILE, encode(FILE, CHUNK, transfer=transfer, data=data)):
                     break  # the session ended: peer_gone has fired the receipt
                 sent += len(data)
-                progress.add(len(data))
+                progress.add(peer.node_id, len(data))
+            progress.done(peer.node_id)  # a refusal stops this peer's share here: the others' bar moves on
             if sent < size and peer.state != "closed":
                 await _send_while_open(peer, FILE, encode(FILE, CANCEL, transfer=transfer, reason="refused"))
         return await receipt
@@ -363,15 +365,41 @@ class FileTransfers:
 
 
 class _Progress:
-    def __init__(self, total: int, callback) -> None:
-        self.total = total
-        self.sent = 0
-        self.callback = callback
+    """The progress of one file sent to several peers, its bytes counted once.
 
-    def add(self, n: int) -> None:
-        self.sent += n
-        if self.callback is not None:
-            self.callback(self.sent, self.total)
+    ``callback(sent, size)``: ``sent`` is what every peer still being sent the file has
+    been given, the slowest one's count; a peer whose share stopped (it refused, it left)
+    no longer holds it back. Once every share has stopped it is the most any peer got: the
+    file size when one took it all. Called when that count changes.
+    """
+
+    def __init__(self, size: int, peers: list[str], callback) -> None:
+        self.size = size
+        self.sent = dict.fromkeys(peers, 0)
+        self.active = set(peers)
+        self.callback = callback
+        self.reported = 0
+
+    def add(self, node_id: str, n: int) -> None:
+        self.sent[node_id] += n
+        self._report()
+
+    def done(self, node_id: str) -> None:
+        if node_id in self.active:
+            self.active.discard(node_id)
+            self._report()
+
+    def count(self) -> int:
+        if self.active:
+            return min(self.sent[p] for p in self.active)
+        return max(self.sent.values(), default=0)
+
+    def _report(self) -> None:
+        count = self.count()
+        if count != self.reported:
+            self.reported = count
+            if self.callback is not None:
+                self.callback(count, self.size)
 
 
 async def _send_while_open(peer, channel_id: int, message: bytes) -> bool:
