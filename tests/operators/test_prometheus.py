@@ -7,6 +7,11 @@ installs it) is started on 127.0.0.1 with a free port, its TSDB in the test's te
 directory and a 1 s scrape interval over both nodes' ``/metrics``; PromQL queries through
 its HTTP API (``/api/v1/query``) must return what the nodes did. Every wait is bounded;
 Prometheus and the nodes are stopped by their PIDs whatever the outcome.
+
+The second test is the alert an operator writes: ``increase(...[1m]) > 0`` must see the
+first error. A frozen peer (its process stopped with SIGSTOP) is a link failure,
+``mconn_link_failures_total{error="PongTimeout"}``, and not a protocol error; a raw peer
+that sends on a channel the node does not have is one, ``UnknownChannel``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import urllib.request
 
 import pytest
 
+from helpers import dialer_hello, msg_packet
 from mconn import ChannelDescriptor, Reactor
 
 PROMETHEUS = pathlib.Path("/usr/bin/prometheus")
@@ -194,4 +200,53 @@ def test_prometheus_scrapes_two_nodes_and_promql_returns_what_they_did(nodes, tm
             (targets["a"], ids["b"], "connected")
         ]
     finally:
+        prometheus.stop()
+
+
+def increased(prometheus: Prometheus, promql: str) -> dict[str, float]:
+    """{instance: value} of ``promql`` where it is above 0."""
+    return {k: v for k, v in prometheus.by_instance(promql).items() if v > 0}
+
+
+@pytest.mark.integration
+def test_the_first_link_failure_and_the_first_protocol_error_each_trip_an_increase_alert(nodes, tmp_path):
+    """Prometheus scrapes a's link-failure and protocol-error series at 0 before anything happens; b is
+    frozen (SIGSTOP) and a's pong timeout makes increase(mconn_link_failures_total{error="PongTimeout"}[1m])
+    above 0 on a, while a's protocol errors stay 0; then a raw peer sends on channel 0x99 and
+    increase(mconn_protocol_errors_total{error="UnknownChannel"}[1m]) goes above 0."""
+    assert PROMETHEUS.exists(), "make installs Debian's prometheus package"
+    args = ("--reactor", "operators.test_prometheus:Burst", "--status", "tcp:0", "--stats-interval", "0")
+    a = nodes("a").start("--listen", "tcp:0:interface=127.0.0.1", "--ping-interval", "1", "--pong-timeout", "1", *args)
+    b = nodes("b").start("--listen", "tcp:0:interface=127.0.0.1", "--peer", a.address, *args)
+    target = urllib.parse.urlsplit(a.status_url).netloc
+    prometheus = Prometheus(tmp_path, [target])
+    frozen = False
+    try:
+        prometheus.wait_ready()
+        prometheus.until('sum by (instance) (mconn_peers{state="connected"})', {target: 1.0}, "a connected to b")
+        # Both series at 0, scraped before the first event: increase() has a sample to start from.
+        prometheus.until('mconn_link_failures_total{error="PongTimeout"}', {target: 0.0}, "the link series at 0")
+        prometheus.until('mconn_protocol_errors_total{error="UnknownChannel"}', {target: 0.0}, "the error series at 0")
+        b.process.send_signal(signal.SIGSTOP)  # a frozen peer: nothing answers a's ping
+        frozen = True
+        prometheus.until(
+            'increase(mconn_link_failures_total{error="PongTimeout"}[1m]) > 0',
+            [target],
+            "the frozen peer's pong timeout in increase()",
+            by=lambda q: sorted(increased(prometheus, q)),
+        )
+        errors = prometheus.by_instance("sum by (instance) (mconn_protocol_errors_total)")
+        assert errors == {target: 0.0}, f"a pong timeout is not a protocol error: {errors}"
+        host, port = a.address.split("@")[1].rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as rude:
+            rude.sendall(dialer_hello(channels=[ChannelDescriptor(BURST)]) + msg_packet(0x99, b"?"))
+            prometheus.until(
+                'increase(mconn_protocol_errors_total{error="UnknownChannel"}[1m]) > 0',
+                [target],
+                "the first protocol error in increase()",
+                by=lambda q: sorted(increased(prometheus, q)),
+            )
+    finally:
+        if frozen:
+            b.process.send_signal(signal.SIGCONT)
         prometheus.stop()
