@@ -102,7 +102,7 @@ async def test_the_follower_shows_the_live_fleet_and_ends_with_the_batch_runs_ta
     collectors = {name: Collector(CHANNELS) for name in "ABC"}
     nodes = {name: Switch([collectors[name]], clock=the_reactor(), config=config) for name in "ABC"}
     files = [
-        TelemetryFileService(logs / f"{name}.json", s.node_id, rotate_seconds=1, clock=the_reactor())
+        TelemetryFileService(logs / f"{name}.json", s.node_id, rotate_seconds=1, keep_files=10_000, clock=the_reactor())
         for name, s in nodes.items()
     ]
     proxy = None
