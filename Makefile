@@ -3,6 +3,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # How long `make run`'s fleet runs, in seconds (starting, stopping and the audit come on top).
 RUN_SECONDS ?= 60
+# `make run FOLLOW=1`: mconn-pipeline --follow shows the fleet live on http://127.0.0.1:8090/.
+FOLLOW ?=
 
 .PHONY: test lint run bench clean
 
@@ -43,7 +45,7 @@ test: lint
 	$(PY) -m pytest -q
 
 run: $(STAMP)
-	$(PY) examples/fleet.py --duration $(RUN_SECONDS)
+	$(PY) examples/fleet.py --duration $(RUN_SECONDS) $(if $(FOLLOW),--follow)
 
 bench: $(STAMP)
 	$(PY) bench/run.py

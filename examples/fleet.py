@@ -1,6 +1,6 @@
 """A fleet of five mconn nodes on 127.0.0.1, with faults, audited afterwards: ``make run``.
 
-    python examples/fleet.py [--duration 60] [--out DIR]
+    python examples/fleet.py [--duration 60] [--out DIR] [--follow [--follow-port 8090]]
 
 What happens, in order (one progress line says which phase, and what so far):
 
@@ -44,6 +44,12 @@ requests are refused (the new process does not know the sessions) and fresh sess
 start: the pipeline counts those as *fresh starts*, the resets and the black hole as
 *resumes*. The audit must find 0 lost and 0 duplicated messages.
 
+With ``--follow`` (``make run FOLLOW=1``) ``mconn-pipeline --follow`` watches the fleet
+while it runs: the nodes close their telemetry files every 2 s, and the follower's page
+(printed at the start; http://127.0.0.1:8090/ unless ``--follow-port``) shows the links,
+the breaks and resumes, and the audit's verdict, a few seconds behind. After the stop it
+reads the last files, its verdict is printed, and it is stopped before the batch audit.
+
 Every process started is recorded in ``RUN/pids`` and stopped by its PID: at the end,
 on an error, and on Ctrl-C. Exit status: 0 when the run and the audit are clean, 1 when
 a node failed to start or the pipeline failed, 3 when the audit found lost or
@@ -55,12 +61,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import pathlib
+import re
 import signal
+import urllib.request
 import sys
 import time
 
-from twisted.internet import defer, task
+from twisted.internet import defer, protocol, task, threads
 
 HERE = pathlib.Path(__file__).resolve()
 ROOT = HERE.parents[1]
@@ -93,6 +102,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="bulk bytes per second from each node to each peer (default 65536)",
     )
     p.add_argument("--no-pipeline", action="store_true", help="stop after the fleet; no audit")
+    p.add_argument(
+        "--follow", action="store_true", help="watch the fleet live with mconn-pipeline --follow (a page on 127.0.0.1)"
+    )
+    p.add_argument("--follow-port", type=int, default=8090, metavar="PORT", help="the live page's port (default 8090)")
     args = p.parse_args(argv)
     if args.duration < 10:
         p.error(f"--duration must be at least 10 seconds, got {args.duration}")
@@ -116,7 +129,9 @@ async def main(clock, args) -> int:
         bulk_rate=args.bulk_rate,
         progress=progress,
         pex=importlib.util.find_spec("reactors.pex") is not None,
+        follow=args.follow,
     )
+    follower = LiveView(clock, run_dir) if args.follow else None
     await task.deferLater(clock, 0, lambda: None)  # the reactor runs; replace its signal handlers
     catch_signals(clock, fleet)
     # Should the Twisted reactor stop some other way, the nodes are stopped first.
@@ -124,6 +139,9 @@ async def main(clock, args) -> int:
     try:
         print(f"fleet: {args.nodes} nodes for {args.duration:g} s, run directory {run_dir}", flush=True)
         print(f"fleet: {fleet.describe_features()}", flush=True)
+        if follower is not None:
+            fleet.telemetry_dir.mkdir(parents=True, exist_ok=True)
+            await follower.start(fleet.telemetry_dir, args.follow_port)
         await fleet.start()
         progress.done()
         print_status_urls(fleet.nodes)  # the seed's change when it is restarted
@@ -133,6 +151,8 @@ async def main(clock, args) -> int:
     finally:
         await fleet.stop_all()
         progress.done()
+        if follower is not None:
+            await follower.finish(fleet.telemetry_dir)
     print(f"fleet: stopped; {fleet.describe_faults()}", flush=True)
     if fleet.failures:
         for failure in fleet.failures:
@@ -147,6 +167,96 @@ async def main(clock, args) -> int:
         return INTERRUPTED
     (run_dir / "summary.json").write_text(json.dumps(result.record, indent=2, default=str) + "\n")
     return print_summary(result, fleet)
+
+
+class _Child(protocol.ProcessProtocol):
+    def __init__(self) -> None:
+        self.out = bytearray()
+        self.ended = defer.Deferred()
+
+    def outReceived(self, data: bytes) -> None:
+        self.out += data
+
+    def processEnded(self, reason) -> None:
+        self.ended.callback(getattr(reason.value, "exitCode", None))
+
+
+class LiveView:
+    """``mconn-pipeline --follow`` beside the fleet, recorded in RUN/pids, stopped by its PID."""
+
+    def __init__(self, clock, run_dir: pathlib.Path) -> None:
+        self.clock = clock
+        self.run_dir = run_dir
+        self.child = _Child()
+        self.pid: int | None = None
+        self.url: str | None = None
+
+    async def start(self, telemetry_dir: pathlib.Path, port: int) -> None:
+        program = pathlib.Path(sys.executable).with_name("mconn-pipeline")
+        args = [
+            str(program),
+            "--follow",
+            str(telemetry_dir),
+            "--port",
+            str(port),
+            "--out",
+            str(self.run_dir / "follow"),
+        ]
+        log = open(self.run_dir / "follow.log", "wb")
+        transport = self.clock.spawnProcess(
+            self.child,
+            args[0],
+            args,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            childFDs={0: "w", 1: "r", 2: log.fileno()},
+        )
+        log.close()
+        self.pid = transport.pid
+        with open(self.run_dir / "pids", "a") as f:
+            f.write(f"follow {self.pid} -\n")
+        for _ in range(120):  # Spark starts in 10 to 20 s
+            match = re.search(rb"the page is (http://\S+/)", bytes(self.child.out))
+            if match or self.child.ended.called:
+                break
+            await task.deferLater(self.clock, 0.5, lambda: None)
+        if not match:
+            print(f"fleet: the live view did not start; see {self.run_dir / 'follow.log'}", file=sys.stderr, flush=True)
+            return
+        self.url = match.group(1).decode()
+        print(f"fleet: live view {self.url} (links, resumes and the audit, a few seconds behind)", flush=True)
+
+    async def finish(self, telemetry_dir: pathlib.Path) -> None:
+        """Wait (bounded) until the follower read every closed file, print its verdict, stop it."""
+        try:
+            if self.url is not None:
+                closed = len([p for p in telemetry_dir.iterdir() if re.search(r"\.json\.\d{8}T\d{6}Z-\d+$", p.name)])
+                state = None
+                for _ in range(60):
+                    state = await threads.deferToThread(self._state)
+                    if state is not None and state["files"] >= closed:
+                        break
+                    await task.deferLater(self.clock, 1, lambda: None)
+                if state is not None and state["audit"]:
+                    a = state["audit"]
+                    print(
+                        f"fleet: live view: {state['files']} files, {a['messages_audited']} messages audited, "
+                        f"lost {a['lost']}, duplicated {a['duplicated']}",
+                        flush=True,
+                    )
+        finally:
+            if self.pid is not None and not self.child.ended.called:
+                os.kill(self.pid, signal.SIGTERM)
+                timer = self.clock.callLater(60, lambda: self.child.ended.called or os.kill(self.pid, signal.SIGKILL))
+                await self.child.ended
+                if timer.active():
+                    timer.cancel()
+
+    def _state(self):
+        try:
+            with urllib.request.urlopen(f"{self.url}state.json", timeout=10) as response:
+                return json.loads(response.read())
+        except (OSError, ValueError):
+            return None
 
 
 def catch_signals(clock, fleet) -> None:

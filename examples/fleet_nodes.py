@@ -45,6 +45,9 @@ NODE_CONFIG = {
     "telemetry-rotate-bytes": "0",
 }
 FILE_SIZE = 1 << 20
+#: Node options when mconn-pipeline --follow watches the fleet: files closed every 2 s
+#: (names that never change), and all of them kept for the audit at the end.
+FOLLOW_ARGS = ("--telemetry-rotate-seconds", "2", "--telemetry-keep-files", "1000000")
 
 
 class FleetError(Exception):
@@ -154,7 +157,8 @@ class Node:
     def start(self, peers: list[str], env: dict) -> None:
         self.starts += 1
         suffix = "" if self.starts == 1 else f"-{self.starts}"
-        telemetry = self.fleet.telemetry_dir / f"{self.name}{suffix}.json"
+        # Followed, a restart keeps its PATH: the node closes the killed run's file first.
+        telemetry = self.fleet.telemetry_dir / f"{self.name}{'' if self.fleet.follow else suffix}.json"
         self.log_path = self.directory / f"twistd{suffix}.log"
         args = [
             str(TWISTD),
@@ -176,6 +180,7 @@ class Node:
                 for a in ((f"--{option}",) if value is True else (f"--{option}", value))
             ],
             *self.fleet.feature_args,
+            *(FOLLOW_ARGS if self.fleet.follow else ()),
         ]
         with open(self.log_path, "wb") as log, open(os.devnull, "rb") as null:
             self.process = _Process()
@@ -242,7 +247,16 @@ class Fleet:
     """The nodes, the proxy in front of the seed, the schedule of faults."""
 
     def __init__(
-        self, clock, run_dir: pathlib.Path, *, count: int, duration: float, bulk_rate: float, progress, pex: bool
+        self,
+        clock,
+        run_dir: pathlib.Path,
+        *,
+        count: int,
+        duration: float,
+        bulk_rate: float,
+        progress,
+        pex: bool,
+        follow: bool = False,
     ) -> None:
         self.clock = clock
         self.run_dir = run_dir
@@ -252,6 +266,7 @@ class Fleet:
         self.bulk_rate = bulk_rate
         self.progress = progress
         self.pex = pex
+        self.follow = follow
         self.tls, self.status = plugin_offers("--tls", "--status")
         self.reactors = ["reactors.fleet:FleetChat", "reactors.fleet:FleetBulk"]
         if pex:

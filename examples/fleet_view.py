@@ -46,14 +46,27 @@ class TelemetryTail:
         self.directory = directory
         self.names = names
         self.listening: dict[str, str] = {}  # node id -> its first listen address
-        self._offsets: dict[pathlib.Path, int] = {}
+        self._offsets: dict[int, int] = {}  # inode -> bytes read
         self._state: dict[tuple[str, str], str] = {}  # (node, peer) -> connected / suspended
         self._resumed: set = set()  # (session id, resume number)
         self._delivered: dict[tuple, list] = {}  # (node, peer, channel) -> [base, last]
 
     def poll(self) -> None:
-        for path in sorted(self.directory.glob("*.json")):
-            offset = self._offsets.get(path, 0)
+        # Offsets by inode: a file closed by rotation (renamed PATH.<time>-<seq>) is read on
+        # from where its live name was left, and the new PATH from its start.
+        files = []
+        for path in self.directory.glob("*.json*"):
+            try:
+                files.append((path, path.stat()))
+            except OSError:
+                continue
+        files.sort(key=lambda f: (f[0].name.split(".json")[0], f[1].st_mtime))  # each node's oldest first
+        present = set()
+        for path, info in files:
+            present.add(info.st_ino)
+            offset = self._offsets.get(info.st_ino, 0)
+            if info.st_size <= offset:
+                continue
             try:
                 with open(path, "rb") as f:
                     f.seek(offset)
@@ -61,7 +74,7 @@ class TelemetryTail:
             except OSError:
                 continue
             end = data.rfind(b"\n") + 1  # only whole lines: the writer may be mid-line
-            self._offsets[path] = offset + end
+            self._offsets[info.st_ino] = offset + end
             for line in data[:end].splitlines():
                 try:  # jsonFileLogObserver starts each record with an RS (RFC 7464)
                     event = json.loads(line.lstrip(b"\x1e"))
@@ -69,6 +82,8 @@ class TelemetryTail:
                     continue  # a line cut by a SIGKILL: the pipeline counts those
                 if isinstance(event, dict):
                     self._see(event)
+        for inode in [i for i in self._offsets if i not in present]:
+            del self._offsets[inode]
 
     def _see(self, e: dict) -> None:
         kind, node, peer = e.get("event"), e.get("node_id"), e.get("peer_id")
