@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pyspark.sql import DataFrame, functions as F
+from pyspark.sql import Column, DataFrame, functions as F
 
 #: specs/pipeline.md section 5.4.
 VERDICTS = ("lost", "duplicated", "one_sided", "unsettled", "ok")
@@ -130,55 +130,112 @@ class Findings:
 def findings(audit_df: DataFrame, links_df: DataFrame, starts_cut: bool | None = False) -> Findings:
     """The findings of a run's ``delivery_audit`` and ``links`` tables. ``starts_cut``:
     ``--since`` was given (True: the sessions seen without their start are not counted),
-    or not known (None)."""
-    bad = audit_df.where((F.col("lost") > 0) | (F.col("duplicated") > 0))
-    ordered = bad.orderBy(F.desc("lost"), F.desc("duplicated"), "sender", "receiver", "session_id", "channel_id")
-    problems = [
-        r.asDict()
-        for r in ordered.select("sender", "receiver", "session_id", "channel_id", "lost", "duplicated")
-        .limit(NAMED)
-        .collect()
-    ]
-    killed, missing = _one_sided_causes(audit_df, links_df)
-    skews, skewed = _skews(links_df)
-    unstarted = (
-        {}
-        if starts_cut
-        else {
-            r["node_id"]: r["count"] for r in links_df.where(~F.col("start_seen")).groupBy("node_id").count().collect()
-        }
+    or not known (None). One Spark query: ``finding_counts`` and ``finding_parts`` side by
+    side (the batch job folds the counts into its summary query instead)."""
+    row = finding_counts(audit_df, links_df)
+    for part in finding_parts(audit_df, links_df, starts_cut):
+        row = row.crossJoin(part)
+    collected = row.first()
+    assert collected is not None  # aggregates without grouping: exactly one row
+    return assemble(collected.asDict(), collected.asDict(), starts_cut)
+
+
+def top(df: DataFrame, order: list[Column], rows: int, columns: list, name: str) -> DataFrame:
+    """One row, one column ``name``: the first ``rows`` rows of ``df`` in ``order`` (columns
+    sorted ascending, nulls first: negate a number for a descending order), each a struct
+    of ``columns``; ``ranked`` gives them back as a list. Bounded (the top rows are taken
+    first), so that many such rows side by side make one query collected at once."""
+    keys = [key.alias(f"_k{i}") for i, key in enumerate(order)]
+    picked = df.select(*keys, *columns).orderBy(*[f"_k{i}" for i in range(len(keys))]).limit(rows)
+    return picked.agg(F.sort_array(F.collect_list(F.struct(*picked.columns))).alias(name))
+
+
+def ranked(value) -> list:
+    """The rows of a ``top`` column, in order."""
+    return list(value or [])
+
+
+def _problem_rows(audit_df: DataFrame) -> DataFrame:
+    return audit_df.where((F.col("lost") > 0) | (F.col("duplicated") > 0))
+
+
+def finding_counts(audit_df: DataFrame, links_df: DataFrame) -> DataFrame:
+    """One row: ``problem_rows``, ``one_sided_killed``, ``one_sided_missing``,
+    ``skewed_sessions`` (what ``Findings`` counts)."""
+    problems = _problem_rows(audit_df).agg(F.count(F.lit(1)).alias("problem_rows"))
+    skewed = _skewed(links_df).agg(F.count(F.lit(1)).alias("skewed_sessions"))
+    return problems.crossJoin(_one_sided_causes(audit_df, links_df)).crossJoin(skewed)
+
+
+def finding_parts(audit_df: DataFrame, links_df: DataFrame, starts_cut: bool | None = False) -> list[DataFrame]:
+    """One-row frames of what ``Findings`` names: ``problems`` (the worst NAMED rows with a
+    lost or duplicated message), ``skews`` (the NAMED largest clock skews), ``unstarted``
+    (per node, its sessions seen without their start; empty when ``starts_cut``)."""
+    problems = top(
+        _problem_rows(audit_df),
+        [
+            -F.col("lost"),
+            -F.col("duplicated"),
+            F.col("sender"),
+            F.col("receiver"),
+            F.col("session_id"),
+            F.col("channel_id"),
+        ],
+        NAMED,
+        ["sender", "receiver", "session_id", "channel_id", "lost", "duplicated"],
+        "problems",
     )
-    return Findings(problems, _count(bad, problems), killed, missing, skews, skewed, unstarted, starts_cut)
+    skewed = _skewed(links_df)
+    skews = top(
+        skewed,
+        [-F.abs("seconds"), F.col("session_id")],
+        NAMED,
+        ["session_id", "node_id", "peer_id", "seconds"],
+        "skews",
+    )
+    unseen = links_df.where(F.lit(not starts_cut) & ~F.col("start_seen")).groupBy("node_id").count()
+    unstarted = unseen.agg(F.map_from_entries(F.collect_list(F.struct("node_id", "count"))).alias("unstarted"))
+    return [problems, skews, unstarted]
 
 
-def _count(df: DataFrame, first: list) -> int:
-    """The rows of ``df``, given its first NAMED (or all of them, when fewer): counted
-    only when there may be more (a Spark job less in a healthy fleet)."""
-    return len(first) if len(first) < NAMED else df.count()
+def assemble(counts: dict, parts: dict, starts_cut: bool | None = False) -> Findings:
+    """``Findings`` from a collected ``finding_counts`` row and ``finding_parts`` row."""
+    problems = [
+        {k: r[k] for k in ("sender", "receiver", "session_id", "channel_id", "lost", "duplicated")}
+        for r in ranked(parts["problems"])
+    ]
+    skews = [(r["session_id"], r["node_id"], r["peer_id"], r["seconds"]) for r in ranked(parts["skews"])]
+    unstarted = {} if starts_cut else dict(parts["unstarted"] or {})
+    return Findings(
+        problems,
+        counts["problem_rows"],
+        counts["one_sided_killed"],
+        counts["one_sided_missing"],
+        skews,
+        counts["skewed_sessions"],
+        unstarted,
+        starts_cut,
+    )
 
 
-def _one_sided_causes(audit_df: DataFrame, links_df: DataFrame) -> tuple[int, int]:
-    """(silent end in the logs, silent end not in the logs) over the one-sided rows."""
+def _one_sided_causes(audit_df: DataFrame, links_df: DataFrame) -> DataFrame:
+    """One row: (silent end in the logs, silent end not in the logs) over the one-sided
+    rows, as ``one_sided_killed`` and ``one_sided_missing``."""
     silent = audit_df.where(F.col("verdict") == "one_sided").select(
         F.when(F.col("accepted").isNull(), F.col("sender")).otherwise(F.col("receiver")).alias("node_id"),
         F.when(F.col("accepted").isNull(), F.col("receiver")).otherwise(F.col("sender")).alias("peer_id"),
         "session_id",
     )
     ends = links_df.select("node_id", "peer_id", "session_id", F.lit(True).alias("seen"))
-    row = (
-        silent.join(ends, ["node_id", "peer_id", "session_id"], "left")
-        .agg(
-            F.count(F.when(F.col("seen"), 1)).alias("killed"),
-            F.count(F.when(F.col("seen").isNull(), 1)).alias("missing"),
-        )
-        .first()
+    return silent.join(ends, ["node_id", "peer_id", "session_id"], "left").agg(
+        F.count(F.when(F.col("seen"), 1)).alias("one_sided_killed"),
+        F.count(F.when(F.col("seen").isNull(), 1)).alias("one_sided_missing"),
     )
-    assert row is not None  # an aggregate without grouping has exactly one row
-    return row["killed"], row["missing"]
 
 
-def _skews(links_df: DataFrame) -> tuple[list[tuple], int]:
-    """Sessions whose two ends logged their start more than CLOCK_SKEW_BOUND apart."""
+def _skewed(links_df: DataFrame) -> DataFrame:
+    """Sessions whose two ends logged their start more than CLOCK_SKEW_BOUND apart:
+    session_id, node_id, peer_id, seconds (node's start after peer's)."""
     started = links_df.where(F.col("start_seen")).select(
         "node_id", "peer_id", "session_id", F.col("start").cast("double").alias("start")
     )
@@ -190,6 +247,4 @@ def _skews(links_df: DataFrame) -> tuple[list[tuple], int]:
     )
     pairs = started.join(other, ["node_id", "peer_id", "session_id"]).where(F.col("node_id") < F.col("peer_id"))
     pairs = pairs.withColumn("seconds", F.col("start") - F.col("peer_start"))
-    skewed = pairs.where(F.abs("seconds") > CLOCK_SKEW_BOUND)
-    top = skewed.orderBy(F.desc(F.abs("seconds")), "session_id").limit(NAMED).collect()
-    return [(r["session_id"], r["node_id"], r["peer_id"], r["seconds"]) for r in top], _count(skewed, top)
+    return pairs.where(F.abs("seconds") > CLOCK_SKEW_BOUND)

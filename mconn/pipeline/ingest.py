@@ -41,6 +41,7 @@ reported, never fatal. A field that is absent is null (older nodes); only
 from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 
 from mconn.pipeline import schema
 
@@ -171,10 +172,12 @@ def classify(lines: DataFrame, since: float | None = None, until: float | None =
     )
 
 
-def rechecked(spark, path: str) -> DataFrame:
+def rechecked(spark, path: str, written: StructType | None = None) -> DataFrame:
     """The ``RECHECK`` rows written by ``classify`` under ``path``, back as ``read_lines``
-    rows for the general path."""
-    left = spark.read.parquet(path)
+    rows for the general path. ``written``: the schema ``classify`` wrote (no Spark job
+    reads a footer for it); None: read from the files."""
+    reader = spark.read if written is None else spark.read.schema(written)
+    left = reader.parquet(path)
     return left.select(
         F.col("record").alias(_LINE), "source_file", F.shiftrightunsigned("seq", SEQ_BITS).alias(_LINE_ID)
     )
@@ -289,21 +292,30 @@ def _reject_reason() -> Column:
     return reason
 
 
-def write_events(spark, inputs: list[str], path: str, since: float | None = None, until: float | None = None) -> None:
+def write_events(
+    spark, inputs: list[str], path: str, since: float | None = None, until: float | None = None
+) -> StructType:
     """Write the events table, one Parquet partition per event name: the fast path's rows
     and the other lines in one scan, then those lines by the general path (appended), then
-    their partition removed."""
+    their partition removed. Returns the table's schema as ``load_events`` reads it (the
+    partition column ``event`` last), known without reading the table."""
     lines = read_lines(spark, inputs)
-    classify(lines, since, until).write.mode("overwrite").partitionBy("event").parquet(path)
+    rows = classify(lines, since, until)
+    rows.write.mode("overwrite").partitionBy("event").parquet(path)
+    data = StructType([f for f in rows.schema.fields if f.name != "event"])
+    table = StructType([*data.fields, StructField("event", StringType())])
     left = path.rstrip("/") + "/event=" + RECHECK
     jvm = spark.sparkContext._jvm
     hadoop_path = jvm.org.apache.hadoop.fs.Path(left)
     fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     if not fs.exists(hadoop_path):
-        return
-    parse(records(rechecked(spark, left)), since, until).write.mode("append").partitionBy("event").parquet(path)
+        return table
+    parse(records(rechecked(spark, left, data)), since, until).write.mode("append").partitionBy("event").parquet(path)
     fs.delete(hadoop_path, True)
+    return table
 
 
-def load_events(spark, path: str) -> DataFrame:
-    return spark.read.parquet(path)
+def load_events(spark, path: str, table: StructType | None = None) -> DataFrame:
+    """The events table under ``path``; ``table``: its schema (``write_events``' result),
+    so that no Spark job reads the files' footers for it."""
+    return (spark.read if table is None else spark.read.schema(table)).parquet(path)

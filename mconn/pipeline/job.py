@@ -20,6 +20,7 @@ import functools
 import os
 
 from pyspark.sql import DataFrame, Observation, functions as F
+from pyspark.sql.types import StructType
 
 from mconn.pipeline import audit, channels, errors, ingest, latency, links, reconnects, sessions, summary
 from mconn.pipeline.spark import Progress
@@ -53,32 +54,50 @@ class Result:
 def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | None = None, progress=None) -> Result:
     """Run every stage; ``report_path`` defaults to ``out/report.html`` for a local ``out``."""
     progress = progress or Progress(len(STAGES))
-    everything, counts = _read(spark, list(inputs), out, since, until, progress)
+    everything = _read(spark, list(inputs), out, since, until, progress)
     events = everything.where(~F.col("event").isin(ingest.MALFORMED, ingest.UNKNOWN))
     shared = _Shared(events)
     try:
         written, rows = _tables(spark, events, shared, out, progress)
         with _stage(spark, progress, "summary") as stage:
-            row = summary.build(
-                spark,
-                counts,
-                events,
+            query = summary.query(
+                everything,
+                shared.nodes,
                 links=written["links"],
                 reconnects=written["reconnects"],
                 audit=written["delivery_audit"],
                 errors=written["errors"],
                 latency=written["latency"],
             )
+            collected = query.first()
+            assert collected is not None  # aggregates without grouping: exactly one row
+            extra = collected.asDict()
+            headline = {c: extra[c] for c in summary.COLUMNS}
+            counts = dict(extra["event_counts"] or {})
+            # The table from the collected row: a local relation, no second pass over the inputs.
+            columns = StructType([f for f in query.schema.fields if f.name in summary.COLUMNS])
+            row = spark.createDataFrame([tuple(headline[c] for c in summary.COLUMNS)], columns)
             row.write.mode("overwrite").parquet(table_path(out, "summary"))
-            headline = spark.read.parquet(table_path(out, "summary")).first().asDict()
-            stage.detail = f"lost {headline['lost']}, duplicated {headline['duplicated']}"
+            stage.detail = (
+                f"{headline['events']:,} events, {headline['malformed_records']:,} malformed, "
+                f"{headline['unknown_events']:,} unknown; lost {headline['lost']}, duplicated {headline['duplicated']}"
+            )
         with _stage(spark, progress, "report") as stage:
-            found = audit.findings(written["delivery_audit"], written["links"], starts_cut=False)
             report_path = report_path or _default_report(out)
+            parts = audit.finding_parts(written["delivery_audit"], written["links"], starts_cut=False)
             if report_path is not None:
                 from mconn.pipeline import report  # matplotlib: only when a report is made
 
-                report.write(report_path, headline, written, rows, shared, counts, everything, found)
+                parts += report.parts(written, rows, shared, counts, extra["rtt_samples"], everything)
+            # Every bounded top-N and sample the findings and the report show: one query.
+            gathered = parts[0]
+            for part in parts[1:]:
+                gathered = gathered.crossJoin(part)
+            got = gathered.first()
+            assert got is not None
+            found = audit.assemble(extra, got.asDict(), starts_cut=False)
+            if report_path is not None:
+                report.write(report_path, headline, got.asDict(), counts, found)
                 stage.detail = report_path
             else:
                 stage.detail = "skipped: no local --report path for a remote --out"
@@ -95,26 +114,20 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
 
 
 def _read(spark, inputs: list[str], out: str, since, until, progress):
-    """The read stage: the events table written, read back; and its records per event
-    (a count per partition of the table: Parquet's row counts, no column read. Counting
-    them while writing instead, one ``count_if`` per event name in an ``Observation``,
-    cost about 5 us of CPU an event: bench/PIPELINE_RESULTS.md)."""
+    """The read stage: the events table written, and read with the schema it was written
+    with (no job reads it back for its schema). Its records per event are counted by the
+    summary query (Parquet's row counts of each partition, no column read)."""
     with _stage(spark, progress, "read telemetry") as stage:
         events_path = table_path(out, "events")
-        ingest.write_events(spark, inputs, events_path, since, until)
-        everything = ingest.load_events(spark, events_path)
-        counts = {r["event"]: r["count"] for r in everything.groupBy("event").count().collect()}
-        known = sum(n for e, n in counts.items() if e not in (ingest.MALFORMED, ingest.UNKNOWN))
-        stage.detail = (
-            f"{known:,} events, {counts.get(ingest.MALFORMED, 0):,} malformed, "
-            f"{counts.get(ingest.UNKNOWN, 0):,} unknown"
-        )
-    return everything, counts
+        written = ingest.write_events(spark, inputs, events_path, since, until)
+        everything = ingest.load_events(spark, events_path, written)
+        stage.detail = f"events table written from {len(inputs):,} input paths"
+    return everything
 
 
 def _tables(spark, events, shared, out: str, progress) -> tuple[dict, dict]:
-    """One stage per table: built, written (its rows counted on the way), read back;
-    returns the tables and their sizes."""
+    """One stage per table: built, written (its rows counted on the way), read back with
+    the schema it was built with (no job reads a footer); returns the tables and their sizes."""
     builders = {
         "links": lambda: links.build(shared.sessions, shared.breaks, shared.counters, events),
         "reconnects": lambda: reconnects.build(events, shared.breaks, shared.sessions),
@@ -127,10 +140,9 @@ def _tables(spark, events, shared, out: str, progress) -> tuple[dict, dict]:
     for name, build in builders.items():
         with _stage(spark, progress, name) as stage:
             size = Observation(name)
-            build().observe(size, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(
-                table_path(out, name)
-            )
-            written[name] = spark.read.parquet(table_path(out, name))
+            table = build()
+            table.observe(size, F.count(F.lit(1)).alias("rows")).write.mode("overwrite").parquet(table_path(out, name))
+            written[name] = spark.read.schema(table.schema).parquet(table_path(out, name))
             rows[name] = size.get["rows"]
             stage.detail = f"{rows[name]:,} rows"
     return written, rows
@@ -164,9 +176,18 @@ class _Shared:
         self._cached.append(df.cache())
         return self._cached[-1]
 
+    @property
+    def nodes(self):
+        # Not cached: a cached frame used twice in one plan (sessions joins it for the
+        # last event time and again through its restarts) is computed by two concurrent
+        # stages, and its task binary grows to megabytes. Two narrow scans of the events
+        # table (node_id, log_time, event) for the sessions and the summary instead of
+        # three.
+        return sessions.node_times(self.events)
+
     @functools.cached_property
     def sessions(self):
-        return self._keep(sessions.sessions(self.events))
+        return self._keep(sessions.sessions(self.events, self.nodes))
 
     @functools.cached_property
     def breaks(self):

@@ -36,55 +36,110 @@ def short(node_id) -> str:
 
 def sample(df, rows: int):
     """The rows of ``df`` (``rows`` of them), or a uniform sample of about SAMPLE."""
-    if rows > SAMPLE:
-        df = df.sample(fraction=SAMPLE / rows, seed=1)
-    return df.collect()
+    return _sampled(df, rows).collect()
 
 
-# -- data for the plots ----------------------------------------------------------------
+def _sampled(df, rows: int):
+    return df.sample(fraction=SAMPLE / rows, seed=1) if rows > SAMPLE else df
 
 
-def timeline_lanes(links, sessions, breaks) -> tuple[list[dict], float]:
+def _listed(df, name: str):
+    """One row, one column ``name``: every row of ``df`` (bounded by the caller) as a list
+    of structs, in no particular order."""
+    return df.agg(F.collect_list(F.struct(*df.columns)).alias(name))
+
+
+def _one(part) -> dict:
+    """A part collected on its own (the functions that tests and callers use one by one)."""
+    row = part.first()
+    assert row is not None  # aggregates without grouping: exactly one row
+    return row.asDict()
+
+
+# -- the report's query: every part a one-row frame, all collected at once (``parts``) --
+
+
+def parts(tables: dict, rows: dict, shared, event_counts: dict, rtt_rows: int, everything) -> list:
+    """The one-row frames of everything the report shows, each its own column(s); side by
+    side they make the report's one Spark query (``write`` takes the collected row).
+    ``rows``: the tables' sizes; ``rtt_rows``: the round-trip samples (the summary's)."""
+    found = [
+        _findings_part(tables["delivery_audit"]),
+        *_timeline_parts(tables["links"], shared.sessions, shared.breaks),
+        _listed(_sampled(tables["reconnects"].select(*_RECONNECT_COLUMNS), rows["reconnects"]), "reconnect_sample"),
+        _listed(_sampled(shared.rtt_samples.select("rtt"), rtt_rows), "rtt_sample"),
+        _unstable_part(tables["links"]),
+        _error_kinds_part(tables["errors"]),
+        audit.top(
+            tables["errors"],
+            [-F.col("count"), F.col("source"), F.col("kind")],
+            20,
+            [c for _, c in _ERROR_COLUMNS],
+            "errors",
+        ),
+        _share_part(shared.events),
+    ]
+    return found + _input_parts(event_counts, everything)
+
+
+def _timeline_parts(links, sessions, breaks) -> list:
     lost = F.col("outcome").isin(*LOST).cast("int")
-    pairs = (
-        links.groupBy("node_id", "peer_id")
-        .agg((F.sum("suspensions") + 3 * F.sum(lost) + F.count("*")).alias("score"))
-        .orderBy(F.desc("score"), "node_id", "peer_id")
-        .limit(LANES)
-        .select("node_id", "peer_id")
+    scored = links.groupBy("node_id", "peer_id").agg(
+        (F.sum("suspensions") + 3 * F.sum(lost) + F.count("*")).alias("score")
     )
-    pairs_rows = pairs.collect()
-    if not pairs_rows:
-        return [], 0.0
-    spans = (
-        links.join(pairs, ["node_id", "peer_id"])
-        .select("node_id", "peer_id", F.col("start").cast("double"), F.col("observed_until").cast("double"), "outcome")
-        .limit(20 * LANES)
-        .collect()
+    order = [-F.col("score"), F.col("node_id"), F.col("peer_id")]
+    pairs = scored.orderBy(F.desc("score"), "node_id", "peer_id").limit(LANES).select("node_id", "peer_id")
+    lanes = audit.top(scored, order, LANES, ["node_id", "peer_id"], "lane_pairs")
+    spans = links.join(pairs, ["node_id", "peer_id"]).select(
+        "node_id",
+        "peer_id",
+        F.col("start").cast("double").alias("start"),
+        F.col("observed_until").cast("double").alias("until"),
+        "outcome",
     )
+    by_time = [F.col("node_id"), F.col("peer_id"), F.col("start"), F.col("until")]
+    spans = audit.top(spans, by_time, 20 * LANES, ["node_id", "peer_id", "start", "until", "outcome"], "lane_spans")
     gaps = (
         breaks.join(pairs, ["node_id", "peer_id"])
         .join(
             sessions.select("node_id", "peer_id", "session_id", "observed_until"), ["node_id", "peer_id", "session_id"]
         )
-        .select("node_id", "peer_id", "break_at", F.coalesce("resolved_at", "observed_until"))
+        .select(
+            "node_id",
+            "peer_id",
+            F.col("break_at").alias("start"),
+            F.coalesce("resolved_at", "observed_until").alias("until"),
+        )
     )
-    gaps = gaps.limit(200 * LANES).collect()
+    gaps = audit.top(gaps, by_time, 200 * LANES, ["node_id", "peer_id", "start", "until"], "lane_gaps")
+    return [lanes, spans, gaps]
+
+
+def _lanes(got: dict) -> tuple[list[dict], float]:
+    pairs = [(r["node_id"], r["peer_id"]) for r in audit.ranked(got["lane_pairs"])]
+    if not pairs:
+        return [], 0.0
     lanes: dict[tuple[str, str], dict[str, typing.Any]] = {
-        (r[0], r[1]): {"label": f"{short(r[0])} > {short(r[1])}", "sessions": [], "breaks": []} for r in pairs_rows
+        (node, peer): {"label": f"{short(node)} > {short(peer)}", "sessions": [], "breaks": []} for node, peer in pairs
     }
-    for node, peer, start, end, outcome in spans:
-        lanes[(node, peer)]["sessions"].append((start, end, outcome))
-    for node, peer, start, end in gaps:
-        lanes[(node, peer)]["breaks"].append((start, end))
+    for r in audit.ranked(got["lane_spans"]):
+        lanes[(r["node_id"], r["peer_id"])]["sessions"].append((r["start"], r["until"], r["outcome"]))
+    for r in audit.ranked(got["lane_gaps"]):
+        lanes[(r["node_id"], r["peer_id"])]["breaks"].append((r["start"], r["until"]))
     origin = min(s[0] for lane in lanes.values() for s in lane["sessions"])
-    return [lanes[(r[0], r[1])] for r in pairs_rows], origin
+    return [lanes[pair] for pair in pairs], origin
 
 
-def reconnect_samples(reconnects, rows: int) -> tuple[dict[str, list[float]], list[float]]:
-    """Dial delays by result, and the recovery time of each break, from one sample."""
-    columns = ("result", "delay", "node_id", "peer_id", "break_time", "recovery_seconds")
-    picked = sample(reconnects.select(*columns), rows)
+def timeline_lanes(links, sessions, breaks) -> tuple[list[dict], float]:
+    """The link timeline's lanes (the LANES busiest node-peer pairs) and its origin."""
+    row = _timeline_parts(links, sessions, breaks)
+    return _lanes(_one(row[0].crossJoin(row[1]).crossJoin(row[2])))
+
+
+_RECONNECT_COLUMNS = ("result", "delay", "node_id", "peer_id", "break_time", "recovery_seconds")
+
+
+def _reconnects(picked) -> tuple[dict[str, list[float]], list[float]]:
     delays: dict[str, list[float]] = {}
     recovery = {}
     for r in picked:
@@ -95,16 +150,13 @@ def reconnect_samples(reconnects, rows: int) -> tuple[dict[str, list[float]], li
     return dict(sorted(delays.items())), list(recovery.values())
 
 
-def share_points(events) -> list[dict]:
-    """Bandwidth share against priority share per link channel, over the intervals in which
-    at least two of the link's channels were *backlogged*: messages queued at both samples
-    that bound the interval (``channel_stats.queue_depth`` above 0 at the sample before and
-    at this one). A message queued at one sample and sent before the next is no backlog, so
-    a chat line queued behind a bulk stream does not make the link contended; a queue that
-    stays non-empty from sample to sample does. Over those intervals the promise is the
-    channel's priority over the backlogged channels' priorities, weighted by the interval's
-    bytes, as for the ``channels`` table (specs/pipeline.md section 4.3), whose ``pending``
-    is looser (queued at either sample)."""
+def reconnect_samples(reconnects, rows: int) -> tuple[dict[str, list[float]], list[float]]:
+    """Dial delays by result, and the recovery time of each break, from one sample."""
+    return _reconnects(sample(reconnects.select(*_RECONNECT_COLUMNS), rows))
+
+
+def _share_part(events):
+    """``share_points``' query: one row, ``share_points`` the top 2000 link channels."""
     s = channels.samples(events)
     by_channel = Window.partitionBy(*PAIR, "channel_id").orderBy("log_time")
     s = s.withColumn("backlogged", (F.col("queue_depth") > 0) & (F.lag("queue_depth", 1, 0).over(by_channel) > 0))
@@ -128,7 +180,12 @@ def share_points(events) -> list[dict]:
         )
         .where(F.col("link") > 0)
     )
-    rows = per_channel.orderBy(F.desc("link"), *PAIR, "channel_id").limit(2000).collect()
+    order = [-F.col("link"), F.col("node_id"), F.col("peer_id"), F.col("channel_id")]
+    columns = ["node_id", "peer_id", "channel_id", "priority", "contended", "link", "promised"]
+    return audit.top(per_channel, order, 2000, columns, "share_points")
+
+
+def _shares(got: dict) -> list[dict]:
     return [
         {
             "node_id": r["node_id"],
@@ -139,17 +196,24 @@ def share_points(events) -> list[dict]:
             "priority": r["priority"],
             "bytes": r["contended"],
         }
-        for r in rows
+        for r in audit.ranked(got["share_points"])
     ]
 
 
-def unstable_links(links) -> list:
-    """The links (node pairs, ``a`` < ``b``) with the most breaks and lost sessions.
+def share_points(events) -> list[dict]:
+    """Bandwidth share against priority share per link channel, over the intervals in which
+    at least two of the link's channels were *backlogged*: messages queued at both samples
+    that bound the interval (``channel_stats.queue_depth`` above 0 at the sample before and
+    at this one). A message queued at one sample and sent before the next is no backlog, so
+    a chat line queued behind a bulk stream does not make the link contended; a queue that
+    stays non-empty from sample to sample does. Over those intervals the promise is the
+    channel's priority over the backlogged channels' priorities, weighted by the interval's
+    bytes, as for the ``channels`` table (specs/pipeline.md section 4.3), whose ``pending``
+    is looser (queued at either sample)."""
+    return _shares(_one(_share_part(events)))
 
-    A break suspends both ends of a session, and a lost session has an end at each node
-    (``restarted`` at the one that died, ``fresh`` or ``expired`` at the other): counted
-    per link and session once, the larger of the two ends' counts, so a break is not
-    blamed on each peer in turn."""
+
+def _unstable_part(links):
     lost = F.col("outcome").isin(*LOST).cast("int")
     link = [F.least("node_id", "peer_id").alias("a"), F.greatest("node_id", "peer_id").alias("b")]
     per_session = links.groupBy(*link, "session_id").agg(
@@ -159,17 +223,30 @@ def unstable_links(links) -> list:
         F.sum("breaks").alias("breaks"), F.sum("lost").alias("sessions_lost"), F.count("*").alias("sessions")
     )
     score = F.col("breaks") + F.col("sessions_lost")
-    return per_link.where(score > 0).orderBy(score.desc(), "a", "b").limit(TOP).collect()
+    order = [-score, F.col("a"), F.col("b")]
+    return audit.top(
+        per_link.where(score > 0), order, TOP, ["a", "b", "breaks", "sessions_lost", "sessions"], "unstable_links"
+    )
+
+
+def unstable_links(links) -> list:
+    """The links (node pairs, ``a`` < ``b``) with the most breaks and lost sessions.
+
+    A break suspends both ends of a session, and a lost session has an end at each node
+    (``restarted`` at the one that died, ``fresh`` or ``expired`` at the other): counted
+    per link and session once, the larger of the two ends' counts, so a break is not
+    blamed on each peer in turn."""
+    return audit.ranked(_one(_unstable_part(links))["unstable_links"])
+
+
+def _error_kinds_part(errors):
+    kinds = errors.groupBy("source", "kind").agg(F.sum("count").alias("count"))
+    order = [-F.col("count"), F.col("source"), F.col("kind")]
+    return audit.top(kinds, order, TOP, ["source", "kind", "count"], "error_kinds")
 
 
 def error_kinds(errors) -> list:
-    return (
-        errors.groupBy("source", "kind")
-        .agg(F.sum("count").alias("count"))
-        .orderBy(F.desc("count"), "source", "kind")
-        .limit(TOP)
-        .collect()
-    )
+    return audit.ranked(_one(_error_kinds_part(errors))["error_kinds"])
 
 
 # -- HTML ------------------------------------------------------------------------------
@@ -221,11 +298,9 @@ def _table(headers: list[str], rows) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def write(
-    path: str, summary: dict, tables: dict, rows: dict, shared, event_counts: dict, everything, findings: audit.Findings
-) -> None:
-    """Collect what the report shows from the tables (``rows``: their sizes) and the audit's
-    ``findings``, draw it, write it."""
+def write(path: str, summary: dict, got: dict, event_counts: dict, findings: audit.Findings) -> None:
+    """Draw and write what the report shows: ``got``, the collected row of ``parts``' query,
+    beside the summary row and the audit's ``findings``."""
     span = f"{summary['first_time']} to {summary['last_time']} UTC"
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>mconn fleet telemetry</title>",
@@ -236,13 +311,13 @@ def write(
         _notes(findings),
         _table(["figure", "value"], headline.rows(summary)),
         "<h2>Delivery audit findings</h2>",
-        _findings(tables["delivery_audit"]),
+        _findings(got),
         _legend(),
         "<h2>Links</h2>",
-        _link_plots(summary, tables, rows, shared),
-        _side_plots_and_tables(tables, shared),
+        _link_plots(summary, got),
+        _side_plots_and_tables(got),
         "<h2>Input</h2>",
-        _input_section(event_counts, everything),
+        _input_section(event_counts, got),
         "</body></html>",
     ]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -297,25 +372,33 @@ _FINDING_COLUMNS = (
 )
 
 
-def _findings(audit) -> str:
+def _findings_part(audit_df):
     """The audit rows whose verdict is not ``ok``, and those with unconfirmed messages that
     were not delivered (the receiver did not deliver them, or its counters are not final),
-    worst first."""
+    worst first: the first 50."""
     not_delivered = F.coalesce(F.col("undelivered"), F.lit(0)) - F.col("in_doubt")
-    findings = (
-        audit.where((F.col("verdict") != "ok") | (not_delivered > 0))
-        .orderBy(F.desc("lost"), F.desc("duplicated"), F.desc("unsettled"), not_delivered.desc(), "sender", "receiver")
-        .limit(50)
-        .collect()
-    )
-    rows = [tuple(r[column] for _, column in _FINDING_COLUMNS) for r in findings]
+    order = [
+        -F.col("lost"),
+        -F.col("duplicated"),
+        -F.col("unsettled"),
+        -not_delivered,
+        F.col("sender"),
+        F.col("receiver"),
+    ]
+    shown = audit_df.where((F.col("verdict") != "ok") | (not_delivered > 0))
+    columns = list(dict.fromkeys(column for _, column in _FINDING_COLUMNS))
+    return audit.top(shown, order, 50, columns, "report_findings")
+
+
+def _findings(got: dict) -> str:
+    rows = [tuple(r[column] for _, column in _FINDING_COLUMNS) for r in audit.ranked(got["report_findings"])]
     return _table([header for header, _ in _FINDING_COLUMNS], rows)
 
 
-def _link_plots(summary: dict, tables: dict, rows: dict, shared) -> str:
-    lanes, origin = timeline_lanes(tables["links"], shared.sessions, shared.breaks)
-    delays, recovery = reconnect_samples(tables["reconnects"], rows["reconnects"])
-    rtt = [r[0] for r in sample(shared.rtt_samples.select("rtt"), shared.rtt_samples.count())]  # cached
+def _link_plots(summary: dict, got: dict) -> str:
+    lanes, origin = _lanes(got)
+    delays, recovery = _reconnects(got["reconnect_sample"])
+    rtt = [r["rtt"] for r in got["rtt_sample"]]
     source = summary["rtt_source"] or "no"
     return "\n".join(
         [
@@ -361,20 +444,20 @@ def _figure(png: bytes | None, alt: str, caption: str = "", empty: str = "") -> 
     return f"<figure>{_img(png, alt)}{text}</figure>"
 
 
-def _side_plots_and_tables(tables: dict, shared) -> str:
-    links = unstable_links(tables["links"])
-    kinds = error_kinds(tables["errors"])
+def _side_plots_and_tables(got: dict) -> str:
+    links = audit.ranked(got["unstable_links"])
+    kinds = audit.ranked(got["error_kinds"])
     unstable = [
         (f"{short(r['a'])} - {short(r['b'])}", {"breaks": r["breaks"], "sessions lost": r["sessions_lost"]})
         for r in links
     ]
     by_kind = [(f"{r['source']}: {r['kind']}", {"count": r["count"]}) for r in kinds]
-    errors = tables["errors"].orderBy(F.desc("count"), "source", "kind").limit(20).collect()
+    errors = audit.ranked(got["errors"])
     return "\n".join(
         [
             "<div class='grid'>",
             _figure(
-                plots.shares(share_points(shared.events)),
+                plots.shares(_shares(got)),
                 "bandwidth share against priority",
                 SHARES_CAPTION,
                 "nothing to plot: no link had two channels backlogged at once.",
@@ -403,19 +486,33 @@ def _side_plots_and_tables(tables: dict, shared) -> str:
     )
 
 
-def _input_section(event_counts: dict, everything) -> str:
-    rejects = everything.where(F.col("event") == MALFORMED)
+def _input_parts(event_counts: dict, everything) -> list:
+    """The input section's queries, only for what the counts say is there: malformed
+    records by reason and 5 examples, unknown events by name."""
+    found = []
+    if event_counts.get(MALFORMED):
+        rejects = everything.where(F.col("event") == MALFORMED)
+        reasons = rejects.groupBy("reject_reason").count()
+        found.append(audit.top(reasons, [-F.col("count")], TOP, ["reject_reason", "count"], "malformed_reasons"))
+        found.append(_listed(rejects.select("source_file", "record").limit(5), "malformed_examples"))
+    if event_counts.get(UNKNOWN):
+        names = everything.where(F.col("event") == UNKNOWN).groupBy("unknown_event").count()
+        found.append(audit.top(names, [-F.col("count")], 20, ["unknown_event", "count"], "unknown_names"))
+    return found
+
+
+def _input_section(event_counts: dict, got: dict) -> str:
     counts = sorted(((n, e) for e, n in event_counts.items()), reverse=True)
     parts = [_table(["event", "records"], [(e, n) for n, e in counts])]
     if event_counts.get(MALFORMED):
-        reasons = rejects.groupBy("reject_reason").count().orderBy(F.desc("count")).collect()
+        reasons = [(r["reject_reason"], r["count"]) for r in audit.ranked(got["malformed_reasons"])]
         parts.append("<p>Malformed records by reason:</p>")
-        parts.append(_table(["reason", "records"], [tuple(r) for r in reasons]))
-        examples = rejects.select("source_file", "record").limit(5).collect()
+        parts.append(_table(["reason", "records"], reasons))
+        examples = [(r["source_file"], r["record"]) for r in got["malformed_examples"]]
         # A key-like run in a record (a key pasted into a log) is not repeated here.
         parts.append("<p>Examples:</p>" + _table(["file", "record"], [(f, redact(r)) for f, r in examples]))
     if event_counts.get(UNKNOWN):
-        names = everything.where(F.col("event") == UNKNOWN).groupBy("unknown_event").count().orderBy(F.desc("count"))
+        names = [(r["unknown_event"], r["count"]) for r in audit.ranked(got["unknown_names"])]
         parts.append("<p>Unknown events:</p>")
-        parts.append(_table(["event", "records"], [tuple(r) for r in names.limit(20).collect()]))
+        parts.append(_table(["event", "records"], names))
     return "\n".join(parts)

@@ -34,7 +34,19 @@ def _when(event: str, column: str):
     return F.when(F.col("event") == event, F.col(column))
 
 
-def sessions(events: DataFrame) -> DataFrame:
+def node_times(events: DataFrame) -> DataFrame:
+    """One row per node: its first and last event times (``first_time``, ``last_time``)
+    and the times of its ``node_started`` records (``started``): one scan of the events
+    serves the sessions' ``observed_until`` and the summary's nodes, span and restarts."""
+    started = F.when(F.col("event") == "node_started", F.col("log_time"))
+    return events.groupBy("node_id").agg(
+        F.min("log_time").alias("first_time"),
+        F.max("log_time").alias("last_time"),
+        F.collect_list(started).alias("started"),
+    )
+
+
+def sessions(events: DataFrame, nodes: DataFrame | None = None) -> DataFrame:
     """One row per session end with its start, end, and the next session's start.
 
     ``start`` is the ``session_started`` time (or the first event seen of the session,
@@ -42,9 +54,11 @@ def sessions(events: DataFrame) -> DataFrame:
     ``restart_at`` the node's first ``node_started`` after the start, for an end without
     ``session_ended`` (its node restarted with the session open); ``observed_until`` when
     the logs stop telling about it: its end, else the next session's start or the
-    restart, whichever came first, else the node's last event.
+    restart, whichever came first, else the node's last event. ``nodes``: the events'
+    ``node_times``, if the caller has them (else computed here).
     """
-    last_event = events.groupBy("node_id").agg(F.max("log_time").alias("node_last_time"))
+    nodes = node_times(events) if nodes is None else nodes
+    last_event = nodes.select("node_id", F.col("last_time").alias("node_last_time"))
     s = (
         of(events, *SESSION_EVENTS)
         .groupBy(*END)

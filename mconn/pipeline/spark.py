@@ -57,6 +57,9 @@ LOCAL_DEFAULTS = {
     "spark.driver.host": "127.0.0.1",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.sql.shuffle.partitions": "8",
+    # The inputs are local files the command line resolved: Spark lists them in the
+    # driver (a stat each) instead of running a job of one task per path above 32 paths.
+    "spark.sql.sources.parallelPartitionDiscovery.threshold": "100000",
 }
 
 #: Local input below this many bytes is small: fixed costs dominate (module doc).

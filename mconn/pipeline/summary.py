@@ -1,15 +1,16 @@
 """The ``summary`` table: one row of fleet headline numbers (specs/pipeline.md section 4.6).
 
-Built from the other tables as one-row aggregates joined side by side, so it costs one
-Spark job. ``event_counts`` is the events table's count per partition (ingest.py).
+Built from the other tables as one-row aggregates joined side by side: one Spark query,
+collected once, which also counts the events table's records per event name and the
+audit's findings (``EXTRA``); the table is written from the collected row.
 """
 
 from __future__ import annotations
 
 from pyspark.sql import DataFrame, functions as F
 
+from mconn.pipeline.audit import finding_counts
 from mconn.pipeline.ingest import MALFORMED, UNKNOWN
-from mconn.pipeline.sessions import of
 
 #: Column order of the summary row, as the console and the report show it.
 COLUMNS = (
@@ -60,22 +61,36 @@ ERROR_COLUMNS = {
 }
 
 
-def build(spark, event_counts: dict, events, *, links, reconnects, audit, errors, latency) -> DataFrame:
-    known = sum(n for name, n in event_counts.items() if name not in (MALFORMED, UNKNOWN))
-    base = spark.range(1).select(
-        F.lit(known).alias("events"),
-        F.lit(event_counts.get(MALFORMED, 0)).cast("long").alias("malformed_records"),
-        F.lit(event_counts.get(UNKNOWN, 0)).cast("long").alias("unknown_events"),
+#: Columns of the summary query beside ``COLUMNS``, not written: the events table's
+#: records per event name, the audit's finding counts (``audit.finding_counts``) and the
+#: round-trip samples (what the report's histogram samples from).
+EXTRA = ("event_counts", "problem_rows", "one_sided_killed", "one_sided_missing", "skewed_sessions", "rtt_samples")
+
+
+def query(everything: DataFrame, nodes: DataFrame, *, links, reconnects, audit, errors, latency) -> DataFrame:
+    """The summary row (``COLUMNS``) and ``EXTRA``, as one Spark query of one-row
+    aggregates side by side: collected once, the row is the headline, the table (written
+    from the collected row), the event counts and the findings' counts.
+
+    ``everything``: the events table, malformed and unknown records included (their
+    counts are its partitions' row counts: no column is read); ``nodes``: the events'
+    ``sessions.node_times``."""
+    by_event = everything.groupBy("event").count()
+    name = F.col("event")
+    base = by_event.agg(
+        F.coalesce(F.sum(F.when(~name.isin(MALFORMED, UNKNOWN), F.col("count"))), F.lit(0)).alias("events"),
+        F.coalesce(F.sum(F.when(name == MALFORMED, F.col("count"))), F.lit(0)).alias("malformed_records"),
+        F.coalesce(F.sum(F.when(name == UNKNOWN, F.col("count"))), F.lit(0)).alias("unknown_events"),
+        F.map_from_entries(F.collect_list(F.struct("event", "count"))).alias("event_counts"),
     )
-    per_node = events.groupBy("node_id").agg(F.min("log_time").alias("_first"), F.max("log_time").alias("_last"))
-    fleet = per_node.agg(
+    # A restart: a node_started after an earlier event of the same node (a previous run).
+    restarted = F.size(F.filter("started", lambda t: t > F.col("_first")))
+    fleet = nodes.select(F.col("first_time").alias("_first"), F.col("last_time").alias("_last"), "started").agg(
         F.count("*").alias("nodes"),
         F.timestamp_seconds(F.min("_first")).alias("first_time"),
         F.timestamp_seconds(F.max("_last")).alias("last_time"),
+        F.coalesce(F.sum(restarted).cast("long"), F.lit(0).cast("long")).alias("restarts"),
     )
-    # A restart: a node_started after an earlier event of the same node (a previous run).
-    started = of(events, "node_started").join(per_node, "node_id")
-    restarts = started.agg(F.count(F.when(F.col("log_time") > F.col("_first"), 1)).alias("restarts"))
     per_session = links.groupBy("session_id").agg(
         F.max("resumes").alias("resumes"),
         F.max(F.coalesce(F.col("resume_refused"), F.lit("")) != "").alias("fresh"),
@@ -121,13 +136,14 @@ def build(spark, event_counts: dict, events, *, links, reconnects, audit, errors
             for name, sources in ERROR_COLUMNS.items()
         ]
     )
-    rtt = latency.where(F.col("scope") == "fleet").select(
-        F.col("p50_seconds").alias("rtt_p50_seconds"),
-        F.col("p99_seconds").alias("rtt_p99_seconds"),
-        F.col("source").alias("rtt_source"),
+    fleet_rtt = latency.where(F.col("scope") == "fleet")
+    rtt = fleet_rtt.agg(
+        F.first("p50_seconds").alias("rtt_p50_seconds"),
+        F.first("p99_seconds").alias("rtt_p99_seconds"),
+        F.first("source").alias("rtt_source"),
+        F.coalesce(F.sum("samples"), F.lit(0)).alias("rtt_samples"),
     )
-    rtt = spark.range(1).join(rtt, how="left").drop("id")  # one row even without samples
     row = base
-    for part in (fleet, restarts, sessions, link_rows, dials, audited, by_source, rtt):
+    for part in (fleet, sessions, link_rows, dials, audited, by_source, rtt, finding_counts(audit, links)):
         row = row.crossJoin(part)
-    return row.select(*COLUMNS)
+    return row.select(*COLUMNS, *EXTRA)
