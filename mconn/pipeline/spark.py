@@ -65,8 +65,12 @@ LOCAL_DEFAULTS = {
 #: Local input below this many bytes is small: fixed costs dominate (module doc).
 SMALL_INPUT = 128 * 2**20
 
-#: Extra settings for a small input: one shuffle partition, no code generation.
+#: Extra settings for a small input: one shuffle partition, no code generation, and no
+#: adaptive execution (with one partition it has nothing to coalesce, and it runs each
+#: query stage as a job of its own, re-planned in between: 17.5 s against 19.2 s for a
+#: 10 k-event run, bench/PIPELINE_RESULTS.md).
 SMALL_DEFAULTS = {
+    "spark.sql.adaptive.enabled": "false",
     "spark.sql.shuffle.partitions": "1",
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
