@@ -3,7 +3,7 @@
     .venv/bin/python bench/pipeline_bench.py [--nodes 1000] [--events 2000000,4000000]
         [--lost 5] [--duplicated 5] [--master local[2]] [--driver-memory 1g]
         [--data DIR] [--keep] [--no-baseline] [--compare-settings] [--before REF]
-        [--before-records {1,2}] [--event-log DIR]
+        [--before-records {1,2}] [--event-log DIR] [--floor]
 
 For each size in ``--events`` (approximate event counts) the bench generates a fleet's
 telemetry (generate() below: one file per node, version 2 records exactly as mconn's
@@ -12,7 +12,10 @@ the same files, times:
 
 * ``mconn-pipeline`` end to end (a fresh process: Spark start-up, every table, the
   report), with ``spark.driver.memory`` capped (1g by default);
-* bench/pipeline_baseline.py: a straightforward single-process Python delivery audit.
+* bench/pipeline_baseline.py: a straightforward single-process Python delivery audit;
+* with ``--floor``, bench/spark_floor.py's ``audit``: the least Spark program that computes
+  that audit (session start, one read, one join, one action), the floor under any Spark
+  pipeline on these files.
 
 With ``--before REF`` it also writes the same fleet in version 1 records (what
 Twisted's jsonFileLogObserver wrote before, log_flattened and all) and times the pipeline
@@ -42,7 +45,9 @@ link carries three channels (priorities 1, 5 and 10) in both directions, has a
 ``channel_stats`` tick every 10 s at both ends (with ``session_id``, ``connection`` and a
 ping ``round_trip`` that changes every minute, null in a session's first minute), breaks and resumes now and then (about one link in four), sometimes expires
 and starts a fresh session (one in twenty), and ends with a shutdown. Counters are kept
-consistent, then ``--lost`` receivers deliver one message fewer and ``--duplicated`` one
+consistent, snapshots included (a snapshot's ``acked`` never exceeds what the receiver
+delivered by then, and ``delivered`` never goes down: an audit of snapshots alone, as a
+live view makes before the final counters arrive, sees no false loss), then ``--lost`` receivers deliver one message fewer and ``--duplicated`` one
 more than they should, on distinct sessions and channels chosen at random.
 """
 
@@ -302,6 +307,12 @@ def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
                 error=None,
             )
     stop = s["grace_end"] if s["grace_end"] is not None else end
+    # What a real node's snapshots can show. acked is what the receiver confirmed, so it
+    # never exceeds the receiver's delivered count, and delivered never goes down: in an
+    # expired session the last 2 messages each way are never delivered (the final
+    # counters below), so no snapshot shows them acked or delivered either.
+    unseen = 2 if s["grace_end"] is not None else 1
+    undelivered_tail = 2 if s["grace_end"] is not None else 0
     t = start - (start - phase) % TICK + TICK
     while t < end:
         resumed = [b[0] + b[2] for b in s["breaks"] if b[0] + b[2] <= t]
@@ -327,8 +338,8 @@ def session_lines(i, j, plan, s, phase) -> list[tuple[float, str]]:
                         br=mr * 380,
                         mr=mr,
                         a=a,
-                        k=max(0, a - 1),
-                        d=max(0, d),
+                        k=max(0, a - unseen),
+                        d=max(0, d - undelivered_tail),
                         s=sid,
                         cn=1 + len(resumed),
                         rt=rtt,
@@ -605,6 +616,9 @@ def measure(args, size: int, workdir: str) -> dict:
     baseline = run_baseline(data) if args.baseline else None
     if baseline:
         print(f"  baseline: {baseline['seconds']:.1f} s", file=sys.stderr, flush=True)
+    floor = run_floor(args, data) if args.floor else None
+    if floor:
+        print(f"  floor (least Spark audit): {floor['seconds']:.1f} s", file=sys.stderr, flush=True)
     before = measure_before(args, size, workdir, data if args.before_records == 2 else None) if args.before else None
     if not args.keep:
         shutil.rmtree(data, ignore_errors=True)
@@ -619,7 +633,17 @@ def measure(args, size: int, workdir: str) -> dict:
         "baseline": baseline,
         "spark_other_settings": forced,
         "before": before,
+        "floor": floor,
     }
+
+
+def run_floor(args, data: str) -> dict:
+    """bench/spark_floor.py's ``audit`` program (the least Spark program that computes the
+    baseline's audit) on ``data``, in a fresh process."""
+    sys.path.insert(0, HERE)
+    import spark_floor
+
+    return spark_floor.measure("audit", data, args.master)
 
 
 def event_log(args, name: str) -> tuple[str | None, dict | None]:
@@ -786,6 +810,18 @@ def _checks(args, rows: list[dict]) -> list[str]:
                 f"{b['spark']['seconds'] / r['spark']['seconds']:.2f}x faster, "
                 f"{b['spark']['cpu_seconds'] / r['spark']['cpu_seconds']:.2f}x less CPU"
             )
+    for r in rows:
+        f = r.get("floor")
+        if f:
+            now = r["spark"]["seconds"]
+            line = (
+                f"{r['events']:,} events: least Spark audit (bench/spark_floor.py audit) {f['seconds']:.1f} s, "
+                f"{f['cpu_seconds']:.1f} CPU s (load {_load(f)}), found {f['lost']}/{f['duplicated']}; "
+                f"pipeline / floor {now / f['seconds']:.2f}"
+            )
+            if r.get("before"):
+                line += f" (before {r['before']['spark']['seconds'] / f['seconds']:.2f})"
+            checks.append(line)
     for small, large in zip(rows, rows[1:]):
         er = large["events"] / small["events"]
         tr = large["spark"]["seconds"] / small["spark"]["seconds"]
@@ -878,6 +914,11 @@ def main(argv=None) -> int:
         default=None,
         metavar="DIR",
         help="write the Spark event log of each pipeline run under DIR and print what each pipeline stage cost from it",
+    )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also time bench/spark_floor.py's least Spark audit on the same files (a baseline)",
     )
     parser.add_argument(
         "--compare-settings",
