@@ -2,14 +2,16 @@
 
 ``run`` reads the telemetry once into the ``events`` table (Parquet, one partition per
 event name), then builds each output table from it and writes it under ``out``, then
-the report. Each stage prints one progress line. The few small frames several tables
-share (sessions, breaks, counters, round-trip samples) are cached for the run.
+the summary and the report. Each stage prints one progress line. The few small frames
+several tables share (sessions, breaks, counters, round-trip samples) are cached for the run.
 
-Fixed costs. At a million events most of a run's CPU is the driver's (planning, code
-generation, the JVM compiling both), paid per Spark query: so no query exists only to
-count a table: the rows of each table are counted while it is written (``Observation``:
-metrics of the write's own job), and the audit's findings are collected once for the
-console and the report.
+Fixed costs. At ``make run``'s size most of a run's CPU is the driver's (analysis,
+planning, the JVM compiling both), paid per Spark query, so a run has few: the read, one
+write per table, one summary query and one report query (specs/pipeline.md section 6).
+No query reads a table back for its schema (each is read with the schema it was written
+with), none counts a table (its rows are counted while it is written: ``Observation``),
+and the event counts, the findings' counts and every bounded top-N the report shows come
+with the summary and report queries, each collected once.
 """
 
 from __future__ import annotations
