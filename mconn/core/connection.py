@@ -344,7 +344,8 @@ class Connection:
         channel = self.channels.get(channel_id)
         if channel is None:
             raise LocalProtocolError(f"channel {channel_id:#04x} is not one of this connection's channels")
-        return channel.capacity - len(channel.queue) if self.state is _OPEN else 0
+        # Never below 0: re-sent messages (requeue) may fill a queue past its capacity.
+        return max(0, channel.capacity - len(channel.queue)) if self.state is _OPEN else 0
 
     def queue_message(self, channel_id: int, message: bytes) -> bool:
         """Queue a whole message on one of our channels; False when its queue is full.

@@ -703,3 +703,14 @@ def test_room_and_queue_messages_are_the_send_path_into_a_channel_queue():
     out = conn.data_to_send(1.0)
     assert [m for _, _, m in msg_payloads(out)] == [b"a", b"b", b"c"]
     assert conn.room(CH) == 3
+
+
+def test_room_is_zero_not_negative_after_a_requeue_past_capacity():
+    """A resumed session re-sends whatever the peer lacks, past the queue's capacity; until
+    the queue is back under it there is no room, and nothing queued is dropped."""
+    conn = open_connection(channels=[ChannelDescriptor(CH, send_queue_capacity=2)])
+    conn.requeue(CH, [b"r1", b"r2", b"r3", b"r4"])
+    assert conn.room(CH) == 0
+    assert not conn.queue_message(CH, b"new")
+    assert [m for _, _, m in msg_payloads(conn.data_to_send(1.0))] == [b"r1", b"r2", b"r3", b"r4"]
+    assert conn.room(CH) == 2
