@@ -8,6 +8,7 @@ this folder). The modules, in reading order:
 * ``wire``: every packet, declared once with construct (specs/wire.md);
 * ``pre_hello``: the 8 clear bytes of an upgraded TLS start;
 * ``frame_buffer``: bytes in, whole packets out, lengths checked before bodies;
+* ``speedups``: whether the compiled twin of the per-packet path (``_speedups.pyx``) runs;
 * ``channel``: descriptors, send queues, chunking, reassembly, the priority scheduler;
 * ``packet_size``: how large msg packets are cut;
 * ``rate``: the token bucket of send_rate and recv_rate;

@@ -36,13 +36,14 @@ kept, joined and copied again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from mconn.errors import MalformedPacket, PacketTooLarge, UnknownPacketType
 from mconn.core.wire import FIRST_EXTENSION_TYPE, PacketType
 from mconn.core.wire_primitives import MAX_UVARINT_SIZE
+from mconn.core.speedups import SPEEDUPS
 
 #: Not a wire type: a run of full, not-last msg packets of one channel (see feed).
 RUN = 0x100
@@ -200,137 +201,175 @@ class FrameBuffer:
     ) -> tuple[list[Any], int, MalformedPacket | None, bool]:
         """Decode the packets of ``data`` that start at ``pos`` up to ``stop``:
         ``(packets, position after the last whole one, error, paused)``. ``base`` is
-        where ``data`` starts in what ``feed`` was given (for error messages)."""
-        mv = memoryview(data)
-        n = len(data)
-        out: list[Any] = []
-        append = out.append
-        max_payload = self._max_payload
-        full_tail = self._full_tail
-        startswith = data.startswith
-        full_skip = 2 + len(full_tail)
-        stride = full_skip + max_payload
-        error: MalformedPacket | None = None
-        stopped = False
-        run: list[Any] = []
-        run_channel = -1
-        while pos < stop:
-            t = data[pos]
-            if t == MSG:
-                # 03 | ch | eof | size | len (size bytes) | data
-                if startswith(full_tail, pos + 2) and pos + stride <= n:
-                    # A full, not-last packet: consecutive ones of a channel form one run,
-                    # and the packets after it are checked many at a time (_run_length).
-                    channel_id = data[pos + 1]
-                    count = min((n - pos) // stride, (stop - pos - 1) // stride + 1)
-                    if count > 1:
-                        count = _run_length(data, pos, count, stride, bytes((MSG, channel_id)) + full_tail)
-                    end = pos + count * stride
-                    views = [mv[start : start + max_payload] for start in range(pos + full_skip, end, stride)]
-                    if run_channel == channel_id and out and out[-1][0] == RUN:
-                        run += views
-                    else:
-                        run_channel = channel_id
-                        run = views
-                        append((RUN, run_channel, run))
-                    pos = end
-                    continue
-                if pos + 4 > n:
-                    if pos + 2 < n and data[pos + 2] > 1:
-                        error = self._bad_eof(data[pos + 1], data[pos + 2])
-                    break
-                eof = data[pos + 2]
-                if eof > 1:
-                    error = self._bad_eof(data[pos + 1], eof)
-                    break
-                size = data[pos + 3]
-                if size > MAX_UVARINT_SIZE:
-                    error = self._bad_size(size, "msg")
-                    break
-                start = pos + 4 + size
-                if start > n:
-                    # The length is not all here; its leading bytes may already be too big.
-                    error = self._check_partial_length(data[pos + 4 : n], size, max_payload, "msg")
-                    break
-                if size == 1:
-                    length = data[pos + 4]
-                elif size == 2:
-                    length = (data[pos + 4] << 8) | data[pos + 5]
-                else:
-                    length = int.from_bytes(data[pos + 4 : start], "big")
-                if length > max_payload:
-                    error = PacketTooLarge(
-                        f"msg packet on channel {data[pos + 1]:#04x} declares {length} payload "
-                        f"bytes, over max_packet_payload {max_payload}"
-                    )
-                    break
-                end = start + length
-                if end > n:
-                    if self.stream_payloads and length >= self.STREAM_MIN:
-                        # Stream the payload (see the module docstring): out goes what is here.
-                        self._partial = [data[pos + 1], eof, end - n, n > start]
-                        if n > start:
-                            append((RUN, data[pos + 1], [mv[start:n]]))
-                        pos = n
-                    break
-                # A message's last packet comes as bytes (usually the whole message: the
-                # connection hands it on as it is); others as a view, copied once later.
-                append((MSG, data[pos + 1], eof, data[start:end] if eof else mv[start:end]))
-                pos = end
-            elif t == PING:
-                append(_PING_PACKET)
-                pos += 1
-            elif t == PONG:
-                append(_PONG_PACKET)
-                pos += 1
-            elif t >= FIRST_EXTENSION_TYPE:
-                if pos + 2 > n:
-                    break
-                size = data[pos + 1]
-                if size > MAX_UVARINT_SIZE:
-                    error = self._bad_size(size, f"extension {t:#04x}")
-                    break
-                start = pos + 2 + size
-                limit = self.extension_limits.get(t, self.default_extension_limit)
-                if start > n:
-                    error = self._check_partial_length(data[pos + 2 : n], size, limit, f"extension {t:#04x}")
-                    break
-                length = int.from_bytes(data[pos + 2 : start], "big")
-                if length > limit:
-                    error = PacketTooLarge(
-                        f"extension packet {t:#04x} declares a {length}-byte body, over its limit {limit}"
-                    )
-                    break
-                end = start + length
-                if end > n:
-                    break
-                append((t, bytes(mv[start:end])))
-                pos = end
-                if stop_after_extension:
-                    stopped = pos < n
-                    break
-            else:
-                error = UnknownPacketType(f"unknown packet type {t:#04x} at stream offset +{base + pos}")
-                break
+        where ``data`` starts in what ``feed`` was given (for error messages). The
+        compiled twin of ``decode_packets`` takes bytes only; anything else (a bytearray
+        a test feeds) goes to the pure function."""
+        decode = _decode_packets if type(data) is bytes else decode_packets
+        out, pos, error, stopped, partial = decode(
+            data,
+            pos,
+            stop,
+            stop_after_extension,
+            base,
+            self._max_payload,
+            self._full_tail,
+            self.STREAM_MIN if self.stream_payloads else -1,
+            self.extension_limits,
+            self.default_extension_limit,
+        )
+        if partial is not None:
+            self._partial = partial
         return out, pos, error, stopped
 
-    @staticmethod
-    def _bad_eof(channel_id: int, eof: int) -> MalformedPacket:
-        return MalformedPacket(
-            f"msg packet on channel {channel_id:#04x} has eof byte {eof:#04x}; only 0x00 and 0x01 are allowed"
-        )
 
-    @staticmethod
-    def _bad_size(size: int, what: str) -> MalformedPacket:
-        return MalformedPacket(f"{what} length has size byte {size:#04x}, over the go-wire maximum {MAX_UVARINT_SIZE}")
+def decode_packets(
+    data: bytes,
+    pos: int,
+    stop: int,
+    stop_after_extension: bool,
+    base: int,
+    max_payload: int,
+    full_tail: bytes,
+    stream_min: int,
+    extension_limits: Mapping[int, int],
+    default_extension_limit: int,
+) -> tuple[list[Any], int, MalformedPacket | None, bool, list[Any] | None]:
+    """Decode the packets of ``data`` that start at ``pos`` up to ``stop`` (the reference
+    of the compiled twin, mconn/core/_speedups.pyx): ``(packets, position after the last
+    whole one, error, paused, partial)``. ``base`` is where ``data`` starts in what
+    ``feed`` was given (for error messages); ``full_tail`` what follows the channel byte
+    of a full, not-last packet (``FrameBuffer.max_payload``); ``stream_min`` the payload
+    from which an incomplete msg packet is streamed (-1: none is), and then ``partial``
+    is the streamed packet's state (``FrameBuffer.feed`` goes on with it), else None."""
+    mv = memoryview(data)
+    n = len(data)
+    out: list[Any] = []
+    append = out.append
+    partial: list[Any] | None = None
+    startswith = data.startswith
+    full_skip = 2 + len(full_tail)
+    stride = full_skip + max_payload
+    error: MalformedPacket | None = None
+    stopped = False
+    run: list[Any] = []
+    run_channel = -1
+    while pos < stop:
+        t = data[pos]
+        if t == MSG:
+            # 03 | ch | eof | size | len (size bytes) | data
+            if startswith(full_tail, pos + 2) and pos + stride <= n:
+                # A full, not-last packet: consecutive ones of a channel form one run,
+                # and the packets after it are checked many at a time (_run_length).
+                channel_id = data[pos + 1]
+                count = min((n - pos) // stride, (stop - pos - 1) // stride + 1)
+                if count > 1:
+                    count = _run_length(data, pos, count, stride, bytes((MSG, channel_id)) + full_tail)
+                end = pos + count * stride
+                views = [mv[start : start + max_payload] for start in range(pos + full_skip, end, stride)]
+                if run_channel == channel_id and out and out[-1][0] == RUN:
+                    run += views
+                else:
+                    run_channel = channel_id
+                    run = views
+                    append((RUN, run_channel, run))
+                pos = end
+                continue
+            if pos + 4 > n:
+                if pos + 2 < n and data[pos + 2] > 1:
+                    error = _bad_eof(data[pos + 1], data[pos + 2])
+                break
+            eof = data[pos + 2]
+            if eof > 1:
+                error = _bad_eof(data[pos + 1], eof)
+                break
+            size = data[pos + 3]
+            if size > MAX_UVARINT_SIZE:
+                error = _bad_size(size, "msg")
+                break
+            start = pos + 4 + size
+            if start > n:
+                # The length is not all here; its leading bytes may already be too big.
+                error = _check_partial_length(data[pos + 4 : n], size, max_payload, "msg")
+                break
+            if size == 1:
+                length = data[pos + 4]
+            elif size == 2:
+                length = (data[pos + 4] << 8) | data[pos + 5]
+            else:
+                length = int.from_bytes(data[pos + 4 : start], "big")
+            if length > max_payload:
+                error = PacketTooLarge(
+                    f"msg packet on channel {data[pos + 1]:#04x} declares {length} payload "
+                    f"bytes, over max_packet_payload {max_payload}"
+                )
+                break
+            end = start + length
+            if end > n:
+                if stream_min >= 0 and length >= stream_min:
+                    # Stream the payload (see the module docstring): out goes what is here.
+                    partial = [data[pos + 1], eof, end - n, n > start]
+                    if n > start:
+                        append((RUN, data[pos + 1], [mv[start:n]]))
+                    pos = n
+                break
+            # A message's last packet comes as bytes (usually the whole message: the
+            # connection hands it on as it is); others as a view, copied once later.
+            append((MSG, data[pos + 1], eof, data[start:end] if eof else mv[start:end]))
+            pos = end
+        elif t == PING:
+            append(_PING_PACKET)
+            pos += 1
+        elif t == PONG:
+            append(_PONG_PACKET)
+            pos += 1
+        elif t >= FIRST_EXTENSION_TYPE:
+            if pos + 2 > n:
+                break
+            size = data[pos + 1]
+            if size > MAX_UVARINT_SIZE:
+                error = _bad_size(size, f"extension {t:#04x}")
+                break
+            start = pos + 2 + size
+            limit = extension_limits.get(t, default_extension_limit)
+            if start > n:
+                error = _check_partial_length(data[pos + 2 : n], size, limit, f"extension {t:#04x}")
+                break
+            length = int.from_bytes(data[pos + 2 : start], "big")
+            if length > limit:
+                error = PacketTooLarge(
+                    f"extension packet {t:#04x} declares a {length}-byte body, over its limit {limit}"
+                )
+                break
+            end = start + length
+            if end > n:
+                break
+            append((t, bytes(mv[start:end])))
+            pos = end
+            if stop_after_extension:
+                stopped = pos < n
+                break
+        else:
+            error = UnknownPacketType(f"unknown packet type {t:#04x} at stream offset +{base + pos}")
+            break
+    return out, pos, error, stopped, partial
 
-    @staticmethod
-    def _check_partial_length(head: bytes, size: int, limit: int, what: str) -> MalformedPacket | None:
-        """With only the first bytes of a big-endian length, fail early if it must exceed ``limit``."""
-        lower_bound = int.from_bytes(head, "big") << (8 * (size - len(head)))
-        if lower_bound > limit:
-            return PacketTooLarge(f"{what} declares at least {lower_bound} bytes, over its limit {limit}")
-        return None
+
+def _bad_eof(channel_id: int, eof: int) -> MalformedPacket:
+    return MalformedPacket(
+        f"msg packet on channel {channel_id:#04x} has eof byte {eof:#04x}; only 0x00 and 0x01 are allowed"
+    )
+
+
+def _bad_size(size: int, what: str) -> MalformedPacket:
+    return MalformedPacket(f"{what} length has size byte {size:#04x}, over the go-wire maximum {MAX_UVARINT_SIZE}")
+
+
+def _check_partial_length(head: bytes, size: int, limit: int, what: str) -> MalformedPacket | None:
+    """With only the first bytes of a big-endian length, fail early if it must exceed ``limit``."""
+    lower_bound = int.from_bytes(head, "big") << (8 * (size - len(head)))
+    if lower_bound > limit:
+        return PacketTooLarge(f"{what} declares at least {lower_bound} bytes, over its limit {limit}")
+    return None
 
 
 def _run_length(data: bytes, pos: int, count: int, stride: int, header: bytes) -> int:
@@ -350,3 +389,10 @@ def _run_length(data: bytes, pos: int, count: int, stride: int, header: bytes) -
             return count
         count //= 2
     return 1
+
+
+#: What ``FrameBuffer`` decodes bytes with: the compiled twin when it is in use
+#: (mconn.core.speedups), else the reference above.
+_decode_packets: Callable[..., tuple[list[Any], int, MalformedPacket | None, bool, list[Any] | None]] = (
+    decode_packets if SPEEDUPS is None else SPEEDUPS.decode_packets
+)

@@ -1,0 +1,42 @@
+"""Which implementation of the per-packet path runs: the compiled twin or pure Python.
+
+``mconn.core._speedups`` (Cython, mconn/core/_speedups.pyx) is an optional extension
+built by the install (``make``; setup.py): where it is importable it replaces the pure
+functions it mirrors (``frame_buffer.decode_packets``, ``channel.msg_header``), unless
+the environment sets ``MCONN_PURE=1`` when mconn is first imported. The pure functions
+stay the reference and the fallback; tests/core/test_speedups_twin.py proves the two
+byte- and event-identical. ``mconn --version`` says which is in use.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+#: The interface version of the extension this source expects: a stale build (an
+#: older _speedups.pyx compiled) is not used, mconn runs on the pure functions instead.
+INTERFACE = 1
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get("MCONN_PURE") == "1":
+        return None, "MCONN_PURE=1"
+    try:
+        module = importlib.import_module("mconn.core._speedups")
+    except ImportError:
+        return None, "the extension is not built"
+    if getattr(module, "INTERFACE", None) != INTERFACE:
+        return None, f"the extension is stale (interface {getattr(module, 'INTERFACE', None)}, expected {INTERFACE})"
+    return module, ""
+
+
+#: The compiled module when it is in use, else None; and why not, when it is not.
+SPEEDUPS, WHY_PURE = _load()
+#: "accelerated" or "pure Python".
+IMPLEMENTATION = "accelerated" if SPEEDUPS is not None else "pure Python"
+
+
+def describe() -> str:
+    """One line for people: which implementation runs, and why when it is pure Python."""
+    return IMPLEMENTATION if SPEEDUPS is not None else f"{IMPLEMENTATION} ({WHY_PURE})"
