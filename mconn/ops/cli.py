@@ -2,6 +2,8 @@
 
 ::
 
+    mconn --version      print mconn's version and which per-packet path runs:
+                         "accelerated" (the compiled twin) or "pure Python" (and why)
     mconn keygen PATH    write a new node key (mode 0600); refuses to overwrite a file
     mconn id PATH        print the node id of a key
     mconn status URL     print a running node's status page (URL/status.json) as a table
@@ -27,6 +29,7 @@ mconn/ops/status.py) is specified field by field in specs/status.md; the fields 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import ipaddress
 import json
 import math
@@ -38,6 +41,7 @@ import urllib.request
 
 
 from mconn.core.node_info import display_name
+from mconn.core.speedups import describe as implementation
 from mconn.core.node_key import NodeKey
 
 #: Seconds ``mconn status`` waits for the node's answer.
@@ -65,10 +69,20 @@ class CommandError(Exception):
     """What went wrong, for one line on stderr."""
 
 
+def version_line() -> str:
+    """``mconn 0.1.0 (accelerated)``, or ``(pure Python (why))`` without the compiled twin."""
+    try:
+        version = importlib.metadata.version("mconn")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
+        version = "unknown"
+    return f"mconn {version} ({implementation()})"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mconn", description="Node keys, status and a fault proxy; run nodes with: twistd mconn"
     )
+    parser.add_argument("--version", action="version", version=version_line())
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
     keygen = commands.add_parser("keygen", help="write a new node key (mode 0600); never overwrites")
     keygen.add_argument("path")
