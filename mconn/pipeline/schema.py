@@ -21,7 +21,14 @@ _ID = {"event": "str", "node_id": "str"}
 
 #: event -> {field: spec type}, in the order of specs/telemetry.md section 4.
 EVENTS: dict[str, dict[str, str]] = {
-    "node_started": {**_ID, "run_id": "str", "pid": "int", "process_started": "float"},
+    "node_started": {
+        **_ID,
+        "run_id": "str",
+        "pid": "int",
+        "process_started": "float",
+        "moniker": "str or null",
+        "network": "str or null",
+    },
     "listening": {**_ID, "address": "str"},
     "connection_made": {**_ID, "direction": "str", "remote_address": "str", "transport": "str"},
     "handshake_done": {

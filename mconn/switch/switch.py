@@ -265,7 +265,7 @@ class Switch(Service):
     def _begin_run(self) -> None:
         """Log node_started before this Switch's first event (a node may listen first)."""
         if self.run_id is None:
-            self.run_id = telemetry.node_started(self.node_id)
+            self.run_id = telemetry.node_started(self.node_id, self.node_info)
 
     def stopService(self) -> defer.Deferred:
         """Stop listening, close every connection with a close packet, wait until gone."""

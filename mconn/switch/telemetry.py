@@ -153,10 +153,22 @@ def hello_peer_name(hello) -> dict:
         return {}
 
 
-def node_started(node_id: str) -> str:
-    """Log ``node_started`` for a Switch that starts; returns its new random run id."""
+def node_started(node_id: str, node_info=None) -> str:
+    """Log ``node_started`` for a Switch that starts; returns its new random run id.
+
+    ``node_info``: the Switch's NodeInfo (None: it has none). Its ``moniker`` and
+    ``network`` go into the event (null without one; an empty moniker is null too), so a
+    reader of the telemetry (the pipeline's report) can name the node as its logs do."""
     run_id = secrets.token_hex(16)
-    emit("node_started", node_id=node_id, run_id=run_id, pid=os.getpid(), process_started=PROCESS_STARTED)
+    emit(
+        "node_started",
+        node_id=node_id,
+        run_id=run_id,
+        pid=os.getpid(),
+        process_started=PROCESS_STARTED,
+        moniker=(node_info.moniker or None) if node_info is not None else None,
+        network=node_info.network if node_info is not None else None,
+    )
     return run_id
 
 
