@@ -8,11 +8,12 @@ FOLLOW ?=
 
 .PHONY: test lint run bench clean
 
-$(STAMP): setup.cfg pyproject.toml
+$(STAMP): setup.cfg pyproject.toml setup.py mconn/core/_speedups.pyx
 	# Debian packages the tests use: java for Spark, tmux for the chat terminal test,
 	# chromium for the status page test, prometheus for the /metrics test, nginx and
 	# squid for the WebSocket proxy tests, iproute2 for the network namespaces of the
-	# IPv6 prefix tests. Installed only when missing; a policy-rc.d
+	# IPv6 prefix tests; gcc and the Python headers for the compiled twin of the
+	# per-packet path (mconn/core/_speedups.pyx). Installed only when missing; a policy-rc.d
 	# keeps the packages' own services from starting (the tests start their own on
 	# loopback and stop them by PID).
 	missing=""; \
@@ -23,6 +24,9 @@ $(STAMP): setup.cfg pyproject.toml
 	test -x /usr/sbin/nginx || missing="$$missing nginx"; \
 	test -x /usr/sbin/squid || missing="$$missing squid"; \
 	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v gcc >/dev/null 2>&1 || missing="$$missing gcc"; \
+	python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+	  || missing="$$missing python3-dev"; \
 	if [ -n "$$missing" ]; then \
 	  policy=""; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && policy=1; fi; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; rc=$$?; \
@@ -31,7 +35,10 @@ $(STAMP): setup.cfg pyproject.toml
 	fi
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	# Builds the compiled twin too (setup.py; Cython is a build dependency); if that
+	# fails the install goes on and mconn runs on pure Python. The line says which.
 	$(PY) -m pip install -q -e '.[test,pipeline,chat,typed]'
+	$(VENV)/bin/mconn --version
 	touch $(STAMP)
 
 # ruff and mypy read their settings from pyproject.toml (ruff skips .venv, bench/out and
@@ -41,8 +48,11 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# The whole suite runs on what `mconn --version` says (the compiled twin when it is built);
+# tests/core and tests/adapter run a second time on the pure-Python functions.
 test: lint
 	$(PY) -m pytest -q
+	MCONN_PURE=1 $(PY) -m pytest -q tests/core tests/adapter
 
 run: $(STAMP)
 	$(PY) examples/fleet.py --duration $(RUN_SECONDS) $(if $(FOLLOW),--follow)
