@@ -113,7 +113,8 @@ class Findings:
     ``skews``: (session_id, node, peer, seconds node's start is after peer's) beyond
     CLOCK_SKEW_BOUND, at most NAMED of ``skewed_sessions``. ``unstarted``: node -> its
     sessions seen without their start (files missing before them, or ``--since``: then
-    ``starts_cut`` is True and none is counted, or None when not known).
+    ``starts_cut`` is True and none is counted, or None when not known). ``node_names``
+    and ``channel_names``: what ``names.parts`` collected, empty when not asked for.
     """
 
     problems: list[dict]
@@ -125,6 +126,9 @@ class Findings:
     unstarted: dict[str, int]
     starts_cut: bool | None = False
     skew_bound: float = CLOCK_SKEW_BOUND
+    #: node id -> moniker, channel id -> name (``names.parts``): how the lines name them.
+    node_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    channel_names: dict[int, str] = dataclasses.field(default_factory=dict)
 
 
 def findings(audit_df: DataFrame, links_df: DataFrame, starts_cut: bool | None = False) -> Findings:
@@ -199,7 +203,8 @@ def finding_parts(audit_df: DataFrame, links_df: DataFrame, starts_cut: bool | N
 
 
 def assemble(counts: dict, parts: dict, starts_cut: bool | None = False) -> Findings:
-    """``Findings`` from a collected ``finding_counts`` row and ``finding_parts`` row."""
+    """``Findings`` from a collected ``finding_counts`` row and ``finding_parts`` row (with
+    ``names.parts``' maps, if it has them)."""
     problems = [
         {k: r[k] for k in ("sender", "receiver", "session_id", "channel_id", "lost", "duplicated")}
         for r in ranked(parts["problems"])
@@ -215,6 +220,8 @@ def assemble(counts: dict, parts: dict, starts_cut: bool | None = False) -> Find
         counts["skewed_sessions"],
         unstarted,
         starts_cut,
+        node_names=dict(parts.get("node_names") or {}),
+        channel_names=dict(parts.get("channel_names") or {}),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mconn.pipeline import names
 from mconn.pipeline.headline import rows, verdict
 from mconn.pipeline.tables import TABLES
 
@@ -25,12 +26,16 @@ def finding_lines(findings) -> list[str]:
     """The audit rows with a problem, named; why rows are one-sided; clock skew and
     sessions seen without their start (specs/pipeline.md section 5.5)."""
     f = findings
+
+    def node(node_id) -> str:  # moniker (abcd1234), or the whole id
+        return names.node(node_id, f.node_names, whole=True)
+
     lines = []
     for r in f.problems:
         counts = ", ".join(f"{r[k]:,} {k}" for k in ("lost", "duplicated") if r[k])
         lines.append(
-            f"  {counts}: sender {r['sender']} receiver {r['receiver']} session {r['session_id']} "
-            f"channel {r['channel_id']:#04x}"
+            f"  {counts}: sender {node(r['sender'])} receiver {node(r['receiver'])} session {r['session_id']} "
+            f"channel {names.channel(r['channel_id'], f.channel_names)}"
         )
     if f.problem_rows > len(f.problems):
         lines.append(f"  ... and {f.problem_rows - len(f.problems):,} more rows in delivery_audit")
@@ -41,8 +46,8 @@ def finding_lines(findings) -> list[str]:
         )
     if f.one_sided_missing:
         lines.append(f"note: {f.one_sided_missing:,} one-sided rows: the silent end's logs are missing from the input")
-    for session, node, peer, seconds in f.skews:
-        later, earlier = (node, peer) if seconds > 0 else (peer, node)
+    for session, logger, peer, seconds in f.skews:
+        later, earlier = (node(logger), node(peer)) if seconds > 0 else (node(peer), node(logger))
         lines.append(
             f"warning: clock skew: session {session}: {later} logged its start {abs(seconds):.2f} s after {earlier}"
         )
@@ -54,10 +59,11 @@ def finding_lines(findings) -> list[str]:
             f"than {f.skew_bound:g} s: times in the tables mix the nodes' clocks; the delivery audit "
             "compares counters, not times, and does not depend on clocks"
         )
-    for node, count in sorted(f.unstarted.items()):
+    for node_id, count in sorted(f.unstarted.items()):
         cause = "is missing from the input" if f.starts_cut is False else "is missing, or before --since"
         lines.append(
-            f"warning: node {node}: {count:,} sessions seen without their start: its earlier telemetry " + cause
+            f"warning: node {node(node_id)}: {count:,} sessions seen without their start: its earlier telemetry "
+            + cause
         )
     return lines
 

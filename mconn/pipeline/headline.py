@@ -134,7 +134,9 @@ def rows(summary: dict) -> list[tuple[str, str]]:
         ),
         (
             "errors",
-            f"protocol {s['protocol_errors']:,}, refused connections {s['refused_connections']:,}, "
+            f"protocol {s['protocol_errors']:,} (peer misbehaviour), "
+            f"link failures {_get(s, 'link_failures'):,} (timeouts, resets: not errors), "
+            f"refused connections {s['refused_connections']:,}, "
             f"dials given up {s['gave_up_dials']:,}, loop stalls {s['loop_stalls']:,}, "
             f"reactor {s['reactor_errors']:,}",
         ),

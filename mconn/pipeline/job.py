@@ -24,7 +24,7 @@ import os
 from pyspark.sql import DataFrame, Observation, functions as F
 from pyspark.sql.types import StructType
 
-from mconn.pipeline import audit, channels, errors, ingest, latency, links, reconnects, sessions, summary
+from mconn.pipeline import audit, channels, errors, ingest, latency, links, names, reconnects, sessions, summary
 from mconn.pipeline.spark import Progress
 from mconn.pipeline.tables import STAGES, local_path, table_path
 
@@ -87,6 +87,7 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
         with _stage(spark, progress, "report") as stage:
             report_path = report_path or _default_report(out)
             parts = audit.finding_parts(written["delivery_audit"], written["links"], starts_cut=False)
+            parts += names.parts(events)  # how the findings and the report name nodes and channels
             if report_path is not None:
                 from mconn.pipeline import report  # matplotlib: only when a report is made
 

@@ -19,7 +19,7 @@ import typing
 
 from pyspark.sql import Window, functions as F
 
-from mconn.pipeline import audit, channels, console, headline, plots
+from mconn.pipeline import audit, channels, console, headline, names, plots
 from mconn.pipeline.ingest import MALFORMED, UNKNOWN
 from mconn.pipeline.inputs import redact
 from mconn.pipeline.sessions import PAIR
@@ -31,7 +31,12 @@ LOST = ("expired", "fresh", "rejected", "restarted")
 
 
 def short(node_id) -> str:
-    return "-" if node_id is None else node_id[:8]
+    return "-" if node_id is None else node_id[: names.SHORT_ID_DIGITS]
+
+
+def _chart_name(node_id, known: dict[str, str]) -> str:
+    """A node in a chart's label: ``moniker (abcd1234)``, the moniker cut short, or the 8 digits."""
+    return names.node(node_id, known, most=names.CHART_MONIKER)
 
 
 def sample(df, rows: int):
@@ -119,8 +124,14 @@ def _lanes(got: dict) -> tuple[list[dict], float]:
     pairs = [(r["node_id"], r["peer_id"]) for r in audit.ranked(got["lane_pairs"])]
     if not pairs:
         return [], 0.0
+    known, _ = names.collected(got)
     lanes: dict[tuple[str, str], dict[str, typing.Any]] = {
-        (node, peer): {"label": f"{short(node)} > {short(peer)}", "sessions": [], "breaks": []} for node, peer in pairs
+        (node, peer): {
+            "label": f"{_chart_name(node, known)} > {_chart_name(peer, known)}",
+            "sessions": [],
+            "breaks": [],
+        }
+        for node, peer in pairs
     }
     for r in audit.ranked(got["lane_spans"]):
         lanes[(r["node_id"], r["peer_id"])]["sessions"].append((r["start"], r["until"], r["outcome"]))
@@ -278,7 +289,10 @@ def _img(png: bytes | None, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _cell(value) -> str:
+def _cell(value, known: dict[str, str] | None = None) -> str:
+    """One table cell. A node id (40 hex digits) shows as ``moniker (abcd1234)`` when
+    ``known`` names it, else its first 8 digits; a session id (32) its first 12; either
+    keeps the whole id in its title."""
     if isinstance(value, bool) or value is None:
         return f"<td>{'-' if value is None else value}</td>"
     if isinstance(value, (int, float)):
@@ -286,15 +300,17 @@ def _cell(value) -> str:
         return f'<td class="n">{text}</td>'
     text = str(value)
     if len(text) in (32, 40) and all(c in "0123456789abcdef" for c in text):  # a session or node id
-        return f'<td title="{text}">{text[:12]}</td>'
+        shown = names.node(text, known or {}) if len(text) == 40 else text[:12]
+        return f'<td title="{text}">{html.escape(shown)}</td>'
     return f"<td>{html.escape(text)}</td>"
 
 
-def _table(headers: list[str], rows) -> str:
+def _table(headers: list[str], rows, known: dict[str, str] | None = None) -> str:
+    """``known``: node id -> moniker, how node ids in the cells are named (``_cell``)."""
     if not rows:
         return '<p class="note">none</p>'
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(_cell(v, known) for v in row) + "</tr>" for row in rows)
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -302,6 +318,7 @@ def write(path: str, summary: dict, got: dict, event_counts: dict, findings: aud
     """Draw and write what the report shows: ``got``, the collected row of ``parts``' query,
     beside the summary row and the audit's ``findings``."""
     span = f"{summary['first_time']} to {summary['last_time']} UTC"
+    known, _ = names.collected(got)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>mconn fleet telemetry</title>",
         f"<style>{_CSS}</style></head><body>",
@@ -311,11 +328,11 @@ def write(path: str, summary: dict, got: dict, event_counts: dict, findings: aud
         _notes(findings),
         _table(["figure", "value"], headline.rows(summary)),
         "<h2>Delivery audit findings</h2>",
-        _findings(got),
+        _findings(got, known),
         _legend(),
         "<h2>Links</h2>",
         _link_plots(summary, got),
-        _side_plots_and_tables(got),
+        _side_plots_and_tables(got, known),
         "<h2>Input</h2>",
         _input_section(event_counts, got),
         "</body></html>",
@@ -355,12 +372,12 @@ def _legend() -> str:
 
 #: The findings table's columns: (header, delivery_audit column). The sender's count of
 #: messages not confirmed delivered is ``undelivered`` in the table and in telemetry;
-#: the report uses the API's word.
+#: the report uses the API's word. The channel is shown with its name (``names.channel``).
 _FINDING_COLUMNS = (
     ("sender", "sender"),
     ("receiver", "receiver"),
     ("session_id", "session_id"),
-    ("channel_id", "channel_id"),
+    ("channel", "channel_id"),
     ("accepted", "accepted"),
     ("unconfirmed", "undelivered"),
     ("delivered", "delivered"),
@@ -390,9 +407,14 @@ def _findings_part(audit_df):
     return audit.top(shown, order, 50, columns, "report_findings")
 
 
-def _findings(got: dict) -> str:
-    rows = [tuple(r[column] for _, column in _FINDING_COLUMNS) for r in audit.ranked(got["report_findings"])]
-    return _table([header for header, _ in _FINDING_COLUMNS], rows)
+def _findings(got: dict, known: dict[str, str]) -> str:
+    _, channel_names = names.collected(got)
+
+    def shown(r, column):
+        return names.channel(r[column], channel_names) if column == "channel_id" else r[column]
+
+    rows = [tuple(shown(r, column) for _, column in _FINDING_COLUMNS) for r in audit.ranked(got["report_findings"])]
+    return _table([header for header, _ in _FINDING_COLUMNS], rows, known)
 
 
 def _link_plots(summary: dict, got: dict) -> str:
@@ -444,11 +466,14 @@ def _figure(png: bytes | None, alt: str, caption: str = "", empty: str = "") -> 
     return f"<figure>{_img(png, alt)}{text}</figure>"
 
 
-def _side_plots_and_tables(got: dict) -> str:
+def _side_plots_and_tables(got: dict, known: dict[str, str]) -> str:
     links = audit.ranked(got["unstable_links"])
     kinds = audit.ranked(got["error_kinds"])
     unstable = [
-        (f"{short(r['a'])} - {short(r['b'])}", {"breaks": r["breaks"], "sessions lost": r["sessions_lost"]})
+        (
+            f"{_chart_name(r['a'], known)} - {_chart_name(r['b'], known)}",
+            {"breaks": r["breaks"], "sessions lost": r["sessions_lost"]},
+        )
         for r in links
     ]
     by_kind = [(f"{r['source']}: {r['kind']}", {"count": r["count"]}) for r in kinds]
@@ -475,11 +500,13 @@ def _side_plots_and_tables(got: dict) -> str:
             _table(
                 ["node", "node", "breaks", "sessions lost", "sessions"],
                 [(r["a"], r["b"], r["breaks"], r["sessions_lost"], r["sessions"]) for r in links],
+                known,
             ),
             "<h2>Errors</h2>",
             _table(
                 [header for header, _ in _ERROR_COLUMNS],
                 [tuple(redact(r[c]) if c == "example" else r[c] for _, c in _ERROR_COLUMNS) for r in errors],
+                known,
             ),
             f"<p class='note'>{html.escape(ERRORS_CAPTION)}</p>",
         ]

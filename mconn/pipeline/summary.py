@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame, functions as F
 
+from mconn.pipeline import reasons
 from mconn.pipeline.audit import finding_counts
 from mconn.pipeline.ingest import MALFORMED, UNKNOWN
 
@@ -41,6 +42,7 @@ COLUMNS = (
     "unsettled",
     "one_sided_rows",
     "protocol_errors",
+    "link_failures",
     "refused_connections",
     "gave_up_dials",
     "loop_stalls",
@@ -51,7 +53,10 @@ COLUMNS = (
 )
 
 
-#: Summary column -> the error sources it adds up.
+#: Summary column -> the error sources it adds up. ``protocol_errors`` counts peer
+#: misbehaviour only: a ``protocol_error`` whose class is a link failure (an older
+#: node's ``PongTimeout``, before ``link_failed`` existed) is left out
+#: (``reasons.LINK_TYPES``); the connection it broke counts in ``link_failures``.
 ERROR_COLUMNS = {
     "protocol_errors": ("protocol_error",),
     "refused_connections": ("peer_rejected", "connection_refused"),
@@ -130,12 +135,19 @@ def query(everything: DataFrame, nodes: DataFrame, *, links, reconnects, audit, 
         ),
         F.count(F.when(F.col("verdict") == "one_sided", 1)).alias("one_sided_rows"),
     )
+    a_link_failure = (F.col("source") == "protocol_error") & F.col("kind").isin(*reasons.LINK_TYPES)
     by_source = errors.agg(
         *[
-            F.coalesce(F.sum(F.when(F.col("source").isin(*sources), F.col("count"))), F.lit(0)).alias(name)
+            F.coalesce(F.sum(F.when(F.col("source").isin(*sources) & ~a_link_failure, F.col("count"))), F.lit(0)).alias(
+                name
+            )
             for name, sources in ERROR_COLUMNS.items()
         ]
     )
+    # Connections lost to a link failure (a timeout, a reset: not the peer's fault), at the
+    # end that logged it: reason_kind "link", or its reason_type's kind in older logs.
+    lost = everything.where(name == "connection_lost")
+    link_failures = lost.agg(F.count(F.when(reasons.reason_kind() == reasons.LINK, 1)).alias("link_failures"))
     fleet_rtt = latency.where(F.col("scope") == "fleet")
     rtt = fleet_rtt.agg(
         F.first("p50_seconds").alias("rtt_p50_seconds"),
@@ -144,6 +156,7 @@ def query(everything: DataFrame, nodes: DataFrame, *, links, reconnects, audit, 
         F.coalesce(F.sum("samples"), F.lit(0)).alias("rtt_samples"),
     )
     row = base
-    for part in (fleet, sessions, link_rows, dials, audited, by_source, rtt, finding_counts(audit, links)):
+    parts = (fleet, sessions, link_rows, dials, audited, by_source, link_failures, rtt, finding_counts(audit, links))
+    for part in parts:
         row = row.crossJoin(part)
     return row.select(*COLUMNS, *EXTRA)

@@ -9,9 +9,11 @@ undelivered at the end). Time is explicit too: every call takes ``t``, seconds f
 log's origin.
 
 Nodes are *older* by default: their events lack the fields added later (``session_id``
-in ``connection_lost`` and ``channel_stats``, ``connection``, ``round_trip``, and the
-``node_started`` event), so the pipeline's inference for old logs is what they exercise.
-A ``current`` node logs them all, as mconn does now.
+in ``connection_lost`` and ``channel_stats``, ``connection``, ``round_trip``,
+``reason_kind``, ``channel_name``, and the ``node_started`` event), so the pipeline's
+inference for old logs is what they exercise. A ``current`` node logs them all, as mconn
+does now; its ``node_started`` names its ``moniker`` (None: a node without node info)
+and ``network``.
 """
 
 from __future__ import annotations
@@ -21,9 +23,17 @@ import hashlib
 import json
 import pathlib
 
+from mconn import errors
+
 ORIGIN = 1_700_000_000.0
 _LEVEL_UUID = "02e59486-f24d-46ad-8224-3acdf2a5732a"
 _WARN = ("protocol_error", "peer_rejected", "connection_refused", "dial_gave_up", "loop_stalled")
+
+
+def reason_kind(reason_type: str) -> str:
+    """What a current node logs as ``reason_kind`` for a reason of this class (``mconn.errors.error_kind``)."""
+    cls = getattr(errors, reason_type, None)
+    return errors.error_kind(cls.__new__(cls)) if isinstance(cls, type) else errors.OTHER
 
 
 def node_id(name: str) -> str:
@@ -49,9 +59,12 @@ def record(event: str, t: float, **fields) -> str:
 
 
 class Node:
-    def __init__(self, fleet: FleetLog, name: str, port: int, current: bool = False) -> None:
+    def __init__(
+        self, fleet: FleetLog, name: str, port: int, current: bool = False, moniker: str | None = None
+    ) -> None:
         self.fleet = fleet
         self.name = name
+        self.moniker = moniker
         self.id = node_id(name)
         self.address = f"127.0.0.1:{port}"
         self.current = current
@@ -77,6 +90,8 @@ class Node:
             run_id=session_id(f"{self.name} run {self.runs}"),
             pid=1000 + self.runs,
             process_started=ORIGIN + t - 0.5,
+            moniker=self.moniker,
+            network="fleet-test" if self.moniker else None,
         )
 
 
@@ -85,9 +100,9 @@ class FleetLog:
         self.nodes: dict[str, Node] = {}
         self._ports = iter(range(26000, 27000))
 
-    def node(self, name: str, current: bool = False) -> Node:
+    def node(self, name: str, current: bool = False, moniker: str | None = None) -> Node:
         if name not in self.nodes:
-            self.nodes[name] = Node(self, name, next(self._ports), current)
+            self.nodes[name] = Node(self, name, next(self._ports), current, moniker)
         return self.nodes[name]
 
     def write(self, directory: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -113,10 +128,13 @@ class Link:
         channels=((0x20, 1), (0x21, 5)),
         rtt=0.01,
         resume_refused: str = "",
+        channel_names=None,
     ) -> None:
         self.dialer, self.listener = dialer, listener
         self.session = session_id(name)
         self.channels = dict(channels)
+        #: channel id -> the name a current node's channel_stats gives it ("" without one)
+        self.channel_names = dict(channel_names or {})
         self.rtt = rtt
         # (sender name, channel) -> counters
         self.accepted = collections.Counter()
@@ -201,6 +219,7 @@ class Link:
                 t + i * 1e-4,
                 peer_id=self.other(node).id,
                 channel_id=channel,
+                **self._current(node, channel_name=self.channel_names.get(channel, "")),
                 priority=priority,
                 queue_depth=queue.get(channel, 0),
                 bytes_sent=sent_bytes.get(channel, 0),
@@ -223,6 +242,7 @@ class Link:
                 direction="outbound" if node is self.dialer else "inbound",
                 reason_type=reason_type,
                 reason="the connection broke",
+                **self._current(node, reason_kind=reason_kind(reason_type)),
                 duration=1.0,
                 bytes_sent=1000,
                 bytes_received=2000,
@@ -294,6 +314,7 @@ class Link:
                 session_id=self.session,
                 reason_type=reason_type,
                 reason="it ended",
+                **self._current(node, reason_kind=reason_kind(reason_type)),
                 resumes=self.resumes,
                 undelivered=undelivered,
                 channels=channels,

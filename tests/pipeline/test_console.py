@@ -3,6 +3,7 @@
 from mconn.pipeline.audit import Findings
 from mconn.pipeline.console import finding_lines, summary_table
 from mconn.pipeline.headline import assess, verdict
+from mconn.pipeline.headline import rows as headline_rows
 
 BASE = {"messages_audited": 3647, "lost": 0, "duplicated": 0, "in_doubt": 0, "unsettled": 0, "one_sided_rows": 0}
 
@@ -156,3 +157,65 @@ def test_the_summary_table_takes_the_findings_or_their_json_lines():
         f"  1 lost: sender {A} receiver {B} session s1 channel 0x20"
     )
     assert summary_table(summary, None, "out", finding_lines(found)) == "\n".join(table)
+
+
+def test_the_findings_name_nodes_by_moniker_and_channels_by_name():
+    """With the names the run collected, a problem row, a clock skew and sessions seen without their start name
+    a node ``moniker (abcd1234)`` and a channel ``0x20 votes``; a node without a moniker keeps its whole id."""
+    found = Findings(
+        **{
+            **NONE.__dict__,
+            "problems": [
+                {"sender": A, "receiver": B, "session_id": "s1", "channel_id": 0x20, "lost": 1, "duplicated": 0}
+            ],
+            "problem_rows": 1,
+            "skews": [("s2", A, C, -5.0)],
+            "skewed_sessions": 1,
+            "unstarted": {A: 2},
+            "node_names": {A: "alpha", C: "gamma"},
+            "channel_names": {0x20: "votes"},
+        }
+    )
+    lines = finding_lines(found)
+    assert lines[0] == f"  1 lost: sender alpha ({A[:8]}) receiver {B} session s1 channel 0x20 votes"
+    assert f"warning: clock skew: session s2: gamma ({C[:8]}) logged its start 5.00 s after alpha ({A[:8]})" in lines
+    assert any(line.startswith(f"warning: node alpha ({A[:8]}): 2 sessions seen without their start") for line in lines)
+
+
+def test_the_errors_row_books_link_failures_apart():
+    """The errors row says protocol errors are peer misbehaviour and link failures are not errors."""
+    summary = dict(
+        BASE,
+        nodes=2,
+        restarts=0,
+        events=10,
+        malformed_records=0,
+        unknown_events=0,
+        first_time="t0",
+        last_time="t1",
+        sessions=1,
+        links=1,
+        resumes=0,
+        fresh_starts=0,
+        expired_sessions=0,
+        rejected_sessions=0,
+        restarted_sessions=0,
+        dial_attempts=0,
+        failed_dials=0,
+        recovery_p50_seconds=None,
+        recovery_max_seconds=None,
+        rtt_p50_seconds=None,
+        rtt_p99_seconds=None,
+        rtt_source=None,
+        protocol_errors=0,
+        link_failures=8,
+        refused_connections=1,
+        gave_up_dials=2,
+        loop_stalls=3,
+        reactor_errors=4,
+    )
+    errors = next(value for label, value in headline_rows(summary) if label == "errors")
+    assert errors == (
+        "protocol 0 (peer misbehaviour), link failures 8 (timeouts, resets: not errors), refused connections 1, "
+        "dials given up 2, loop stalls 3, reactor 4"
+    )

@@ -348,6 +348,9 @@ def test_summary_headline(out):
     assert (s["lost"], s["duplicated"], s["unsettled"], s["in_doubt"]) == (1, 1, 1, 0)
     assert (s["protocol_errors"], s["refused_connections"], s["gave_up_dials"], s["loop_stalls"]) == (2, 2, 1, 1)
     assert s["reactor_errors"] == 0
+    # Connections lost to a break: B - C and D - B at both ends, E alone once (older nodes: by reason_type),
+    # G - H at both ends and G alone once (current nodes: reason_kind link); closes and refusals are not.
+    assert s["link_failures"] == 8
 
 
 def test_report_is_one_html_file_with_embedded_plots(out):

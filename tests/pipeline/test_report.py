@@ -14,6 +14,11 @@ The fleet (current nodes, every field logged):
 * S -> T: both channels stay backlogged from sample to sample: real contention. S logs a
   protocol error about T that T does not log about S.
 
+P, Q and R have monikers (K had one, then restarted under another); K, S and T show by
+their ids. The Q - R timeouts are logged as an older node logged them, ``protocol_error``
+``PongTimeout`` (before ``link_failed``): a link failure, not misbehaviour. Q - R's
+channel_stats name the channels (``0x20 bulk``, ``0x21 chat``).
+
 The run is module-scoped: the tests read its tables and its report.
 """
 
@@ -37,11 +42,14 @@ S_KILLED, S_CHAT, S_BACKLOG = (session_id(n) for n in ("s-killed", "s-chat", "s-
 BULK, CHAT = 0x20, 0x21
 CHANNELS = ((BULK, 1), (CHAT, 10))
 UNCONFIRMED = 514
+MONIKERS = {"P": "validator-p", "Q": "quebec", "R": "romeo"}
+CHANNEL_NAMES = {BULK: "bulk", CHAT: "chat"}
 
 
 def build_fleet() -> FleetLog:
     fleet = FleetLog()
-    p, k, q, r, s, t = (fleet.node(n, current=True) for n in "PKQRST")
+    p, k, q, r, s, t = (fleet.node(n, current=True, moniker=MONIKERS.get(n)) for n in "PKQRST")
+    k.moniker = "kilo-before"  # its first run's name; the restart below drops it
     for node in (p, k, q, r, s, t):
         node.start(0)
         node.listen(0)
@@ -50,12 +58,13 @@ def build_fleet() -> FleetLog:
     killed.send(p, BULK, 20)
     killed.stats(k, 15)
     killed.unconfirmed(p, BULK, UNCONFIRMED)
+    k.moniker = None  # restarted without a node info: the latest node_started names no one
     k.start(20)  # killed and started again: its session with P has no end in its log
     k.listen(20)
     killed.suspend(20.5, ends=(p,))
     killed.end(50.5, "SessionExpired", ends=(p,), lose_connection=False)
     # Q -> R: bulk always queued; one chat message queued at one sample only.
-    chat = Link(q, r, "s-chat", 100, channels=CHANNELS)
+    chat = Link(q, r, "s-chat", 100, channels=CHANNELS, channel_names=CHANNEL_NAMES)
     chat.send(q, BULK, 50)
     chat.send(q, CHAT, 1)
     for tick in range(1, 7):
@@ -97,16 +106,30 @@ def build_fleet() -> FleetLog:
     return fleet
 
 
+#: What the report's charts were drawn from, by chart: the label of each lane or bar.
+CHART_LABELS: dict[str, list[str]] = {}
+
+
 @pytest.fixture(scope="module")
 def out(tmp_path_factory, spark):
-    """Run the command on the fleet's files; returns (JSON record, out directory)."""
-    from mconn.pipeline import cli
+    """Run the command on the fleet's files; returns (JSON record, out directory). The labels the
+    timeline and the bar charts get are kept in CHART_LABELS."""
+    from mconn.pipeline import cli, plots
+
+    def recording(draw, labels):
+        def drawn(rows, *args, **kwargs):
+            CHART_LABELS.setdefault(draw.__name__, []).extend(labels(rows))
+            return draw(rows, *args, **kwargs)
+
+        return drawn
 
     root = tmp_path_factory.mktemp("report")
     build_fleet().write(root / "logs")
     out = root / "tables"
     stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
+    with contextlib.redirect_stdout(stdout), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plots, "timeline", recording(plots.timeline, lambda lanes: [lane["label"] for lane in lanes]))
+        patch.setattr(plots, "bars", recording(plots.bars, lambda rows: [label for label, _ in rows]))
         status = cli.main([str(root / "logs"), "--out", str(out), "--json", "--quiet"])
     assert status == 0
     return json.loads(stdout.getvalue().strip().splitlines()[-1]), str(out)
@@ -153,6 +176,48 @@ def test_the_report_uses_the_api_word_unconfirmed(page):
     assert (cells["receiver"], cells["unconfirmed"], cells["verdict"]) == (K, str(UNCONFIRMED), "ok")
 
 
+def test_nodes_show_by_moniker_and_channels_by_name(page):
+    """Node ids in the report's tables show as ``moniker (abcd1234)`` from the node's latest node_started
+    (the whole id kept in the cell's title), as the 8-hex prefix for a node without one (K restarted without
+    its moniker; T never had one); a channel shows with the name channel_stats gave it."""
+    findings = section(page, "Delivery audit findings")
+    headers = re.findall(r"<th>(.*?)</th>", findings)
+    row = re.search(rf'<tr><td title="{P}">.*?</tr>', findings)
+    assert row, "the row of P's unconfirmed messages is not in the findings"
+    cells = dict(zip(headers, cell_texts(row.group(0))))
+    assert (cells["sender"], cells["receiver"]) == (f"validator-p ({P[:8]})", K[:8])
+    assert cells["channel"] == "0x20 bulk"
+    unstable = section(page, "Most unstable links")
+    shown = {text for title, text in re.findall(r'<td title="(\w+)">(.*?)</td>', unstable)}
+    assert shown == {f"quebec ({Q[:8]})", f"romeo ({R[:8]})", f"validator-p ({P[:8]})", K[:8]}
+    assert "kilo-before" not in page
+    errors = section(page, "Errors")
+    assert f'<td title="{Q}">quebec ({Q[:8]})</td>' in errors  # the loop stall's node
+    assert f'<td title="{T}">{T[:8]}</td>' in errors  # S's protocol error names T, which has no moniker
+
+
+def test_the_charts_label_nodes_by_moniker(out):
+    """The link timeline's lanes and the unstable-links bars are labelled with the nodes' names."""
+    lanes = CHART_LABELS["timeline"]
+    assert f"quebec ({Q[:8]}) > romeo ({R[:8]})" in lanes and f"validator-p ({P[:8]}) > {K[:8]}" in lanes
+    assert f"{S[:8]} > {T[:8]}" in lanes
+    bars = CHART_LABELS["bars"]
+    pair = sorted((("quebec", Q), ("romeo", R)), key=lambda named: named[1])
+    assert " - ".join(f"{name} ({node[:8]})" for name, node in pair) in bars
+
+
+def test_the_headline_books_link_failures_apart_from_protocol_errors(out, page):
+    """Connections lost to a link failure (reason_kind link) are counted apart, and the headline says they are
+    not errors; the older PongTimeouts logged as protocol_error are not counted as peer misbehaviour."""
+    summary = out[0]["summary"]
+    # P's link to K broke once at P; Q - R's broke at both ends; the other ends were closes.
+    assert (summary["link_failures"], summary["protocol_errors"]) == (3, 1)
+    headline = dict(re.findall(r"<tr><td>(.*?)</td><td>(.*?)</td></tr>", page))
+    assert headline["errors"].startswith(
+        "protocol 1 (peer misbehaviour), link failures 3 (timeouts, resets: not errors), refused connections 0"
+    )
+
+
 def test_a_legend_explains_in_doubt_and_unsettled(page):
     """A legend under the findings table says what unconfirmed, in doubt, unsettled and one-sided mean."""
     legend = re.search(r"<dl class='legend'>(.*?)</dl>", section(page, "Delivery audit findings"), re.S)
@@ -187,6 +252,11 @@ def cell_values(row: str) -> list[str]:
     return [title or text for title, text in re.findall(r'<td(?: class="n")?(?: title="(\w+)")?>(.*?)</td>', row)]
 
 
+def cell_texts(row: str) -> list[str]:
+    """The cells of one table row as shown."""
+    return re.findall(r'<td(?: class="n")?(?: title="\w+")?>(.*?)</td>', row)
+
+
 # -- errors and breaks -----------------------------------------------------------------
 
 
@@ -211,7 +281,8 @@ def test_a_break_both_ends_saw_is_one_link_event(out, tables):
     assert (timeout["count"], timeout["nodes"]) == (1, 2)
     other = rows[("protocol_error", "UnknownChannel")]
     assert (other["scope"], other["node_id"], other["peer_id"], other["count"]) == ("peer", None, T, 1)
-    assert out[0]["summary"]["protocol_errors"] == 2
+    # The timeout is a link failure: the summary's protocol_errors counts the misbehaviour only.
+    assert out[0]["summary"]["protocol_errors"] == 1
 
 
 def test_breaks_and_lost_sessions_count_once_per_link(out, spark):
@@ -247,7 +318,8 @@ def png_size(page: str, alt: str) -> tuple[int, int]:
 
 
 def test_a_browser_shows_the_verdict_and_charts_in_their_own_proportions(out, page, tmp_path):
-    """Headless Chromium renders the report: the verdict text is there, every chart keeps its own aspect ratio
+    """Headless Chromium renders the report: the verdict text, the nodes' monikers and the link failures apart
+    from protocol errors are there, every chart keeps its own aspect ratio
     (none stretched to its neighbours' height), the unstable-links chart of two links is wider than tall; a
     screenshot is kept under tests/artifacts/."""
     measured = tmp_path / "report.html"
@@ -255,6 +327,8 @@ def test_a_browser_shows_the_verdict_and_charts_in_their_own_proportions(out, pa
     window = "--window-size=1280,1000"
     dom = run_browser("--virtual-time-budget=5000", window, "--dump-dom", measured.as_uri())
     assert "0 lost, 0 duplicated in" in dom and f"{UNCONFIRMED} unconfirmed" in dom
+    assert f"quebec ({Q[:8]})" in dom  # the unstable links table names the nodes
+    assert "link failures 3 (timeouts, resets: not errors)" in dom
     sizes = re.search(r'<pre id="sizes">(.*?)</pre>', dom, re.S)
     assert sizes, f"the measuring script did not run:\n{dom[-2000:]}"
     images = json.loads(sizes.group(1).replace("&quot;", '"'))
