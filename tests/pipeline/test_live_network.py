@@ -17,7 +17,7 @@ from twisted.logger import FilteringLogObserver, PredicateResult, globalLogPubli
 from faultproxy import FaultProxy
 from integration.test_loopback import Collector, bounded, stop
 from helpers import sleep, the_reactor, until
-from mconn import ChannelDescriptor, Config, Switch
+from mconn import ChannelDescriptor, Config, NodeInfo, Switch
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,11 @@ async def run_network(directory):
     """Returns {(dialer, listener): resumes injected}, node ids by name, messages sent."""
     config = Config(stats_interval=1.0, resume_grace=10.0, max_reconnect_delay=0.2, ping_interval=0.25)
     collectors = {name: Collector(CHANNELS) for name in "ABC"}
-    nodes = {name: Switch([collectors[name]], clock=the_reactor(), config=config) for name in "ABC"}
+    # A and B have monikers; C has none (the report shows it by its id).
+    infos = {name: NodeInfo(network="live", moniker=moniker) for name, moniker in zip("ABC", ("alpha", "bravo", ""))}
+    nodes = {
+        name: Switch([collectors[name]], clock=the_reactor(), config=config, node_info=infos[name]) for name in "ABC"
+    }
     logs = [NodeLog(directory / f"{name}.json", s) for name, s in nodes.items()]
     proxy = None
     try:
@@ -141,3 +145,9 @@ async def test_a_real_network_audits_clean_and_counts_the_injected_resumes(tmp_p
         ("B", "A", "resumed"),
         ("C", "B", "resumed"),
     ]
+    # The Switches logged their monikers in node_started: the pipeline names A and B by them, not C.
+    from mconn.pipeline import names as naming
+
+    events = spark.read.parquet(f"{out}/events")
+    known = {r["node_id"]: r["moniker"] for r in naming.node_names(events).collect()}
+    assert known == {ids["A"]: "alpha", ids["B"]: "bravo"}
