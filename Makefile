@@ -61,4 +61,4 @@ bench: $(STAMP)
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info build mconn/core/_speedups.c mconn/core/_speedups.*.so
