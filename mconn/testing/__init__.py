@@ -36,11 +36,14 @@ Where each part is explained:
 ``mconn/testing/node.py``
     The process at each host: its ports, its resolver, how it listens and dials, and a
     Twisted reactor that dies with it.
+``mconn/testing/clock.py``
+    ``HeapClock``: a ``task.Clock`` for networks of many nodes (its calls in a heap).
 ``mconn/testing/fabric.py``
     What the nodes and links share: the clock, the hosts, the paths between them and
     their faults, the links.
 """
 
+from mconn.testing.clock import HeapClock
 from mconn.testing.fakes import FakePeer
 from mconn.testing.network import MemoryNetwork, connected_switches
 from mconn.testing.transport import MemoryLink, MemoryTransport
@@ -49,4 +52,4 @@ from mconn.testing.transport import MemoryLink, MemoryTransport
 from mconn.testing.network import DEFAULT_PORT as DEFAULT_PORT
 from mconn.testing.node import LOOPBACK as LOOPBACK
 
-__all__ = ["FakePeer", "MemoryLink", "MemoryNetwork", "MemoryTransport", "connected_switches"]
+__all__ = ["FakePeer", "HeapClock", "MemoryLink", "MemoryNetwork", "MemoryTransport", "connected_switches"]

@@ -105,6 +105,19 @@ class Fabric:
                 link._schedule(0)
                 link._schedule(1)
 
+    def set_blackholes(self, paths, on: bool) -> None:
+        """``set_blackhole`` for many paths, in one pass over the links (a partition of
+        a large network cuts or heals thousands of paths at once)."""
+        changed = set()
+        for path in paths:
+            path.blackholed = on
+            changed.add(id(path))
+        if not on:
+            for link in self.links:
+                if id(link._path) in changed and link.alive:
+                    link._schedule(0)
+                    link._schedule(1)
+
     def links_on(self, path: Path) -> list:
         """The links on ``path`` that at least one end still has."""
         return [link for link in self.links if link._path is path and link.alive]

@@ -13,7 +13,8 @@ one ``task.Clock`` drives, so the tests are deterministic::
 The network
 -----------
 Each Switch made by ``network.switch`` lives on a *node*: a host address (10.0.0.1,
-10.0.0.2, ...) and a Twisted reactor of its own that keeps time with the shared clock and
+10.0.0.2, ..., or the one ``network.switch(..., host=...)`` names) and a Twisted
+reactor of its own that keeps time with the shared clock and
 does TCP in memory. So the Switch's own code paths work unchanged: ``Switch.listen``
 ("tcp:26656"), ``Switch.dial`` ("ID@10.0.0.2:26656", see ``network.dial_address``) and
 the re-dials of suspended sessions connect through ``HostnameEndpoint`` to whatever
@@ -40,6 +41,8 @@ written byte, so it cannot test what mconn does when bytes are lost.
     keep them, unacknowledged at the sender: an end that gives up on its connection
     (the keepalive finds the hole and aborts) loses them, and the reset it sends is lost
     in the hole too, so the other end notices nothing.
+``network.partition(side_a, side_b)``
+    A black hole between every member of one side and every member of the other.
 ``network.heal(a, b)`` (or ``link.heal()``; ``network.heal()`` heals every path)
     Traffic flows again. A connection whose two ends both survived the hole carries on:
     what was held is delivered, late and in order (TCP retransmission). A connection
@@ -79,6 +82,7 @@ mconn/testing/fabric.py.
 
 from __future__ import annotations
 
+from twisted.internet.abstract import isIPAddress
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.task import Clock
@@ -134,9 +138,19 @@ class MemoryNetwork:
 
     # -- switches and nodes --------------------------------------------------------------
 
-    def switch(self, reactors, **kwargs) -> Switch:
-        """A new Switch on a new host; ``kwargs`` go to ``Switch`` (config, node_key)."""
-        return self._start(_Node(self.fabric, self.fabric.new_host()), reactors, kwargs)
+    def switch(self, reactors, *, host: str | None = None, **kwargs) -> Switch:
+        """A new Switch on a new host; ``kwargs`` go to ``Switch`` (config, node_key).
+
+        :param host: the host's IPv4 address (the next 10.0.0.n if None). The default
+            hosts all share the private group 10.0.0.0/16; a simulation of a public network
+            gives each node a public address in a group of its own (bench/sim_network.py).
+        :raises ValueError: for a host that is not an IPv4 literal or already has a node.
+        """
+        if host is None:
+            host = self.fabric.new_host()
+        elif not isIPAddress(host) or host in self.fabric.nodes:
+            raise ValueError(f"host {host!r} must be an IPv4 address no node of this network has yet")
+        return self._start(_Node(self.fabric, host), reactors, kwargs)
 
     def host_of(self, switch: Switch) -> str:
         """The host address of ``switch``'s node (10.0.0.n)."""
@@ -283,8 +297,18 @@ class MemoryNetwork:
             paths = self.fabric.paths()
         else:
             paths = [self._path(a, b)]
-        for path in paths:
-            self.fabric.set_blackhole(path, False)
+        self.fabric.set_blackholes(paths, False)
+
+    def partition(self, side_a, side_b) -> int:
+        """Black-hole every path between a Switch (or host) of ``side_a`` and one of
+        ``side_b``: the network splits in two without telling anyone; ``heal()`` joins it.
+
+        :returns: the number of paths cut.
+        """
+        hosts_b = [self._host(b) for b in side_b]
+        paths = [self.fabric.path(self._host(a), host) for a in side_a for host in hosts_b]
+        self.fabric.set_blackholes(paths, True)
+        return len(paths)
 
     def delay(self, a, b, seconds: float) -> None:
         """Make traffic between ``a`` and ``b`` take ``seconds`` each way (0: none)."""
