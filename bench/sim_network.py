@@ -223,8 +223,9 @@ class Simulation:
         key = (peer.node_id, receiver, peer.session.id)
         (n,) = struct.unpack(">Q", message[:8])
         got = self.delivered[key]
-        if n != len(got):
-            self.violations.append(f"{key[0][:8]}->{key[1][:8]} session {key[2]!r}: got #{n} after {len(got)}")
+        expected = got[-1] + 1 if got else 0
+        if n != expected:
+            self.violations.append(f"{key[0][:8]}->{key[1][:8]} session {key[2]!r}: got #{n}, expected #{expected}")
         got.append(n)
 
     # -- measuring ------------------------------------------------------------------
