@@ -116,8 +116,12 @@ class Simulation:
         streamers: int = 10,
         config: Config = CONFIG,
         request_interval: float = 10.0,
+        addrbook_files: dict[int, str] | None = None,
     ) -> None:
         self.n, self.n_seeds, self.config = nodes, seeds, config
+        self.addrbook_files = addrbook_files or {}
+        #: Print the formation's progress to stderr every 30 simulated seconds.
+        self.progress = False
         self.request_interval = request_interval
         self.rng = random.Random(seed)
         self.clock = HeapClock()
@@ -152,6 +156,7 @@ class Simulation:
             request_interval=self.request_interval,
             rng=random.Random(self.rng.getrandbits(64)),
             seed_mode=i < self.n_seeds,
+            addrbook_file=self.addrbook_files.get(i),
         )
 
     def _reconnect_delay(self):
@@ -253,6 +258,8 @@ class Simulation:
                 curve.append((round(self.clock.seconds(), 3), full))
             if full == need:
                 return self.clock.seconds() - start
+            if self.progress and int(self.clock.seconds()) % 30 == 0:
+                print(f"t={self.clock.seconds():.0f}s full {full}/{need}", file=sys.stderr, flush=True)
             self.clock.run(sample)
         return None
 
@@ -358,6 +365,77 @@ def check_streams(sim: Simulation) -> dict:
     return {"resumed_sessions": len(sim.resumed), "resumed_checked": checked, "violations": len(sim.violations)}
 
 
+def eclipse(groups: int, *, honest: int = 100, per_group: int = 16, seed: int = 1, attack: float = 600.0) -> dict:
+    """An eclipse attack in the style of Heilman et al. (2015) on one node's book.
+
+    An honest network of ``honest`` nodes forms; the victim (node 3) keeps its book in a
+    file. The attacker runs ``per_group`` nodes in each of ``groups`` /16s (hosts
+    101.x.j.1 up); each knows only the attacker's addresses, dials the victim (persistent:
+    it holds inbound slots and comes back), and answers the victim's requests with
+    attacker addresses only. After ``attack`` seconds the victim's process restarts with
+    its book file; measured: the fraction of its outbound peers the attacker holds, a
+    minute and five minutes later, and of its book's entries in each table.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        book = f"{tmp}/victim.json"
+        sim = Simulation(honest, seed=seed, streamers=0, addrbook_files={3: book})
+        formed = sim.run_until_full(1800.0)
+        victim = 3
+        evil_ids: set[str] = set()
+        evil_hosts = [f"{101 + g // 250}.{g % 250}.{j}.1" for g in range(groups) for j in range(per_group)]
+        evil = []
+        for host in evil_hosts:
+            key = NodeKey(Ed25519PrivateKey.from_private_bytes(sim.rng.randbytes(32)))
+            pex = PexReactor(
+                request_interval=sim.request_interval, target_outbound=0, rng=random.Random(sim.rng.getrandbits(64))
+            )
+            switch = sim.network.switch([pex], host=host, node_key=key, config=sim.config)
+            switch.listen(f"tcp:{PORT}")
+            switch.startService()
+            evil.append((switch, pex))
+            evil_ids.add(switch.node_id)
+        addresses = [sim.network.dial_address(s, PORT) for s, _ in evil]
+        for switch, pex in evil:
+            for address in sim.rng.sample(addresses, min(len(addresses), pex.max_addresses)):
+                if not address.startswith(switch.node_id):
+                    pex.add_address(address, source=switch.node_id, source_host=sim.network.host_of(switch))
+            d = switch.dial(sim.network.dial_address(sim.switches[victim], PORT), persistent=True)
+            d.addErrback(lambda failure: None)
+        sim.clock.run(attack)
+        before = _book_share(sim.pex[victim], evil_ids)
+        sim.pex[victim].save_book()
+        sim.restart(victim)
+        shares = {}
+        for label, wait in (("after_60s", 60.0), ("after_300s", 240.0)):
+            sim.clock.run(wait)
+            out = [n for n, p in sim.switches[victim].peers.items() if p.is_outbound and p.state == "connected"]
+            shares[label] = round(sum(1 for n in out if n in evil_ids) / len(out), 3) if out else None
+            shares[label + "_outbound"] = len(out)
+        return {
+            "groups": groups,
+            "attacker_nodes": len(evil),
+            "honest": honest,
+            "formed_s": formed,
+            "book_before_restart": before,
+            "book_after": _book_share(sim.pex[victim], evil_ids),
+            **shares,
+        }
+
+
+def _book_share(pex: PexReactor, evil: set) -> dict:
+    """The attacker's entries in each table of ``pex``'s book, and the tables' sizes."""
+    entries = list(pex.book.values())
+    counts = {"new": 0, "tried": 0, "evil_new": 0, "evil_tried": 0}
+    for e in entries:
+        table = "tried" if e.tried else "new"
+        counts[table] += 1
+        if e.address.node_id in evil:
+            counts["evil_" + table] += 1
+    return counts
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -368,10 +446,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--churn-minutes", type=int, default=4)
     parser.add_argument("--partition", type=float, default=25.0)
     parser.add_argument("--out", default=str(ROOT / "bench" / "out"))
+    parser.add_argument("--per-group", type=int, default=16)
+    parser.add_argument("--eclipse", default="", help="attacker group counts, e.g. 1,4,16 (runs only that)")
     args = parser.parse_args(argv)
+    if args.eclipse:
+        rows = [eclipse(int(k), seed=args.seed, per_group=args.per_group) for k in args.eclipse.split(",")]
+        for row in rows:
+            print(json.dumps({"bench": "sim_network_eclipse", **row}))
+        return {"eclipse": rows}
 
     wall = time.perf_counter()
     sim = Simulation(args.nodes, seeds=args.seeds, seed=args.seed, streamers=args.streamers)
+    sim.progress = True
     curve: list = []
     formed = sim.run_until_full(args.form_limit, curve=curve)
     formed_counters = sim.counters()
