@@ -7,9 +7,11 @@ error for error (the same packets, positions, exception types and messages):
 
 * ``decode_packets``: ``mconn.core.frame_buffer.decode_packets``, the frame buffer's
   decoder of a run of packets;
-* ``msg_header``: ``mconn.core.channel.msg_header``, a msg packet's header.
+* ``msg_header``: ``mconn.core.channel.msg_header``, a msg packet's header;
+* ``process_msgs``: ``mconn.core.connection.process_msgs``, the msg fast path of a
+  connection's received packets (reassembly and one ``MessageReceived`` a message).
 
-tests/core/test_speedups_twin.py proves it with hypothesis on valid and malformed input;
+tests/core/test_speedups_twin.py and tests/core/test_speedups_process.py prove it with hypothesis on valid and malformed input;
 the pure functions are the specification, this file only makes them cheaper (typed
 indexing of the bytes instead of boxed integers, one C loop for a run's headers).
 """
@@ -17,7 +19,8 @@ indexing of the bytes instead of boxed integers, one C loop for a run's headers)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.string cimport memcmp
 
-from mconn.errors import MalformedPacket, PacketTooLarge, UnknownPacketType
+from mconn.core.events import MessageReceived
+from mconn.errors import MalformedPacket, PacketTooLarge, UnknownChannel, UnknownPacketType
 
 # The wire constants (specs/wire.md section 2); test_speedups_twin checks them against
 # mconn.core.wire and mconn.core.wire_primitives.
@@ -30,7 +33,7 @@ cdef enum:
     C_RUN = 0x100
 
 #: Checked by mconn.core.speedups: a build of an older source is not used.
-INTERFACE = 1
+INTERFACE = 2
 
 PING = C_PING
 PONG = C_PONG
@@ -232,3 +235,58 @@ def msg_header(int channel_id, eof, Py_ssize_t length):
         buf[4 + size - 1 - i] = <unsigned char> (value & 0xFF)
         value >>= 8
     return PyBytes_FromStringAndSize(<const char *> buf, 4 + size)
+
+
+def process_msgs(list packets, Py_ssize_t i, dict channels, object append):
+    """See ``mconn.core.connection.process_msgs``: the same arguments, result, events,
+    channel state and errors."""
+    cdef Py_ssize_t n = len(packets)
+    cdef Py_ssize_t size
+    cdef tuple packet
+    cdef object kind, channel, message, stats, channel_id, event
+    cdef object new_event = MessageReceived.__new__
+    while i < n:
+        packet = packets[i]  # a tuple (the decoder's packets); anything else: TypeError
+        kind = packet[0]
+        if kind == C_MSG:
+            channel_id = packet[1]
+            channel = channels.get(channel_id)
+            if channel is None:
+                raise _unknown_channel(channel_id, channels)
+            if packet[2] and channel.receiving is None:
+                # A whole message in one packet (its data is bytes): Channel.reassemble inlined.
+                message = packet[3]
+                size = len(message)
+                if size > channel.recv_capacity:
+                    raise channel.too_large(size)
+                stats = channel.stats
+                stats.bytes_received += size
+                stats.messages_received += 1
+            else:
+                message = channel.reassemble(packet[2], packet[3])
+                if message is None:
+                    i += 1
+                    continue
+            # MessageReceived(channel_id=channel_id, message=message), without running
+            # the dataclass's __init__ in Python: the same two slots set on a new object.
+            event = new_event(MessageReceived)
+            event.channel_id = channel_id
+            event.message = message
+            append(event)
+        elif kind == C_RUN:
+            channel_id = packet[1]
+            channel = channels.get(channel_id)
+            if channel is None:
+                raise _unknown_channel(channel_id, channels)
+            channel.reassemble_run(packet[2])
+        else:
+            return i
+        i += 1
+    return n
+
+
+cdef object _unknown_channel(object channel_id, dict channels):
+    return UnknownChannel(
+        f"msg packet on channel {channel_id:#04x}, which this node does not have "
+        f"(channels: {', '.join([f'{c:#04x}' for c in channels]) or 'none'})"
+    )

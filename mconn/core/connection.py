@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
@@ -52,6 +53,7 @@ from mconn.core.handshake import (
 )
 from mconn.core.packet_size import payload_for_pace
 from mconn.core.rate import TokenBucket
+from mconn.core.speedups import SPEEDUPS
 
 # State, Input, TRANSITIONS: also mconn.core.connection's names (``X as X`` re-exports them).
 from mconn.core.connection_table import TRANSITIONS as TRANSITIONS, Input as Input, State as State
@@ -85,6 +87,67 @@ PONG_BYTES = bytes([PONG])
 _HANDSHAKING, _OPEN, _CLOSING, _CLOSED = State.HANDSHAKING, State.OPEN, State.CLOSING, State.CLOSED
 
 _INPUT_OF_TYPE = {PING: Input.PING, PONG: Input.PONG, MSG: Input.MSG, RUN: Input.MSG}
+
+
+def process_msgs(packets: list[Any], i: int, channels: dict[int, Channel], append: Callable[[object], None]) -> int:
+    """The msg fast path of ``Connection._process`` on an open connection: from
+    ``packets[i]`` on, each msg packet ``(MSG, channel_id, eof, data)`` and each run
+    ``(RUN, channel_id, payloads)`` (frame_buffer.py) is reassembled on its channel, and a
+    ``MessageReceived`` for each whole message goes to ``append``; returns the index of
+    the first packet of another type (``len(packets)`` when there is none).
+
+    Raises UnknownChannel for a channel this node does not have and MessageTooLarge
+    (``Channel.too_large``) past a channel's ``recv_message_capacity``; the messages
+    before the bad packet have been appended. The reference of the compiled twin
+    (mconn/core/_speedups.pyx, tests/core/test_speedups_process.py).
+    """
+    n = len(packets)
+    while i < n:
+        packet = packets[i]
+        kind = packet[0]
+        if kind == MSG:
+            channel = channels.get(packet[1])
+            if channel is None:
+                raise unknown_channel(packet[1], channels)
+            if packet[2] and channel.receiving is None:
+                # A whole message in one packet (its data is bytes): Channel.reassemble inlined.
+                message = packet[3]
+                size = len(message)
+                if size > channel.recv_capacity:
+                    raise channel.too_large(size)
+                stats = channel.stats
+                stats.bytes_received += size
+                stats.messages_received += 1
+            else:
+                message = channel.reassemble(packet[2], packet[3])
+                if message is None:
+                    i += 1
+                    continue
+            append(MessageReceived(channel_id=packet[1], message=message))
+        elif kind == RUN:
+            channel = channels.get(packet[1])
+            if channel is None:
+                raise unknown_channel(packet[1], channels)
+            channel.reassemble_run(packet[2])
+        else:
+            return i
+        i += 1
+    return n
+
+
+def unknown_channel(channel_id: int, channels: dict[int, Channel]) -> UnknownChannel:
+    """The error of a msg packet on a channel not in ``channels``."""
+    return UnknownChannel(
+        f"msg packet on channel {channel_id:#04x}, which this node does not have "
+        f"(channels: {', '.join(f'{c:#04x}' for c in channels) or 'none'})"
+    )
+
+
+#: What ``Connection._process`` runs its msg packets through: the compiled twin when it
+#: is in use (mconn.core.speedups), else the reference above.
+_process_msgs: Callable[[list[Any], int, dict[int, Channel], Callable[[object], None]], int] = (
+    process_msgs if SPEEDUPS is None else SPEEDUPS.process_msgs
+)
 
 
 @functools.lru_cache(maxsize=16)
@@ -192,45 +255,19 @@ class Connection:
     def _process(self, packets: list[Any], events: list[object], now: float) -> None:
         channels = self.channels
         append = events.append
-        is_open = self.state is _OPEN
-        for packet in packets:
-            kind = packet[0]
-            if kind == MSG and is_open:
-                # The hot path: (MSG, channel_id, eof, data), see frame_buffer.py.
-                channel = channels.get(packet[1])
-                if channel is None:
-                    raise self._unknown_channel(packet[1])
-                if packet[2] and channel.receiving is None:
-                    # A whole message in one packet (its data is bytes): Channel.reassemble inlined.
-                    message = packet[3]
-                    size = len(message)
-                    if size > channel.recv_capacity:
-                        raise channel.too_large(size)
-                    stats = channel.stats
-                    stats.bytes_received += size
-                    stats.messages_received += 1
-                else:
-                    message = channel.reassemble(packet[2], packet[3])
-                    if message is None:
-                        continue
-                append(MessageReceived(channel_id=packet[1], message=message))
-                continue
-            if kind == RUN and is_open:
-                channel = channels.get(packet[1])
-                if channel is None:
-                    raise self._unknown_channel(packet[1])
-                channel.reassemble_run(packet[2])
-                continue
-            self._process_other(kind, packet, events, now)
+        i = 0
+        n = len(packets)
+        while i < n:
+            if self.state is _OPEN:
+                # The hot path: the msg and run packets up to the next of another type.
+                i = _process_msgs(packets, i, channels, append)
+                if i == n:
+                    return
+            packet = packets[i]
+            i += 1
+            self._process_other(packet[0], packet, events, now)
             if self.state is _CLOSED:
                 return  # the peer closed: whatever follows is ignored
-            is_open = self.state is _OPEN
-
-    def _unknown_channel(self, channel_id: int) -> UnknownChannel:
-        return UnknownChannel(
-            f"msg packet on channel {channel_id:#04x}, which this node does not have "
-            f"(channels: {', '.join(f'{c:#04x}' for c in self.channels) or 'none'})"
-        )
 
     def _process_other(self, kind: int, packet: tuple[Any, ...], events: list[object], now: float) -> None:
         """Every packet but a msg packet on an open connection."""

@@ -2,7 +2,8 @@
 
 ``mconn.core._speedups`` (Cython, mconn/core/_speedups.pyx) is an optional extension
 built by the install (``make``; setup.py): where it is importable it replaces the pure
-functions it mirrors (``frame_buffer.decode_packets``, ``channel.msg_header``), unless
+functions it mirrors (``frame_buffer.decode_packets``, ``channel.msg_header``,
+``connection.process_msgs``), unless
 the environment sets ``MCONN_PURE=1`` when mconn is first imported. The pure functions
 stay the reference and the fallback; tests/core/test_speedups_twin.py proves the two
 byte- and event-identical. ``mconn --version`` says which is in use.
@@ -16,7 +17,7 @@ from types import ModuleType
 
 #: The interface version of the extension this source expects: a stale build (an
 #: older _speedups.pyx compiled) is not used, mconn runs on the pure functions instead.
-INTERFACE = 1
+INTERFACE = 2
 
 
 def _load() -> tuple[ModuleType | None, str]:
