@@ -33,7 +33,7 @@ cdef enum:
     C_RUN = 0x100
 
 #: Checked by mconn.core.speedups: a build of an older source is not used.
-INTERFACE = 2
+INTERFACE = 3
 
 PING = C_PING
 PONG = C_PONG
@@ -165,15 +165,17 @@ def decode_packets(
                     f"bytes, over max_packet_payload {max_payload}"
                 )
                 break
-            end = start + <Py_ssize_t> length
-            if end > n:
-                if stream_min >= 0 and <Py_ssize_t> length >= stream_min:
+            if length > <unsigned long long> (n - start):
+                # Not all here. (Compared before adding: a length of 2**63 or more, which
+                # only an unlimited max_payload lets through, would wrap a C sum.)
+                if stream_min >= 0 and length >= <unsigned long long> stream_min:
                     # Stream the payload: out goes what is here (frame_buffer's docstring).
-                    partial = [p[pos + 1], eof, end - n, n > start]
+                    partial = [p[pos + 1], eof, (<object> length) - (n - start), n > start]
                     if n > start:
                         out.append((C_RUN, p[pos + 1], [mv[start:n]]))
                     pos = n
                 break
+            end = start + <Py_ssize_t> length
             if eof:
                 out.append((C_MSG, p[pos + 1], 1, PyBytes_FromStringAndSize(<const char *> p + start, end - start)))
             else:
@@ -201,9 +203,9 @@ def decode_packets(
             if length > limit:
                 error = PacketTooLarge(f"extension packet {t:#04x} declares a {length}-byte body, over its limit {limit}")
                 break
+            if length > <unsigned long long> (n - start):
+                break  # not all here (compared before adding, as for a msg packet)
             end = start + <Py_ssize_t> length
-            if end > n:
-                break
             out.append((t, PyBytes_FromStringAndSize(<const char *> p + start, end - start)))
             pos = end
             if stop_after_extension:

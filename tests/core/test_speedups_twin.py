@@ -172,3 +172,20 @@ def test_the_twin_is_what_the_frame_buffer_uses_unless_mconn_pure():
     else:
         assert speedups.IMPLEMENTATION == "accelerated"
         assert frame_buffer._decode_packets is compiled.decode_packets
+
+
+@TWIN
+@given(
+    st.sampled_from([b"\x03\x10\x00", b"\x03\x10\x01", b"\x05"]),
+    st.integers(1 << 63, (1 << 64) - 1) | st.integers((1 << 64) - 64, (1 << 64) - 1),
+    st.binary(max_size=20),
+    st.sampled_from([-1, 0, 4096]),
+)
+def test_decode_packets_twin_on_lengths_past_a_signed_c_integer(head, length, rest, stream_min):
+    """A declared length of 2**63 or more under unlimited limits is "not all here" (or a
+    streamed payload's start), as in the reference: it must not wrap a C sum and read
+    before the buffer."""
+    data = head + b"\x08" + length.to_bytes(8, "big") + rest
+    full_tail = b"\x00\x09\x01" + bytes(8)
+    args = (data, 0, len(data), False, 0, UNLIMITED, full_tail, stream_min, {}, UNLIMITED)
+    assert _shape(compiled.decode_packets(*args)) == _shape(frame_buffer.decode_packets(*args))
