@@ -263,6 +263,17 @@ class Simulation:
             self.clock.run(sample)
         return None
 
+    def run_sampled(self, seconds: float, curve: list | None, *, sample: float = 1.0) -> None:
+        """Let ``seconds`` pass, adding ``(time, nodes with full outbound peers)`` to
+        ``curve`` every ``sample`` seconds (just run if ``curve`` is None)."""
+        if curve is None:
+            self.clock.run(seconds)
+            return
+        steps = max(1, round(seconds / sample))
+        for _ in range(steps):
+            self.clock.run(seconds / steps)
+            curve.append((round(self.clock.seconds(), 3), self.full()))
+
     def graph(self) -> dict[int, set[int]]:
         """The undirected graph of connected sessions between non-seed nodes."""
         adjacency: dict[int, set[int]] = {i: set() for i in range(self.n_seeds, self.n)}
@@ -325,7 +336,9 @@ def bfs_stats(adjacency: dict[int, set[int]]) -> dict:
     }
 
 
-def churn(sim: Simulation, *, minutes: int, fraction: float = 0.1, partition: float = 25.0) -> dict:
+def churn(
+    sim: Simulation, *, minutes: int, fraction: float = 0.1, partition: float = 25.0, curve: list | None = None
+) -> dict:
     """Restart ``fraction`` of the non-seed nodes every simulated minute; a partition of
     20% of them from the rest in the middle, healed after ``partition`` seconds."""
     movable = list(range(sim.n_seeds, sim.n))
@@ -337,11 +350,11 @@ def churn(sim: Simulation, *, minutes: int, fraction: float = 0.1, partition: fl
             side = sim.rng.sample(movable, max(1, len(movable) // 5))
             rest = [sim.switches[i] for i in range(sim.n) if i not in set(side)]
             cut = sim.network.partition([sim.switches[i] for i in side], rest)
-            sim.clock.run(partition)
+            sim.run_sampled(partition, curve)
             sim.network.heal()
-            sim.clock.run(60.0 - partition)
+            sim.run_sampled(60.0 - partition, curve)
         else:
-            sim.clock.run(60.0)
+            sim.run_sampled(60.0, curve)
     return {"restarts": sim.restarts, "partition_paths": cut}
 
 
@@ -480,8 +493,8 @@ def main(argv=None) -> dict:
     }
     if args.churn_minutes:
         sim.start_stream()
-        sim.clock.run(5.0)
-        result["churn"] = churn(sim, minutes=args.churn_minutes, partition=args.partition)
+        sim.run_sampled(5.0, curve)
+        result["churn"] = churn(sim, minutes=args.churn_minutes, partition=args.partition, curve=curve)
         churn_end = sim.clock.seconds()
         recovered = sim.run_until_full(args.form_limit, curve=curve)
         result["recovered_s"] = recovered
