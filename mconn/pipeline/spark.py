@@ -18,6 +18,7 @@ local input is below ``SMALL_INPUT`` bytes (``input_bytes``).
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import sys
 import tempfile
@@ -25,7 +26,9 @@ import time
 import typing
 
 #: log4j2 configuration for a local driver: warnings only, Hadoop's native-library
-#: notice and Spark's loopback-address notice silenced.
+#: notice and Spark's loopback-address notice silenced, and so is the RPC dispatcher's
+#: "message dropped" for an endpoint already stopped: on a loaded machine an executor's
+#: last heartbeat can race the driver's stop, after the job has finished.
 _LOG4J2 = """\
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
@@ -40,6 +43,8 @@ logger.utils.name = org.apache.spark.util.Utils
 logger.utils.level = error
 logger.parquet.name = org.apache.parquet
 logger.parquet.level = error
+logger.dispatcher.name = org.apache.spark.rpc.netty.Dispatcher
+logger.dispatcher.level = error
 """
 
 #: Settings for every run; a key already set (spark-submit, --conf) wins.
@@ -163,7 +168,10 @@ def session_settings(
 
 
 def _log4j_file() -> str:
-    path = os.path.join(tempfile.gettempdir(), f"mconn-pipeline-log4j2-{os.getuid()}.properties")
+    """The log4j2 configuration's file, written once per user and content (its name carries
+    a digest of ``_LOG4J2``, so a changed configuration never meets a stale file)."""
+    digest = hashlib.sha256(_LOG4J2.encode()).hexdigest()[:12]
+    path = os.path.join(tempfile.gettempdir(), f"mconn-pipeline-log4j2-{os.getuid()}-{digest}.properties")
     if not os.path.exists(path):
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
         with os.fdopen(fd, "w") as f:
