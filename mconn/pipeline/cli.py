@@ -35,6 +35,7 @@ import json
 import sys
 
 from mconn.pipeline.inputs import MAX_WALK_ENTRIES
+from mconn.pipeline.spark import parse_conf as parse_conf  # the --conf of both commands
 
 
 def parse_time(text: str) -> float:
@@ -50,13 +51,6 @@ def parse_time(text: str) -> float:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=datetime.UTC)
     return moment.timestamp()
-
-
-def parse_conf(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--conf wants KEY=VALUE, got {text!r}")
-    return key.strip(), value.strip()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -48,6 +48,7 @@ from typing import Any, cast
 
 from mconn.pipeline.follow_page import ACTIVITY_EVENTS, WINDOW_SECONDS, WINDOWS_SHOWN
 from mconn.pipeline.inputs import CLOSED_GLOB
+from mconn.pipeline.spark import parse_conf
 
 #: Rows of a table the page shows at most (the newest links, the latest reconnects, the
 #: audit's problem rows).
@@ -397,14 +398,6 @@ def _plain(row: dict) -> dict:
 
 
 # -- the command ---------------------------------------------------------------------
-
-
-def parse_conf(text: str) -> tuple[str, str]:
-    """``KEY=VALUE`` of ``--conf`` (as the batch command's)."""
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"--conf wants KEY=VALUE, got {text!r}")
-    return key.strip(), value.strip()
 
 
 def parser() -> argparse.ArgumentParser:

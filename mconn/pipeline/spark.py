@@ -17,6 +17,7 @@ local input is below ``SMALL_INPUT`` bytes (``input_bytes``).
 
 from __future__ import annotations
 
+import argparse
 import glob
 import hashlib
 import os
@@ -84,6 +85,14 @@ SMALL_DEFAULTS = {
 #: JVM flags for a small input: the quick JIT tier only (C2's compilations cost more
 #: CPU than they save on a run of a minute).
 SMALL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+
+
+def parse_conf(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` of a ``--conf`` Spark setting (the batch and the follow command's)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--conf wants KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
 
 
 def input_bytes(paths) -> int | None:
