@@ -1,9 +1,11 @@
 """Turning role results into figures, judging them against the targets, printing them.
 
-Each round runs every measurement over raw and then over mconn. The table shows the
-median of the rounds for each, the median of the per-round mconn/raw ratios, and their
-spread, because on a small virtual machine one run can differ from the next by a
-factor of two.
+Each round runs every measurement over raw, over prebuilt (the prebuilt-frames
+baseline, bench/prebuilt.py) and then over mconn. The table shows the median of the
+rounds for each, the medians of the per-round mconn/raw and mconn/prebuilt ratios, and
+their spread, because on a small virtual machine one run can differ from the next by a
+factor of two. Each ratio has its own targets: CHECKS (mconn/raw) and PREBUILT_CHECKS
+(mconn/prebuilt, the limit).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def _figures(scenario: str, recv: dict, send: dict) -> tuple[dict, float | None]
         b = recv["B"]
         figs = {"MB_per_s": b["bytes_per_s"] / 1e6, "messages": b["messages"], "seconds": b["seconds"]}
         return figs, b["messages"] * BULK_SIZE / 1e6
-    if scenario == "small":
+    if scenario in ("small", "small_each"):
         m = recv["S"]
         figs = {"messages_per_s": m["messages_per_s"], "messages": m["messages"], "seconds": m["seconds"]}
         return figs, m["messages"]
@@ -70,36 +72,49 @@ def median_of(rounds: list):
 
 
 def rows_of(results: dict) -> list[dict]:
-    """One round's rows: each figure over raw and mconn, and mconn/raw where it means something."""
-    raw, mc = results.get("raw", {}), results.get("mconn", {})
+    """One round's rows: each figure over raw, prebuilt (where it ran) and mconn, and
+    mconn/raw and mconn/prebuilt where they mean something."""
+    raw, pre, mc = results.get("raw", {}), results.get("prebuilt", {}), results.get("mconn", {})
     rows = []
 
-    def row(name, unit, a, b, ratio=True):
+    def row(name, unit, a, b, ratio=True, p=None):
         rows.append(
             {
                 "figure": name,
                 "unit": unit,
                 "raw": a,
+                "prebuilt": p,
                 "mconn": b,
                 "mconn_over_raw": (b / a) if ratio and a and b is not None else None,
+                "mconn_over_prebuilt": (b / p) if ratio and p and b is not None else None,
             }
         )
 
+    def value(scenario, *keys):
+        """The figure at ``keys`` of the prebuilt run of ``scenario``; None if it did not run."""
+        v = pre.get(scenario)
+        for key in keys:
+            v = v.get(key) if v is not None else None
+        return v
+
     def cpu_rows(scenario, unit):
         for side, name in (("send", "sender"), ("recv", "receiver")):
-            row(f"  CPU {name}", unit, raw[scenario]["cpu_us"][side], mc[scenario]["cpu_us"][side])
+            p = value(scenario, "cpu_us", side)
+            row(f"  CPU {name}", unit, raw[scenario]["cpu_us"][side], mc[scenario]["cpu_us"][side], p=p)
 
     both = {s for s in raw if s in mc}
     if "bulk" in both:
-        row("bulk 1 MiB msgs", "MB/s", raw["bulk"]["MB_per_s"], mc["bulk"]["MB_per_s"])
+        row("bulk 1 MiB msgs", "MB/s", raw["bulk"]["MB_per_s"], mc["bulk"]["MB_per_s"], p=value("bulk", "MB_per_s"))
         cpu_rows("bulk", "us/MB")
-    if "small" in both:
-        row("small 100 B msgs", "msg/s", raw["small"]["messages_per_s"], mc["small"]["messages_per_s"])
-        cpu_rows("small", "us/msg")
+    for scenario, name in (("small", "small 100 B msgs"), ("small_each", "small 100 B, one by one")):
+        if scenario in both:
+            a, b = raw[scenario]["messages_per_s"], mc[scenario]["messages_per_s"]
+            row(name, "msg/s", a, b, p=value(scenario, "messages_per_s"))
+            cpu_rows(scenario, "us/msg")
     if "rtt" in both:
         a, b = raw["rtt"]["rtt"], mc["rtt"]["rtt"]
-        row("round trip p50", "ms", a["p50_ms"], b["p50_ms"])
-        row("round trip p99", "ms", a["p99_ms"], b["p99_ms"])
+        row("round trip p50", "ms", a["p50_ms"], b["p50_ms"], p=value("rtt", "rtt", "p50_ms"))
+        row("round trip p99", "ms", a["p99_ms"], b["p99_ms"], p=value("rtt", "rtt", "p99_ms"))
         cpu_rows("rtt", "us/rt")
     if "priority" in both:
         a, b = raw["priority"], mc["priority"]
@@ -126,37 +141,51 @@ CHECKS = {
 }
 
 
-def _verdict(figure: str, ratio, value):
-    check = CHECKS.get(figure)
-    if check is None or value is None or (ratio is None and "mconn/raw" in check[0]):
+#: figure -> (target, check) on mconn/prebuilt, the prebuilt-frames baseline: the limit
+#: a Python program reaches here (and the priority probe's bound on loopback).
+PREBUILT_CHECKS = {
+    "bulk 1 MiB msgs": ("mconn/pre >= 0.85", lambda ratio, value: ratio >= 0.85),
+    "small 100 B msgs": ("mconn/pre >= 0.5", lambda ratio, value: ratio >= 0.5),
+    "small 100 B, one by one": ("mconn/pre >= 0.3", lambda ratio, value: ratio >= 0.3),
+    "round trip p50": ("mconn/pre <= 1.1", lambda ratio, value: ratio <= 1.1),
+    "priority probe p99": ("mconn <= 1 ms", lambda ratio, value: value <= 1.0),
+}
+
+
+def _verdict(figure: str, ratio, value, checks: dict = CHECKS):
+    check = checks.get(figure)
+    if check is None or value is None or (ratio is None and "mconn/" in check[0]):
         return None
     return check[1](ratio, value)
 
 
+def _median(values: list):
+    return statistics.median(values) if values else None
+
+
 def judge(rounds: list[dict]) -> list[dict]:
-    """The rows over all rounds: raw and mconn are medians of the rounds, mconn/raw is the
-    median of the per-round ratios (raw and mconn ran back to back in each round, so a
-    ratio pairs like with like); each target is judged on those medians and per round.
+    """The rows over all rounds: raw, prebuilt and mconn are medians of the rounds,
+    mconn/raw and mconn/prebuilt are medians of the per-round ratios (the three ran back
+    to back in each round, so a ratio pairs like with like); each target is judged on
+    those medians and per round.
     """
     per_round = [rows_of(figs) for figs in rounds]
     rows = []
     for i, first in enumerate(per_round[0]):
         column = [r[i] for r in per_round]
-        ratios = [c["mconn_over_raw"] for c in column if c["mconn_over_raw"] is not None]
-        values = [c["mconn"] for c in column if c["mconn"] is not None]
-        raws = [c["raw"] for c in column if c["raw"] is not None]
-        row = {
-            "figure": first["figure"],
-            "unit": first["unit"],
-            "raw": statistics.median(raws) if raws else None,
-            "mconn": statistics.median(values) if values else None,
-            "mconn_over_raw": statistics.median(ratios) if ratios else None,
-            "rounds_mconn_over_raw": ratios,
-            "rounds_mconn": values,
-            "target": CHECKS.get(first["figure"], (None,))[0],
-        }
-        row["pass"] = _verdict(row["figure"], row["mconn_over_raw"], row["mconn"])
-        row["rounds_pass"] = [_verdict(row["figure"], c["mconn_over_raw"], c["mconn"]) for c in column]
+        row = {"figure": first["figure"], "unit": first["unit"]}
+        for key in ("raw", "prebuilt", "mconn", "mconn_over_raw", "mconn_over_prebuilt"):
+            values = [c[key] for c in column if c.get(key) is not None]
+            row[key] = _median(values)
+            if key.startswith("mconn"):
+                row["rounds_" + key] = values
+        for suffix, checks, ratio in (
+            ("", CHECKS, "mconn_over_raw"),
+            ("_prebuilt", PREBUILT_CHECKS, "mconn_over_prebuilt"),
+        ):
+            row["target" + suffix] = checks.get(first["figure"], (None,))[0]
+            row["pass" + suffix] = _verdict(row["figure"], row[ratio], row["mconn"], checks)
+            row["rounds_pass" + suffix] = [_verdict(row["figure"], c[ratio], c["mconn"], checks) for c in column]
         rows.append(row)
     return rows
 
@@ -171,27 +200,41 @@ def _fmt(v, digits: int = 3) -> str:
     return f"{v:.{digits}f}"
 
 
+def _verdict_text(r: dict, suffix: str) -> str:
+    """PASS or MISS of a row's target (``suffix``: "" for mconn/raw, "_prebuilt"), with
+    "(k/n rounds)" when it was judged in more than one round."""
+    judged = r.get("pass" + suffix)
+    if judged is None:
+        return ""
+    held = [p for p in r.get("rounds_pass" + suffix, []) if p is not None]
+    return ("PASS" if judged else "MISS") + (f" ({sum(held)}/{len(held)} rounds)" if len(held) > 1 else "")
+
+
+def _spread(values: list) -> str:
+    return f"{_fmt(min(values), 2)}..{_fmt(max(values), 2)}" if len(values) > 1 else ""
+
+
 def print_table(rows: list[dict]) -> None:
-    """The report: medians, mconn/raw, per-round spread, target and verdict.
+    """The report: medians, mconn/raw and mconn/prebuilt, per-round spread, targets and verdicts.
 
     The verdict is judged on the medians; "(k/n)" says in how many rounds it held alone.
-    The spread is the per-round min..max of mconn/raw (of mconn where there is no ratio).
+    The spread is the per-round min..max of the ratio (of mconn where there is no ratio).
     """
-    header = f"{'figure':<26}{'unit':<7}{'raw':>11}{'mconn':>11}{'mconn/raw':>11}{'spread':>14}  {'target':<19}result"
+    header = (
+        f"{'figure':<26}{'unit':<7}{'raw':>11}{'prebuilt':>11}{'mconn':>11}"
+        f"{'mconn/raw':>11}{'spread':>12}  {'target':<19}{'result':<20}"
+        f"{'mconn/pre':>10}{'spread':>12}  {'target':<19}result"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        verdict = ""
-        if r["pass"] is not None:
-            verdict = "PASS" if r["pass"] else "MISS"
-            held = [p for p in r.get("rounds_pass", []) if p is not None]
-            if len(held) > 1:
-                verdict += f" ({sum(held)}/{len(held)} rounds)"
-        spread = r.get("rounds_mconn_over_raw") or r.get("rounds_mconn") or []
-        spread_text = f"{_fmt(min(spread), 2)}..{_fmt(max(spread), 2)}" if len(spread) > 1 else ""
+        spread_raw = _spread(r.get("rounds_mconn_over_raw") or r.get("rounds_mconn") or [])
+        pre_values = r.get("rounds_mconn_over_prebuilt") or (r.get("rounds_mconn") if r.get("target_prebuilt") else [])
         print(
-            f"{r['figure']:<26}{r['unit']:<7}{_fmt(r['raw']):>11}{_fmt(r['mconn']):>11}"
-            f"{_fmt(r['mconn_over_raw']):>11}{spread_text:>14}  {r['target'] or '':<19}{verdict}"
+            f"{r['figure']:<26}{r['unit']:<7}{_fmt(r['raw']):>11}{_fmt(r.get('prebuilt')):>11}{_fmt(r['mconn']):>11}"
+            f"{_fmt(r['mconn_over_raw']):>11}{spread_raw:>12}  {r['target'] or '':<19}{_verdict_text(r, ''):<20}"
+            f"{_fmt(r.get('mconn_over_prebuilt')):>10}{_spread(pre_values or []):>12}  "
+            f"{r.get('target_prebuilt') or '':<19}{_verdict_text(r, '_prebuilt')}"
         )
 
 

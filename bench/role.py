@@ -93,7 +93,12 @@ class Role:
     def start_raw(self):
         from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint
 
-        factory = raw_factory(self.on_link, self.args.raw_framing)
+        if self.args.impl == "prebuilt":  # bench/prebuilt.py: frames built once, written in blocks
+            from prebuilt import prebuilt_factory
+
+            factory = prebuilt_factory(self.on_link)
+        else:
+            factory = raw_factory(self.on_link, self.args.raw_framing)
         if self.args.role == "recv":
             d = TCP4ServerEndpoint(self.clock, 0, interface="127.0.0.1").listen(factory)
             return d.addCallback(lambda port: emit({"port": port.getHost().port}))
@@ -145,7 +150,7 @@ def role_main(args) -> None:
         redirectStandardIO=False,
     )
     role = Role(args, clock)
-    d = role.start_raw() if args.impl == "raw" else role.start_mconn()
+    d = role.start_mconn() if args.impl == "mconn" else role.start_raw()
     d.addErrback(role.failed)
     clock.callLater(args.deadline, role.give_up)
     clock.run()

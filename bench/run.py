@@ -1,22 +1,34 @@
 """mconn against raw Twisted framing, sender and receiver in separate processes.
 
     .venv/bin/python bench/run.py [--quick] [--repeat N] [--duration S]
-        [--scenarios bulk,priority,small,rtt,acks,resume,storm,shaped] [--profile DIR | --py-spy DIR]
+        [--scenarios bulk,priority,small,small_each,rtt,acks,resume,storm,shaped] [--profile DIR | --py-spy DIR]
         [--raw-framing hand|int32] [--no-pin] [--nodelay] [--notsent-lowat BYTES]
-        [--before REV] [--pair-before REV] [--one-by-one] [--resets N]
+        [--before REV] [--pair-before REV] [--one-by-one] [--batch N] [--resets N]
 
-Each of the first four scenarios runs over the raw baseline (4-byte big-endian length + payload,
-links.py) and over mconn (default Config), back to back,
-in each of ``--repeat`` rounds; the table shows medians and mconn/raw. The scenarios are
-described in scenarios.py. A measurement starts a receiver process (role.py), which
+Each of the first five scenarios runs over two raw Twisted baselines and over mconn (default
+Config), back to back, in each of ``--repeat`` rounds; the table shows medians, mconn/raw
+and mconn/prebuilt. Both baselines frame a message as a 4-byte big-endian length + payload
+and parse every message in Python on the receiving side; they differ in the sender:
+
+* ``raw`` (links.py): offers each message, packs its length and writes the frames in
+  batches: per-message Python work on both sides, as mconn's;
+* ``prebuilt`` (prebuilt.py): writes a frame built once, 1,000 100-byte frames (one 1 MiB
+  frame) a ``transport.write``; in ``small_each`` one frame a write. The fastest a Python
+  program moves these bytes here: the limit the targets of mconn/prebuilt speak of.
+
+``prebuilt`` does not run ``priority``: it has no priorities, and ``raw`` already shows a
+probe written behind the bulk. The scenarios
+are described in scenarios.py: ``small_each`` is ``small`` one message at a time (mconn:
+``try_send`` per message; prebuilt: one write per message). A measurement starts a receiver process (role.py), which
 listens on 127.0.0.1 port 0 and prints its port and node id, then a sender process.
 Each role runs in its own session; whatever of it is still running at the end is killed
 through that process group's id.
 
 ``--pair-before REV`` adds mconn at REV (``git archive``-d, on PYTHONPATH, as for
 ``acks`` below) to every round of those four, run right after mconn now, and prints a
-table for each: before and after in one run. The bulk and small senders hand mconn 64
-messages at a time with ``try_send_many`` (``--one-by-one``: ``try_send`` each).
+table for each: before and after in one run. The bulk and small senders hand mconn
+``--batch`` (1,000) messages at a time with ``try_send_many`` (``--one-by-one``:
+``try_send`` each); figures before this option were measured with batches of 64.
 
 Two scenarios measure the session layer instead of mconn against raw:
 
@@ -67,10 +79,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MCONN_DIR = os.path.join(REPO, "mconn")
 OUT_DIR = os.path.join(HERE, "out")
-#: Scenarios run over raw and over mconn, then the session-layer ones.
-PAIR_SCENARIOS = ("bulk", "priority", "small", "rtt")
+#: Scenarios run over the raw baselines and over mconn, then the session-layer ones.
+PAIR_SCENARIOS = ("bulk", "priority", "small", "small_each", "rtt")
 SCENARIOS = PAIR_SCENARIOS + ("acks", "resume", "storm", "shaped")
-IMPLS = ("raw", "mconn")
+IMPLS = ("raw", "prebuilt", "mconn")
+#: Scenarios the prebuilt-frames baseline does not run (it has no priorities).
+NOT_PREBUILT = ("priority",)
 #: The ``acks`` scenario's variants: mconn before the session layer, now, now with rare acks.
 ACK_VARIANTS = ("before", "now", "rare_acks")
 ACK_SCENARIOS = ("bulk", "small")
@@ -94,6 +108,7 @@ SETTINGS = (
     "before",
     "pair_before",
     "one_by_one",
+    "batch",
     "resets",
 ) + ACK_FIELDS
 
@@ -142,6 +157,7 @@ def role_command(args, role: str, impl: str, scenario: str, extra: list[str], ta
         + (["--nodelay"] if args.nodelay else [])
     )
     cmd += ["--one-by-one"] if args.one_by_one else []
+    cmd += ["--batch", str(args.batch)]
     if args.notsent_lowat:
         cmd += ["--notsent-lowat", str(args.notsent_lowat)]
     if args.max_packet_payload is not None:
@@ -248,6 +264,8 @@ def run_rounds(args, scenarios: list[str], before: tuple | None = None) -> tuple
         raw: dict = {impl: {} for impl in impls}
         for scenario in scenarios:
             for impl in impls:
+                if impl == "prebuilt" and scenario in NOT_PREBUILT:
+                    continue
                 print(f"round {n + 1}/{args.repeat} {scenario:<9} {impl:<6} ...", end=" ", flush=True)
                 options = given_ack_options(args) if impl != "raw" else []
                 if impl == "before":
@@ -272,11 +290,11 @@ def run_pairs_with_before(args, scenarios: list[str]) -> dict:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
         digest = report.source_digest(os.path.join(tree, "mconn"))
         rounds, role_results = run_rounds(args, scenarios, (tree, env))
-    rows_before = report.judge([{"raw": r["raw"], "mconn": r["before"]} for r in rounds])
-    rows = report.judge([{"raw": r["raw"], "mconn": r["mconn"]} for r in rounds])
+    rows_before = report.judge([{"raw": r["raw"], "prebuilt": r["prebuilt"], "mconn": r["before"]} for r in rounds])
+    rows = report.judge([{"raw": r["raw"], "prebuilt": r["prebuilt"], "mconn": r["mconn"]} for r in rounds])
     print(
         f"\nbefore = mconn at {commit[:7]} (sources {digest['sha256']}), same rounds; "
-        f"medians of {args.repeat} round(s); mconn/raw is the median of the per-round ratios"
+        f"medians of {args.repeat} round(s); mconn/raw and mconn/prebuilt are medians of the per-round ratios"
     )
     report.print_table(rows_before)
     print("\nnow = this tree")
@@ -437,7 +455,7 @@ def orchestrate(args) -> int:
     elif pair:
         rounds, role_results = run_rounds(args, pair)
         rows = report.judge(rounds)
-        print(f"\nmedians of {args.repeat} round(s); mconn/raw is the median of the per-round ratios")
+        print(f"\nmedians of {args.repeat} round(s); mconn/raw and mconn/prebuilt are medians of the per-round ratios")
         report.print_table(rows)
         doc.update(figures=report.median_of(rounds), rows=rows, rounds=rounds, role_results=role_results)
     if "acks" in scenarios:
@@ -510,12 +528,21 @@ def main(argv=None) -> int:
         help="acks: the commit measured as 'before' (default 82a45f3, the core before sessions)",
     )
     p.add_argument(
-        "--pair-before", metavar="REV", help="bulk, priority, small, rtt: also measure mconn at REV in the same rounds"
+        "--pair-before",
+        metavar="REV",
+        help="bulk, priority, small, small_each, rtt: also measure mconn at REV in the same rounds",
     )
     p.add_argument(
         "--one-by-one",
         action="store_true",
         help="bulk and small: the mconn sender calls try_send per message, not try_send_many",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="bulk and small: messages the sender offers at a time (mconn: try_send_many of N; default 1000)",
     )
     p.add_argument("--resets", type=int, default=None, help="resume: resets to time (default 20, --quick 5)")
     p.add_argument("--storm-peers", type=int, default=10000, help="storm: peers (default 10000, --quick 3000)")
@@ -549,9 +576,13 @@ def main(argv=None) -> int:
         args.rtt_count = 300 if args.quick else 5000
     if args.resets is None:
         args.resets = 5 if args.quick else 20
+    if args.batch < 1:
+        p.error(f"--batch must be at least 1, not {args.batch}")
     if args.role:
         from role import role_main
+        from scenarios import Filler
 
+        Filler.size = args.batch
         role_main(args)
         return 0
     return orchestrate(args)

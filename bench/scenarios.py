@@ -1,4 +1,4 @@
-"""The four measurements, written once against the link interface of links.py.
+"""The measurements of bench/run.py, written once against the link interface of links.py.
 
 Every message starts with a kind byte, so the receiver needs no channel to classify it
 (the raw baseline has none):
@@ -9,11 +9,14 @@ Every message starts with a kind byte, so the receiver needs no channel to class
     E  end of the measurement: the receiver reports and closes
 
 Senders. ``bulk`` and ``small`` keep one channel's queue full (Filler): ``offer_many``
-of 64 messages at a time (mconn: ``try_send_many``; raw: ``offer`` each, written in
-batches) until one is refused, then ``offer_later`` (mconn: ``peer.send``; raw: the
-transport's ``resumeProducing``) and go on when that fires, for ``duration`` seconds;
-then an E message. (``--one-by-one`` has the mconn side call ``try_send`` once per
-message instead, as a sender without the batch API would.) ``priority`` does the same with 1 MiB messages on a
+of ``Filler.size`` messages at a time (64; bench/run.py's ``--batch``, 1,000 by default;
+mconn: ``try_send_many``; raw: ``offer`` each, written in batches) until one is refused,
+then ``offer_later`` (mconn: ``peer.send``; raw: the transport's ``resumeProducing``) and
+go on when that fires, for ``duration`` seconds; then an E message. (``--one-by-one`` has
+the mconn side call ``try_send`` once per message instead, as a sender without the batch
+API would.) ``small_each`` is ``small`` one message at a time on every side: mconn calls
+``try_send`` per message, the prebuilt-frames baseline (prebuilt.py, whose own filler
+replaces Filler) writes each frame with its own ``transport.write``. ``priority`` does the same with 1 MiB messages on a
 priority-1 channel and sends a probe every 5 ms on a priority-10 channel (raw: the probe
 is written behind whatever the transport already buffers; there are no priorities).
 ``rtt`` keeps one 100-byte request outstanding; the sender times it with
@@ -51,6 +54,7 @@ RTT_CHANNEL = ChannelDescriptor(0x40, priority=1, send_queue_capacity=16)
 CHANNELS = {
     "bulk": [BULK_CHANNEL],
     "small": [SMALL_CHANNEL],
+    "small_each": [SMALL_CHANNEL],
     "priority": [BULK_CHANNEL, PROBE_CHANNEL],
     "rtt": [RTT_CHANNEL],
 }
@@ -174,22 +178,26 @@ class Filler:
 
     #: False: ``offer`` each message instead of ``offer_many`` (run.py --one-by-one).
     batched = True
+    #: Messages offered at a time (run.py --batch sets it in its role processes).
+    size = BATCH
 
-    def __init__(self, link, channel: int, msg: bytes, until: float, on_done) -> None:
+    def __init__(self, link, channel: int, msg: bytes, until: float, on_done, batched: bool | None = None) -> None:
         self.link = link
         self.channel = channel
         self.msg = msg
         self.until = until
         self.sent = 0
         self._on_done = on_done
+        if batched is not None:  # the scenario's choice (small_each) over the class's
+            self.batched = batched
 
     def run(self) -> None:
-        link, channel, msg, until = self.link, self.channel, self.msg, self.until
-        batch = [msg] * BATCH
+        link, channel, msg, until, size = self.link, self.channel, self.msg, self.until, self.size
+        batch = [msg] * size
         while time.monotonic() < until:
             taken = link.offer_many(channel, batch) if self.batched else _offer_each(link, channel, batch)
             self.sent += taken
-            if taken < BATCH:
+            if taken < size:
                 link.flush()
                 link.offer_later(channel, msg, self._queued)
                 return
@@ -233,14 +241,19 @@ class Sender(Handler):
     def _start_small(self) -> None:
         self._fill(SMALL_CHANNEL.id, padded(SMALL, 0, SMALL_SIZE))
 
+    def _start_small_each(self) -> None:
+        self._fill(SMALL_CHANNEL.id, padded(SMALL, 0, SMALL_SIZE), batched=False)
+
     def _start_priority(self) -> None:
         self._probe_call = LoopingCall(self._probe)
         self._probe_call.clock = self.clock
         self._probe_call.start(PROBE_INTERVAL, now=False)
         self._fill(BULK_CHANNEL.id, padded(BULK, 0, BULK_SIZE))
 
-    def _fill(self, channel: int, msg: bytes) -> None:
-        self._filler = Filler(self.link, channel, msg, self._until, self._filled)
+    def _fill(self, channel: int, msg: bytes, batched: bool | None = None) -> None:
+        # A link may bring its own filler (prebuilt.py's writes frames built once).
+        filler = getattr(self.link, "filler", Filler)
+        self._filler = filler(self.link, channel, msg, self._until, self._filled, batched)
         self._filler.run()
 
     def _filled(self) -> None:
