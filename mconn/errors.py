@@ -348,3 +348,60 @@ class DeliveryNotConfirmed(MConnError):
         self.channel_id = channel_id
         self.sequence = sequence
         self.reason = reason
+
+
+class StoreError(MConnError):
+    """The durable session store (``mconn.switch.session_store``, specs/resume.md section
+    8) was misused or failed: a record its own counts make impossible (a negative or
+    non-contiguous sequence number, an ack going backwards, an unknown session), or the
+    file could not be written. The message names the store's path and the values."""
+
+
+class StoreOwnedByOtherNode(StoreError):
+    """The store file was written by another node key: a node resumes only its own
+    sessions, so it refuses another node's store instead of taking it over."""
+
+    def __init__(self, path: str, stored_node_id: str, our_node_id: str) -> None:
+        super().__init__(
+            f"session store {path} belongs to node {stored_node_id}, not to this node {our_node_id}: "
+            "use this node's own store file (or remove it to start without stored sessions)"
+        )
+        self.path = path
+        self.stored_node_id = stored_node_id
+        self.our_node_id = our_node_id
+
+
+class StoreCorrupt(StoreError):
+    """The store file is not a session store this node can read: not sqlite, truncated,
+    malformed, or holding a value out of range (``why`` names it)."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"session store {path} is corrupt: {why}")
+        self.path = path
+        self.why = why
+
+
+class StoreFull(StoreError):
+    """A message would take the store past its ``max_bytes`` (message bytes plus
+    ``MESSAGE_OVERHEAD`` each): nothing was recorded."""
+
+    def __init__(self, path: str, used: int, limit: int, size: int = 0) -> None:
+        wanted = f"; a message needing {size} more bytes was refused" if size else ""
+        super().__init__(f"session store {path} is full: {used} of {limit} bytes used{wanted}")
+        self.path = path
+        self.used = used
+        self.limit = limit
+        self.size = size
+
+
+class StoreFormatUnsupported(StoreError):
+    """The store file was written in a format version this mconn does not read."""
+
+    def __init__(self, path: str, found: int, supported: int) -> None:
+        super().__init__(
+            f"session store {path} has format version {found}; this mconn reads version {supported} only: "
+            "remove the file to start without stored sessions"
+        )
+        self.path = path
+        self.found = found
+        self.supported = supported
