@@ -412,3 +412,24 @@ def record_dials(switch, *, passthrough: bool):
 
     switch._endpoint = endpoint
     return dialed
+
+
+class ThreadClock(Clock):
+    """A Clock that also takes calls from other threads (``callFromThread``, as a writer
+    thread reports, mconn.switch.session_store) and queues them until ``pump`` runs them
+    in the test's thread: real threads, in an order the test sets."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import queue
+
+        self.from_threads: queue.SimpleQueue = queue.SimpleQueue()
+
+    def callFromThread(self, f, *args, **kwargs) -> None:  # noqa: N802 (Twisted's name)
+        self.from_threads.put((f, args, kwargs))
+
+    def pump(self, count: int = 1) -> None:
+        """Run the next ``count`` calls from other threads, waiting at most 10 s for each."""
+        for _ in range(count):
+            f, args, kwargs = self.from_threads.get(timeout=10)
+            f(*args, **kwargs)

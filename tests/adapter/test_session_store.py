@@ -8,15 +8,14 @@ test runs them (``ThreadClock.pump``), so every step is taken in an order the te
 from __future__ import annotations
 
 import os
-import queue
 import shutil
 import sqlite3
 import subprocess
 import sys
 
 import pytest
-from twisted.internet import task
 
+from helpers import ThreadClock
 from mconn.core.session import MESSAGE_OVERHEAD
 from mconn.errors import StoreCorrupt, StoreError, StoreFormatUnsupported, StoreFull, StoreOwnedByOtherNode
 from mconn.switch import session_store
@@ -27,23 +26,6 @@ OTHER = "b" * 40
 PEER = "c" * 40
 S1, S2 = b"\x01" * 16, b"\x02" * 16
 DELAY = 0.002
-
-
-class ThreadClock(task.Clock):
-    """A Clock whose ``callFromThread`` queues the call until ``pump`` runs it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.from_threads: queue.SimpleQueue = queue.SimpleQueue()
-
-    def callFromThread(self, f, *args, **kwargs) -> None:  # noqa: N802 (Twisted's name)
-        self.from_threads.put((f, args, kwargs))
-
-    def pump(self, count: int = 1) -> None:
-        """Run the next ``count`` calls from the writer, waiting (at most 10 s each) for them."""
-        for _ in range(count):
-            f, args, kwargs = self.from_threads.get(timeout=10)
-            f(*args, **kwargs)
 
 
 @pytest.fixture
