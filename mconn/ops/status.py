@@ -6,6 +6,8 @@ self-contained (inline CSS and JavaScript, no external fetches, enforced by its
 Content-Security-Policy): it fetches ``status.json`` every second and redraws a table of
 the peers and their channels, with inline SVG sparklines of each channel's send and
 receive rates. ``/status.json`` is the same data for programs (``mconn status URL``).
+The document and the page say which per-packet path the node runs (``hot_path``: the
+compiled twin, "accelerated", or "pure Python" and why: mconn.core.speedups).
 ``/metrics`` is the node's Prometheus metrics (``mconn.ops.metrics``), rendered in the
 reactor thread (prometheus_client's own twisted resource would read the Switch from a
 thread pool).
@@ -47,6 +49,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.web import pages, resource, server
 
+from mconn.core import speedups
 from mconn.core.node_info import display_name
 from mconn.ops.metrics import SwitchMetrics
 from mconn.ops.status_page import PAGE
@@ -176,6 +179,9 @@ def status_document(switch, sampler: RateSampler, listen_addresses) -> dict:
         "time": time.time(),
         "listen_addresses": list(listen_addresses()),
         "tls": tls.mode if tls is not None else None,
+        # Which per-packet path this process runs, as ``mconn --version`` says it.
+        "hot_path": speedups.IMPLEMENTATION,
+        "hot_path_why": speedups.WHY_PURE or None,
         "sample_interval": sampler.interval,
         "sample_slots": sampler.samples,
         "peers": [_peer_fields(peer, sampler) for _, peer in sorted(switch.peers.items())],

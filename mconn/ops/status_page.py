@@ -1,12 +1,13 @@
 """The status page's HTML (served at ``/`` by mconn.ops.status): self-contained, inline CSS
 and JavaScript, no external fetches (its Content-Security-Policy forbids them). It
 fetches ``status.json`` every second and redraws the peers, their channels and the rate
-sparklines (specs/status.md section 1). Nodes are named ``moniker (abcd1234)`` (the
-document's ``name``; the whole id is the title of the cell), channels by their name and
-id; the session's message counts have a column each, under "sent" (accepted,
-acknowledged by the peer) and "received" (delivered here). Then a section per reactor that reports a status
-(``Reactor.status()``: its keys and values, written as text with ``textContent``, never
-parsed as HTML).
+sparklines (specs/status.md section 1). The line under the heading says where the node
+listens, its TLS mode and which per-packet path it runs (``hot_path``). Nodes are named
+``moniker (abcd1234)`` (the document's ``name``; the whole id is the title of the cell),
+channels by their name and id; the session's message counts have a column each, under
+"sent" (accepted, acknowledged by the peer) and "received" (delivered here). Then a
+section per reactor that reports a status (``Reactor.status()``: its keys and values,
+written as text with ``textContent``, never parsed as HTML).
 """
 
 PAGE = """<!DOCTYPE html>
@@ -132,7 +133,9 @@ function render(doc) {
   SLOTS = doc.sample_slots;
   const meta = document.getElementById("meta");
   meta.replaceChildren(el("span", "listening on " + (doc.listen_addresses.join(", ") || "nothing")),
-    el("span", "TLS: " + (doc.tls || "off")), el("span", doc.peers.length + " peers"),
+    el("span", "TLS: " + (doc.tls || "off")),
+    el("span", "hot path: " + doc.hot_path + (doc.hot_path_why ? " (" + doc.hot_path_why + ")" : ""), "hot-path"),
+    el("span", doc.peers.length + " peers"),
     el("span", "updated " + new Date(doc.time * 1000).toLocaleTimeString()));
   const body = document.querySelector("#peers tbody");
   const rows = [];
