@@ -222,8 +222,8 @@ def print_table(rows: list[dict]) -> None:
     """
     header = (
         f"{'figure':<26}{'unit':<7}{'raw':>11}{'prebuilt':>11}{'mconn':>11}"
-        f"{'mconn/raw':>11}{'spread':>12}  {'target':<19}{'result':<20}"
-        f"{'mconn/pre':>10}{'spread':>12}  {'target':<19}result"
+        f"{'mconn/raw':>11}{'spread':>14}  {'target':<19}{'result':<20}"
+        f"{'mconn/pre':>10}{'spread':>14}  {'target':<19}result"
     )
     print(header)
     print("-" * len(header))
@@ -232,8 +232,8 @@ def print_table(rows: list[dict]) -> None:
         pre_values = r.get("rounds_mconn_over_prebuilt") or (r.get("rounds_mconn") if r.get("target_prebuilt") else [])
         print(
             f"{r['figure']:<26}{r['unit']:<7}{_fmt(r['raw']):>11}{_fmt(r.get('prebuilt')):>11}{_fmt(r['mconn']):>11}"
-            f"{_fmt(r['mconn_over_raw']):>11}{spread_raw:>12}  {r['target'] or '':<19}{_verdict_text(r, ''):<20}"
-            f"{_fmt(r.get('mconn_over_prebuilt')):>10}{_spread(pre_values or []):>12}  "
+            f"{_fmt(r['mconn_over_raw']):>11}{spread_raw:>14}  {r['target'] or '':<19}{_verdict_text(r, ''):<20}"
+            f"{_fmt(r.get('mconn_over_prebuilt')):>10}{_spread(pre_values or []):>14}  "
             f"{r.get('target_prebuilt') or '':<19}{_verdict_text(r, '_prebuilt')}"
         )
 
