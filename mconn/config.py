@@ -138,6 +138,11 @@ class Config:
     #: Bound on the unacknowledged bytes of all sessions together (beyond it a channel
     #: keeps only its reserve; specs/resume.md section 1.3).
     max_unacked_bytes: int = 256 << 20
+    #: Path of the session store (sqlite3, WAL mode) that keeps every session's counts,
+    #: recovery buffer and delivered counts on disk, so that a node killed and started
+    #: again with the same key and store resumes its sessions (specs/resume.md section 9).
+    #: None: sessions live in memory only. Bounded by ``max_unacked_bytes``.
+    session_store: str | None = None
     #: Suspended sessions kept at most; past it the oldest is ended.
     max_suspended_sessions: int = 32
     #: Unacknowledged bytes kept in suspended sessions at most; past it the one holding
@@ -325,7 +330,7 @@ class Config:
             if isinstance(value, str) or not all(isinstance(v, str) for v in value):
                 raise ValueError(f"Config.{name} must be a set of strings, got {value!r}")
             object.__setattr__(self, name, frozenset(value))
-        for name in ("http_proxy", "wss_ca_file"):
+        for name in ("http_proxy", "wss_ca_file", "session_store"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise ValueError(f"Config.{name} must be a string or None, got {getattr(self, name)!r}")
         if self.write_ahead_time is not None:

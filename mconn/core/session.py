@@ -295,6 +295,21 @@ class Session:
         self.resent += sum(len(m) for m in resend.values())
         return resend
 
+    def restore_stream(self, channel_id: int, *, acked: int, unacked: Iterable[bytes], delivered: int) -> None:
+        """Set a channel's counts and recovery buffer as a session store kept them (a
+        node restarted: specs/resume.md section 9). The messages count against the
+        buffer and the node's budget as if accepted now; none is refused."""
+        stream = self._own(channel_id)
+        if stream.acked or stream.unacked or stream.delivered:
+            raise ValueError(f"channel {channel_id:#04x} of this session carried messages already: cannot restore it")
+        stream.acked = acked
+        stream.unacked.extend(unacked)
+        size = sum(map(len, stream.unacked)) + MESSAGE_OVERHEAD * len(stream.unacked)
+        stream.unacked_bytes = size
+        self.unacked_bytes += size
+        self._budget.used += size
+        stream.delivered = delivered
+
     def release(self) -> None:
         """The session ended: its unacknowledged bytes leave the node-wide budget (the
         messages stay, counted as not confirmed delivered)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import inspect
+from typing import NamedTuple
 
 from twisted.internet import defer
 from twisted.python.failure import Failure
@@ -28,6 +29,7 @@ from zope.interface import implementer
 from mconn.core.address import transport_host
 from mconn.core.connection import State
 from mconn.errors import ConnectionClosed, DeliveryNotConfirmed, ReactorError
+from mconn.core.handshake import make_hello
 from mconn.core.node_info import node_info_of
 from mconn.switch.peer_delivery import PeerDelivery
 from mconn.switch.peer_stats import ChannelStatsSnapshot, PeerStats, snapshot
@@ -42,7 +44,42 @@ CLOSED = PeerState.CLOSED
 _OPEN = State.OPEN
 _BYTES_ONLY = {bytes}
 
-__all__ = ["ChannelStatsSnapshot", "Peer", "PeerStats"]
+__all__ = ["ChannelStatsSnapshot", "DeliverySequence", "Peer", "PeerStats"]
+
+
+class DeliverySequence(NamedTuple):
+    """``Peer.delivery_seq``: a message's place in its session's stream on its channel."""
+
+    #: The session's id (16 bytes; it names the session, and is its resume secret).
+    session_id: bytes
+    #: Messages delivered on the channel in this session, this one included (from 1).
+    seq: int
+
+
+class _NoConnection:
+    """What ``Peer.restored`` builds a Peer on: a connection that is not there."""
+
+    remote_address = ""
+    transport = None
+    core = None
+
+
+_NO_CONNECTION = _NoConnection()
+
+
+class _Unstored:
+    """Messages accepted while connected, with a session store, in one reactor turn: they
+    go onto ``core`` once the store's commit covers them (``Peer._write_ahead``)."""
+
+    __slots__ = ("core", "messages", "sealed")
+
+    def __init__(self, core) -> None:
+        self.core = core
+        self.messages: dict[int, list[bytes]] = {}
+        self.sealed = None
+
+    def add(self, channel_id: int, message: bytes) -> None:
+        self.messages.setdefault(channel_id, []).append(message)
 
 
 @implementer(ICarriedSession)
@@ -94,6 +131,8 @@ class Peer:
         "close_reason",
         "_removal_waiters",
         "_routines",
+        "_store",
+        "_unstored",
     )
 
     def __init__(self, *, sessions, protocol, hello: Hello, session, is_outbound: bool, address=None) -> None:
@@ -159,6 +198,35 @@ class Peer:
         #: None until the first.
         self._removal_waiters: list | None = None
         self._routines: dict | None = None
+        #: The node's session store (``Config.session_store``), or None: every message
+        #: accepted and every ack is written to it (specs/resume.md section 9).
+        self._store = sessions.store
+        #: With a store: the messages accepted this turn, waiting for the commit that lets
+        #: them onto the connection (``_write_ahead``), else None.
+        self._unstored: _Unstored | None = None
+
+    @classmethod
+    def restored(cls, *, sessions, node_id: str, session, is_outbound: bool) -> Peer:
+        """A session read back from the node's session store after a restart, suspended as
+        if its transport had just broken (specs/resume.md section 9.2). Until it resumes,
+        the node's hello is not known: the Peer assumes the peer has our channels, and
+        takes its hello (``adopt_hello``) on the resume."""
+        config = sessions.config
+        hello = make_hello(node_id=node_id, channels=sessions.channels, max_packet_payload=config.max_packet_payload)
+        peer = cls(sessions=sessions, protocol=_NO_CONNECTION, hello=hello, session=session, is_outbound=is_outbound)
+        peer._protocol = peer._core = None
+        peer.connects = 0
+        peer.state = SUSPENDED
+        return peer
+
+    def adopt_hello(self, hello: Hello) -> None:
+        """A restored session resumes: what the node says of itself now replaces what
+        ``restored`` assumed (its channels and their limits, node info, listen address)."""
+        self.listen_address = hello.listen_address
+        self._announced = hello.channels
+        self._channels = None
+        self._limits = self._shape.limits(hello.channels)
+        self.node_info = node_info_of(hello)
 
     @property
     def channels(self) -> dict[int, ChannelInfo]:
@@ -184,7 +252,7 @@ class Peer:
         if delivery is None:
             sessions = self._sessions
             delivery = self._receiving = PeerDelivery(
-                self, reactors=sessions.reactors, clock=self._clock, config=self._config
+                self, reactors=sessions.reactors, clock=self._clock, config=self._config, store=self._store
             )
         return delivery
 
@@ -202,6 +270,22 @@ class Peer:
         if delivery is None:
             delivery = self._delivery
         delivery.deliver(channel_id, message)
+
+    def delivery_seq(self, channel_id: int) -> DeliverySequence:
+        """Inside ``receive`` (before its first ``await``): the sequence of the message
+        being delivered, the channel's delivered count including it, with the session's
+        id. A reactor that commits it with its own effect, and returns it from
+        ``Reactor.committed_deliveries``, gets each message exactly once across a restart
+        of a node with a session store; a message re-delivered after a crash carries the
+        sequence it had (specs/resume.md section 9.4). Outside ``receive``: the count of
+        messages delivered on the channel so far."""
+        if channel_id not in self.session.channel_ids:
+            raise ValueError(f"channel {channel_id:#04x} is not one of this session's channels")
+        count = self.session.delivered(channel_id)
+        receiving = self._receiving
+        if receiving is not None and receiving.delivering == channel_id:
+            count += 1
+        return DeliverySequence(self.session.id, count)
 
     def __repr__(self) -> str:
         direction = "outbound" if self.is_outbound else "inbound"
@@ -252,6 +336,8 @@ class Peer:
         """
         core = self._core
         if core is not None and core.state is _OPEN:
+            if self._store is not None:
+                return self._write_ahead(core, channel_id, message)
             if not core.room(channel_id):
                 return None
             sequence = self.session.admit(channel_id, message)
@@ -264,7 +350,48 @@ class Peer:
         sequence = self.session.admit(channel_id, message)
         if sequence is not None:
             self._held[channel_id] = held + 1
+            if self._store is not None:
+                self._store.accepted(self.session.id, channel_id, sequence, message)
         return sequence
+
+    def _write_ahead(self, core, channel_id: int, message: bytes) -> int | None:
+        """``_accept`` with a session store, while connected: the message is admitted and
+        recorded now, and queued on the connection once the store's commit covers it, so
+        the peer never holds a message the store does not (specs/resume.md section 9.1).
+        Messages waiting for their commit are bounded by the recovery buffer, like those
+        held while suspended; the queue's room is asked as without a store."""
+        unstored = self._unstored
+        if unstored is not None and unstored.core is not core:
+            unstored = None  # a batch of a transport that has gone: dropped when it fires
+        if not core.room(channel_id):
+            return None
+        sequence = self.session.admit(channel_id, message)
+        if sequence is None:
+            return None
+        self._store.accepted(self.session.id, channel_id, sequence, message)
+        if unstored is None:
+            unstored = self._unstored = _Unstored(core)
+        unstored.add(channel_id, message)
+        if unstored.sealed is None:  # the commit is asked for at the end of this turn
+            unstored.sealed = self._clock.callLater(0, self._seal, unstored)
+        return sequence
+
+    def _seal(self, unstored: _Unstored) -> None:
+        """Ask the store for the commit covering ``unstored``'s messages; what is accepted
+        from now on waits for the next one (commits, hence batches, keep their order)."""
+        if self._unstored is unstored:
+            self._unstored = None
+        self._store.durable().addCallback(self._committed, unstored)
+
+    def _committed(self, _, unstored: _Unstored) -> None:
+        """``unstored``'s messages are in the store: queue them on their connection, if it
+        still carries the session (else they wait in the recovery buffer for the resume)."""
+        core = unstored.core
+        if self._core is not core or core.state is not _OPEN:
+            return
+        for channel_id, messages in unstored.messages.items():
+            core.requeue(channel_id, messages)  # accepted already: they do not wait for room
+        self._protocol.pump()
 
     def try_send(self, channel_id: int, message: bytes) -> bool:
         """Queue ``message`` now if there is room; True if it was accepted."""
@@ -294,8 +421,8 @@ class Peer:
         :returns: how many were accepted (a prefix of ``messages``: the rest were not).
         """
         core = self._core
-        if core is None or core.state is not _OPEN:
-            return self._try_send_each(channel_id, messages)
+        if core is None or core.state is not _OPEN or self._store is not None:
+            return self._try_send_each(channel_id, messages)  # a store writes each message ahead
         if not self._accepts(channel_id, b"") or self._waiting.get(channel_id):
             return 0
         limit = self._limits[channel_id]
@@ -393,13 +520,20 @@ class Peer:
             if sequence is not None:
                 if self._live():
                     self._protocol.pump()
-                return self._confirmation(channel_id, sequence) if confirm else defer.succeed(True)
+                return self._confirmation(channel_id, sequence) if confirm else self._stored()
         entry: list = [message, None, None, confirm]
         d: defer.Deferred[bool] = defer.Deferred(canceller=lambda _: self._cancel_waiting(channel_id, entry))
         entry[1] = d
         entry[2] = self._clock.callLater(self._config.send_timeout, self._send_timed_out, channel_id, entry)
         self._waiting.setdefault(channel_id, collections.deque()).append(entry)
         return d
+
+    def _stored(self) -> defer.Deferred[bool]:
+        """What ``send`` fires with once it accepted a message: True, at once without a
+        session store, else once the store's commit covers the message (section 9.1)."""
+        if self._store is None:
+            return defer.succeed(True)
+        return self._store.durable().addCallback(lambda _: True)
 
     def _bytes_of(self, channel_id: int, message) -> bytes:
         return self._shape.bytes_of(channel_id, message)
@@ -462,8 +596,11 @@ class Peer:
                     fired.append(d)
             if not waiting:
                 del self._waiting[channel_id]
-        for d in fired:
-            d.callback(True)
+        if fired and self._store is not None:  # a send fires once its message is stored
+            self._store.durable().addCallback(lambda _: [d.callback(True) for d in fired])
+        else:
+            for d in fired:
+                d.callback(True)
         return moved > 0
 
     # -- the peer's acks (called by the connection) ------------------------------------
@@ -473,6 +610,8 @@ class Peer:
         buffer, confirm."""
         for channel_id, _, acked in self.session.on_ack(delivered):
             self._confirm_up_to(channel_id, acked)
+            if self._store is not None:
+                self._store.acked(self.session.id, channel_id, acked)
         if self._waiting and self.state is CONNECTED:
             self._protocol.pump()  # room in the recovery buffer: waiting sends may go
         if self._flush_timer is not None:
@@ -492,6 +631,7 @@ class Peer:
         self._core = None
         self.disconnects += 1
         self._held = {}
+        self._unstored = None  # its messages wait in the recovery buffer for the resume
         if self._receiving is not None:
             self._receiving.detach()
 
@@ -505,13 +645,23 @@ class Peer:
         self.connects += 1
         self._held = {}
         core = protocol.core
-        if core.state is _OPEN:  # a core that failed later in the same read takes nothing; the
-            for channel_id, messages in resend.items():  # messages stay for the next resume
-                core.requeue(channel_id, messages)
+        if self._store is not None and resend:  # some may wait for their commit (_write_ahead)
+            self._store.durable().addCallback(self._resend, core, resend, pump=True)
+        else:
+            self._resend(None, core, resend)
         for channel_id in list(self._confirms):  # to_resend applied the peer's counts
             self._confirm_up_to(channel_id, self.session.acked(channel_id))
         if self.session.ack_pending:
             self._delivery.send_ack()
+
+    def _resend(self, _, core, resend: dict[int, list[bytes]], *, pump: bool = False) -> None:
+        """Put what the peer lacks into the new connection's queue, ahead of the rest (the
+        resume pumps; a resend that waited for a commit pumps itself)."""
+        if self._core is core and core.state is _OPEN:  # a core that failed later in the same
+            for channel_id, messages in resend.items():  # read takes nothing; the messages
+                core.requeue(channel_id, messages)  # stay for the next resume
+            if pump:
+                self._protocol.pump()
 
     def _end(self, reason: Exception) -> None:
         """The session is over: cancel its routines, fail what waits on it, tell

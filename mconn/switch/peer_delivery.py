@@ -41,9 +41,11 @@ class PeerDelivery:
         "busy",
         "backlog_bytes",
         "backlog_messages",
+        "delivering",
+        "_store",
     )
 
-    def __init__(self, peer, *, reactors, clock, config) -> None:
+    def __init__(self, peer, *, reactors, clock, config, store=None) -> None:
         self._peer = peer
         self._session = peer.session
         #: ``ReactorSet.route`` (mconn.switch.routing) of the node's reactors, bound once:
@@ -59,6 +61,12 @@ class PeerDelivery:
         #: ``MESSAGE_OVERHEAD`` each; and how many they are.
         self.backlog_bytes = 0
         self.backlog_messages = 0
+        #: The channel whose message is in its reactor's ``receive`` now, else None
+        #: (``Peer.delivery_seq``).
+        self.delivering: int | None = None
+        #: The node's session store, or None (specs/resume.md section 9): each delivery is
+        #: written to it, and an ack goes out once the store holds what it covers.
+        self._store = store
 
     def deliver(self, channel_id: int, message: bytes) -> None:
         """Hand a whole message to its reactor, count it, and acknowledge when due; on a
@@ -74,8 +82,15 @@ class PeerDelivery:
     def _hand(self, channel_id: int, message: bytes):
         """Route one message, count it delivered: the reactor has it (specs/resume.md 2.3).
         Returns the Deferred its ``receive`` returned, if that has not fired yet."""
-        pending = self._route(channel_id, self._peer, message)
-        if self._session.record_delivered(channel_id, len(message)):
+        self.delivering = channel_id
+        try:
+            pending = self._route(channel_id, self._peer, message)
+        finally:
+            self.delivering = None
+        session = self._session
+        if self._store is not None:
+            self._store.delivered(session.id, channel_id, session.delivered(channel_id) + 1)
+        if session.record_delivered(channel_id, len(message)):
             self.send_ack()
         elif self._ack_timer is None:
             self._ack_timer = self._clock.callLater(self._config.ack_interval, self.send_ack)
@@ -132,7 +147,21 @@ class PeerDelivery:
         """Acknowledge the deliveries not acknowledged yet, if connected."""
         self.cancel_ack_timer()
         if self._peer.state is CONNECTED and self._session.ack_pending:
-            self._peer.connection.send_ack(self._session.take_ack())
+            protocol = self._peer.connection
+            if self._store is None:
+                protocol.send_ack(self._session.take_ack())
+                return
+            # An ack lets the peer drop what it covers: it goes out only once the store
+            # holds these delivered counts, so a restart never resumes below them
+            # (specs/resume.md section 9.3). Commits, and so acks, keep their order.
+            counts = self._session.take_ack()
+            self._store.durable().addCallback(self._stored, protocol, counts)
+
+    def _stored(self, _, protocol, counts: dict[int, int]) -> None:
+        """The store holds ``counts``: acknowledge them on ``protocol`` if it still carries
+        the session (otherwise the resume counts of the next one do)."""
+        if self._peer.connection is protocol and self._peer.state is CONNECTED:
+            protocol.send_ack(counts)
 
     def cancel_ack_timer(self) -> None:
         if self._ack_timer is not None and self._ack_timer.active():

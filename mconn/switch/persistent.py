@@ -103,6 +103,10 @@ class PersistentDialing:
                 redial.persistent = True
                 redial.dialer.pool.add_configured(target)
             if existing is not None:
+                if existing.state is PeerState.SUSPENDED and existing.is_outbound:
+                    # A session restored from the store is re-dialed by nobody yet: this
+                    # dial carries its resume (specs/resume.md section 9.2).
+                    redial.start()
                 return defer.succeed(existing)
             return redial.first_session()
         if existing is not None:

@@ -86,6 +86,15 @@ class Reactor:
     def peer_resumed(self, peer) -> None:
         """The peer's session resumed on a new transport; nothing was lost."""
 
+    def committed_deliveries(self, peer_id: str, session_id: bytes) -> dict[int, int] | None:
+        """Called by a Switch with a session store as it restores a session at start
+        (specs/resume.md section 9.4): per channel of this reactor, the delivered count
+        (``peer.delivery_seq(channel_id).seq``) the reactor committed in its own
+        transaction with the effect of that message, for ``peer_id``'s session
+        ``session_id``; None (the default) if it keeps none. The Switch restores the larger
+        of this and the store's count, so nothing the reactor committed is delivered again."""
+        return None
+
     def metrics(self, registry) -> None:
         """Register this reactor's Prometheus collectors in ``registry`` (a
         ``prometheus_client.CollectorRegistry``, served on the node's ``/metrics``).

@@ -115,6 +115,11 @@ class SessionManager:
         self.node_counters = NodeCounters()
         self.stopping = False
         self._grace_timers: dict = {}
+        #: The session store (``Config.session_store``, opened by the Switch at start), or
+        #: None: every session's begin, messages, acks, deliveries and end are written to it.
+        self.store: Any = None
+        #: Sessions read back from the store and not resumed since, by node id.
+        self._restored: dict[str, Peer] = {}
         self._probes = DuplicateProbes(self)
         self._limits = SessionLimits(self, admission)
         self._effects = {
@@ -208,6 +213,7 @@ class SessionManager:
         if not reason.unconfirmed:
             reason.unconfirmed = peer.session.unconfirmed()
         peer.session.release()
+        self._forget_stored(peer)
         if isinstance(reason, SessionRejected):
             self.count(peer.node_id, "resume_rejections")
         protocol = peer.connection
@@ -221,6 +227,15 @@ class SessionManager:
         self._notify("remove_peer", peer, peer, reason)
         if not self.stopping:
             self._dialing.session_ended(peer.node_id)  # a persistent peer gets a fresh session
+
+    def _forget_stored(self, peer: Peer) -> None:
+        """The session ended: the store forgets it. Not a dormant session the node is
+        stopping with (no close packet went out for it): the peer holds it too, and the
+        node started again with the same store resumes it (specs/resume.md section 9)."""
+        if self._restored.get(peer.node_id) is peer:
+            del self._restored[peer.node_id]
+        if self.store is not None and not (self.stopping and peer.connection is None):
+            self.store.end(peer.session.id)
 
     def rejected(self, peer: Peer, why: str) -> SessionRejected:
         """The reason a session ends with when a newer one takes its place."""
@@ -276,6 +291,8 @@ class SessionManager:
         peer.ip_key = protocol.ip_key
         self.peers[peer.node_id] = peer
         self._limits.counted(peer, 1)
+        if self.store is not None:
+            self.store.begin(session_id, peer.node_id, peer.is_outbound, self._channel_ids)
         protocol.carry(peer)
         session_telemetry.started(self.node_id, peer, protocol, refusal)
         self._notify("add_peer", peer, peer)
@@ -289,17 +306,75 @@ class SessionManager:
         self._admission.handshake_over(protocol)
         protocol.end_handshake(peer)
 
-    def _resume(self, protocol, peer: Peer, peer_delivered: dict, *, answer: bool) -> None:
+    def _resume(self, protocol, peer: Peer, peer_delivered: dict, *, answer: bool, proven: bool = False) -> None:
         """Resume ``peer`` on ``protocol``; a newcomer that proves the session takes over
         the live transport at once. Impossible counts end the session (AckError)."""
         if peer.state is S.CONNECTED:
             self.apply(peer, I.TAKEOVER, why="the session moved to a new connection")
+        if self._restored.pop(peer.node_id, None) is peer:
+            self._resume_restored(protocol, peer, proven)
         try:
             resend = peer.session.to_resend(peer_delivered)
         except AckError as error:
             self.apply(peer, I.IMPOSSIBLE_COUNTS, error)
             raise
+        if self.store is not None:  # the peer's counts acknowledged what they cover
+            session = peer.session
+            for channel_id in peer_delivered.keys() & session.channel_ids:
+                self.store.acked(session.id, channel_id, session.acked(channel_id))
         self.apply(peer, I.RESUME_ACCEPTED, protocol=protocol, resend=resend, answer=answer)
+
+    def _resume_restored(self, protocol, peer: Peer, proven: bool) -> None:
+        """The first resume of a session read back from the store: the Peer learns the
+        node's hello, proof and address from the connection (specs/resume.md 9.2)."""
+        peer.adopt_hello(protocol.hello)
+        peer.proven = proven
+        if peer.address is None:
+            peer.address = protocol.context.address
+
+    def restore(self, stored, committed) -> list[Peer]:
+        """Read back the sessions of the store, each as a suspended session whose transport
+        just broke (specs/resume.md section 9.2): grace timer from now, its unacknowledged
+        messages in the recovery buffer, its delivered counts the larger of the store's and
+        the reactors' (``committed(peer_id, session_id)``: the counts they committed with
+        their effect, or None). Reactors get ``add_peer``. Returns the Peers."""
+        restored = []
+        for record in stored:
+            if set(record.channel_ids) != set(self._channel_ids) or record.peer_id in self.peers:
+                # Our channels changed since: the peer would refuse the resume anyway.
+                self.store.end(record.session_id)
+                continue
+            peer = self._restore_one(record, committed(record.peer_id, record.session_id) or {})
+            restored.append(peer)
+        return restored
+
+    def _restore_one(self, record, reactor_counts: dict) -> Peer:
+        config = self.config
+        session = Session(
+            record.session_id,
+            self._channel_ids,
+            recovery_buffer_bytes=config.recovery_buffer_bytes,
+            ack_every_messages=config.ack_every_messages,
+            ack_every_bytes=config.ack_every_bytes,
+            budget=self.budget,
+        )
+        for channel_id in self._channel_ids:
+            stream = record.streams.get(channel_id)
+            stored = stream.delivered if stream is not None else 0
+            delivered = max(stored, reactor_counts.get(channel_id, 0))
+            if stream is not None or delivered:
+                acked, unacked = (stream.acked, stream.unacked) if stream is not None else (0, ())
+                session.restore_stream(channel_id, acked=acked, unacked=unacked, delivered=delivered)
+            if delivered > stored:
+                self.store.delivered(record.session_id, channel_id, delivered)
+        peer = Peer.restored(sessions=self, node_id=record.peer_id, session=session, is_outbound=record.outbound)
+        self.peers[peer.node_id] = peer
+        self._restored[peer.node_id] = peer
+        self._limits.counted(peer, 1)
+        self._limits.state_changed(peer)
+        self._start_grace(peer, None)
+        self._notify("add_peer", peer, peer)
+        return peer
 
     # -- a hello on a listening connection -----------------------------------------------
 
@@ -335,7 +410,10 @@ class SessionManager:
             existing.state if existing is not None else None,
             asks_resume=asks_resume,
             proves=proves,
-            channel_change=channel_change(existing, hello) if proves else "",
+            # A restored session does not know the channels the node announced at its start.
+            channel_change=(
+                channel_change(existing, hello) if proves and self._restored.get(hello.node_id) is not existing else ""
+            ),
             simultaneous=simultaneous,
             proven=proven,
         )
@@ -351,7 +429,7 @@ class SessionManager:
             )
         if verdict.decision is Decision.RESUME:
             assert existing is not None and request is not None
-            self._resume(protocol, existing, request.delivered, answer=True)
+            self._resume(protocol, existing, request.delivered, answer=True, proven=proven)
         elif verdict.decision is Decision.PROBE:
             assert existing is not None
             self._probes.start(protocol, existing, proven=proven)
@@ -386,7 +464,7 @@ class SessionManager:
             resumable=held,
         )
         if answer.resumed:
-            self._resume(protocol, resuming, answer.delivered, answer=False)
+            self._resume(protocol, resuming, answer.delivered, answer=False, proven=proven)
         elif held:
             # The dialer goes on: this attempt connected, to a fresh session.
             why = answer.reason or "the peer started a new session"

@@ -26,7 +26,7 @@ from twisted.internet import defer
 from twisted.internet.endpoints import HostnameEndpoint, serverFromString
 from twisted.internet.task import LoopingCall
 
-from mconn.switch import telemetry
+from mconn.switch import durable, telemetry
 from mconn.core.address import PeerAddress, parse_address
 from mconn.core.admission import Admission
 from mconn.switch.authorize import Authorizer
@@ -257,10 +257,29 @@ class Switch(Service):
         super().startService()
         self._begin_run()
         self._reactor_set.start()
+        if self.config.session_store and self._sessions.store is None:
+            self._restore_sessions()
         if self.config.stats_interval:
             self._stats_loop = LoopingCall(self._emit_stats)
             self._stats_loop.clock = self.clock
             self._stats_loop.start(self.config.stats_interval, now=False)
+
+    def _restore_sessions(self) -> None:
+        """Open the session store and restore the sessions it holds, suspended, each
+        with its grace from now (specs/resume.md section 9.2). A store of another node
+        key refuses to open: its error stops the start."""
+        store = durable.open_store(self.config, self.node_id, self.channels, self.clock)
+        self._sessions.store = store
+        reactor_set = self._reactor_set
+        self._sessions.restore(
+            store.load(), lambda peer_id, session_id: durable.committed_counts(reactor_set, peer_id, session_id)
+        )
+
+    def _close_store(self, _) -> defer.Deferred:
+        """Commit what is written and close the session store (a dormant session stays in
+        it: the peer holds it too, and the next start resumes it)."""
+        store, self._sessions.store = self._sessions.store, None
+        return store.close()
 
     def _begin_run(self) -> None:
         """Log node_started before this Switch's first event (a node may listen first)."""
@@ -283,6 +302,8 @@ class Switch(Service):
         # stop_reactor follows the last session, not the ports: with no connection it runs
         # now, so a node whose start failed stops its reactors before it exits.
         closed = defer.DeferredList(closes, consumeErrors=True).addCallback(lambda _: self._reactor_set.stop())
+        if self._sessions.store is not None:  # after the last session's end is written
+            closed.addCallback(self._close_store)
         return defer.DeferredList([*waits, closed], consumeErrors=True).addCallback(lambda _: None)
 
     # -- listening and dialing -----------------------------------------------------
