@@ -391,6 +391,11 @@ class SwitchCollector:
             "Bytes of accepted messages not yet confirmed by the peer, all sessions.",
             value=buffered,
         )
+        yield GaugeMetricFamily(
+            "mconn_recovery_buffer_limit_bytes",
+            "The node's bound on mconn_recovery_buffer_bytes (Config.max_unacked_bytes): full, sends wait.",
+            value=switch.config.max_unacked_bytes,
+        )
         family = GaugeMetricFamily(
             "mconn_channel_unconfirmed_messages",
             "Messages accepted and not yet confirmed delivered, all sessions.",

@@ -174,6 +174,19 @@ async def test_a_session_that_outlives_its_grace_counts_as_a_grace_expiry(switch
 
 
 @pytest_twisted.ensureDeferred
+async def test_the_recovery_buffers_are_exported_beside_their_bound(switches):
+    """mconn_recovery_buffer_limit_bytes is the node's max_unacked_bytes, so an alert compares
+    each node's buffers with its own bound; the buffers hold what the peer has not confirmed."""
+    a, ma = switches(Config(stats_interval=0, max_unacked_bytes=3 << 20, ack_every_messages=1000))
+    b, _ = switches()
+    peer = await connect(b, a)
+    assert peer.try_send(0x30, b"m" * 1000)
+    samples = scrape(ma)
+    assert value(samples, "mconn_recovery_buffer_limit_bytes") == 3 << 20
+    assert value(samples, "mconn_recovery_buffer_bytes") >= 1000
+
+
+@pytest_twisted.ensureDeferred
 async def test_refusals_are_counted_by_reason(switches):
     """A node outside allowed_peers is refused as unauthorized, then one connection too many from
     127.0.0.1 as ip_limit: mconn_refusals_total counts one of each."""
