@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import random
 import types
@@ -59,6 +60,11 @@ TRIED_BIAS = 0.5
 NO_HOST_GROUP = "no-host"
 
 
+#: Hosts whose network group is remembered (parsing an IP costs more than placing it).
+GROUP_CACHE = 8192
+
+
+@functools.lru_cache(maxsize=GROUP_CACHE)
 def network_group(host: str | None) -> str:
     """The network group of ``host``: ``a.b.0.0/16`` for IPv4, the /32 for IPv6 (an
     IPv4-mapped address is IPv4; ``mconn.core.admission.address_group`` with those prefixes),
@@ -66,7 +72,9 @@ def network_group(host: str | None) -> str:
     made-up identities bind), ``name:<host>`` for a DNS name, and ``NO_HOST_GROUP`` for
     None (no host is known). The /32 is Bitcoin addrman's unit, the block a registry
     gives one provider: addresses within it come free to whoever holds one of them, so
-    a group must span it for made-up sources to share one group's buckets."""
+    a group must span it for made-up sources to share one group's buckets. Remembered
+    for the last ``GROUP_CACHE`` hosts: a book asks for every address it places, every
+    source and every dial."""
     if host is None:
         return NO_HOST_GROUP
     scope = host_scope(host)
@@ -148,6 +156,8 @@ class AddressBook:
         self._new: list[dict[str, BookEntry]] = [{} for _ in range(new_buckets)]
         self._tried: list[dict[str, BookEntry]] = [{} for _ in range(tried_buckets)]
         self._per_source: collections.Counter = collections.Counter()
+        #: Changes to the tables so far (a Candidates list is good while it holds).
+        self.version = 0
 
     # -- the view ------------------------------------------------------------------
 
@@ -285,12 +295,14 @@ class AddressBook:
         return self._tried if entry.tried else self._new
 
     def _link(self, entry: BookEntry) -> None:
+        self.version += 1
         node_id = entry.address.node_id
         self._table(entry)[entry.bucket][node_id] = entry
         self._entries[node_id] = entry
         self._per_source[entry.source] += 1
 
     def _unlink(self, entry: BookEntry) -> None:
+        self.version += 1
         node_id = entry.address.node_id
         del self._table(entry)[entry.bucket][node_id]
         del self._entries[node_id]
@@ -302,15 +314,16 @@ class AddressBook:
 
     def pick(self, rng: random.Random, eligible: Callable[[BookEntry], bool]) -> BookEntry | None:
         """A random ``eligible`` entry: a table, then a bucket, then an entry (see above)."""
+        return self.candidates(eligible).pick(rng)
+
+    def candidates(self, eligible: Callable[[BookEntry], bool]) -> Candidates:
+        """The ``eligible`` entries by table and bucket, to pick from more than once:
+        ``eligible`` is asked once per entry here, not once per entry per pick."""
         tables = []
         for table in (self._tried, self._new):
             buckets = [[e for e in b.values() if eligible(e)] for b in table]
             tables.append([b for b in buckets if b])
-        tried, new = tables
-        if not tried and not new:
-            return None
-        buckets = tried if tried and (not new or rng.random() < TRIED_BIAS) else new
-        return rng.choice(rng.choice(buckets))
+        return Candidates(self.version, tables[0], tables[1])
 
     def check_invariants(self) -> None:
         """Every entry in the one bucket its table and hash name, buckets within size,
@@ -331,6 +344,41 @@ class AddressBook:
                     seen += 1
         assert seen == len(self._entries), f"{len(self._entries)} entries, {seen} in buckets"
         assert per_source == self._per_source, "the per-source counts disagree with the buckets"
+
+
+class Candidates:
+    """The eligible entries of a book at one moment, by table and bucket (``AddressBook.candidates``).
+
+    ``pick`` draws as ``AddressBook.pick`` does, with the same calls to the random
+    generator, so a caller that picks several entries in a row (PEX's dial round) gets
+    what asking the book each time would give, as long as it drops (``discard``) what
+    stopped being eligible and ``version`` still equals the book's (a change to the tables may
+    move entries between buckets: then ask the book again).
+    """
+
+    __slots__ = ("version", "_tried", "_new")
+
+    def __init__(self, version: int, tried: list[list[BookEntry]], new: list[list[BookEntry]]) -> None:
+        self.version = version
+        self._tried, self._new = tried, new
+
+    def pick(self, rng: random.Random) -> BookEntry | None:
+        tried, new = self._tried, self._new
+        if not tried and not new:
+            return None
+        buckets = tried if tried and (not new or rng.random() < TRIED_BIAS) else new
+        return rng.choice(rng.choice(buckets))
+
+    def discard(self, entry: BookEntry) -> None:
+        """``entry`` is no longer eligible: drop it (and its bucket, if that empties)."""
+        buckets = self._tried if entry.tried else self._new
+        for index, bucket in enumerate(buckets):
+            if bucket[0].bucket != entry.bucket:
+                continue
+            bucket[:] = [e for e in bucket if e is not entry]
+            if not bucket:
+                del buckets[index]
+            return
 
 
 class BanTable:

@@ -210,6 +210,9 @@ class PexReactor(Reactor):
         self._peers: dict[str, _PeerState] = {}
         self._bans = BanTable(max_bans)
         self._dialer = PexDialer(self, self._book, self._rng)
+        #: _problem's judgements, for the rules' inputs of ``_problems_for``.
+        self._problems: dict[tuple, str | None] = {}
+        self._problems_for: tuple = ()
         self._timer = None
         self._save_loop: LoopingCall | None = None
         #: Rounds run so far.
@@ -533,15 +536,27 @@ class PexReactor(Reactor):
         return result in ("added", "replaced")
 
     def _problem(self, address: PeerAddress, source_host: str | None) -> str | None:
-        """The rule of specs/pex.md section 3.5 that ``address`` breaks, or None."""
+        """The rule of specs/pex.md section 3.5 that ``address`` breaks, or None.
+
+        Remembered per (host, port, whether the source is loopback: all the rules ask of
+        it) while the rules' other inputs (our listen addresses,
+        ``allow_discovered_private``, ``routable_only``) stay the same: every reply
+        repeats addresses already judged, and judging parses each IP again. At most twice
+        the book's capacity are remembered; past it the memory starts again."""
+        allow_private = getattr(self.switch.config, "allow_discovered_private", False)
+        listening = self._dialer.listen_addresses()
+        rules = (allow_private, self.routable_only, tuple(listening))
+        if rules != self._problems_for or len(self._problems) > 2 * self._book.capacity:
+            self._problems, self._problems_for = {}, rules
+        key = (address.host, address.port, network_group(source_host) == "loopback")
+        if key in self._problems:
+            return self._problems[key]
         problem = discovered_problem(
-            address,
-            source_host=source_host,
-            allow_private=getattr(self.switch.config, "allow_discovered_private", False),
-            listen_addresses=self._dialer.listen_addresses(),
+            address, source_host=source_host, allow_private=allow_private, listen_addresses=listening
         )
         if problem is None and self.routable_only and host_scope(address.host) != PUBLIC:
             problem = "not_public"
+        self._problems[key] = problem
         return problem
 
     def _address_of(self, peer) -> PeerAddress | None:

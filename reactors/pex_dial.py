@@ -46,15 +46,34 @@ class PexDialer:
         #: Addresses that led to ourselves (dict as an ordered set).
         self._own: dict[PeerAddress, None] = {}
         self._dial_tokens: TokenBucket | None = None
+        #: Whether each book address leads to our own listeners (is_own_address parses
+        #: every listen address each time), for the listen addresses of ``_own_for``.
+        self._own_cache: dict[PeerAddress, bool] = {}
+        self._own_for: tuple = ()
 
     def listen_addresses(self) -> list:
         """Our own addresses: the Switch's listen address and those that led to ourselves."""
         listening = getattr(self._pex.switch, "listen_address", "")
         return ([listening] if listening else []) + list(self._own)
 
+    def _is_own(self, address: PeerAddress, listening: list) -> bool:
+        """``is_own_address``, remembered until the listen addresses change (bounded by
+        twice the book's capacity: past it the memory starts again)."""
+        key = tuple(listening)
+        if key != self._own_for or len(self._own_cache) > 2 * self._book.capacity:
+            self._own_cache, self._own_for = {}, key
+        own = self._own_cache.get(address)
+        if own is None:
+            own = self._own_cache[address] = is_own_address(address, listening)
+        return own
+
     def dial_more(self, now: float) -> None:
         """Dial book entries until ``target_outbound`` outbound peers are up or being
-        dialed, as far as the dial budget (``dial_rate``, ``dial_burst``) allows."""
+        dialed, as far as the dial budget (``dial_rate``, ``dial_burst``) allows.
+
+        The eligible entries are gathered once (``AddressBook.candidates``) and each
+        dialed one dropped from them; they are gathered again only if the dial changed
+        the book (a dial that fails at once may forget its entry)."""
         pex, switch = self._pex, self._pex.switch
         if not getattr(switch, "running", False):
             return
@@ -73,21 +92,26 @@ class PexDialer:
                 and node_id not in self._dialing
                 and entry.next_dial <= now
                 and switch.address_pool(node_id) is None  # the Switch dials it already
-                and not is_own_address(entry.address, listening)
+                and not self._is_own(entry.address, listening)
                 and (bans is None or not bans.is_banned(node_id))
                 and (in_use is None or _ip(entry.address.host) not in in_use)
             )
 
+        candidates = None
         for _ in range(max(0, target - outbound)):
+            if candidates is None or candidates.version != self._book.version:
+                candidates = self._book.candidates(eligible)
             if self._dial_tokens.available(now) < 1:
-                if self._book.pick(self._rng, eligible) is not None:
+                if candidates.pick(self._rng) is not None:
                     pex.counters["dials_deferred"] += 1
                 return
-            entry = self._book.pick(self._rng, eligible)
+            entry = candidates.pick(self._rng)
             if entry is None:
                 return
             self._dial_tokens.spend(1, now)
             self._dial(entry)
+            if not eligible(entry):  # it is being dialed (or a refusal left it eligible)
+                candidates.discard(entry)
 
     def _dial(self, entry: BookEntry) -> None:
         node_id = entry.address.node_id

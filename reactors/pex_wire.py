@@ -12,6 +12,7 @@ penalises the sender with it. The golden vectors of specs/vectors/pex.json pin t
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import re
 
@@ -180,12 +181,24 @@ def decode_message(message: bytes, *, limit: int | None = None):
     return PexType.ADDRS, addresses
 
 
+#: Addresses (and hosts) of replies remembered: a node hears the same addresses over and
+#: over, and making a PeerAddress checks its fields, judging a host parses it.
+ADDRESS_CACHE = 8192
+
+
 def _address(entry) -> PeerAddress:
+    scheme = _SCHEME_NAMES[entry.scheme] if "scheme" in entry else "tcp"
+    return _checked_address(entry.node_id, entry.host, entry.port, scheme, entry.get("path", ""))
+
+
+@functools.lru_cache(maxsize=ADDRESS_CACHE)
+def _checked_address(node_id: bytes, host: str, port: int, scheme: str, path: str) -> PeerAddress:
+    """The PeerAddress of one decoded entry (PeerAddress is frozen: one can be shared);
+    an entry that cannot be one raises, and is not remembered."""
     try:
-        scheme = _SCHEME_NAMES[entry.scheme] if "scheme" in entry else "tcp"
-        if scheme != "tcp" and not entry.path:
-            raise ValueError(f"a {scheme} address of node {entry.node_id.hex()} has no path (at least '/')")
-        address = PeerAddress(entry.node_id.hex(), entry.host, entry.port, scheme, entry.get("path", ""))
+        if scheme != "tcp" and not path:
+            raise ValueError(f"a {scheme} address of node {node_id.hex()} has no path (at least '/')")
+        address = PeerAddress(node_id.hex(), host, port, scheme, path)
     except ValueError as e:
         raise PexMisbehaved("malformed", str(e)) from None
     problem = host_problem(address.host)
@@ -195,6 +208,7 @@ def _address(entry) -> PeerAddress:
     return address
 
 
+@functools.lru_cache(maxsize=ADDRESS_CACHE)
 def host_problem(host: str) -> str | None:
     """Why ``host`` can never be dialed, or None: an IP literal or a DNS name is needed,
     and an IP must not be unspecified, multicast or broadcast."""

@@ -2,7 +2,9 @@
 
 One clock that everything runs on; the hosts, each with the node living there now; the
 ``Path`` between each pair of hosts, with its faults (a black hole, a delay), which
-outlive the connections on it and the nodes at its ends; every link made so far; the
+outlive the connections on it and the nodes at its ends; the links made so far (with
+``keep_closed_links`` False, only those an end still has: a network of many nodes makes
+tens of thousands, each holding its two protocols and all they reference); the
 flow-control ``window``; and whether dials and listening ports are recorded on the clock
 (a ``MemoryReactorClock``) instead of connected in memory.
 
@@ -13,6 +15,7 @@ and ``MemoryNetwork`` (mconn/testing/network.py), the public face over them all.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,6 +47,55 @@ def check_delay(seconds: float) -> float:
     return float(seconds)
 
 
+class LinkList(list):
+    """The links of a fabric: a list (tests index it, and remove a link from it to detach
+    it) that also answers ``link in links`` in constant time, by identity; a link's
+    clock calls ask it at every delivery, and a large network holds tens of thousands."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._ids: collections.Counter = collections.Counter()
+
+    def __contains__(self, link: object) -> bool:
+        return self._ids[id(link)] > 0
+
+    def append(self, link) -> None:
+        super().append(link)
+        self._ids[id(link)] += 1
+
+    def remove(self, link) -> None:
+        if link not in self:
+            raise ValueError(f"{link!r} is not in the links")
+        super().remove(link)  # links compare by identity: the one held is the one removed
+        self._forget(link)
+
+    def __delitem__(self, index) -> None:
+        gone = self[index] if isinstance(index, slice) else [self[index]]
+        super().__delitem__(index)
+        for link in gone:
+            self._forget(link)
+
+    def pop(self, index=-1):
+        link = super().pop(index)
+        self._forget(link)
+        return link
+
+    def clear(self) -> None:
+        super().clear()
+        self._ids.clear()
+
+    def _forget(self, link) -> None:
+        self._ids[id(link)] -= 1
+        if self._ids[id(link)] <= 0:
+            del self._ids[id(link)]
+
+    # A list's other ways to change it would bypass the count: refused, not silently wrong.
+    def _refuse(self, *args, **kwargs):
+        raise TypeError("the links are changed by append, remove, pop, del and clear only")
+
+    insert = extend = __setitem__ = __iadd__ = __imul__ = sort = reverse = _refuse
+
+
 class Fabric:
     """The clock, hosts, paths and links of one MemoryNetwork.
 
@@ -53,16 +105,26 @@ class Fabric:
         (None: never pause).
     :param max_calls_per_instant: zero-delay calls a node may schedule without the clock
         moving before its ``callLater`` raises RuntimeError.
+    :param keep_closed_links: keep every link made in ``links``; if False, a link no end
+        has any more leaves ``links`` (its bytes still count in ``delivered_bytes``).
     """
 
-    def __init__(self, clock, *, window: int | None, max_calls_per_instant: int) -> None:
+    def __init__(
+        self, clock, *, window: int | None, max_calls_per_instant: int, keep_closed_links: bool = True
+    ) -> None:
         self.clock = clock
         self.window = window
         self.max_calls_per_instant = max_calls_per_instant
         #: True if dials and listening ports go to the clock (``complete_dials`` connects them).
         self.recording = IReactorTCP.providedBy(clock)
-        #: Every MemoryLink made, in order; one removed from here is detached.
-        self.links: list = []
+        #: Every MemoryLink made, in order (but the closed ones dropped, with
+        #: keep_closed_links False); one removed from here is detached.
+        self.links: LinkList = LinkList()
+        self.keep_closed_links = keep_closed_links
+        #: Links made so far (dropped ones included); numbers the ephemeral ports.
+        self.opened = 0
+        #: Bytes delivered on the links dropped from ``links`` (closed_link).
+        self.dropped_delivered_bytes = 0
         #: host -> the node living there now.
         self.nodes: dict[str, _Host] = {}
         self._paths: dict[frozenset, Path] = {}
@@ -74,7 +136,20 @@ class Fabric:
 
     def ephemeral(self, host: str) -> IPv4Address:
         """A fresh client address at ``host``."""
-        return IPv4Address("TCP", host, 40000 + len(self.links))
+        return IPv4Address("TCP", host, 40000 + self.opened)
+
+    def closed_link(self, link) -> None:
+        """No end has ``link`` any more: drop it from ``links`` unless they are kept.
+        Nothing more crosses it (both ends are closed, their pipes were cleared), so a
+        clock call still scheduled on it finds it detached and does nothing."""
+        if self.keep_closed_links or link not in self.links:
+            return
+        self.links.remove(link)
+        self.dropped_delivered_bytes += link.delivered_bytes
+
+    def delivered_bytes(self) -> int:
+        """Bytes delivered on every link made, dropped ones included."""
+        return self.dropped_delivered_bytes + sum(link.delivered_bytes for link in self.links)
 
     def host_up(self, node) -> bool:
         """Whether a kernel runs at the host of ``node`` (to send resets); a raw protocol's has one."""

@@ -169,7 +169,8 @@ class MemoryLink:
     """One in-memory connection between two Switches (or a Switch and a raw protocol).
 
     A link that a test removes from ``network.links`` is detached: the clock moves
-    nothing on it any more (``link.flush()`` still does).
+    nothing on it any more (``link.flush()`` still does). A network that does not keep
+    closed links drops one from there once neither end has it.
 
     :ivar outbound: the dialing side's protocol.
     :ivar inbound: the listening side's protocol.
@@ -252,6 +253,7 @@ class MemoryLink:
             self.transports[side].disconnecting = True
         for side in gone:
             self._notify(side, ConnectionLost("connection reset by the network (MemoryLink.reset)"))
+        self._fabric.closed_link(self)
 
     def blackhole(self) -> None:
         """Black-hole the path under this link (see ``MemoryNetwork.blackhole``)."""
@@ -360,6 +362,8 @@ class MemoryLink:
             self._send(side, _RST, b"")
         transport.connected = False
         transport.disconnecting = True
+        if not self.alive:
+            self._fabric.closed_link(self)
 
     def _close(self, side: int, reason: Exception) -> None:
         transport = self.transports[side]
@@ -368,6 +372,8 @@ class MemoryLink:
             transport.disconnecting = True
             self.lost_bytes += self._pipes[1 - side].clear()  # nobody left to read it
             self._notify(side, reason)
+            if not self.alive:
+                self._fabric.closed_link(self)
 
     def _notify(self, side: int, reason: Exception) -> None:
         transport = self.transports[side]
@@ -382,6 +388,7 @@ def open_link(fabric: Fabric, outbound, out_address, out_node, inbound, in_addre
     server = MemoryTransport(link, 1, inbound, in_address, out_address, in_node)
     link.transports = (client, server)
     fabric.links.append(link)
+    fabric.opened += 1
     inbound.makeConnection(server)
     outbound.makeConnection(client)
     return link

@@ -297,3 +297,46 @@ def test_a_node_that_never_lets_time_move_fails_loudly():
     a.clock.callLater(0, spin)
     with pytest.raises(RuntimeError, match="livelock on 10.0.0.1: 101 calls"):
         network.flush()
+
+
+def test_a_network_that_does_not_keep_closed_links_drops_them_and_still_counts_their_bytes():
+    """With ``keep_closed_links=False`` a link neither end has leaves ``network.links`` (a network of many
+    nodes holds no memory for its past connections); its delivered bytes still count. By default every link
+    stays (tests read a closed link's figures)."""
+    for keep in (True, False):
+        network, a, b, ra, rb, link = pair(keep_closed_links=keep)
+        assert a.peers[b.node_id].try_send(0x41, b"x" * 100)
+        network.flush()
+        delivered = link.delivered_bytes
+        assert delivered > 100 and network.delivered_bytes() == delivered
+        link.reset()
+        network.flush()
+        assert (link in network.links) is keep and network.links_opened == 1
+        assert network.delivered_bytes() == delivered
+        network.kill(b)  # iterating the links while a kill drops them is safe
+        a.dial(network.dial_address(b), retry_initial_dial=False).addErrback(lambda failure: None)
+        network.run(5.0)
+        assert network.links_opened == 1 and len(network.links) == (1 if keep else 0)
+
+
+def test_the_links_know_in_constant_time_what_they_hold_and_refuse_changes_they_cannot_count():
+    """``link in network.links`` goes by identity (a removed link is detached: the clock moves nothing on it);
+    the list changes by append, remove, pop, del and clear, and refuses the rest by name."""
+    network, a, b, ra, rb, link = pair()
+    links = network.links
+    assert link in links and object() not in links
+    links.remove(link)
+    assert link not in links and len(links) == 0
+    assert a.peers[b.node_id].try_send(0x41, b"held")
+    network.run(1.0)
+    assert rb.received() == [] and link.in_flight > 0  # detached
+    with pytest.raises(ValueError, match="is not in the links"):
+        links.remove(link)
+    links.append(link)
+    assert links.pop() is link and link not in links
+    links.append(link)
+    del links[0]
+    assert link not in links
+    for change in (lambda: links.insert(0, link), lambda: links.extend([link]), lambda: links.__setitem__(0, link)):
+        with pytest.raises(TypeError, match="append, remove, pop, del and clear only"):
+            change()

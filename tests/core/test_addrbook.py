@@ -332,3 +332,33 @@ def test_the_book_and_the_address_rules_import_without_twisted():
     root = pathlib.Path(__file__).resolve().parents[2]
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True, cwd=root)
     assert result.stdout.strip() == "[]"
+
+
+def test_candidates_pick_as_the_book_does_and_discard_drops_an_entry_and_its_emptied_bucket():
+    """``candidates(eligible).pick(rng)`` draws exactly what ``pick(rng, eligible)`` draws (same calls to the
+    random generator), so PEX's dial round can gather the eligible entries once; a discarded entry is never
+    picked again, and a bucket it leaves empty is no longer drawn (as asking the book again would do)."""
+    book = AddressBook(key=KEY, new_buckets=16, tried_buckets=4, bucket_size=8, new_buckets_per_group=4)
+    for i in range(60):
+        book.add(address(i, host=f"{i}.9.0.1"), source=node(300 + i), source_group=f"{i % 7}.0.0.0/16", now=0)
+    for i in range(0, 60, 5):
+        book.mark_good(node(i), now=1)
+    eligible = lambda e: int(e.address.node_id, 16) % 3 != 0  # noqa: E731
+    for seed in range(20):
+        a, b = random.Random(seed), random.Random(seed)
+        candidates = book.candidates(eligible)
+        assert candidates.version == book.version
+        gone: set = set()
+        for _ in range(40):
+            picked = candidates.pick(a)
+            expected = book.pick(b, lambda e: eligible(e) and e.address.node_id not in gone)
+            assert picked is expected
+            if picked is None:
+                break
+            candidates.discard(picked)
+            gone.add(picked.address.node_id)
+        assert a.random() == b.random()
+    assert book.candidates(lambda e: False).pick(random.Random(1)) is None
+    version = book.version
+    book.remove(node(1))
+    assert book.version > version  # a change to the tables: a caller gathers again
