@@ -9,15 +9,21 @@ error for error (the same packets, positions, exception types and messages):
   decoder of a run of packets;
 * ``msg_header``: ``mconn.core.channel.msg_header``, a msg packet's header;
 * ``process_msgs``: ``mconn.core.connection.process_msgs``, the msg fast path of a
-  connection's received packets (reassembly and one ``MessageReceived`` a message).
+  connection's received packets (reassembly and one ``MessageReceived`` a message);
+* ``schedule``: ``mconn.core.channel.schedule``, the scheduler's pick across channels and
+  the framing of their packets (the same bytes: a run of small packets is framed into
+  one bytes object where the reference lists headers and payloads to join).
 
-tests/core/test_speedups_twin.py and tests/core/test_speedups_process.py prove it with hypothesis on valid and malformed input;
-the pure functions are the specification, this file only makes them cheaper (typed
-indexing of the bytes instead of boxed integers, one C loop for a run's headers).
+tests/core/test_speedups_twin.py, test_speedups_process.py and test_speedups_send.py
+prove it with hypothesis on valid and malformed input; the pure functions are the
+specification, this file only makes them cheaper (typed indexing of the bytes instead of
+boxed integers, one C loop for a run's headers, slots read where they are stored).
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from libc.string cimport memcmp
+from cpython.ref cimport PyObject, Py_INCREF, Py_XDECREF
+from libc.math cimport INFINITY, exp, log
+from libc.string cimport memcmp, memcpy
 
 from mconn.core.events import MessageReceived
 from mconn.errors import MalformedPacket, PacketTooLarge, UnknownChannel, UnknownPacketType
@@ -31,9 +37,17 @@ cdef enum:
     C_FIRST_EXTENSION_TYPE = 0x04
     C_MAX_UVARINT_SIZE = 8
     C_RUN = 0x100
+    C_COPY_MAX = 4096
+
+cdef extern from "Python.h":
+    const Py_ssize_t PY_SSIZE_T_MAX
+
+# The scheduler's constants (mconn.core.channel; test_speedups_send checks them).
+cdef double C_DECAY_TAU = 2.0 / log(1.25)
+cdef double C_RESCALE_EXPONENT = log(1e12)
 
 #: Checked by mconn.core.speedups: a build of an older source is not used.
-INTERFACE = 3
+INTERFACE = 4
 
 PING = C_PING
 PONG = C_PONG
@@ -41,6 +55,8 @@ MSG = C_MSG
 FIRST_EXTENSION_TYPE = C_FIRST_EXTENSION_TYPE
 MAX_UVARINT_SIZE = C_MAX_UVARINT_SIZE
 RUN = C_RUN
+DECAY_TAU = C_DECAY_TAU
+RESCALE_EXPONENT = C_RESCALE_EXPONENT
 
 cdef tuple _PING_PACKET = (C_PING,)
 cdef tuple _PONG_PACKET = (C_PONG,)
@@ -292,3 +308,364 @@ cdef object _unknown_channel(object channel_id, dict channels):
         f"msg packet on channel {channel_id:#04x}, which this node does not have "
         f"(channels: {', '.join([f'{c:#04x}' for c in channels]) or 'none'})"
     )
+
+
+# -- sending: the scheduler's pick and the packets' framing (channel.schedule) -----------
+
+cdef extern from "Python.h":
+    # Without Cython's reference counting: the output buffer is ours alone until it is
+    # handed to ``parts`` (_PyBytes_Resize needs a bytes object nobody else holds).
+    PyObject *_new_bytes "PyBytes_FromStringAndSize" (const char *v, Py_ssize_t size) except NULL
+    int _PyBytes_Resize(PyObject **bytes, Py_ssize_t size) except -1
+    char *_bytes_data "PyBytes_AS_STRING" (PyObject *bytes)
+    # A __slots__ attribute's descriptor: where in the object its value is stored.
+    ctypedef struct PyMemberDef:
+        int type
+        Py_ssize_t offset
+    ctypedef struct PyMemberDescrObject:
+        PyMemberDef *d_member
+    const int T_OBJECT_EX
+
+#: A piece (a whole message, or a packet's chunk of one) of at most this many bytes is
+#: copied into the bytes object of its run of packets; a longer one goes into ``parts``
+#: as it is (the message, or a view of it), which the connection's join copies once.
+COPY_MAX = C_COPY_MAX
+
+# -- the slots of Channel and ChannelStats, read and written where they are stored -------
+# A slotted object keeps each attribute at a fixed offset; reading it there instead of
+# through getattr (a type lookup and a descriptor call, ~20 ns) is most of what this twin
+# saves on a small message. Only objects of exactly these classes are read this way
+# (``schedule`` hands anything else to the reference); the offsets come from the
+# classes' own member descriptors, looked up once.
+
+cdef object _Channel = None
+cdef object _ChannelStats = None
+cdef object _reference_schedule = None
+cdef Py_ssize_t O_ID, O_PRIORITY, O_QUEUE, O_SENDING, O_OFFSET, O_STORED_SENT, O_STATS, O_STAMP_AT
+cdef Py_ssize_t O_MESSAGES_SENT, O_BYTES_SENT
+
+
+cdef Py_ssize_t _offset(object cls, str name) except -1:
+    descriptor = cls.__dict__[name]
+    if type(descriptor).__name__ != "member_descriptor":
+        raise TypeError(f"{cls.__name__}.{name} is not a slot")
+    cdef PyMemberDef *member = (<PyMemberDescrObject *> descriptor).d_member
+    if member.type != T_OBJECT_EX:
+        raise TypeError(f"{cls.__name__}.{name} is not an object slot")
+    return member.offset
+
+
+cdef int _init_slots() except -1:
+    global _Channel, _ChannelStats, _reference_schedule
+    global O_ID, O_PRIORITY, O_QUEUE, O_SENDING, O_OFFSET, O_STORED_SENT, O_STATS, O_STAMP_AT
+    global O_MESSAGES_SENT, O_BYTES_SENT
+    from mconn.core import channel  # not at import: channel imports this module
+
+    O_ID = _offset(channel.Channel, "id")
+    O_PRIORITY = _offset(channel.Channel, "priority")
+    O_QUEUE = _offset(channel.Channel, "queue")
+    O_SENDING = _offset(channel.Channel, "sending")
+    O_OFFSET = _offset(channel.Channel, "offset")
+    O_STORED_SENT = _offset(channel.Channel, "stored_sent")
+    O_STATS = _offset(channel.Channel, "stats")
+    O_STAMP_AT = _offset(channel.Channel, "_stamp_at")
+    O_MESSAGES_SENT = _offset(channel.ChannelStats, "messages_sent")
+    O_BYTES_SENT = _offset(channel.ChannelStats, "bytes_sent")
+    _reference_schedule = channel.schedule
+    _ChannelStats = channel.ChannelStats
+    _Channel = channel.Channel
+    return 0
+
+
+cdef inline object _get(object obj, Py_ssize_t offset):
+    """The slot's value (an unset slot is an AttributeError, as getattr says)."""
+    cdef PyObject *value = (<PyObject **> ((<char *> <PyObject *> obj) + offset))[0]
+    if value == NULL:
+        raise AttributeError(f"{type(obj).__name__} object has an unset slot at offset {offset}")
+    return <object> value
+
+
+cdef inline void _set(object obj, Py_ssize_t offset, object value):
+    cdef PyObject **slot = <PyObject **> ((<char *> <PyObject *> obj) + offset)
+    cdef PyObject *old = slot[0]
+    Py_INCREF(value)
+    slot[0] = <PyObject *> value
+    Py_XDECREF(old)
+
+
+# -- the output: runs of packets framed into one bytes object --------------------------
+
+cdef struct Out:
+    PyObject *buf   # the bytes object being filled (ours alone), or NULL
+    Py_ssize_t len  # bytes written
+    Py_ssize_t cap  # its size
+
+
+cdef int _reserve(Out *out, Py_ssize_t more) except -1:
+    """Room for ``more`` bytes past ``out.len``: the buffer made or grown (doubling)."""
+    cdef Py_ssize_t need = out.len + more
+    cdef Py_ssize_t cap
+    if need <= out.cap:
+        return 0
+    cap = max(need, 2 * out.cap, 64)
+    if out.buf == NULL:
+        out.buf = _new_bytes(NULL, cap)
+    else:
+        _PyBytes_Resize(&out.buf, cap)  # on failure: out.buf is NULL, MemoryError raised
+    out.cap = cap
+    return 0
+
+
+cdef int _flush(Out *out, list parts) except -1:
+    """The bytes written so far become one part (cut to their size)."""
+    cdef PyObject *buf = out.buf
+    if buf == NULL or out.len == 0:
+        return 0
+    out.buf = NULL
+    out.cap = 0
+    try:
+        if out.len != PyBytes_GET_SIZE(<object> buf):
+            _PyBytes_Resize(&buf, out.len)
+        parts.append(<object> buf)
+    finally:
+        out.len = 0
+        Py_XDECREF(buf)  # parts holds it now (or, on an error, nothing does)
+    return 0
+
+
+cdef inline Py_ssize_t _header_size(Py_ssize_t length):
+    """The bytes of a msg packet's header: 4 and the length's uvarint."""
+    cdef Py_ssize_t size = 4
+    while length:
+        size += 1
+        length >>= 8
+    return size
+
+
+cdef inline void _header(Out *out, int channel_id, int eof, Py_ssize_t length, Py_ssize_t size):
+    """Write a msg packet's header of ``size`` bytes (``_header_size``, room reserved):
+    03 | ch | eof | uvarint length, as ``msg_header``."""
+    cdef unsigned char *p = <unsigned char *> _bytes_data(out.buf) + out.len
+    cdef Py_ssize_t i
+    cdef unsigned long long value = <unsigned long long> length
+    p[0] = C_MSG
+    p[1] = <unsigned char> channel_id
+    p[2] = <unsigned char> eof
+    p[3] = <unsigned char> (size - 4)
+    for i in range(size - 1, 3, -1):
+        p[i] = <unsigned char> (value & 0xFF)
+        value >>= 8
+    out.len += size
+
+
+cdef inline void _copy(Out *out, const char *data, Py_ssize_t size):
+    """Append ``size`` bytes (room reserved by the caller)."""
+    memcpy(_bytes_data(out.buf) + out.len, data, size)
+    out.len += size
+
+
+cdef Py_ssize_t _emit(
+    object channel, list parts, Out *out, Py_ssize_t payload, Py_ssize_t budget, Py_ssize_t *popped
+) except -1:
+    """``Channel.emit`` of a Channel: the same packets (joined), wire bytes, channel state
+    and statistics; ``popped``: how many messages it took off the queue."""
+    cdef int channel_id = _get(channel, O_ID)
+    cdef object queue = _get(channel, O_QUEUE)
+    cdef object mv = _get(channel, O_SENDING)
+    cdef object message
+    cdef object source = None  # the bytes ``mv`` views, when they are bytes
+    cdef object full = None  # the full packets' header as bytes, made when first needed
+    cdef Py_ssize_t offset = _get(channel, O_OFFSET)
+    cdef Py_ssize_t total = 0
+    cdef Py_ssize_t size, remaining, h
+    cdef Py_ssize_t full_size = _header_size(payload)
+    cdef Py_ssize_t wire = 0
+    cdef Py_ssize_t data = 0
+    cdef Py_ssize_t finished = 0
+    if mv is not None:
+        total = len(mv)
+        if type(mv) is memoryview and type(mv.obj) is bytes and PyBytes_GET_SIZE(mv.obj) == total:
+            source = mv.obj
+    while True:
+        if mv is None:
+            message = queue.popleft()
+            popped[0] += 1
+            size = len(message)
+            if size <= payload:  # the whole message is its last packet
+                h = _header_size(size)
+                if size <= C_COPY_MAX and type(message) is bytes:
+                    _reserve(out, h + size)
+                    _header(out, channel_id, 1, size, h)
+                    _copy(out, PyBytes_AS_STRING(message), size)
+                else:
+                    _reserve(out, h)
+                    _header(out, channel_id, 1, size, h)
+                    _flush(out, parts)
+                    parts.append(message)
+                wire += h + size
+                data += size
+                finished += 1
+                if not queue or wire >= budget:
+                    break
+                continue
+            mv = memoryview(message)
+            source = message if type(message) is bytes else None
+            offset = 0
+            total = size
+        remaining = total - offset
+        if remaining > payload:
+            if payload <= C_COPY_MAX and source is not None:
+                _reserve(out, full_size + payload)
+                _header(out, channel_id, 0, payload, full_size)
+                _copy(out, PyBytes_AS_STRING(source) + offset, payload)
+            else:
+                if full is None:
+                    full = msg_header(channel_id, False, payload)
+                _flush(out, parts)
+                parts.append(full)
+                parts.append(mv[offset : offset + payload])
+            offset += payload
+            wire += full_size + payload
+            data += payload
+            if wire >= budget:
+                break
+            continue
+        h = _header_size(remaining)
+        if remaining <= C_COPY_MAX and source is not None:
+            _reserve(out, h + remaining)
+            _header(out, channel_id, 1, remaining, h)
+            _copy(out, PyBytes_AS_STRING(source) + offset, remaining)
+        else:
+            _reserve(out, h)
+            _header(out, channel_id, 1, remaining, h)
+            _flush(out, parts)
+            parts.append(mv[offset:])
+        wire += h + remaining
+        data += remaining
+        finished += 1
+        mv = None
+        source = None
+        if not queue or wire >= budget:
+            break
+    _set(channel, O_SENDING, mv)
+    _set(channel, O_OFFSET, offset)
+    stats = _get(channel, O_STATS)
+    if type(stats) is _ChannelStats:
+        sent = _get(stats, O_MESSAGES_SENT) + finished
+        _set(stats, O_MESSAGES_SENT, sent)
+        _set(stats, O_BYTES_SENT, _get(stats, O_BYTES_SENT) + data)
+    else:
+        stats.messages_sent += finished
+        stats.bytes_sent += data
+        sent = stats.messages_sent
+    stamp_at = _get(channel, O_STAMP_AT)
+    if stamp_at >= 0 and sent > stamp_at:
+        channel._observe()  # a send-queue delay sample is due (Channel.emit)
+    return wire
+
+
+cdef inline double _ratio(object channel) except? -1.0:
+    return <double> _get(channel, O_STORED_SENT) / <double> _get(channel, O_PRIORITY)
+
+
+cdef Py_ssize_t _limit(double room, Py_ssize_t left) except -1:
+    """``max(1, min(left, int(room)))``, with int()'s errors."""
+    cdef Py_ssize_t limit
+    if room != room:
+        raise ValueError("cannot convert float NaN to integer")
+    if room == INFINITY or room == -INFINITY:
+        raise OverflowError("cannot convert float infinity to integer")
+    if room >= 9.2e18:
+        limit = left
+    elif room <= -9.2e18:
+        limit = 1
+    else:
+        limit = min(left, <Py_ssize_t> room)
+    return max(1, limit)
+
+
+def schedule(object scheduler, list parts, object now, object payload, object budget):
+    """See ``mconn.core.channel.schedule``: the same bytes (joined ``parts``), result,
+    channel and scheduler state and errors. Channels of a class other than Channel
+    itself (a subclass) are scheduled by the reference."""
+    cdef Out out
+    cdef list pending = []
+    cdef list channels = scheduler.channels
+    cdef object c, chosen
+    cdef double exponent, scale, ratio, chosen_ratio, runner_ratio, room, decay
+    cdef bint has_runner
+    cdef Py_ssize_t sent = 0
+    cdef Py_ssize_t taken = 0
+    cdef Py_ssize_t wire, limit, left, c_payload, c_budget, n, k, chosen_at, popped
+    if _Channel is None:
+        _init_slots()
+    if payload < 1:
+        raise ValueError(f"packet payload must be at least 1 byte, got {payload}")
+    for c in channels:
+        if type(c) is not _Channel:
+            return _reference_schedule(scheduler, parts, now, payload, budget)
+        if _get(c, O_SENDING) is not None or _get(c, O_QUEUE):
+            pending.append(c)
+    if not pending:
+        return 0
+    exponent = (<double> now - <double> scheduler.epoch) / C_DECAY_TAU
+    if exponent > C_RESCALE_EXPONENT:
+        # Fold the decay into the stored values (they may underflow to 0: fine).
+        decay = exp(-exponent)
+        for c in channels:
+            _set(c, O_STORED_SENT, _get(c, O_STORED_SENT) * decay)
+        scheduler.epoch = now
+        exponent = 0.0
+    scale = exp(exponent)
+    # Sizes past what a C integer holds (no wire byte count reaches them) work as that.
+    c_payload = payload if payload < PY_SSIZE_T_MAX else PY_SSIZE_T_MAX
+    c_budget = budget if budget < PY_SSIZE_T_MAX else PY_SSIZE_T_MAX
+    out.buf = NULL
+    out.len = 0
+    out.cap = 0
+    try:
+        while pending and sent < c_budget:
+            left = c_budget - sent
+            n = len(pending)
+            chosen_at = 0
+            if n == 1:
+                limit = left
+            else:
+                # Lowest ratio wins; ties go to the channel declared first (min's order).
+                chosen_ratio = _ratio(pending[0])
+                for k in range(1, n):
+                    ratio = _ratio(pending[k])
+                    if ratio < chosen_ratio:
+                        chosen_ratio = ratio
+                        chosen_at = k
+                runner_ratio = 0.0
+                has_runner = False
+                for k in range(n):
+                    if k != chosen_at:
+                        ratio = _ratio(pending[k])
+                        if not has_runner or ratio < runner_ratio:
+                            runner_ratio = ratio
+                            has_runner = True
+                # Bytes the chosen channel may send before its ratio passes the runner-up's.
+                if scale == 0.0:
+                    raise ZeroDivisionError("float division by zero")
+                room = (runner_ratio - chosen_ratio) * <double> _get(pending[chosen_at], O_PRIORITY) / scale
+                limit = _limit(room, left)
+            chosen = pending[chosen_at]
+            popped = 0
+            wire = _emit(chosen, parts, &out, c_payload, limit, &popped)
+            taken += popped
+            _set(chosen, O_STORED_SENT, _get(chosen, O_STORED_SENT) + wire * scale)
+            sent += wire
+            if _get(chosen, O_SENDING) is None and not _get(chosen, O_QUEUE):
+                del pending[chosen_at]
+    finally:
+        # What was framed goes into parts, as the reference's appends would have, also
+        # when an error (a send-delay clock's) ends the run.
+        try:
+            _flush(&out, parts)
+        finally:
+            Py_XDECREF(out.buf)
+        if taken:
+            scheduler.taken += taken
+    return sent

@@ -56,6 +56,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from mconn.core.codec import codec_for
+from mconn.core.speedups import SPEEDUPS
 from mconn.errors import MessageTooLarge
 
 #: Time constant of the recently_sent decay, in seconds: 0.8 per 2 s on average.
@@ -501,7 +502,9 @@ class Scheduler:
 
     def __init__(self, channels: list[Channel], now: float) -> None:
         self.channels = channels
-        self._epoch = now
+        #: The time the channels' ``stored_sent`` values are relative to (rescaled at
+        #: most once per ``exp(_RESCALE_EXPONENT)`` of decay).
+        self.epoch = now
         #: Messages taken off the channel queues so far (each made room for a send).
         self.taken = 0
 
@@ -513,45 +516,69 @@ class Scheduler:
 
     def recently_sent(self, channel: Channel, now: float) -> float:
         """The decayed byte count of ``channel`` at ``now`` (for statistics and tests)."""
-        return channel.stored_sent * math.exp(-(now - self._epoch) / DECAY_TAU)
+        return channel.stored_sent * math.exp(-(now - self.epoch) / DECAY_TAU)
 
     def next_packets(self, now: float, payload: int, budget: int) -> tuple[list[Any], int]:
         """Packets worth about ``budget`` wire bytes, as a list of byte parts to join.
 
         Returns ``(parts, wire_bytes)``; ``parts`` is empty when nothing is pending.
+        (``schedule``, through the compiled twin when it is in use.)
         """
-        pending = [c for c in self.channels if c.sending is not None or c.queue]
-        if not pending:
-            return [], 0
-        exponent = (now - self._epoch) / DECAY_TAU
-        if exponent > _RESCALE_EXPONENT:
-            # Fold the decay into the stored values (they may underflow to 0: fine).
-            for c in self.channels:
-                c.stored_sent *= math.exp(-exponent)
-            self._epoch = now
-            exponent = 0.0
-        scale = math.exp(exponent)
         parts: list[Any] = []
-        sent = 0
-        while pending and sent < budget:
-            if len(pending) == 1:
-                chosen = pending[0]
-                limit = budget - sent
-            else:
-                # Lowest ratio wins; ties go to the channel declared first.
-                chosen = min(pending, key=_ratio)
-                runner_up = min((c for c in pending if c is not chosen), key=_ratio)
-                # Bytes the chosen channel may send before its ratio passes the runner-up's.
-                room = (_ratio(runner_up) - _ratio(chosen)) * chosen.priority / scale
-                limit = max(1, min(budget - sent, int(room)))
-            queued = len(chosen.queue)
-            wire, _ = chosen.emit(parts, payload, limit)
-            self.taken += queued - len(chosen.queue)
-            chosen.stored_sent += wire * scale
-            sent += wire
-            if not chosen.is_pending:
-                pending.remove(chosen)
-        return parts, sent
+        return parts, active_schedule(self, parts, now, payload, budget)
+
+
+def schedule(scheduler: Scheduler, parts: list[Any], now: float, payload: int, budget: int) -> int:
+    """The scheduler's pick and the packets' framing: append to ``parts`` the msg packets
+    of the pending channels worth about ``budget`` wire bytes (at least one packet, at
+    most one packet past ``budget``), cut at ``payload`` bytes; returns the wire bytes
+    appended (0, nothing appended, when no channel is pending or ``budget`` <= 0).
+
+    The reference of the compiled twin (mconn/core/_speedups.pyx,
+    tests/core/test_speedups_send.py): the twin's ``parts`` may cut the same bytes into
+    other pieces (it frames a run of small packets into one bytes object); joined they
+    are the same bytes, and the channels and the scheduler change in the same way.
+    """
+    if payload < 1:
+        raise ValueError(f"packet payload must be at least 1 byte, got {payload}")
+    pending = [c for c in scheduler.channels if c.sending is not None or c.queue]
+    if not pending:
+        return 0
+    exponent = (now - scheduler.epoch) / DECAY_TAU
+    if exponent > _RESCALE_EXPONENT:
+        # Fold the decay into the stored values (they may underflow to 0: fine).
+        for c in scheduler.channels:
+            c.stored_sent *= math.exp(-exponent)
+        scheduler.epoch = now
+        exponent = 0.0
+    scale = math.exp(exponent)
+    sent = 0
+    while pending and sent < budget:
+        if len(pending) == 1:
+            chosen = pending[0]
+            limit = budget - sent
+        else:
+            # Lowest ratio wins; ties go to the channel declared first.
+            chosen = min(pending, key=_ratio)
+            runner_up = min((c for c in pending if c is not chosen), key=_ratio)
+            # Bytes the chosen channel may send before its ratio passes the runner-up's.
+            room = (_ratio(runner_up) - _ratio(chosen)) * chosen.priority / scale
+            limit = max(1, min(budget - sent, int(room)))
+        queued = len(chosen.queue)
+        wire, _ = chosen.emit(parts, payload, limit)
+        scheduler.taken += queued - len(chosen.queue)
+        chosen.stored_sent += wire * scale
+        sent += wire
+        if not chosen.is_pending:
+            pending.remove(chosen)
+    return sent
+
+
+#: What ``Scheduler.next_packets`` and ``Connection.data_to_send`` run: the compiled twin
+#: when it is in use (mconn.core.speedups), else the reference above.
+active_schedule: Callable[[Scheduler, list[Any], float, int, int], int] = (
+    schedule if SPEEDUPS is None else SPEEDUPS.schedule
+)
 
 
 def _ratio(channel: Channel) -> float:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any
 
-from mconn.core.channel import Channel, ChannelDescriptor, Scheduler
+from mconn.core.channel import Channel, ChannelDescriptor, Scheduler, active_schedule
 from mconn.config import MIN_PACKET_PAYLOAD, Config
 from mconn.errors import (
     ControlFlood,
@@ -512,11 +512,10 @@ class Connection:
                     tokens -= sum(map(len, parts))  # the control packets go first
                 limit = min(limit, int(tokens))
             if limit > 0:
-                data, sent = self._scheduler.next_packets(now, self._payload, limit)
-                if sent:
-                    parts.extend(data)
-                    # Short of the budget only when no channel has anything left.
-                    more = sent >= limit
+                # The packets go straight after the control ones (channel.schedule).
+                sent = active_schedule(self._scheduler, parts, now, self._payload, limit)
+                # Short of the budget only when no channel has anything left.
+                more = sent >= limit
         self.more_to_send = more
         if not parts:
             return b""

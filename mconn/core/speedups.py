@@ -2,11 +2,12 @@
 
 ``mconn.core._speedups`` (Cython, mconn/core/_speedups.pyx) is an optional extension
 built by the install (``make``; setup.py): where it is importable it replaces the pure
-functions it mirrors (``frame_buffer.decode_packets``, ``channel.msg_header``,
-``connection.process_msgs``), unless
-the environment sets ``MCONN_PURE=1`` when mconn is first imported. The pure functions
-stay the reference and the fallback; tests/core/test_speedups_twin.py proves the two
-byte- and event-identical. ``mconn --version`` says which is in use.
+functions it mirrors (receiving: ``frame_buffer.decode_packets``,
+``connection.process_msgs``; sending: ``channel.schedule``, the scheduler's pick and the
+packets' framing), unless the environment sets ``MCONN_PURE=1`` when mconn is first
+imported. The pure functions stay the reference and the fallback;
+tests/core/test_speedups_twin.py, test_speedups_process.py and test_speedups_send.py
+prove the two byte- and event-identical. ``mconn --version`` says which is in use.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from types import ModuleType
 
 #: The interface version of the extension this source expects: a stale build (an
 #: older _speedups.pyx compiled) is not used, mconn runs on the pure functions instead.
-INTERFACE = 3
+INTERFACE = 4
 
 
 def _load() -> tuple[ModuleType | None, str]:
