@@ -454,6 +454,8 @@ def generate(args, directory: str, record_format: int = 2) -> tuple[int, list]:
     faults = inject(_PLANS, args.lost, args.duplicated, args.seed)
     os.makedirs(directory, exist_ok=True)
     jobs = [(i, args, directory) for i in range(args.nodes)]
+    if args.workers <= 1:  # in this process: no fork (a process running a JVM gateway must not)
+        return sum(_write_node(job) for job in jobs), faults
     with multiprocessing.get_context("fork").Pool(args.workers) as pool:
         events = sum(pool.imap_unordered(_write_node, jobs, chunksize=8))
     return events, faults
