@@ -54,6 +54,12 @@ __all__ = ["FORMAT_VERSION", "SessionStore", "StoredSession", "StoredStream"]
 FORMAT_VERSION = 1
 #: Queued message bytes past which a commit starts without waiting for ``commit_delay``.
 FLUSH_BYTES = 4 * 1024 * 1024
+#: sqlite's page size for a new file (specs/resume.md section 8.1). A commit writes whole
+#: pages: 4 KiB pages write the least for a commit of one small message (9-19 KB against
+#: 34-66 KB, 135-210 KB with 64 KiB pages), 64 KiB pages record 64 KiB messages fastest
+#: (2-4x 4 KiB pages); 16 KiB pages record them 2x as fast as 4 KiB pages
+#: (bench/session_store_bench.py, bench/RESULTS.md "Durable sessions: the store").
+PAGE_SIZE = 16384
 #: Limits of what a session row may hold, checked on record and on load.
 MAX_SESSION_ID = 64
 MAX_PEER_ID = 256
@@ -532,6 +538,9 @@ def _connect(path: str) -> sqlite3.Connection:
         # One process at a time: the lock is taken now (the BEGIN EXCLUSIVE below) and held
         # until close; a second node on the same file gets "database is locked". Without a
         # shared-memory index, so no -shm file.
+        # The page size of a new file (set before WAL mode makes it; an existing file
+        # keeps its own). PAGE_SIZE says why 16 KiB.
+        db.execute(f"PRAGMA page_size={PAGE_SIZE}")
         db.execute("PRAGMA locking_mode=EXCLUSIVE")
         mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
         if mode != "wal":
@@ -539,6 +548,10 @@ def _connect(path: str) -> sqlite3.Connection:
         # FULL, not NORMAL: in WAL mode NORMAL does not sync the WAL at each commit, so
         # the last commits may be lost at a power loss; a commit here is a promise.
         db.execute("PRAGMA synchronous=FULL")
+        # Fold the WAL into the file every 16 MiB (256 pages), and cut it back to 64 MiB
+        # after, so that the WAL stays small next to max_bytes.
+        db.execute("PRAGMA wal_autocheckpoint=256")
+        db.execute(f"PRAGMA journal_size_limit={64 << 20}")
         db.execute("BEGIN EXCLUSIVE")
         db.execute("COMMIT")
     except sqlite3.OperationalError as e:

@@ -432,3 +432,13 @@ def test_close_commits_what_is_queued_and_then_refuses_records(path, clock):
         store.accepted(S1, 1, 1, b"late")
     assert store.close().called
     assert open_store(path, ThreadClock()).load()[0].streams[1].unacked == (b"queued",)
+
+
+def test_a_new_file_is_in_wal_mode_with_the_store_page_size(path, clock):
+    store = open_store(path, clock)
+    close(store, clock)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA page_size").fetchone()[0] == session_store.PAGE_SIZE
+    assert dict(db.execute("SELECT key, value FROM meta")) == {"format_version": FORMAT_VERSION, "node_id": NODE}
+    db.close()
