@@ -442,9 +442,12 @@ class MConnectionProtocol(Protocol):
             timers_of(self._clock).cancel(self._timer)
             self._timer = None
 
-    def _on_timer(self) -> None:
+    def _on_timer(self, fired_at: float) -> None:
+        """The timer's deadline came; ``fired_at`` is when the clock's Timers began the
+        run that ran it, so the timers run before this one in it do not count as the
+        loop's lateness (mconn/net/timers.py)."""
         now = self._clock.seconds()
-        late = now - self._timer_due
+        late = fired_at - self._timer_due
         if late > LOOP_STALL and not self._after_stall:
             # The event loop itself stalled (a reactor blocked it): the peer's answer may
             # be sitting unread in the socket. One turn of the loop reads it before any
@@ -458,7 +461,12 @@ class MConnectionProtocol(Protocol):
         assert self.core is not None  # timers run only on a connection with a core
         for event in self.core.handle_timeout(now):
             _HANDLERS[type(event)](self, event)
+        # A keepalive ping is one byte alone in its turn: it goes to the socket at once
+        # (write-through), not by a watch for writability and a send in the next turn
+        # (specs/connection.md section 7). A paced sender's timer keeps the coalescing.
+        self._through = self._through_ok and not self._rate_limited
         self.pump()
+        self._through = False
         self._rearm()
 
     # -- events --------------------------------------------------------------------
@@ -504,6 +512,11 @@ class MConnectionProtocol(Protocol):
     def _on_pong(self, event: PongReceived) -> None:
         if self.peer is not None:
             self.peer.round_trip = event.round_trip
+        # The wait for the pong is over: the timer armed at its deadline (pong_timeout
+        # after the ping) would fire for nothing and re-arm; re-arm it now instead, at
+        # ping_interval after this read (specs/connection.md section 3).
+        self._cancel_timer()
+        self._rearm()
 
     def _on_close(self, event: CloseReceived) -> None:
         self.end_reason = PeerClosed(event.code, event.text)

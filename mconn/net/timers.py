@@ -7,9 +7,18 @@ methods for the garbage collector to walk, and a connect storm paid for one per
 handshake (bench/history/2026-11-25.md, "read at accept, one timer per clock"). ``Timers`` keeps the deadlines in
 one heap of entries ``[when, number, protocol]`` and one DelayedCall for the earliest, so
 the timing is exactly that of one DelayedCall per connection: a protocol's timer runs
-at its deadline, or as late as the event loop is (which the protocol measures); timers
-due at the same moment run in the order they were armed; one armed while they run runs
-in a later turn of the event loop.
+at its deadline, or as late as the event loop is; timers due at the same moment run in
+the order they were armed; one armed while they run runs in a later turn of the event
+loop.
+
+Each timer is told when the run that runs it began (``_on_timer(fired_at)``): how late
+that is after its deadline is how late the event loop was, which the protocol checks
+for a stall (specs/connection.md section 3). The time the run's earlier timers took is
+not the loop's: 10,000 keepalive timers due within a second (a connect storm's peers,
+a minute later) take a run of tens of milliseconds, more on a busy machine, and the
+clock read at each timer's turn called most of them late (one ``loop_stalled`` record
+and a detour through one more loop turn each, bench/history/2026-11-28.md, "idle
+listener").
 
 A protocol's ``_timer`` is the entry ``arm`` gave it (``[when, number, protocol]``)
 while armed, None otherwise. ``cancel`` empties the entry, so the heap never keeps a
@@ -50,8 +59,8 @@ class Timers:
         self._call = None
 
     def arm(self, when: float, protocol) -> list:
-        """Run ``protocol._on_timer()`` at ``when`` (seconds on the clock); returns the
-        entry, for ``cancel``."""
+        """Run ``protocol._on_timer(fired_at)`` at ``when`` (seconds on the clock;
+        ``fired_at``: when the run began); returns the entry, for ``cancel``."""
         entry = [when, self._next_number, protocol]
         self._next_number += 1
         heappush(self._heap, entry)
@@ -103,7 +112,7 @@ class Timers:
             entry[2] = protocol._timer = None
             self._live -= 1
             try:
-                protocol._on_timer()
+                protocol._on_timer(now)
             except Exception:
                 log.failure("the timer of a connection failed")
         while heap and heap[0][2] is None:

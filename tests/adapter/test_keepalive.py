@@ -5,6 +5,7 @@ within pong_timeout after it, the connection fails with PongTimeout. Only receiv
 prove the peer alive: our own outgoing traffic does not.
 """
 
+import pytest
 from twisted.logger import formatEvent
 
 from helpers import PING, PONG, close_packets_in, msg_packet, open_switch_connection, parse_packets
@@ -84,6 +85,27 @@ def test_pong_cancels_the_pong_timeout_and_measures_round_trip():
     h.feed(bytes([PONG]))
     assert h.peer.round_trip == 1.5
     h.clock.advance(4)
+    assert not h.transport.disconnecting
+
+
+def test_a_pong_rearms_the_timer_at_once():
+    """The pong ends the wait for it: the timer, armed at the pong deadline (ping +
+    pong_timeout), is re-armed at ping_interval after the pong instead of firing at that
+    deadline for nothing. An idle link costs one timer run per ping_interval."""
+    h = open_switch_connection(config=CONFIG)
+    runs = []
+    handle_timeout = h.proto.core.handle_timeout
+    h.proto.core.handle_timeout = lambda now: (runs.append(now), handle_timeout(now))[1]
+    h.clock.advance(10)
+    assert parse_packets(h.take()) == [(PING,)] and runs == [10]
+    h.clock.advance(1.5)
+    h.feed(bytes([PONG]))
+    h.clock.advance(4)  # past the ping's pong deadline (14): nothing to run
+    assert runs == [10]
+    h.clock.advance(5.99)
+    assert h.take() == b"" and runs == [10]
+    h.clock.advance(0.01)  # ping_interval after the pong: the next ping, in one run
+    assert parse_packets(h.take()) == [(PING,)] and runs == [10, pytest.approx(21.5)]
     assert not h.transport.disconnecting
 
 

@@ -2,8 +2,10 @@
 its deadline, in deadline order and then in the order armed, as one DelayedCall each
 would; a cancelled or re-armed entry never runs; one armed while timers run waits for a
 later turn; a failing timer is logged and the others run; with nothing armed no
-DelayedCall is left; stale entries do not pile up. And a Switch's connections use it:
-a thousand inbound peers leave the clock one DelayedCall, and each is still pinged."""
+DelayedCall is left; stale entries do not pile up; each timer is told when its run
+began, however long the timers before it took. And a Switch's connections use it:
+a thousand inbound peers leave the clock one DelayedCall, and each is still pinged,
+with no stall reported when the run of their timers takes a while."""
 
 import gc
 import weakref
@@ -26,8 +28,9 @@ class Timed:
         self.name, self.ran, self.clock, self.then = name, ran, clock, then
         self._timer = None
 
-    def _on_timer(self):
+    def _on_timer(self, fired_at):
         self.ran.append((self.name, self.clock.seconds()))
+        self.fired_at = fired_at
         if self.then is not None:
             self.then(self)
 
@@ -169,6 +172,23 @@ def test_a_failing_timer_is_logged_and_the_others_run():
     assert failures and failures[0]["log_failure"].check(RuntimeError)
 
 
+def test_each_timer_is_told_when_its_run_began():
+    """Timers due together run in one run; each gets the run's start as ``fired_at``,
+    also when the ones before it took time (the clock moved meanwhile)."""
+    clock, ran = Clock(), []
+    timers = Timers(clock)
+
+    def slow(_):
+        clock.rightNow += 0.2  # 200 ms of work, as a task.Clock can show it
+
+    first, second = Timed("first", ran, clock, then=slow), Timed("second", ran, clock)
+    arm(timers, first, 1.0)
+    arm(timers, second, 1.0)
+    clock.advance(1.5)
+    assert ran == [("first", 1.5), ("second", 1.7)]
+    assert first.fired_at == second.fired_at == 1.5
+
+
 def test_stale_entries_do_not_pile_up():
     clock, ran = Clock(), []
     timers = Timers(clock)
@@ -214,3 +234,46 @@ def test_one_switchs_connections_share_one_delayed_call_and_are_each_pinged():
     assert len(timers_of(clock)) == 1000
     clock.advance(config.ping_interval)
     assert all(t.value() == bytes([PacketType.PING]) for t in transports)
+
+
+def test_a_long_run_of_keepalive_timers_is_not_a_loop_stall():
+    """Many connections' keepalive timers due together run in one run that takes a
+    while: the later ones are not called late (no loop_stalled, no detour through one
+    more turn), and every connection is pinged in that run. Each connection's timer
+    here takes 1 ms, so the run of 100 takes 100 ms, past the 50 ms stall threshold."""
+    clock = Clock()
+    config = Config(
+        stats_interval=0,
+        max_inbound_peers=200,
+        max_connections_per_ip=200,
+        max_pending_handshakes=200,
+        max_pending_per_group=200,
+    )
+    switch = Switch([RecordingReactor([ChannelDescriptor(0x20)])], clock=clock, config=config)
+    factory = MConnectionFactory(switch, is_outbound=False)
+    transports = []
+    for i in range(100):
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "198.51.100.7", 10000 + i))
+        proto = factory.buildProtocol(None)
+        proto.makeConnection(transport)
+        proto.dataReceived(dialer_hello(SessionRequest(session_id=i.to_bytes(16, "big"), resume=False)))
+        transport.clear()
+        transports.append(transport)
+    clock.advance(config.ping_interval - 1)  # the handshake deadlines' runs are past
+    assert all(t.value() == b"" for t in transports)
+    for proto in switch.connections:
+        core, handle_timeout = proto.core, proto.core.handle_timeout
+
+        def slow(now, handle_timeout=handle_timeout):
+            clock.rightNow += 0.001
+            return handle_timeout(now)
+
+        core.handle_timeout = slow
+    telemetry = Telemetry().start()
+    try:
+        clock.advance(1)
+    finally:
+        telemetry.stop()
+    assert telemetry.named("loop_stalled") == []
+    assert all(t.value() == bytes([PacketType.PING]) for t in transports)
+    assert clock.seconds() > config.ping_interval + 0.09  # the timers took 100 ms

@@ -2,7 +2,8 @@
 section 7): a reply written while a read is handled reaches the kernel before the
 reactor's callback returns; a second write of the same read, and a send outside a read,
 wait in Twisted's buffer like any other write; what the kernel does not take follows in order; a
-write that fills the write-ahead and went through whole still resumes the protocol.
+write that fills the write-ahead and went through whole still resumes the protocol; a
+keepalive ping goes to the kernel from the connection's timer.
 """
 
 import socket
@@ -16,7 +17,7 @@ from twisted.internet.testing import StringTransport
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 
 from helpers import bounded, buffered, sleep, the_reactor
-from mconn import ChannelDescriptor, Reactor, Switch
+from mconn import ChannelDescriptor, Config, Reactor, Switch
 from mconn.net.write_through import plain_tcp
 
 pytestmark = pytest.mark.integration
@@ -139,6 +140,31 @@ async def test_a_send_outside_a_read_waits_for_the_reactor_turn():
         assert peer.try_send(CH, b"from a timer")
         assert buffered(peer._protocol.transport) > 0
         await collector.until(1)
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_keepalive_ping_goes_to_the_kernel_from_its_timer():
+    """The connection's timer writes its ping through (one ``send`` from the timer): it
+    never waits in Twisted's buffer for a watch for writability and a later turn."""
+    listening = Collector()
+    a = Switch([listening], clock=the_reactor(), config=Config(ping_interval=0.2, stats_interval=0))
+    b = Switch([Collector()], clock=the_reactor(), config=Config(stats_interval=0))  # pings after 60 s
+    a.startService()
+    b.startService()
+    try:
+        port = await a.listen("tcp:0:interface=127.0.0.1")
+        await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port.getHost().port}"))
+        transport = (await bounded(listening.added))._protocol.transport
+        assert plain_tcp(transport)
+        through, buffered_writes = [], []
+        write_some, write = transport.writeSomeData, transport.write
+        transport.writeSomeData = lambda data: (through.append(bytes(data)), write_some(data))[1]
+        transport.write = lambda data: (buffered_writes.append(bytes(data)), write(data))[1]
+        await sleep(0.7)  # pings at about 0.2 s intervals, each answered by a pong
+        assert through.count(b"\x01") >= 2
+        assert b"\x01" not in buffered_writes
     finally:
         await stop(a, b)
 
