@@ -67,6 +67,15 @@ class _NoConnection:
 _NO_CONNECTION = _NoConnection()
 
 
+def _fire_all(result, deferreds: list) -> None:
+    """Fire waiting sends once their commit is done: True, or the store's failure."""
+    for d in deferreds:
+        if isinstance(result, Failure):
+            d.errback(result)
+        else:
+            d.callback(True)
+
+
 class _Unstored:
     """Messages accepted while connected, with a session store, in one reactor turn: they
     go onto ``core`` once the store's commit covers them (``Peer._write_ahead``)."""
@@ -597,7 +606,7 @@ class Peer:
             if not waiting:
                 del self._waiting[channel_id]
         if fired and self._store is not None:  # a send fires once its message is stored
-            self._store.durable().addCallback(lambda _: [d.callback(True) for d in fired])
+            self._store.durable().addBoth(_fire_all, fired)
         else:
             for d in fired:
                 d.callback(True)

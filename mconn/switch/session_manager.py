@@ -25,6 +25,8 @@ import dataclasses
 import os
 from typing import Any
 
+from twisted.logger import Logger
+
 from mconn.switch import session_telemetry
 from mconn.errors import (
     AckError,
@@ -35,6 +37,7 @@ from mconn.errors import (
     PeerRejected,
     SessionExpired,
     SessionRejected,
+    StoreError,
     UnexpectedPacket,
 )
 from mconn.switch.peer import Peer
@@ -59,6 +62,7 @@ from mconn.core.session_table import (
 )
 from mconn.core.wire import SESSION_ID_BYTES, SessionAnswer, SessionRequest
 
+log = Logger(namespace="mconn.session_store")
 S, I = PeerState, SessionInput  # noqa: E741 -- the names mconn/core/session_table.py's table uses
 
 #: The close code and PeerRejected reason of the connection that loses a simultaneous dial.
@@ -235,7 +239,18 @@ class SessionManager:
         if self._restored.get(peer.node_id) is peer:
             del self._restored[peer.node_id]
         if self.store is not None and not (self.stopping and peer.connection is None):
-            self.store.end(peer.session.id)
+            self._record("end", peer.session.id)
+
+    def _record(self, what: str, *args) -> None:
+        """A session's begin or end, written to the store. A store that failed (a full
+        disk, an I/O error: specs/resume.md section 8.2) is logged; the session's start
+        or end goes on in memory, which is all a node without a store has."""
+        try:
+            getattr(self.store, what)(*args)
+        except StoreError as error:
+            log.error(
+                "{node_id} session store: {what} not recorded: {error}", node_id=self.node_id, what=what, error=error
+            )
 
     def rejected(self, peer: Peer, why: str) -> SessionRejected:
         """The reason a session ends with when a newer one takes its place."""
@@ -292,7 +307,7 @@ class SessionManager:
         self.peers[peer.node_id] = peer
         self._limits.counted(peer, 1)
         if self.store is not None:
-            self.store.begin(session_id, peer.node_id, peer.is_outbound, self._channel_ids)
+            self._record("begin", session_id, peer.node_id, peer.is_outbound, self._channel_ids)
         protocol.carry(peer)
         session_telemetry.started(self.node_id, peer, protocol, refusal)
         self._notify("add_peer", peer, peer)
@@ -372,8 +387,8 @@ class SessionManager:
         self._restored[peer.node_id] = peer
         self._limits.counted(peer, 1)
         self._limits.state_changed(peer)
+        self._notify("add_peer", peer, peer)  # before the grace's limits may evict it
         self._start_grace(peer, None)
-        self._notify("add_peer", peer, peer)
         return peer
 
     # -- a hello on a listening connection -----------------------------------------------

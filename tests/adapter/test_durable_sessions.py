@@ -361,3 +361,45 @@ def test_a_store_of_another_node_key_refuses_to_start_the_switch(tmp_path):
     switch = Switch([Recorder()], node_key=NodeKey.generate(), config=CONFIG.replace(session_store=path), clock=clock)
     with pytest.raises(StoreOwnedByOtherNode, match=other.node_id):
         switch.startService()
+
+
+def test_a_store_that_failed_does_not_stop_a_session_from_ending(stores):
+    opened, _ = stores
+    network, a, b, ra, rb = pair(stores)
+    from mconn.errors import StoreError
+
+    def failed(session_id):
+        raise StoreError("session store a.db: commit failed: disk I/O error")
+
+    opened["a.db"].end = failed
+    removed: list = []
+    ra.remove_peer = lambda peer, reason: removed.append(reason)
+    old = a.peers[b.node_id]
+    old.close("done")
+    network.run(0.5)
+    assert len(removed) == 1 and old.state == "closed"
+    assert a.peers[b.node_id] is not old  # the persistent dial's fresh session
+    a._check_invariants()
+
+
+def test_a_restored_session_that_gives_way_to_the_limits_was_added_before_it_is_removed(stores):
+    network, a, b, ra, rb = pair(stores)
+    network.blackhole(a, b)
+    for _ in range(10):  # held unacknowledged: 10 x (1000 + 64) bytes
+        assert a.peers[b.node_id].try_send(CH, bytes(1000))
+    network.run(0.1)
+    network.kill(a)
+
+    calls: list[tuple[str, str]] = []
+
+    class Order(Recorder):
+        def add_peer(self, peer) -> None:
+            calls.append(("add_peer", peer.node_id))
+
+        def remove_peer(self, peer, reason) -> None:
+            calls.append(("remove_peer", type(reason).__name__))
+
+    a2 = network.restart(a, [Order()], config=a.config.replace(max_suspended_bytes=5000))
+    assert calls == [("add_peer", b.node_id), ("remove_peer", "SessionRejected")]  # evicted: over the bytes
+    assert b.node_id not in a2.peers
+    a2._check_invariants()
