@@ -60,6 +60,8 @@ FLUSH_BYTES = 4 * 1024 * 1024
 #: (2-4x 4 KiB pages); 16 KiB pages record them 2x as fast as 4 KiB pages
 #: (bench/session_store_bench.py, bench/RESULTS.md "Durable sessions: the store").
 PAGE_SIZE = 16384
+#: Pages in the WAL past which a commit folds it into the file (a checkpoint): 4 MiB.
+WAL_PAGES = 256
 #: Limits of what a session row may hold, checked on record and on load.
 MAX_SESSION_ID = 64
 MAX_PEER_ID = 256
@@ -548,9 +550,9 @@ def _connect(path: str) -> sqlite3.Connection:
         # FULL, not NORMAL: in WAL mode NORMAL does not sync the WAL at each commit, so
         # the last commits may be lost at a power loss; a commit here is a promise.
         db.execute("PRAGMA synchronous=FULL")
-        # Fold the WAL into the file every 16 MiB (256 pages), and cut it back to 64 MiB
+        # Fold the WAL into the file every WAL_PAGES pages, and cut it back to 64 MiB
         # after, so that the WAL stays small next to max_bytes.
-        db.execute("PRAGMA wal_autocheckpoint=256")
+        db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
         db.execute(f"PRAGMA journal_size_limit={64 << 20}")
         db.execute("BEGIN EXCLUSIVE")
         db.execute("COMMIT")

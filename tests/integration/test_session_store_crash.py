@@ -2,7 +2,7 @@
 
 A child process (``sys.executable -c CHILD``) opens the store, takes up the stream where the
 file left it, and records in a loop: a batch of messages of random sizes on one channel,
-acks trailing behind, a delivered count on another; after each ``durable()`` it prints the
+acks trailing behind, a delivered count on another, a checkpoint about every commit; after each ``durable()`` it prints the
 last committed sequence number and ack. The test SIGKILLs it by PID at a seeded random
 moment, then opens the file itself: the store opens cleanly, every message the child
 reported committed is there (or acknowledged), whole and in order, with no gap, and the
@@ -38,13 +38,17 @@ KILLS_PER_SEED = 2
 CHILD = r"""
 import random, sys
 from twisted.internet import task
+from mconn.switch import session_store
 from mconn.switch.session_store import SessionStore
 
+# A checkpoint (the WAL folded into the file) every 64 pages, about every commit, so that
+# kills land in checkpoints as well as in commits.
+session_store.WAL_PAGES = 64
 path, node, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 SESSION, DATA, COUNTS = b"\x05" * 16, 0x20, 0x21
 
 def payload(seq):
-    return b"%d:" % seq + bytes([seq % 251]) * random.Random(seq).choice((0, 10, 100, 3000, 20000))
+    return b"%d:" % seq + bytes([seq % 251]) * random.Random(seq).choice((0, 10, 100, 3000, 20000, 60000))
 
 async def main(reactor):
     store = SessionStore.open(path, node, max_bytes=64 << 20, reactor=reactor, commit_delay=0.002)
@@ -72,7 +76,7 @@ task.react(main)
 
 
 def payload(seq: int) -> bytes:
-    return b"%d:" % seq + bytes([seq % 251]) * random.Random(seq).choice((0, 10, 100, 3000, 20000))
+    return b"%d:" % seq + bytes([seq % 251]) * random.Random(seq).choice((0, 10, 100, 3000, 20000, 60000))
 
 
 def lines_until_killed(child: subprocess.Popen, delay: float) -> list[str]:
