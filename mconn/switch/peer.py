@@ -287,14 +287,11 @@ class Peer:
         ``Reactor.committed_deliveries``, gets each message exactly once across a restart
         of a node with a session store; a message re-delivered after a crash carries the
         sequence it had (specs/resume.md section 9.4). Outside ``receive``: the count of
-        messages delivered on the channel so far."""
+        messages delivered on the channel so far (a message is counted as its ``receive``
+        is called)."""
         if channel_id not in self.session.channel_ids:
             raise ValueError(f"channel {channel_id:#04x} is not one of this session's channels")
-        count = self.session.delivered(channel_id)
-        receiving = self._receiving
-        if receiving is not None and receiving.delivering == channel_id:
-            count += 1
-        return DeliverySequence(self.session.id, count)
+        return DeliverySequence(self.session.id, self.session.delivered(channel_id))
 
     def __repr__(self) -> str:
         direction = "outbound" if self.is_outbound else "inbound"

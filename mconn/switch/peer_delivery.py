@@ -41,7 +41,6 @@ class PeerDelivery:
         "busy",
         "backlog_bytes",
         "backlog_messages",
-        "delivering",
         "_store",
     )
 
@@ -61,9 +60,6 @@ class PeerDelivery:
         #: ``MESSAGE_OVERHEAD`` each; and how many they are.
         self.backlog_bytes = 0
         self.backlog_messages = 0
-        #: The channel whose message is in its reactor's ``receive`` now, else None
-        #: (``Peer.delivery_seq``).
-        self.delivering: int | None = None
         #: The node's session store, or None (specs/resume.md section 9): each delivery is
         #: written to it, and an ack goes out once the store holds what it covers.
         self._store = store
@@ -82,15 +78,14 @@ class PeerDelivery:
     def _hand(self, channel_id: int, message: bytes):
         """Route one message, count it delivered: the reactor has it (specs/resume.md 2.3).
         Returns the Deferred its ``receive`` returned, if that has not fired yet."""
-        self.delivering = channel_id
-        try:
-            pending = self._route(channel_id, self._peer, message)
-        finally:
-            self.delivering = None
         session = self._session
+        # Counted as it is handed over, so that inside receive the channel's delivered
+        # count includes it (``Peer.delivery_seq``); the ack waits until receive returned.
+        due = session.record_delivered(channel_id, len(message))
+        pending = self._route(channel_id, self._peer, message)
         if self._store is not None:
-            self._store.delivered(session.id, channel_id, session.delivered(channel_id) + 1)
-        if session.record_delivered(channel_id, len(message)):
+            self._store.delivered(session.id, channel_id, session.delivered(channel_id))
+        if due:
             self.send_ack()
         elif self._ack_timer is None:
             self._ack_timer = self._clock.callLater(self._config.ack_interval, self.send_ack)
