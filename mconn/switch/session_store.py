@@ -1,5 +1,11 @@
 """The durable session store: sessions that survive a restart of the process (opt-in).
 
+API notes, beyond the first sketch: ``load()`` hands the sessions over once (a second
+call returns []), so that their messages are not kept alive by the store after the
+Session drops them; ``open`` also raises StoreFormatUnsupported, and StoreError for a
+store another process has open; ``commits`` counts transactions, ``path`` and
+``node_id`` are what ``open`` was given.
+
 Theory of operation (specs/resume.md section 8). The store keeps, per session, what
 ``mconn.core.session.Session`` keeps in memory: the session id, the peer, the direction,
 the channels, and per channel ``acked``, the unacknowledged messages and ``delivered``.
@@ -218,8 +224,11 @@ class SessionStore:
                 self.used_bytes += sum(stream.sizes)
 
     def load(self) -> list[StoredSession]:
-        """The sessions the file held at ``open`` (the same list each call)."""
-        return list(self._loaded)
+        """The sessions the file held at ``open``, handed over once: the store keeps no
+        reference to them (their messages are the caller's to drop when acknowledged),
+        so a later call returns an empty list."""
+        loaded, self._loaded = self._loaded, []
+        return loaded
 
     # -- recording -----------------------------------------------------------------
 

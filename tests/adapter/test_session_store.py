@@ -101,6 +101,7 @@ def test_a_session_survives_close_and_open(path, clock):
     assert store.used_bytes == 2 + 2 + 0 + 3 * MESSAGE_OVERHEAD
     with pytest.raises(StoreError, match="next is 5"):
         store.accepted(S1, 0x20, 3, b"again")
+    assert store.load() == []  # handed over once
     store.accepted(S1, 0x20, 5, b"m5")
     store.acked(S1, 0x20, 6)
     store.end(S1)
@@ -442,3 +443,15 @@ def test_a_new_file_is_in_wal_mode_with_the_store_page_size(path, clock):
     assert db.execute("PRAGMA page_size").fetchone()[0] == session_store.PAGE_SIZE
     assert dict(db.execute("SELECT key, value FROM meta")) == {"format_version": FORMAT_VERSION, "node_id": NODE}
     db.close()
+
+
+def test_after_load_the_store_keeps_no_message_alive(path, clock):
+    """The loaded sessions are handed over: once the caller drops them (their messages
+    acknowledged), nothing of the store refers to them."""
+    store = open_store(path, clock)
+    store.begin(S1, PEER, True, (1,))
+    store.accepted(S1, 1, 0, b"x" * 1000)
+    store, clock = reopen(store, clock, path)
+    (stored,) = store.load()
+    assert sys.getrefcount(stored) == 2  # ``stored`` and getrefcount's argument: not the store
+    close(store, clock)
