@@ -455,3 +455,24 @@ def test_after_load_the_store_keeps_no_message_alive(path, clock):
     (stored,) = store.load()
     assert sys.getrefcount(stored) == 2  # ``stored`` and getrefcount's argument: not the store
     close(store, clock)
+
+
+def test_a_damaged_free_list_is_found_at_open_not_at_a_later_commit(path, clock):
+    """open runs sqlite's quick_check: damage in pages no load reads (here the free
+    list, which the next commit would allocate from) refuses the file at open, instead
+    of failing the store at some later commit."""
+    store = open_store(path, clock, max_bytes=4 << 20)
+    store.begin(S1, PEER, True, (1,))
+    for seq in range(40):
+        store.accepted(S1, 1, seq, b"f" * 50_000)
+    commit(store, clock)
+    store.acked(S1, 1, 40)  # their pages go to the free list
+    close(store, clock)
+    with open(path, "r+b") as f:
+        header = f.read(100)
+        trunk = int.from_bytes(header[32:36], "big")  # the first free-list trunk page
+        assert trunk and int.from_bytes(header[36:40], "big") > 1
+        f.seek((trunk - 1) * session_store.PAGE_SIZE)
+        f.write(b"\xff" * 8)  # its next-trunk pointer and leaf count, far out of range
+    with pytest.raises(StoreCorrupt, match="integrity check: .*"):
+        open_store(path, ThreadClock())
