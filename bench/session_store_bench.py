@@ -97,6 +97,9 @@ def store_phase(scenario: str, seconds: float, directory: str, commit_delay: flo
     async def main(reactor):
         size, burst, depth = SCENARIOS[scenario]
         path = os.path.join(directory, f"store-{scenario}.db")
+        for stale in (path, path + "-wal"):  # a --dir used before: start empty
+            if os.path.exists(stale):
+                os.unlink(stale)
         store = SessionStore.open(path, "b" * 40, max_bytes=MAX_BYTES, reactor=reactor, commit_delay=commit_delay)
         store.begin(SESSION_ID, "c" * 40, True, (CHANNEL,))
         session = new_session()
@@ -224,6 +227,9 @@ def load_phase(directory: str, megabytes: int = 64) -> dict:
     from mconn.switch.session_store import SessionStore
 
     path = os.path.join(directory, "load.db")
+    for stale in (path, path + "-wal"):
+        if os.path.exists(stale):
+            os.unlink(stale)
     clock = ThreadClock()
     store = SessionStore.open(path, "b" * 40, max_bytes=megabytes << 20, reactor=clock)
     store.begin(SESSION_ID, "c" * 40, True, (CHANNEL,))
