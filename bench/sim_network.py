@@ -117,9 +117,12 @@ class Simulation:
         config: Config = CONFIG,
         request_interval: float = 10.0,
         addrbook_files: dict[int, str] | None = None,
+        pex_options: dict[int, dict] | None = None,
     ) -> None:
         self.n, self.n_seeds, self.config = nodes, seeds, config
         self.addrbook_files = addrbook_files or {}
+        #: Node index -> more PexReactor arguments for it (its restarts too).
+        self.pex_options = pex_options or {}
         #: Print the formation's progress to stderr every 30 simulated seconds.
         self.progress = False
         self.request_interval = request_interval
@@ -157,6 +160,7 @@ class Simulation:
             rng=random.Random(self.rng.getrandbits(64)),
             seed_mode=i < self.n_seeds,
             addrbook_file=self.addrbook_files.get(i),
+            **self.pex_options.get(i, {}),
         )
 
     def _reconnect_delay(self):
@@ -378,7 +382,21 @@ def check_streams(sim: Simulation) -> dict:
     return {"resumed_sessions": len(sim.resumed), "resumed_checked": checked, "violations": len(sim.violations)}
 
 
-def eclipse(groups: int, *, honest: int = 100, per_group: int = 16, seed: int = 1, attack: float = 600.0) -> dict:
+#: The victim's PexReactor without the restart rules (specs/pex.md section 3.11): no
+#: anchors, and a ``session_held`` refusal is a failure at once (held_wait 0).
+WITHOUT_RESTART_RULES = {"anchors": 0, "held_wait": 0.0}
+
+
+def eclipse(
+    groups: int,
+    *,
+    honest: int = 100,
+    per_group: int = 16,
+    seed: int = 1,
+    attack: float = 600.0,
+    restart_rules: bool = True,
+    waits: tuple = (60.0, 300.0),
+) -> dict:
     """An eclipse attack in the style of Heilman et al. (2015) on one node's book.
 
     An honest network of ``honest`` nodes forms; the victim (node 3) keeps its book in a
@@ -386,14 +404,17 @@ def eclipse(groups: int, *, honest: int = 100, per_group: int = 16, seed: int = 
     101.x.j.1 up); each knows only the attacker's addresses, dials the victim (persistent:
     it holds inbound slots and comes back), and answers the victim's requests with
     attacker addresses only. After ``attack`` seconds the victim's process restarts with
-    its book file; measured: the fraction of its outbound peers the attacker holds, a
-    minute and five minutes later, and of its book's entries in each table.
+    its book file; measured: the fraction of its outbound peers the attacker holds at
+    each of ``waits`` seconds after, and of its book's entries in each table. Without
+    ``restart_rules`` the victim has no anchors and takes a ``session_held`` refusal for
+    a failure (as PEX did before them).
     """
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         book = f"{tmp}/victim.json"
-        sim = Simulation(honest, seed=seed, streamers=0, addrbook_files={3: book})
+        options = {} if restart_rules else {3: WITHOUT_RESTART_RULES}
+        sim = Simulation(honest, seed=seed, streamers=0, addrbook_files={3: book}, pex_options=options)
         formed = sim.run_until_full(1800.0)
         victim = 3
         evil_ids: set[str] = set()
@@ -420,14 +441,20 @@ def eclipse(groups: int, *, honest: int = 100, per_group: int = 16, seed: int = 
         before = _book_share(sim.pex[victim], evil_ids)
         sim.pex[victim].save_book()
         sim.restart(victim)
-        shares = {}
-        for label, wait in (("after_60s", 60.0), ("after_300s", 240.0)):
-            sim.clock.run(wait)
+        shares: dict = {}
+        restarted = sim.clock.seconds()
+        for wait in waits:
+            sim.clock.run(restarted + wait - sim.clock.seconds())
             out = [n for n, p in sim.switches[victim].peers.items() if p.is_outbound and p.state == "connected"]
+            label = f"after_{wait:g}s"
             shares[label] = round(sum(1 for n in out if n in evil_ids) / len(out), 3) if out else None
             shares[label + "_outbound"] = len(out)
+        counters = sim.pex[victim].counters
         return {
             "groups": groups,
+            "restart_rules": restart_rules,
+            "anchor_dials": counters["anchor_dials"],
+            "dials_held": counters["dials_held"],
             "attacker_nodes": len(evil),
             "honest": honest,
             "formed_s": formed,
@@ -461,11 +488,21 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=str(ROOT / "bench" / "out"))
     parser.add_argument("--per-group", type=int, default=16)
     parser.add_argument("--eclipse", default="", help="attacker group counts, e.g. 1,4,16 (runs only that)")
+    parser.add_argument(
+        "--restart-rules",
+        choices=("on", "off", "both"),
+        default="both",
+        help="the eclipse victim with anchors and the session_held wait (on), without (off), or both",
+    )
     args = parser.parse_args(argv)
     if args.eclipse:
-        rows = [eclipse(int(k), seed=args.seed, per_group=args.per_group) for k in args.eclipse.split(",")]
-        for row in rows:
-            print(json.dumps({"bench": "sim_network_eclipse", **row}))
+        rules = {"on": (True,), "off": (False,), "both": (False, True)}[args.restart_rules]
+        rows = []
+        for k in args.eclipse.split(","):
+            for on in rules:
+                row = eclipse(int(k), seed=args.seed, per_group=args.per_group, restart_rules=on)
+                print(json.dumps({"bench": "sim_network_eclipse", **row}), flush=True)
+                rows.append(row)
         return {"eclipse": rows}
 
     wall = time.perf_counter()

@@ -109,6 +109,9 @@ class BookEntry:
     last_success: float | None = None
     #: The index of its bucket in its table.
     bucket: int = 0
+    #: The end of the one wait PEX grants it after it refused us as ``session_held``
+    #: (it holds the session of our previous process; reactors/pex_dial.py), or None.
+    held_until: float | None = None
 
 
 class AddressBook:

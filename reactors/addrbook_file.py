@@ -16,6 +16,9 @@ the nodes it knew instead of starting over from its configured peers.
   :class:`BookFileError` naming the file and the problem; the reactor then starts with
   an empty book (and keeps the refused file as ``FILE.refused``).
 
+The file also names the book's *anchors* (PEX's outbound peers when it was saved, which
+a restarted node dials first: specs/pex.md section 3.11), each the node id of an entry.
+
 The entries then go into the book through its ordinary rules (buckets, per-source cap,
 the address rules of specs/pex.md section 3.5): a file written by hand cannot place more,
 or other, addresses than peers could.
@@ -30,6 +33,7 @@ import os
 import re
 import stat
 import tempfile
+from collections.abc import Sequence
 
 from mconn.core.address import PeerAddress, parse_address
 from reactors.addrbook import AddressBook
@@ -39,8 +43,10 @@ from reactors.addrbook import AddressBook
 MAX_BOOK_FILE_BYTES = 2 * 1024 * 1024
 #: The file's mode: the book's secret key lets a reader aim addresses at buckets.
 FILE_MODE = 0o600
-#: The format this module writes and reads.
-VERSION = 1
+#: The format this module writes (version 1, without anchors, is read too).
+VERSION = 2
+#: Anchors a file may name at most (the outbound peers PEX dials first after a restart).
+MAX_SAVED_ANCHORS = 64
 #: Failures an entry may carry (a book forgets an entry long before that).
 MAX_SAVED_FAILURES = 1000
 
@@ -74,13 +80,17 @@ class SavedBook:
 
     key: bytes
     entries: tuple[SavedEntry, ...]
+    #: Node ids of entries to dial first after a restart (PEX's anchors), oldest first.
+    anchors: tuple[str, ...] = ()
 
 
-def book_json(book: AddressBook) -> dict:
-    """The JSON-ready form of ``book``: its key and every entry."""
+def book_json(book: AddressBook, anchors: Sequence[str] = ()) -> dict:
+    """The JSON-ready form of ``book``: its key, every entry and the ``anchors`` (node ids
+    of entries: those not in the book, and past MAX_SAVED_ANCHORS, are left out)."""
     return {
         "version": VERSION,
         "key": book.key.hex(),
+        "anchors": [n for n in anchors if n in book][:MAX_SAVED_ANCHORS],
         "entries": [
             {
                 "address": str(e.address),
@@ -97,12 +107,13 @@ def book_json(book: AddressBook) -> dict:
     }
 
 
-def save_book(path: str, book: AddressBook) -> None:
-    """Write ``book`` to ``path`` atomically (temporary file, fsync, ``os.replace``), mode 0600.
+def save_book(path: str, book: AddressBook, *, anchors: Sequence[str] = ()) -> None:
+    """Write ``book`` (and its ``anchors``) to ``path`` atomically (temporary file, fsync,
+    ``os.replace``), mode 0600.
 
     :raises OSError: if it cannot be written; the old file, if any, is left as it was.
     """
-    data = json.dumps(book_json(book), separators=(",", ":")).encode()
+    data = json.dumps(book_json(book, anchors), separators=(",", ":")).encode()
     directory = os.path.dirname(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(dir=directory, prefix=".addrbook-", suffix=".tmp")
     try:
@@ -165,10 +176,14 @@ def read_book(path: str, *, capacity: int, limit: int = MAX_BOOK_FILE_BYTES) -> 
 
 def _checked(path: str, document, capacity: int) -> SavedBook:
     where = f"address book {path}"
-    if not isinstance(document, dict) or set(document) != {"version", "key", "entries"}:
-        raise BookFileError(f"{where}: not a book file (an object of version, key and entries)")
-    if document["version"] != VERSION:
-        raise BookFileError(f"{where}: version {document['version']!r}; this node reads version {VERSION}")
+    if not isinstance(document, dict) or set(document) - {"anchors"} != {"version", "key", "entries"}:
+        raise BookFileError(f"{where}: not a book file (an object of version, key, entries and anchors)")
+    version = document["version"]
+    if isinstance(version, bool) or version not in (1, VERSION) or ("anchors" in document) != (version == VERSION):
+        raise BookFileError(
+            f"{where}: version {version!r} {'with' if 'anchors' in document else 'without'} anchors; "
+            f"this node reads version 1 (no anchors) and {VERSION} (anchors)"
+        )
     key_text = document["key"]
     if not isinstance(key_text, str) or not re.fullmatch(r"(?:[0-9a-f]{2}){16,64}", key_text):
         raise BookFileError(f"{where}: key must be 16 to 64 bytes in lowercase hex")
@@ -183,7 +198,16 @@ def _checked(path: str, document, capacity: int) -> SavedBook:
             checked.append(_entry(entry))
         except ValueError as e:
             raise BookFileError(f"{where}: entry {index}: {e}") from None
-    return SavedBook(bytes.fromhex(key_text), tuple(checked))
+    anchors = document.get("anchors", [])
+    if not isinstance(anchors, list) or len(anchors) > MAX_SAVED_ANCHORS:
+        raise BookFileError(f"{where}: anchors must be a list of at most {MAX_SAVED_ANCHORS} node ids")
+    known = {e.address.node_id for e in checked}
+    for anchor in anchors:
+        if not isinstance(anchor, str) or anchor not in known:
+            raise BookFileError(f"{where}: anchor {anchor!r:.80} is not the node id of an entry")
+    if len(set(anchors)) != len(anchors):
+        raise BookFileError(f"{where}: anchors name a node twice")
+    return SavedBook(bytes.fromhex(key_text), tuple(checked), tuple(anchors))
 
 
 def _entry(entry) -> SavedEntry:

@@ -64,7 +64,7 @@ from mconn import ChannelDescriptor, Reactor
 from mconn.core.address import PUBLIC, PeerAddress, announced_address, discovered_problem, host_of, host_scope
 from mconn.core.address import parse_address
 from reactors.addrbook import AddressBook, BanTable, BookEntry, network_group
-from reactors.addrbook_file import BookFileError, read_book, save_book
+from reactors.addrbook_file import MAX_SAVED_ANCHORS, BookFileError, read_book, save_book
 from reactors.pex_dial import PexDialer
 from reactors.pex_wire import MAX_WIRE_ADDRESSES, PEX_CHANNEL, PEX_SCHEMES_CHANNEL, PexMisbehaved, PexType
 from reactors.pex_wire import decode_message
@@ -135,6 +135,12 @@ class PexReactor(Reactor):
     :param crawl_interval: seconds before a seed dials a node it crawled again.
     :param private_peer_ids: node ids never booked, never shared (CometBFT's
         ``private_peer_ids``): a sentry's validator, say.
+    :param anchors: outbound peers named in ``addrbook_file`` when it is saved (the
+        longest held first), dialed first when the node starts again with it, their
+        slots kept for them (Bitcoin Core's anchor connections: two).
+    :param held_wait: seconds a node that refused us as ``session_held`` keeps its
+        outbound slot, dialed again every ``HELD_RETRY`` seconds (twice the Switch's
+        ``Config.resume_grace`` if None).
     """
 
     def __init__(
@@ -164,6 +170,8 @@ class PexReactor(Reactor):
         seed_hold: float = 30.0,
         crawl_interval: float = 120.0,
         private_peer_ids: Iterable[str] = (),
+        anchors: int = 2,
+        held_wait: float | None = None,
     ) -> None:
         if not request_interval > 0:
             raise ValueError(f"request_interval {request_interval!r} must be > 0")
@@ -188,6 +196,16 @@ class PexReactor(Reactor):
         for name, value in (("save_interval", save_interval), ("seed_hold", seed_hold)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} {value!r} must be a number of seconds > 0")
+        if isinstance(anchors, bool) or not isinstance(anchors, int) or not 0 <= anchors <= MAX_SAVED_ANCHORS:
+            raise ValueError(f"anchors {anchors!r} must be an integer from 0 to {MAX_SAVED_ANCHORS}")
+        if held_wait is not None and (
+            isinstance(held_wait, bool) or not isinstance(held_wait, (int, float)) or not held_wait >= 0
+        ):
+            raise ValueError(f"held_wait {held_wait!r} must be a number of seconds >= 0, or None")
+        self.anchors, self.held_wait = anchors, held_wait
+        #: Our outbound peers (node id -> when the session started), the anchors' candidates;
+        #: kept while the Switch stops, so that the save at stop names them.
+        self._outbound_since: dict[str, float] = {}
         self.save_interval = save_interval
         self.seed_hold = seed_hold
         self.crawl_interval = crawl_interval
@@ -294,6 +312,8 @@ class PexReactor(Reactor):
             "addrbook_file": self.addrbook_file,
             "book_file_error": self.book_file_error,
             "rounds": self.rounds,
+            "anchors_pending": list(self._dialer.anchors),
+            "held": sorted(self._dialer.held),
             "counters": dict(self.counters),
             "penalties": dict(self.penalties),
             "skipped": dict(self.skipped),
@@ -319,6 +339,8 @@ class PexReactor(Reactor):
         if address is not None:
             self.add_address(address, source=peer.node_id, source_host=remote_host_of(peer))
         entry = self._book.get(peer.node_id)
+        if peer.is_outbound and getattr(self.switch, "running", False):
+            self._outbound_since.setdefault(peer.node_id, self.switch.clock.seconds())
         if peer.is_outbound and entry is not None and entry.address == address:
             self._book.mark_good(peer.node_id, self.switch.clock.seconds(), connected=self.switch.peers)
         else:
@@ -343,6 +365,8 @@ class PexReactor(Reactor):
             _cancel(state.hold)
         if not getattr(self.switch, "running", False):
             self.stop()
+        elif peer.node_id not in self._peers:  # while stopping, kept for the last save's anchors
+            self._outbound_since.pop(peer.node_id, None)
 
     def receive(self, channel_id: int, peer, message: bytes) -> None:
         state = self._peers.get(peer.node_id)
@@ -366,13 +390,21 @@ class PexReactor(Reactor):
     def start_reactor(self) -> None:
         """The Switch starts: read ``addrbook_file`` and save it every ``save_interval``;
         a seed, or a node whose book holds entries, starts its rounds now (it has
-        addresses to dial before any peer comes)."""
+        addresses to dial before any peer comes), or, if the Switch is not running yet
+        (a ``listen`` before ``startService`` starts the reactors), as soon as it runs."""
         if self.addrbook_file is not None:
             self._load_book()
             self._save_loop = LoopingCall(self.save_book)
             self._save_loop.clock = self.switch.clock
             self._save_loop.start(self.save_interval, now=False)
-        if getattr(self.switch, "running", False) and (self.seed_mode or len(self._book)):
+        if self.seed_mode or len(self._book):
+            if getattr(self.switch, "running", False):
+                self.start()
+            else:
+                self.switch.clock.callLater(0, self._start_if_running)
+
+    def _start_if_running(self) -> None:
+        if getattr(self.switch, "running", False):
             self.start()
 
     def stop_reactor(self) -> None:
@@ -394,13 +426,25 @@ class PexReactor(Reactor):
         if self.addrbook_file is None:
             return False
         try:
-            save_book(self.addrbook_file, self._book)
+            save_book(self.addrbook_file, self._book, anchors=self.anchor_ids())
         except OSError as e:
             self.counters["book_save_failures"] += 1
             log.error("pex cannot save {path}: {error}", path=self.addrbook_file, error=e.strerror or str(e))
             return False
         self.counters["book_saves"] += 1
         return True
+
+    def anchor_ids(self) -> list[str]:
+        """The node ids a save names as anchors: up to ``anchors`` of our outbound peers
+        with a book entry, those held longest first."""
+        held = sorted(self._outbound_since.items(), key=lambda item: (item[1], item[0]))
+        return [n for n, _ in held if n in self._book][: self.anchors]
+
+    def held_wait_for(self, switch) -> float:
+        """Seconds a node that refused us as ``session_held`` keeps its slot (``held_wait``)."""
+        if self.held_wait is not None:
+            return self.held_wait
+        return 2 * float(getattr(switch.config, "resume_grace", 0.0))
 
     def _load_book(self) -> None:
         """Replace the (empty) book with ``addrbook_file``'s; a file that cannot be used
@@ -437,6 +481,7 @@ class PexReactor(Reactor):
                 self._book.mark_good(node_id, entry.last_success if entry.last_success is not None else entry.added)
             booked.did_connect, booked.failures = entry.did_connect, entry.failures
             self.counters["addresses_loaded"] += 1
+        self._dialer.anchors = [n for n in saved.anchors if n in self._book][: self.anchors]
 
     # -- seed mode ------------------------------------------------------------------
 

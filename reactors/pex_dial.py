@@ -9,7 +9,16 @@ refused as ``duplicate`` or ``simultaneous_dial`` is not a failure). Nodes the S
 banned (``Switch.mark_bad``) are not dialed, nor, with ``Config.allow_duplicate_ip``
 False, an IP address that has a session already (CometBFT's ``IsDialingOrExistingAddress``);
 a dial the Switch refuses as ``banned`` or ``duplicate_ip`` is not a failure either,
-and waits ``max_dial_backoff``. A
+and waits ``max_dial_backoff``.
+
+Two rules for a restart (specs/pex.md section 3.11), where an eclipse attacker gets its
+chance (Heilman et al. 2015): the *anchors* (the outbound peers the book file named
+when it was saved) are dialed first; and a node that refuses us as ``session_held``
+holds the session of this node's previous process (specs/resume.md section 6.4), so it
+is alive and was our peer: that is no failure, it is dialed again every ``HELD_RETRY``
+seconds for up to ``held_wait`` (its grace ends meanwhile), and its outbound slot stays
+reserved for it, not filled from the book. A node refuses so once per wait: after
+``held_wait`` a ``session_held`` is a failure like any. A
 :class:`PexDialer` is a part of one ``reactors.pex.PexReactor``: it reads the reactor's
 Switch, counters and dial settings when it uses them, and shares its book and random
 generator.
@@ -35,6 +44,11 @@ _CONNECTED_ANYWAY = frozenset({"duplicate", "simultaneous_dial"})
 _REFUSED_HERE = frozenset({"banned", "duplicate_ip"})
 #: Addresses that led to ourselves, remembered at most (CometBFT's "our addresses").
 MAX_OWN_ADDRESSES = 16
+#: The refusal of a node that holds the session of our previous process until its grace ends.
+_HELD = "session_held"
+#: Seconds between dials of a node that refused us as ``session_held`` (mconn's own
+#: persistent dials retry as often: ``Config.max_reconnect_delay``, default 5 s).
+HELD_RETRY = 5.0
 
 
 class PexDialer:
@@ -50,6 +64,13 @@ class PexDialer:
         #: every listen address each time), for the listen addresses of ``_own_for``.
         self._own_cache: dict[PeerAddress, bool] = {}
         self._own_for: tuple = ()
+        #: Node ids to dial before any pick from the book (the anchors of the book file).
+        self.anchors: list[str] = []
+        #: Node ids that refused us as ``session_held``, each with the end of its wait;
+        #: each keeps an outbound slot reserved until it connects or the wait ends.
+        self.held: dict[str, float] = {}
+        #: The one timer that dials held nodes again (HELD_RETRY after a refusal).
+        self._retry = None
 
     def listen_addresses(self) -> list:
         """Our own addresses: the Switch's listen address and those that led to ourselves."""
@@ -78,7 +99,12 @@ class PexDialer:
         if not getattr(switch, "running", False):
             return
         target = pex.target_outbound if pex.target_outbound is not None else switch.config.max_outbound_peers
-        outbound = sum(1 for p in switch.peers.values() if p.is_outbound) + len(self._dialing)
+        for node_id, until in list(self.held.items()):
+            if until <= now or node_id in switch.peers or node_id not in self._book:
+                del self.held[node_id]
+        first = [n for n in self.anchors if n not in self._dialing and n not in switch.peers and n in self._book]
+        first += [n for n in self.held if n not in self._dialing and n not in first]
+        outbound = sum(1 for p in switch.peers.values() if p.is_outbound) + len(self._dialing) + len(first)
         if self._dial_tokens is None:
             self._dial_tokens = TokenBucket(pex.dial_rate, now, burst=pex.dial_burst)
         listening = self.listen_addresses()
@@ -97,6 +123,20 @@ class PexDialer:
                 and (in_use is None or _ip(entry.address.host) not in in_use)
             )
 
+        for node_id in first:  # anchors, then the nodes that hold our old sessions: their slots are theirs
+            entry = self._book.get(node_id)
+            if entry is None or not eligible(entry):
+                if node_id in self.anchors:  # banned, our own, dialed by the Switch: no anchor
+                    self.anchors.remove(node_id)
+                continue  # a held node's next retry is not due yet
+            if self._dial_tokens.available(now) < 1:
+                pex.counters["dials_deferred"] += 1
+                return
+            if node_id in self.anchors:
+                self.anchors.remove(node_id)
+                pex.counters["anchor_dials"] += 1
+            self._dial_tokens.spend(1, now)
+            self._dial(entry)
         candidates = None
         for _ in range(max(0, target - outbound)):
             if candidates is None or candidates.version != self._book.version:
@@ -120,8 +160,14 @@ class PexDialer:
         d = self._pex.switch.dial(str(entry.address), retry_initial_dial=False)
         d.addCallbacks(self._dialed, self._dial_failed, callbackArgs=(node_id,), errbackArgs=(node_id, entry.address))
 
+    def _retry_held(self) -> None:
+        self._retry = None
+        if self.held:
+            self.dial_more(self._pex.switch.clock.seconds())
+
     def _dialed(self, peer, node_id: str) -> None:
         self._dialing.discard(node_id)
+        self.held.pop(node_id, None)
 
     def _dial_failed(self, failure, node_id: str, address: PeerAddress) -> None:
         pex = self._pex
@@ -137,6 +183,16 @@ class PexDialer:
         if word in _REFUSED_HERE:
             entry.next_dial = pex.switch.clock.seconds() + pex.max_dial_backoff
             return
+        now = pex.switch.clock.seconds()
+        if word == _HELD:
+            if entry.held_until is None:  # once per entry: a node that keeps refusing so is failing
+                entry.held_until = self.held[node_id] = now + pex.held_wait_for(pex.switch)
+            if entry.held_until > now:
+                pex.counters["dials_held"] += 1  # alive, and our peer before: its slot waits for it
+                entry.next_dial = now + HELD_RETRY
+                if self._retry is None or not self._retry.active():  # rounds may be further apart
+                    self._retry = pex.switch.clock.callLater(HELD_RETRY, self._retry_held)
+                return
         pex.counters["dial_failures"] += 1
         entry.failures += 1
         entry.last_error = f"{type(error).__name__}: {error}"

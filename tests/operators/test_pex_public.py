@@ -105,7 +105,7 @@ def test_the_book_is_saved_every_save_interval(tmp_path):
         (b'{"version": 1, "key": "00', "not JSON"),
         (b"\x00\xff garbage \x13", "not JSON"),
         (b"[1, 2, 3]", "not a book file"),
-        (b'{"version": 7, "key": "", "entries": []}', "version 7; this node reads version 1"),
+        (b'{"version": 7, "key": "", "entries": []}', "version 7 without anchors; this node reads version 1"),
         (b'{"version": 1, "key": "abc", "entries": []}', "key must be 16 to 64 bytes"),
         (b"[" * 100_000, "not JSON"),
     ],
@@ -374,3 +374,120 @@ async def test_a_seed_hands_out_addresses_disconnects_and_crawls():
         assert pex_seed.penalties == {} and pex1.penalties == {} and pex2.penalties == {}
     finally:
         await stop_all(switches)
+
+
+# -- a restart: anchors and the wait for a node that holds our old session (section 3.11) -----------------
+
+
+def restarted_victim(tmp_path, others: int = 3, **victim_options):
+    """A victim whose one outbound peer ``a`` is saved as its anchor, with ``others`` more reachable nodes in
+    its book; its process then restarts with the file (``a`` still holds its old session, suspended for
+    ``resume_grace``). Returns (network, the new victim Switch, its PexReactor, a, the others)."""
+    network = MemoryNetwork()
+    path = str(tmp_path / "victim.json")
+
+    def node(**options):
+        pex = PexReactor(request_interval=INTERVAL, rng=random.Random(len(network.fabric.nodes) + 1), **options)
+        switch = network.switch([pex], config=CONFIG)
+        switch.startService()
+        switch.listen("tcp:26656")
+        return switch, pex
+
+    victim, pex = node(addrbook_file=path, target_outbound=1, anchors=1)
+    a, _ = node(target_outbound=0)  # only the victim dials
+    rest = [node(target_outbound=0)[0] for _ in range(others)]
+    pex.add_address(network.dial_address(a), source=a.node_id, source_host=network.host_of(a))
+    pex.start()
+    network.run(2 * INTERVAL)
+    assert [n for n, p in victim.peers.items() if p.is_outbound] == [a.node_id]
+    for other in rest:
+        pex.add_address(network.dial_address(other), source=a.node_id, source_host=network.host_of(a))
+    assert pex.save_book() and read_book(path, capacity=1280).anchors == (a.node_id,)
+    options = dict(addrbook_file=path, target_outbound=1, request_interval=INTERVAL, rng=random.Random(50))
+    new_pex = PexReactor(**{**options, **victim_options})
+    victim = network.restart(victim, [new_pex])
+    return network, victim, new_pex, a, rest
+
+
+def test_a_restarted_node_dials_its_anchor_first_and_keeps_its_slot_while_it_holds_the_old_session(tmp_path):
+    """The anchor refuses the restarted node as ``session_held`` until its grace ends: no failure, the node
+    dials it again every HELD_RETRY seconds and fills its one outbound slot with nobody else meanwhile; once
+    the grace ends it is connected to its anchor again."""
+    network, victim, pex, a, rest = restarted_victim(tmp_path)
+    network.run(CONFIG.resume_grace - 5.0)
+    assert pex.counters["anchor_dials"] == 1 and pex.counters["dials_held"] >= 2
+    assert pex.status()["held"] == [a.node_id] and not victim.peers
+    assert pex.counters["dials"] == pex.counters["dials_held"]  # only the anchor was dialed
+    assert pex.book[a.node_id].failures == 0
+    network.run(20.0)
+    assert [n for n, p in victim.peers.items() if p.is_outbound] == [a.node_id]
+    assert not any(victim.node_id in other.peers for other in rest)
+    assert pex.status()["held"] == [] and pex.book[a.node_id].failures == 0
+    assert pex.counters["dials"] == pex.counters["dials_held"] + 1
+
+
+def test_without_the_restart_rules_the_slot_goes_to_whoever_answers_first(tmp_path):
+    """The same restart with no anchors and ``held_wait`` 0 (PEX before section 3.11): the anchor's refusal
+    is a failure, and the slot goes to another node of the book while the old session is held."""
+    network, victim, pex, a, rest = restarted_victim(tmp_path, anchors=0, held_wait=0.0)
+    network.run(CONFIG.resume_grace + 15.0)
+    outbound = [n for n, p in victim.peers.items() if p.is_outbound]
+    assert len(outbound) == 1 and outbound[0] in {o.node_id for o in rest}
+    assert pex.counters["anchor_dials"] == 0 and pex.counters["dials_held"] == 0
+
+
+def test_a_node_gets_one_wait_and_a_held_refusal_after_it_is_a_failure():
+    """``held_wait`` bounds what a node refusing ``session_held`` forever can take: one wait per entry; a
+    refusal after it counts as a failure with the usual backoff (a node cannot hold a slot for ever)."""
+    from reactors.pex_dial import HELD_RETRY
+
+    network, switch, pex = solo(target_outbound=1, held_wait=12.0, dial_backoff=1.0)
+    from mconn import PeerClosed
+    from twisted.python.failure import Failure
+
+    target = fake_address(1)
+    pex.add_address(target, source="ab" * 20)
+    held = PeerClosed("session_held", "peer closed the connection: session_held")
+    dialer = pex._dialer
+    for when in (0.0, HELD_RETRY, 2 * HELD_RETRY):
+        network.clock.advance(when - network.clock.seconds())
+        dialer._dial_failed(Failure(held), target.node_id, target)
+        dialer._retry.cancel()  # the re-dial itself is the restart tests' part; here only the rule
+        entry = pex.book[target.node_id]
+        assert entry.failures == 0 and entry.next_dial == when + HELD_RETRY and entry.held_until == 12.0
+    network.clock.advance(12.0 - network.clock.seconds())
+    dialer._dial_failed(Failure(held), target.node_id, target)
+    assert pex.book[target.node_id].failures == 1 and pex.counters["dials_held"] == 3
+
+
+def test_anchors_name_the_outbound_peers_held_longest_and_a_bad_anchor_refuses_the_file(tmp_path):
+    """A save names up to ``anchors`` outbound peers that have entries, held longest first (kept through the
+    stop, whose save comes after the last session ended); a file whose anchor is no entry is refused by name;
+    a version 1 file (no anchors) is read."""
+    path = tmp_path / "book.json"
+    network, switch, pex = solo(addrbook_file=str(path), target_outbound=0, anchors=2)
+    peers = []
+    for i in range(3):
+        pex.add_address(fake_address(i), source="ab" * 20)
+        peer = FakePeer(fake_address(i).node_id, channels=pex.get_channels(), is_outbound=True)
+        peer.address = fake_address(i)
+        network.clock.advance(1.0)
+        pex.add_peer(peer)
+        peers.append(peer)
+    inbound = FakePeer(fake_address(9).node_id, channels=pex.get_channels(), listen_address="10.9.9.9:26656")
+    pex.add_peer(inbound)
+    pex.remove_peer(peers[0], None)
+    assert pex.anchor_ids() == [fake_address(1).node_id, fake_address(2).node_id]
+    stop(network, switch)
+    document = json.loads(path.read_text())
+    assert document["version"] == 2 and document["anchors"] == [fake_address(1).node_id, fake_address(2).node_id]
+    document["anchors"] = ["ee" * 20]
+    path.write_text(json.dumps(document))
+    with pytest.raises(BookFileError, match=r"anchor 'eeee.*' is not the node id of an entry"):
+        read_book(str(path), capacity=1280)
+    del document["anchors"]
+    document["version"] = 1
+    path.write_text(json.dumps(document))
+    assert read_book(str(path), capacity=1280).anchors == ()
+    with pytest.raises(ValueError, match="anchors 99 must be an integer from 0 to 64"):
+        PexReactor(anchors=99)
