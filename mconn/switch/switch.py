@@ -121,6 +121,8 @@ class Switch(Service):
         self._stats_samples: dict = {}
         self._stats_previous: dict = {}
         self._stats_call = None
+        #: Our channels and their ids, which every session of ours has, for the tick.
+        self._stats_channels = (tuple(self.channels), tuple(d.id for d in self.channels))
         #: This run's random id, logged in node_started at startService or the first listen.
         self.run_id: str | None = None
         self.reconnect_delay = reconnect_delay or self._default_reconnect_delay
@@ -558,16 +560,17 @@ class Switch(Service):
     def _stats_slice(self, peers: list[Peer], start: int) -> None:
         self._stats_call = None
         previous, samples, current_peers = self._stats_previous, self._stats_samples, self.peers
+        descriptors, channel_ids = self._stats_channels
         for peer in peers[start : start + STATS_SLICE]:
             node_id = peer.node_id
             if current_peers.get(node_id) is not peer:
                 continue  # its session ended since the tick began
-            key = telemetry.sample_key(peer)
+            key = telemetry.sample_key(peer, channel_ids)
             before = previous.get(node_id)
             if before is not None and before[0] == key:
                 samples[node_id] = before
                 continue  # nothing moved: nothing to log, nothing to measure
-            sample = telemetry.channel_samples(peer)
+            sample = telemetry.channel_samples(peer, descriptors)
             samples[node_id] = (key, sample)
             if before is not None and before[1] == sample:
                 continue  # only our own pings and pongs moved

@@ -3,7 +3,8 @@
 A peer logs ``channel_stats`` when its sample changed since its last one; an idle link
 is neither logged again nor pinged by the tick (the keepalive pings it); a link that
 carried messages is logged and pinged; a tick over many peers is spread over reactor
-turns, STATS_SLICE peers at a time.
+turns, STATS_SLICE peers at a time; a connected peer is sampled without its
+``peer.stats`` snapshot.
 """
 
 from twisted.internet.testing import MemoryReactorClock
@@ -11,6 +12,8 @@ from twisted.internet.testing import MemoryReactorClock
 from helpers import RecordingReactor, Telemetry
 from mconn import ChannelDescriptor, Config
 from mconn.switch import switch as switch_module
+from mconn.switch import telemetry
+from mconn.switch.peer import Peer
 from mconn.testing import MemoryNetwork
 
 CHANNELS = [ChannelDescriptor(0x20, priority=5), ChannelDescriptor(0x21, priority=1)]
@@ -137,3 +140,31 @@ def test_a_message_accepted_while_suspended_is_logged_at_the_next_tick():
         assert late["channel_id"] == 0x21 and late["accepted"] == 1 and late["queue_depth"] == 1
     finally:
         capture.stop()
+
+
+def test_a_tick_reads_a_connected_peers_counters_without_its_stats_snapshot(monkeypatch):
+    """The tick samples a connected peer straight from its connection's channels and its
+    session: the values ``peer.stats`` has, without building that snapshot (a keepalive
+    round trip moves an idle peer's sample every ping_interval, so with 10,000 peers
+    the snapshot was built 167 times a second)."""
+    network, a, b, link = pair()
+    to_b, to_a = link.peer_of(a), link.peer_of(b)
+    for i in range(3):
+        assert to_b.try_send(0x20, b"to b %d" % i) and to_a.try_send(0x21, b"to a %d" % i)
+    network.flush()
+    assert to_b.try_send(0x21, b"x" * 100_000)  # under way: queued, unacknowledged
+    snapshots = []
+    stats = Peer.stats.fget
+    monkeypatch.setattr(Peer, "stats", property(lambda peer: (snapshots.append(peer), stats(peer))[1]))
+    expected = telemetry.channel_samples(to_b)  # from peer.stats
+    assert [s[8:11] for s in expected] == [(3, 0, 0), (1, 0, 3)]  # accepted, acked, delivered
+    del snapshots[:]
+    capture = Telemetry().start()
+    try:
+        a._emit_stats()
+    finally:
+        capture.stop()
+    assert snapshots == []
+    assert telemetry.channel_samples(to_b, a.channels) == expected
+    logged = [tuple(e[f] for f in telemetry.SAMPLE_FIELDS[:11]) for e in stats_of(capture, a)]
+    assert logged == [s[:11] for s in expected]
