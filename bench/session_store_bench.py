@@ -130,6 +130,7 @@ def store_phase(scenario: str, seconds: float, directory: str, commit_delay: flo
         cpu = time.thread_time() - cpu
         written = bytes_written() - written
         commits = store.commits
+        result.update(writer_write_us=store.write_seconds / sent * 1e6, writer_sync_us=store.sync_seconds / sent * 1e6)
         await store.close()
         latencies.sort()
         result.update(
@@ -321,7 +322,8 @@ def main() -> None:
             f"fsyncs/s {store.get('fsyncs_per_s') or 0:,.0f}; durable p50 {store['durable_p50_ms']:.2f} ms, "
             f"p99 {store['durable_p99_ms']:.2f} ms; reactor thread {store['reactor_cpu_us']:.2f} us/msg "
             f"(memory {memory['cpu_us']:.2f}), process {store['process_cpu_us']:.2f} us/msg; written "
-            f"{store['written_per_message']:,.0f} B/msg, {store['written_per_commit']:,.0f} B/commit"
+            f"{store['written_per_message']:,.0f} B/msg, {store['written_per_commit']:,.0f} B/commit; writer thread, "
+            f"wall: statements {store['writer_write_us']:.2f} us/msg, COMMIT {store['writer_sync_us']:.2f} us/msg"
         )
     handoff = child(["handoff"], False, directory)
     report["handoff"] = handoff

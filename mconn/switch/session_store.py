@@ -39,6 +39,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -156,6 +157,10 @@ class SessionStore:
         self.used_bytes = 0
         #: Transactions committed since open (each one fsync of the WAL).
         self.commits = 0
+        #: The writer thread's wall time since open in the statements of its transactions,
+        #: and in their COMMIT (the WAL's fsync, and a checkpoint's now and then).
+        self.write_seconds = 0.0
+        self.sync_seconds = 0.0
         self._clock = clock
         self._commit_delay = commit_delay
         self._sessions: dict[bytes, dict[int, _Stream]] = {}
@@ -365,11 +370,11 @@ class SessionStore:
         self._in_flight = True
         self._writer.submit(batch)
 
-    def _from_writer(self, upto: int, error: BaseException | None) -> None:
+    def _from_writer(self, upto: int, error: BaseException | None, times: tuple[float, float] = (0.0, 0.0)) -> None:
         """Called by the writer thread: hop to the reactor thread."""
-        self._clock.callFromThread(self._committed_upto, upto, error)
+        self._clock.callFromThread(self._committed_upto, upto, error, times)
 
-    def _committed_upto(self, upto: int, error: BaseException | None) -> None:
+    def _committed_upto(self, upto: int, error: BaseException | None, times: tuple[float, float] = (0.0, 0.0)) -> None:
         """In the reactor thread: a transaction (or the close, ``upto`` -1) ended; fire
         what it made durable."""
         self._in_flight = False
@@ -380,6 +385,8 @@ class SessionStore:
             self._fail(error)
         else:
             self.commits += 1
+            self.write_seconds += times[0]
+            self.sync_seconds += times[1]
             self._committed = upto
             waiters = self._waiters
             while waiters and waiters[0][0] <= upto:
@@ -472,7 +479,7 @@ class _Writer:
             if batch is None:
                 break
             try:
-                _commit(db, batch)
+                times = _commit(db, batch)
             except Exception as e:  # sqlite3.Error, OSError: the store fails, said to every waiter
                 try:
                     db.rollback()
@@ -480,7 +487,7 @@ class _Writer:
                     pass
                 self._report(batch.upto, StoreError(f"session store {self._path}: commit failed: {e}"))
                 continue
-            self._report(batch.upto, None)
+            self._report(batch.upto, None, times)
         try:
             db.close()
             self._report(-1, None)
@@ -488,8 +495,10 @@ class _Writer:
             self._report(-1, StoreError(f"session store {self._path}: close failed: {e}"))
 
 
-def _commit(db: sqlite3.Connection, batch: _Batch) -> None:
-    """Write one batch in one transaction (in the writer thread)."""
+def _commit(db: sqlite3.Connection, batch: _Batch) -> tuple[float, float]:
+    """Write one batch in one transaction (in the writer thread); the seconds its
+    statements took, and its COMMIT."""
+    start = time.perf_counter()
     acked = batch.acked
     db.execute("BEGIN IMMEDIATE")
     messages: list[tuple[bytes, int, int, bytes]] = []
@@ -517,7 +526,9 @@ def _commit(db: sqlite3.Connection, batch: _Batch) -> None:
     if batch.delivered:
         rows = [(count, session_id, channel_id) for (session_id, channel_id), count in batch.delivered.items()]
         db.executemany("UPDATE streams SET delivered = ? WHERE session = ? AND channel = ?", rows)
+    written = time.perf_counter()
     db.execute("COMMIT")
+    return written - start, time.perf_counter() - written
 
 
 # -- the file ------------------------------------------------------------------------

@@ -146,6 +146,7 @@ def test_group_commit_writes_many_records_in_one_transaction(path, clock):
         store.accepted(S1, 1, seq, b"y")
     clock.pump()
     assert store.commits == 1
+    assert store.write_seconds > 0 and store.sync_seconds > 0  # the writer's time, reported with the commit
     clock.pump()  # the records made meanwhile went at once: their delay was spent waiting
     assert store.commits == 2
     assert clock.getDelayedCalls() == []
