@@ -14,11 +14,13 @@ and waits ``max_dial_backoff``.
 Two rules for a restart (specs/pex.md section 3.11), where an eclipse attacker gets its
 chance (Heilman et al. 2015): the *anchors* (the outbound peers the book file named
 when it was saved) are dialed first; and a node that refuses us as ``session_held``
-holds the session of this node's previous process (specs/resume.md section 6.4), so it
-is alive and was our peer: that is no failure, it is dialed again every ``HELD_RETRY``
+holds the session of this node's previous process (specs/resume.md section 6.4); if it
+is in the tried table (we completed an outbound session with it: we chose it), it is
+alive and was our peer: that is no failure, it is dialed again every ``HELD_RETRY``
 seconds for up to ``held_wait`` (its grace ends meanwhile), and its outbound slot stays
-reserved for it, not filled from the book. A node refuses so once per wait: after
-``held_wait`` a ``session_held`` is a failure like any. A
+reserved for it, not filled from the book. Only tried entries: any node can answer
+``session_held``, and an attacker's nodes that dialed us would hold slots otherwise. A
+node gets one wait: after ``held_wait`` a ``session_held`` is a failure like any. A
 :class:`PexDialer` is a part of one ``reactors.pex.PexReactor``: it reads the reactor's
 Switch, counters and dial settings when it uses them, and shares its book and random
 generator.
@@ -184,7 +186,7 @@ class PexDialer:
             entry.next_dial = pex.switch.clock.seconds() + pex.max_dial_backoff
             return
         now = pex.switch.clock.seconds()
-        if word == _HELD:
+        if word == _HELD and entry.tried:  # a node we chose (any node can answer session_held)
             if entry.held_until is None:  # once per entry: a node that keeps refusing so is failing
                 entry.held_until = self.held[node_id] = now + pex.held_wait_for(pex.switch)
             if entry.held_until > now:

@@ -437,17 +437,22 @@ def test_without_the_restart_rules_the_slot_goes_to_whoever_answers_first(tmp_pa
 
 
 def test_a_node_gets_one_wait_and_a_held_refusal_after_it_is_a_failure():
-    """``held_wait`` bounds what a node refusing ``session_held`` forever can take: one wait per entry; a
-    refusal after it counts as a failure with the usual backoff (a node cannot hold a slot for ever)."""
+    """``held_wait`` bounds what a node refusing ``session_held`` forever can take: one wait per tried entry;
+    a refusal after it, or from a new entry (any node can answer so), counts as a failure with the usual
+    backoff (a node cannot hold a slot for ever)."""
     from reactors.pex_dial import HELD_RETRY
 
     network, switch, pex = solo(target_outbound=1, held_wait=12.0, dial_backoff=1.0)
     from mconn import PeerClosed
     from twisted.python.failure import Failure
 
-    target = fake_address(1)
+    target, stranger = fake_address(1), fake_address(2)
     pex.add_address(target, source="ab" * 20)
+    pex.add_address(stranger, source="ab" * 20)
+    pex.address_book.mark_good(target.node_id, 0.0)  # we chose it once: it gets its wait
     held = PeerClosed("session_held", "peer closed the connection: session_held")
+    pex._dialer._dial_failed(Failure(held), stranger.node_id, stranger)  # a new entry gets none
+    assert pex.book[stranger.node_id].failures == 1 and not pex.status()["held"]
     dialer = pex._dialer
     for when in (0.0, HELD_RETRY, 2 * HELD_RETRY):
         network.clock.advance(when - network.clock.seconds())
