@@ -549,6 +549,10 @@ def _connect(path: str) -> sqlite3.Connection:
                 os.fchmod(fd, 0o600)
         finally:
             os.close(fd)
+        # A WAL left by an earlier process is opened as it is: narrowed too.
+        for other in (path + "-wal", path + "-shm"):
+            if os.path.exists(other) and os.stat(other).st_mode & 0o077:
+                os.chmod(other, 0o600)
     except OSError as e:
         raise StoreError(f"session store {path}: cannot open: {e}") from e
     try:

@@ -477,3 +477,24 @@ def test_a_damaged_free_list_is_found_at_open_not_at_a_later_commit(path, clock)
         f.write(b"\xff" * 8)  # its next-trunk pointer and leaf count, far out of range
     with pytest.raises(StoreCorrupt, match="integrity check: .*"):
         open_store(path, ThreadClock())
+
+
+def test_a_wal_left_by_a_killed_process_is_narrowed_to_0600_and_replayed(path, clock, tmp_path):
+    """The files of a store whose process died (a copy taken while it ran), made
+    readable by all: open narrows both and replays the WAL."""
+    store = open_store(path, clock)
+    store.begin(S1, PEER, True, (1,))
+    store.accepted(S1, 1, 0, b"in the wal")
+    commit(store, clock)
+    left = tmp_path / "left"
+    left.mkdir()
+    copy = str(left / "sessions.db")
+    for suffix in ("", "-wal"):
+        shutil.copyfile(path + suffix, copy + suffix)
+        os.chmod(copy + suffix, 0o644)
+    assert os.path.getsize(copy + "-wal") > 0
+    reopened = open_store(copy, ThreadClock())
+    for suffix in ("", "-wal"):
+        assert os.stat(copy + suffix).st_mode & 0o777 == 0o600, suffix
+    assert reopened.load()[0].streams[1].unacked == (b"in the wal",)
+    close(store, clock)
