@@ -262,8 +262,14 @@ class SessionStore:
 
         ``seq`` must be the channel's next one (``acked`` + the messages held)."""
         stream = self._stream(session_id, channel_id)
-        if seq != stream.accepted:
-            what = "negative" if isinstance(seq, int) and seq < 0 else "not contiguous with the stream"
+        if not isinstance(seq, int) or seq != stream.accepted:
+            what = (
+                "not an integer"
+                if not isinstance(seq, int)
+                else "negative"
+                if seq < 0
+                else "not contiguous with the stream"
+            )
             raise StoreError(
                 f"session store {self.path}: sequence number {seq!r} on channel {channel_id:#04x} of session "
                 f"{session_id.hex()} is {what}: {stream.acked} acked and {stream.accepted - stream.acked} held, "
@@ -321,6 +327,8 @@ class SessionStore:
 
     def _stream(self, session_id: bytes, channel_id: int) -> _Stream:
         self._check_usable()
+        if not isinstance(channel_id, int):  # 1.0 would find channel 1, and go into the file as a REAL
+            raise StoreError(f"session store {self.path}: a channel id is an integer, not {channel_id!r}")
         streams = self._sessions.get(session_id)
         if streams is None:
             raise StoreError(f"session store {self.path}: no session {session_id!r}")
