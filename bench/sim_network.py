@@ -396,6 +396,7 @@ def eclipse(
     attack: float = 600.0,
     restart_rules: bool = True,
     waits: tuple = (60.0, 300.0),
+    config: Config = CONFIG,
 ) -> dict:
     """An eclipse attack in the style of Heilman et al. (2015) on one node's book.
 
@@ -414,7 +415,7 @@ def eclipse(
     with tempfile.TemporaryDirectory() as tmp:
         book = f"{tmp}/victim.json"
         options = {} if restart_rules else {3: WITHOUT_RESTART_RULES}
-        sim = Simulation(honest, seed=seed, streamers=0, addrbook_files={3: book}, pex_options=options)
+        sim = Simulation(honest, seed=seed, streamers=0, addrbook_files={3: book}, pex_options=options, config=config)
         formed = sim.run_until_full(1800.0)
         victim = 3
         evil_ids: set[str] = set()
