@@ -12,12 +12,16 @@ error for error (the same packets, positions, exception types and messages):
   connection's received packets (reassembly and one ``MessageReceived`` a message);
 * ``schedule``: ``mconn.core.channel.schedule``, the scheduler's pick across channels and
   the framing of their packets (the same bytes: a run of small packets is framed into
-  one bytes object where the reference lists headers and payloads to join).
+  one bytes object where the reference lists headers and payloads to join);
+* ``admit``, ``record_delivered``: ``mconn.core.session.Session``'s methods of those names
+  (``session.reference_admit``, ``reference_record_delivered``), the per-message
+  counters of a session's sending and receiving.
 
-tests/core/test_speedups_twin.py, test_speedups_process.py and test_speedups_send.py
-prove it with hypothesis on valid and malformed input; the pure functions are the
-specification, this file only makes them cheaper (typed indexing of the bytes instead of
-boxed integers, one C loop for a run's headers, slots read where they are stored).
+tests/core/test_speedups_twin.py, test_speedups_process.py, test_speedups_send.py and
+test_speedups_session.py prove it with hypothesis on valid and malformed input; the pure
+functions are the specification, this file only makes them cheaper (typed indexing of
+the bytes instead of boxed integers, one C loop for a run's headers, slots read where
+they are stored).
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -47,7 +51,7 @@ cdef double C_DECAY_TAU = 2.0 / log(1.25)
 cdef double C_RESCALE_EXPONENT = log(1e12)
 
 #: Checked by mconn.core.speedups: a build of an older source is not used.
-INTERFACE = 4
+INTERFACE = 5
 
 PING = C_PING
 PONG = C_PONG
@@ -669,3 +673,99 @@ def schedule(object scheduler, list parts, object now, object payload, object bu
         if taken:
             scheduler.taken += taken
     return sent
+
+
+# -- the session's per-message counters (session.Session.admit, record_delivered) ---------
+
+cdef object _Session = None
+cdef object _Stream = None
+cdef object _Budget = None
+cdef object _IDLE = None
+cdef object _MESSAGE_OVERHEAD = None
+cdef object _reference_admit = None
+cdef object _reference_record_delivered = None
+cdef Py_ssize_t O_STREAMS, O_UNACKED_BYTES, O_BUDGET, O_RECOVERY_BUFFER_BYTES, O_CHANNEL_RESERVE_BYTES
+cdef Py_ssize_t O_ACK_MESSAGES_LEFT, O_ACK_BYTES_LEFT
+cdef Py_ssize_t O_S_ACKED, O_S_UNACKED, O_S_UNACKED_BYTES, O_S_DELIVERED, O_B_LIMIT, O_B_USED
+
+
+cdef int _init_session_slots() except -1:
+    global _Session, _Stream, _Budget, _IDLE, _MESSAGE_OVERHEAD, _reference_admit, _reference_record_delivered
+    global O_STREAMS, O_UNACKED_BYTES, O_BUDGET, O_RECOVERY_BUFFER_BYTES, O_CHANNEL_RESERVE_BYTES
+    global O_ACK_MESSAGES_LEFT, O_ACK_BYTES_LEFT
+    global O_S_ACKED, O_S_UNACKED, O_S_UNACKED_BYTES, O_S_DELIVERED, O_B_LIMIT, O_B_USED
+    from mconn.core import session  # not at import: session imports this module
+
+    O_STREAMS = _offset(session.Session, "_streams")
+    O_UNACKED_BYTES = _offset(session.Session, "unacked_bytes")
+    O_BUDGET = _offset(session.Session, "_budget")
+    O_RECOVERY_BUFFER_BYTES = _offset(session.Session, "recovery_buffer_bytes")
+    O_CHANNEL_RESERVE_BYTES = _offset(session.Session, "channel_reserve_bytes")
+    O_ACK_MESSAGES_LEFT = _offset(session.Session, "_ack_messages_left")
+    O_ACK_BYTES_LEFT = _offset(session.Session, "_ack_bytes_left")
+    O_S_ACKED = _offset(session._Stream, "acked")
+    O_S_UNACKED = _offset(session._Stream, "unacked")
+    O_S_UNACKED_BYTES = _offset(session._Stream, "unacked_bytes")
+    O_S_DELIVERED = _offset(session._Stream, "delivered")
+    O_B_LIMIT = _offset(session.Budget, "limit")
+    O_B_USED = _offset(session.Budget, "used")
+    _IDLE = session._IDLE
+    _MESSAGE_OVERHEAD = session.MESSAGE_OVERHEAD
+    _reference_admit = session.reference_admit
+    _reference_record_delivered = session.reference_record_delivered
+    _Stream = session._Stream
+    _Budget = session.Budget
+    _Session = session.Session
+    return 0
+
+
+def admit(object self, object channel_id, object message):
+    """See ``mconn.core.session.Session.admit`` (``reference_admit``): the same sequence
+    number or None, the same recovery buffer, counts and errors. A session, stream or
+    budget of another class (a subclass) is handled by the reference."""
+    if _Session is None:
+        _init_session_slots()
+    if type(self) is not _Session:
+        return _reference_admit(self, channel_id, message)
+    stream = _get(self, O_STREAMS)[channel_id]
+    if stream is _IDLE:  # the channel's first message: a stream of its own (rare)
+        stream = self._own(channel_id)
+    budget = _get(self, O_BUDGET)
+    if type(stream) is not _Stream or type(budget) is not _Budget:
+        return _reference_admit(self, channel_id, message)
+    size = len(message) + _MESSAGE_OVERHEAD
+    unacked = _get(stream, O_S_UNACKED)
+    if (
+        unacked
+        and _get(stream, O_S_UNACKED_BYTES) + size > _get(self, O_CHANNEL_RESERVE_BYTES)
+        and (
+            _get(self, O_UNACKED_BYTES) + size > _get(self, O_RECOVERY_BUFFER_BYTES)
+            or _get(budget, O_B_USED) + size > _get(budget, O_B_LIMIT)
+        )
+    ):
+        return None
+    unacked.append(message)
+    _set(stream, O_S_UNACKED_BYTES, _get(stream, O_S_UNACKED_BYTES) + size)
+    _set(self, O_UNACKED_BYTES, _get(self, O_UNACKED_BYTES) + size)
+    _set(budget, O_B_USED, _get(budget, O_B_USED) + size)
+    return _get(stream, O_S_ACKED) + len(unacked) - 1
+
+
+def record_delivered(object self, object channel_id, object nbytes):
+    """See ``mconn.core.session.Session.record_delivered`` (``reference_record_delivered``):
+    the same counts, result and errors."""
+    if _Session is None:
+        _init_session_slots()
+    if type(self) is not _Session:
+        return _reference_record_delivered(self, channel_id, nbytes)
+    stream = _get(self, O_STREAMS)[channel_id]
+    if stream is _IDLE:  # the channel's first delivery: a stream of its own (rare)
+        stream = self._own(channel_id)
+    if type(stream) is not _Stream:
+        return _reference_record_delivered(self, channel_id, nbytes)
+    _set(stream, O_S_DELIVERED, _get(stream, O_S_DELIVERED) + 1)
+    messages_left = _get(self, O_ACK_MESSAGES_LEFT) - 1
+    _set(self, O_ACK_MESSAGES_LEFT, messages_left)
+    bytes_left = _get(self, O_ACK_BYTES_LEFT) - nbytes
+    _set(self, O_ACK_BYTES_LEFT, bytes_left)
+    return messages_left <= 0 or bytes_left <= 0

@@ -38,6 +38,8 @@ import itertools
 import math
 from collections.abc import Iterable
 
+from mconn.core.speedups import SPEEDUPS
+
 # AckError lives with the other errors; ``from mconn.core.session import AckError`` still works.
 from mconn.errors import AckError, warn_renamed
 
@@ -357,3 +359,13 @@ class Session:
 
     def delivered(self, channel_id: int) -> int:
         return self._streams[channel_id].delivered
+
+
+#: The reference per-message counters: the compiled twin's specification
+#: (mconn/core/_speedups.pyx, tests/core/test_speedups_session.py).
+reference_admit = Session.admit
+reference_record_delivered = Session.record_delivered
+if SPEEDUPS is not None:
+    # The twin's functions are methods like these (Cython binds them to the instance).
+    Session.admit = SPEEDUPS.admit  # type: ignore[method-assign]
+    Session.record_delivered = SPEEDUPS.record_delivered  # type: ignore[method-assign]

@@ -4,10 +4,11 @@
 built by the install (``make``; setup.py): where it is importable it replaces the pure
 functions it mirrors (receiving: ``frame_buffer.decode_packets``,
 ``connection.process_msgs``; sending: ``channel.schedule``, the scheduler's pick and the
-packets' framing), unless the environment sets ``MCONN_PURE=1`` when mconn is first
-imported. The pure functions stay the reference and the fallback;
-tests/core/test_speedups_twin.py, test_speedups_process.py and test_speedups_send.py
-prove the two byte- and event-identical. ``mconn --version`` says which is in use.
+packets' framing; the session's ``Session.admit`` and ``Session.record_delivered``),
+unless the environment sets ``MCONN_PURE=1`` when mconn is first imported. The pure
+functions stay the reference and the fallback; tests/core/test_speedups_twin.py,
+test_speedups_process.py, test_speedups_send.py and test_speedups_session.py prove the
+two byte- and event-identical. ``mconn --version`` says which is in use.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from types import ModuleType
 
 #: The interface version of the extension this source expects: a stale build (an
 #: older _speedups.pyx compiled) is not used, mconn runs on the pure functions instead.
-INTERFACE = 4
+INTERFACE = 5
 
 
 def _load() -> tuple[ModuleType | None, str]:
