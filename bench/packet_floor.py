@@ -24,7 +24,9 @@ core's, since the adapter writes ``write_batch_bytes`` at a time whatever the pa
   this process (user + system, the child's not counted) from the session to the last
   message confirmed, per MiB.
 
-Prints one JSON line per repeat, and the medians with their ratios to 64 KiB packets.
+Prints one JSON line per repeat, and the medians with their ratios to 64 KiB packets;
+then the loopback's CPU per MiB at the floor over 64 KiB packets, the median of the
+per-round ratios, against its target (at most 1.5), with the load average.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from mconn.core.handshake import hello_packet, make_hello
 from mconn.core.wire import PacketType, encode_packet
 
 CHANNEL = 0x10
+#: The bound on the whole stack's CPU per MiB at the floor over the default's (64 KiB packets).
+FLOOR_TARGET = 1.5
 CHANNELS = [ChannelDescriptor(CHANNEL, send_queue_capacity=64, recv_message_capacity=1 << 21)]
 MIB = 1 << 20
 READ = 65536
@@ -216,7 +220,9 @@ def loopback_runs(mib: int, repeat: int) -> dict:
     except SystemExit as done:
         if done.code:
             raise
-    return {f"loopback_s_per_MiB_at_{p}": statistics.median(v) for p, v in out.items()}
+    medians = {f"loopback_s_per_MiB_at_{p}": statistics.median(v) for p, v in out.items()}
+    medians["rounds_1024_over_65536"] = [a / b for a, b in zip(out[1024], out[65536])]
+    return medians
 
 
 def main() -> None:
@@ -241,10 +247,19 @@ def main() -> None:
         print(f"{key:40} {value * 1000:9.2f} ms  {value / base:7.1f}x 64 KiB packets")
     print(f"{'send at 1 / send at 1024':40} {medians['send_s_per_MiB_at_1'] / medians['send_s_per_MiB_at_1024']:9.1f}x")
     if args.loopback_mib:
+        load = os.getloadavg()[0]
         wire = loopback_runs(args.loopback_mib, args.repeat)
+        rounds = wire.pop("rounds_1024_over_65536")
         for key, value in wire.items():
             ratio = value / wire["loopback_s_per_MiB_at_65536"]
             print(f"{key:40} {value * 1000:9.2f} ms  {ratio:7.2f}x 64 KiB packets")
+        # The target: at the floor a peer costs us at most FLOOR_TARGET x the default's CPU per MiB.
+        ratio = statistics.median(rounds)
+        print(
+            f"{'loopback, floor / 64 KiB, per round':40} {ratio:9.2f}x  "
+            f"({min(rounds):.2f}..{max(rounds):.2f}; target <= {FLOOR_TARGET}: "
+            f"{'PASS' if ratio <= FLOOR_TARGET else 'MISS'}); load average {load:.1f} to {os.getloadavg()[0]:.1f}"
+        )
 
 
 if __name__ == "__main__":
