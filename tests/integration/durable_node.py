@@ -12,9 +12,9 @@ restart (the hook of specs/reactor-api.md section 5.9).
 
 The sender dials PEER_ADDRESS persistently and sends, on each of two channels, the
 messages ``0 .. COUNT-1`` at RATE messages a second per channel: on one channel with
-``try_send``, on the other with ``send``, one at a time. After a restart it goes on from
-what its restored session accepted (``peer.stats``): every message up to there is in the
-store, so the stream has no gap and no repeat.
+``try_send``, on the other with ``send``, up to WINDOW of them not fired yet. After a
+restart it goes on from what its restored session accepted (``peer.stats``): every
+message up to there is in the store, so the stream has no gap and no repeat.
 
 Both print ``ready`` once started. Run by the test with the venv's Python; stopped by PID.
 """
@@ -31,10 +31,14 @@ from mconn import ChannelDescriptor, Config, Reactor, Switch
 from mconn.core.node_key import NodeKey
 
 TRY_SEND, SEND = 0x20, 0x21
-CHANNELS = [ChannelDescriptor(TRY_SEND, priority=1, send_queue_capacity=64), ChannelDescriptor(SEND, priority=1)]
+CHANNELS = [
+    ChannelDescriptor(TRY_SEND, priority=1, send_queue_capacity=64),
+    ChannelDescriptor(SEND, priority=1, send_queue_capacity=64),
+]
 CONFIG = dict(
     max_reconnect_delay=0.05,
     resume_grace=60.0,
+    send_timeout=60.0,  # a send waits out any restart of the receiver: no gap in the stream
     ack_interval=0.01,
     ping_interval=5.0,
     pong_timeout=5.0,
@@ -42,6 +46,8 @@ CONFIG = dict(
     ignore_discovered_addresses=True,  # through the fault proxy only
 )
 TICK = 0.01
+#: Sends not fired yet, at most, on the ``send`` channel.
+WINDOW = 16
 
 
 class Ledger(Reactor):
@@ -82,7 +88,9 @@ class Sender:
     def __init__(self, switch: Switch, count: int, rate: float) -> None:
         self.switch, self.count, self.per_tick = switch, count, max(1, round(rate * TICK))
         self.peer = None
-        self.waiting = False  # a send() not fired yet
+        self.outstanding = 0  # sends not fired yet
+        self.next_send: int | None = None  # the number the next send carries
+        self.said_acked = False
 
     def start(self, peer) -> None:
         self.peer = peer
@@ -101,16 +109,24 @@ class Sender:
             print("session lost: a fresh session would restart the numbering", flush=True)
             twisted_reactor.stop()
             return
+        if not self.said_acked and any(c.acked for c in peer.stats.channels):
+            self.said_acked = True  # the receiver acks after its commit: its session is on disk
+            print("acked", flush=True)
         sent = self.accepted(TRY_SEND)
         for n in range(sent, min(self.count, sent + self.per_tick)):
             if not peer.try_send(TRY_SEND, b"%d" % n):
                 break
-        if not self.waiting and self.accepted(SEND) < self.count:
-            self.waiting = True
-            peer.send(SEND, b"%d" % self.accepted(SEND)).addBoth(self.sent)
+        if self.next_send is None and not self.outstanding:
+            self.next_send = self.accepted(SEND)
+        while self.next_send is not None and self.outstanding < WINDOW and self.next_send < self.count:
+            self.outstanding += 1
+            self.next_send += 1
+            peer.send(SEND, b"%d" % (self.next_send - 1)).addBoth(self.sent)
 
-    def sent(self, _) -> None:
-        self.waiting = False
+    def sent(self, ok) -> None:
+        self.outstanding -= 1
+        if ok is not True:  # not accepted (the session ended): go on from what it accepted
+            self.next_send = None
 
 
 def main(argv: list[str]) -> None:

@@ -143,14 +143,29 @@ class Pair:
         return self.ledger.read_bytes().count(b"\n")
 
     def run(self, seeds: list[int]) -> list[str]:
-        """One kill and restart per seed; returns what was done, for the failure message."""
+        """One kill and restart per seed; returns what was done. A failure says what the
+        processes printed besides their start lines."""
+        try:
+            return self._run(seeds)
+        except AssertionError as e:
+            said = [
+                f"{p.name}: {line}"
+                for p in (self.sender, self.receiver)
+                for line in p.output().splitlines()
+                if line.strip() not in ("ready", "acked")
+            ]
+            raise AssertionError(f"{self.directory}: {e}\n" + "\n".join(said[-40:])) from None
+
+    def _run(self, seeds: list[int]) -> list[str]:
         self.receiver.start()
         self.receiver.wait_ready()
         self.sender.start()
         self.sender.wait_ready()
         done = []
         total = 2 * self.count
-        until(lambda: self.lines() >= 20, "the first messages")  # both sides' session begun on disk
+        # Both sides' session is on disk: the sender's first message left after its commit,
+        # the receiver's first ack after its own.
+        until(lambda: "acked" in self.sender.output(), "the receiver's first ack")
         for seed in seeds:
             rng = random.Random(seed)
             victim = rng.choice((self.sender, self.receiver))
