@@ -25,8 +25,10 @@ Each role runs in its own session; whatever of it is still running at the end is
 through that process group's id.
 
 ``--pair-before REV`` adds mconn at REV (``git archive``-d, on PYTHONPATH, as for
-``acks`` below) to every round of those four, run right after mconn now, and prints a
-table for each: before and after in one run. The bulk and small senders hand mconn
+``acks`` below; its compiled twin built there when REV has one, so that both trees run
+what they would run installed) to every round of those five, run right after mconn now,
+and prints a table for each: before and after in one run. The hot path of each tree
+(``mconn --version``'s words) is printed and kept with the results. The bulk and small senders hand mconn
 ``--batch`` (1,000) messages at a time with ``try_send_many`` (``--one-by-one``:
 ``try_send`` each); figures before this option were measured with batches of 64.
 
@@ -289,11 +291,13 @@ def run_pairs_with_before(args, scenarios: list[str]) -> dict:
     with before_tree(args.pair_before) as (tree, commit):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (tree, os.environ.get("PYTHONPATH")) if p))
         digest = report.source_digest(os.path.join(tree, "mconn"))
+        before_path = hot_path(env)
+        print(f"before = mconn at {commit[:7]}: {before_path}")
         rounds, role_results = run_rounds(args, scenarios, (tree, env))
     rows_before = report.judge([{"raw": r["raw"], "prebuilt": r["prebuilt"], "mconn": r["before"]} for r in rounds])
     rows = report.judge([{"raw": r["raw"], "prebuilt": r["prebuilt"], "mconn": r["mconn"]} for r in rounds])
     print(
-        f"\nbefore = mconn at {commit[:7]} (sources {digest['sha256']}), same rounds; "
+        f"\nbefore = mconn at {commit[:7]} (sources {digest['sha256']}; {before_path}), same rounds; "
         f"medians of {args.repeat} round(s); mconn/raw and mconn/prebuilt are medians of the per-round ratios"
     )
     report.print_table(rows_before)
@@ -302,6 +306,7 @@ def run_pairs_with_before(args, scenarios: list[str]) -> dict:
     return {
         "before_commit": commit,
         "before_sources": digest,
+        "before_hot_path": before_path,
         "rows_before": rows_before,
         "rows": rows,
         "rounds": rounds,
@@ -312,10 +317,25 @@ def run_pairs_with_before(args, scenarios: list[str]) -> dict:
 # -- the session-layer scenarios ------------------------------------------------------
 
 
+#: What a tree's build needs besides mconn/ (archived when the commit has them).
+BUILD_FILES = ("setup.py", "setup.cfg", "pyproject.toml")
+#: The compiled twin's source: a tree that has it is built as ``make`` builds it.
+SPEEDUPS_SOURCE = "mconn/core/_speedups.pyx"
+
+
+def _in_commit(commit: str, path: str) -> bool:
+    return (
+        subprocess.run(["git", "-C", REPO, "cat-file", "-e", f"{commit}:{path}"], capture_output=True).returncode == 0
+    )
+
+
 @contextlib.contextmanager
 def before_tree(rev: str):
     """mconn/ as of ``rev``, extracted into a new directory under /tmp, removed on exit.
 
+    If the commit has the compiled twin, it is built there (in place, as ``make`` does),
+    so that the tree runs on what it would run on when installed, not on its pure-Python
+    functions; a failed build leaves it on those (``hot_path`` says which).
     Yields (directory, full commit id); the directory goes first on a role's PYTHONPATH.
     """
     commit = subprocess.run(
@@ -323,16 +343,34 @@ def before_tree(rev: str):
     ).stdout.strip()
     directory = tempfile.mkdtemp(prefix=f"mconn-bench-{commit[:7]}-", dir="/tmp")
     try:
+        paths = ["mconn"] + [p for p in BUILD_FILES if _in_commit(commit, p)]
         archive = subprocess.Popen(
-            ["git", "-C", REPO, "archive", "--format=tar", commit, "mconn"], stdout=subprocess.PIPE
+            ["git", "-C", REPO, "archive", "--format=tar", commit, *paths], stdout=subprocess.PIPE
         )
         subprocess.run(["tar", "-x", "-C", directory], stdin=archive.stdout, check=True)
         archive.stdout.close()
         if archive.wait() != 0:
             raise RuntimeError(f"git archive {commit} failed")
+        if _in_commit(commit, SPEEDUPS_SOURCE) and "setup.py" in paths:
+            build = [sys.executable, "setup.py", "-q", "build_ext", "--inplace"]
+            done = subprocess.run(build, cwd=directory, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                print(f"WARNING: building the compiled twin at {commit[:7]} failed:\n{done.stderr[-1500:]}")
         yield directory, commit
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def hot_path(env=None) -> str:
+    """Which per-packet path the mconn that ``env`` imports runs (``mconn --version``'s words)."""
+    probe = (
+        "try:\n from mconn.core.speedups import describe\nexcept ImportError:\n"
+        " print('pure Python (no compiled twin in this tree)')\nelse:\n print(describe())"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=HERE, env=env, capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise RuntimeError(f"cannot import mconn to ask its hot path:\n{done.stderr[-1500:]}")
+    return done.stdout.strip()
 
 
 def as_options(fields: dict) -> list[str]:
@@ -447,8 +485,10 @@ def orchestrate(args) -> int:
         "command": " ".join([".venv/bin/python", "bench/run.py"] + sys.argv[1:]),
         "machine": report.machine(),
         "mconn_sources": digest,
+        "hot_path": hot_path(),
         "settings": {k: getattr(args, k) for k in SETTINGS},
     }
+    print(f"mconn now (this tree): {doc['hot_path']}")
     pair = [s for s in scenarios if s in PAIR_SCENARIOS]
     if pair and args.pair_before:
         doc["pair_before"] = run_pairs_with_before(args, pair)
