@@ -36,7 +36,7 @@ KILLS_PER_SEED = 2
 #: The child: records until killed. Message ``seq`` is ``payload(seq)``, of a size drawn
 #: from the seed, so the parent can check every byte.
 CHILD = r"""
-import random, sys
+import random, sys, threading
 from twisted.internet import task
 from mconn.switch import session_store
 from mconn.switch.session_store import SessionStore
@@ -69,6 +69,8 @@ async def main(reactor):
         store.acked(SESSION, DATA, acked)
         store.delivered(SESSION, COUNTS, seq)
         await store.durable()
+        # durable() fires in the reactor's thread, not the writer's: else the child fails.
+        assert threading.current_thread() is threading.main_thread(), threading.current_thread()
         print("committed", seq - 1, acked, flush=True)
 
 task.react(main)
