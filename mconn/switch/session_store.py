@@ -30,6 +30,9 @@ stream is.
 ``load()`` returns what the file held at ``open``, checked before anything is allocated
 from it: sizes and counts are read with SQL aggregates first and compared with the limits,
 so a doctored file gets StoreCorrupt naming the value, never a MemoryError.
+
+One module of some 700 lines: the records' rules, the batch that coalesces them, the
+schema it writes and the checks that read it back are one design that changes together.
 """
 
 from __future__ import annotations
@@ -544,50 +547,14 @@ def _commit(db: sqlite3.Connection, batch: _Batch) -> tuple[float, float]:
 
 def _connect(path: str) -> sqlite3.Connection:
     """Open (creating, mode 0600) the file at ``path`` in WAL mode with synchronous=FULL."""
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise StoreError(f"session store {path}: its directory {parent} does not exist")
-    try:
-        # Created here, not by sqlite, so that it is 0600 from the start (sqlite gives
-        # its -wal and -shm files the mode of the database file). It holds session ids,
-        # which are resume secrets (section 1.1), and messages.
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            if os.fstat(fd).st_mode & 0o077:
-                os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
-        # A WAL left by an earlier process is opened as it is: narrowed too.
-        for other in (path + "-wal", path + "-shm"):
-            if os.path.exists(other) and os.stat(other).st_mode & 0o077:
-                os.chmod(other, 0o600)
-    except OSError as e:
-        raise StoreError(f"session store {path}: cannot open: {e}") from e
+    _make_private(path)
     try:
         # isolation_level=None: transactions are the explicit BEGIN/COMMIT of _commit.
         db = sqlite3.connect(path, timeout=1.0, isolation_level=None, check_same_thread=False)
     except sqlite3.Error as e:
         raise StoreCorrupt(path, f"sqlite: {e}") from e
     try:
-        # One process at a time: the lock is taken now (the BEGIN EXCLUSIVE below) and held
-        # until close; a second node on the same file gets "database is locked". Without a
-        # shared-memory index, so no -shm file.
-        # The page size of a new file (set before WAL mode makes it; an existing file
-        # keeps its own). PAGE_SIZE says why 16 KiB.
-        db.execute(f"PRAGMA page_size={PAGE_SIZE}")
-        db.execute("PRAGMA locking_mode=EXCLUSIVE")
-        mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-        if mode != "wal":
-            raise StoreError(f"session store {path}: sqlite refused WAL mode (journal_mode is {mode})")
-        # FULL, not NORMAL: in WAL mode NORMAL does not sync the WAL at each commit, so
-        # the last commits may be lost at a power loss; a commit here is a promise.
-        db.execute("PRAGMA synchronous=FULL")
-        # Fold the WAL into the file every WAL_PAGES pages, and cut it back to 64 MiB
-        # after, so that the WAL stays small next to max_bytes.
-        db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
-        db.execute(f"PRAGMA journal_size_limit={64 << 20}")
-        db.execute("BEGIN EXCLUSIVE")
-        db.execute("COMMIT")
+        _configure(db, path)
     except sqlite3.OperationalError as e:
         db.close()
         if "locked" in str(e):
@@ -600,6 +567,51 @@ def _connect(path: str) -> sqlite3.Connection:
         db.close()
         raise
     return db
+
+
+def _make_private(path: str) -> None:
+    """Create the file (mode 0600) if it is not there; narrow it, and a WAL left by an
+    earlier process (sqlite opens that as it finds it), to 0600 if they are wider. The
+    file holds session ids, which are resume secrets (section 1.1), and messages; sqlite
+    gives the -wal file it creates the mode of the database file."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise StoreError(f"session store {path}: its directory {parent} does not exist")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if os.fstat(fd).st_mode & 0o077:
+                os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+        for other in (path + "-wal", path + "-shm"):
+            if os.path.exists(other) and os.stat(other).st_mode & 0o077:
+                os.chmod(other, 0o600)
+    except OSError as e:
+        raise StoreError(f"session store {path}: cannot open: {e}") from e
+
+
+def _configure(db: sqlite3.Connection, path: str) -> None:
+    """The connection's settings (specs/resume.md section 8.1)."""
+    # The page size of a new file (set before WAL mode makes it; an existing file keeps
+    # its own): PAGE_SIZE says why 16 KiB.
+    db.execute(f"PRAGMA page_size={PAGE_SIZE}")
+    # One process at a time: the lock is taken by the BEGIN EXCLUSIVE below and held
+    # until close; a second node on the same file gets "database is locked". Without a
+    # shared-memory index, so no -shm file.
+    db.execute("PRAGMA locking_mode=EXCLUSIVE")
+    mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if mode != "wal":
+        raise StoreError(f"session store {path}: sqlite refused WAL mode (journal_mode is {mode})")
+    # FULL, not NORMAL: in WAL mode NORMAL does not sync the WAL at each commit, so the
+    # last commits may be lost at a power loss; a commit here is a promise.
+    db.execute("PRAGMA synchronous=FULL")
+    # Fold the WAL into the file every WAL_PAGES pages, and cut it back to 64 MiB after,
+    # so that the WAL stays small next to max_bytes.
+    db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+    db.execute(f"PRAGMA journal_size_limit={64 << 20}")
+    db.execute("BEGIN EXCLUSIVE")
+    db.execute("COMMIT")
 
 
 def _check_or_create(db: sqlite3.Connection, path: str, node_id: str) -> None:
