@@ -131,7 +131,7 @@ class SessionManager:
             Effect.DETACH: lambda peer, _: peer._detach(),
             Effect.NOTIFY_SUSPENDED: self._notify_suspended,
             Effect.START_GRACE: self._start_grace,
-            Effect.REDIAL: lambda peer, _: self._dialing.redial(peer) if peer.address is not None else None,
+            Effect.REDIAL: self._redial,
             Effect.RESUME: self._resume_effect,
             Effect.END: self._end_effect,
         }
@@ -197,9 +197,11 @@ class SessionManager:
         peer.ip_key = protocol.ip_key  # the resumed session counts against its new address
         self._limits.counted(peer, 1)
         if step_.answer:
-            protocol.core.send_session_answer(
-                SessionAnswer(session_id=peer.session.id, resumed=True, delivered=peer.session.delivered_counts())
-            )
+            answer = SessionAnswer(session_id=peer.session.id, resumed=True, delivered=peer.session.delivered_counts())
+            if self.store is None:
+                protocol.core.send_session_answer(answer)
+            else:  # its counts on disk first (specs/resume.md 9.3); what follows waits for later commits
+                self.store.durable().addCallback(self._answer_stored, protocol, answer)
         peer._attach(protocol, resend)
         peer.resumes += 1
         session_telemetry.resumed(self.node_id, peer, protocol, resend)
@@ -207,6 +209,25 @@ class SessionManager:
         protocol.pump()
         self._handshake_done(protocol, peer)
         self._dialing.session_up(peer)
+
+    def _answer_stored(self, _, protocol, answer: SessionAnswer) -> None:
+        """The resume's counts are committed: the answer goes out, if the connection is
+        still there (the peer's acks, re-sent messages and new ones wait for later
+        commits, so they follow it)."""
+        if protocol.end_reason is None:
+            protocol.core.send_session_answer(answer)
+            protocol.pump()
+
+    def _redial(self, peer: Peer, _) -> None:
+        """The side that dialed re-dials a suspended session. With a store, once the
+        delivered counts its resume request will carry (they stopped at the break) are
+        committed, so a restart never resumes below counts the peer was told (9.3)."""
+        if peer.address is None:
+            return
+        if self.store is None:
+            self._dialing.redial(peer)
+            return
+        self.store.durable().addCallback(lambda _: self._dialing.redial(peer) if peer.state is S.SUSPENDED else None)
 
     def _end_effect(self, peer: Peer, step_: _Step) -> None:
         reason = step_.reason

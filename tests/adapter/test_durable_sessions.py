@@ -290,6 +290,7 @@ def test_the_reactors_committed_count_wins_over_the_stores_and_no_message_comes_
     network.kill(b)  # the delivered counts were never committed by the store
 
     rb2 = Recorder(ledger=rb.ledger)  # the reactor's own committed ledger survives
+    manual.discard("b.db")  # the new process's store commits as it should
     b2 = network.restart(b, [rb2])
     assert b2.peers[a.node_id].session.delivered(CH) == 5  # the hook's 5, not the store's 0
     network.run(2.0)
@@ -312,6 +313,7 @@ def test_without_the_hook_a_message_whose_count_was_not_committed_comes_again_wi
     network.kill(b)
 
     rb2 = Recorder()  # keeps nothing: at-least-once
+    manual.discard("b.db")
     network.restart(b, [rb2])
     network.run(2.0)
     assert a.peers[b.node_id].resumes == 1
@@ -403,3 +405,24 @@ def test_a_restored_session_that_gives_way_to_the_limits_was_added_before_it_is_
     assert calls == [("add_peer", b.node_id), ("remove_peer", "SessionRejected")]  # evicted: over the bytes
     assert b.node_id not in a2.peers
     a2._check_invariants()
+
+
+def test_a_resume_announces_delivered_counts_only_once_they_are_committed(stores):
+    opened, manual = stores
+    manual.add("a.db")
+    network, a, b, ra, rb = pair(stores, manual_b=True)
+    opened["a.db"].commit()
+    opened["b.db"].commit()
+    network.run(0.1)
+    to_a, to_b = b.peers[a.node_id], a.peers[b.node_id]
+    network.reset(a, b)
+    network.run(0.5)
+    # The dialer re-dials only once the counts its resume request carries are on disk.
+    assert to_b.state == "suspended" and to_a.state == "suspended"
+    opened["a.db"].commit()
+    network.run(0.5)
+    # The listener answers only once the counts of its answer are on disk.
+    assert to_b.state == "connecting" and to_b.resumes == 0
+    opened["b.db"].commit()
+    network.run(0.5)
+    assert to_b.state == "connected" and to_b.resumes == 1 and to_a.resumes == 1
