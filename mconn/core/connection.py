@@ -605,6 +605,23 @@ class Connection:
                 self._queue_ping()
         return events
 
+    def overdue(self, now: float) -> bool:
+        """Whether ``handle_timeout(now)`` would fail the connection: its handshake or the
+        pong of our ping overdue. After a stall of its own event loop the adapter gives
+        such a verdict one more loop turn (specs/connection.md section 3); a ping due needs
+        none."""
+        config = self.config
+        handshaking = self.state is _HANDSHAKING or (self.state is _OPEN and self._awaiting_answer)
+        if handshaking and now >= self._started + config.handshake_timeout:
+            return True
+        sent = self._ping_sent_at
+        return (
+            self.state is _OPEN
+            and sent is not None
+            and self._last_received < sent
+            and now >= sent + config.pong_timeout
+        )
+
     def _queue_ping(self) -> None:
         """Queue our ping, unless one is still queued unsent: a peer that sends now and
         then but never reads would otherwise make us keep one more ping every interval

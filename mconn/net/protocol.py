@@ -448,17 +448,18 @@ class MConnectionProtocol(Protocol):
         loop's lateness (mconn/net/timers.py)."""
         now = self._clock.seconds()
         late = fired_at - self._timer_due
-        if late > LOOP_STALL and not self._after_stall:
+        assert self.core is not None  # timers run only on a connection with a core
+        if late > LOOP_STALL and not self._after_stall and self.core.overdue(now):
             # The event loop itself stalled (a reactor blocked it): the peer's answer may
-            # be sitting unread in the socket. One turn of the loop reads it before any
-            # keepalive verdict, so our stall does not make a healthy peer look dead.
+            # be sitting unread in the socket. One turn of the loop reads it before the
+            # keepalive verdict, so our stall does not make a healthy peer look dead. A
+            # ping due is no verdict: it goes out now, however late.
             self._after_stall = True
             self.owner.loop_stalled(self, late)
             self._timer_due = now
             self._timer = timers_of(self._clock).arm(now, self)  # the next turn
             return
         self._after_stall = False
-        assert self.core is not None  # timers run only on a connection with a core
         for event in self.core.handle_timeout(now):
             _HANDLERS[type(event)](self, event)
         # A keepalive ping is one byte alone in its turn: it goes to the socket at once

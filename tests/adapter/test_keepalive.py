@@ -109,6 +109,24 @@ def test_a_pong_rearms_the_timer_at_once():
     assert not h.transport.disconnecting
 
 
+def test_a_late_ping_goes_out_at_once_and_only_a_late_verdict_is_a_stall(telemetry):
+    """A timer that fires late (our event loop stalled) with a ping due sends the ping at
+    once: a ping is no verdict, nothing is logged. One late with the pong overdue gives
+    the verdict one more loop turn and logs ``loop_stalled`` (specs/connection.md
+    section 3)."""
+    h = open_switch_connection(config=CONFIG)
+    timer_runs = []
+    handle_timeout = h.proto.core.handle_timeout
+    h.proto.core.handle_timeout = lambda now: (timer_runs.append(now), handle_timeout(now))[1]
+    h.clock.advance(10.5)  # the ping was due at 10
+    assert parse_packets(h.take()) == [(PING,)] and timer_runs == [10.5]
+    assert telemetry.named("loop_stalled") == []
+    h.clock.advance(5)  # its pong was due at 14.5: the verdict, 1 s late, waits a turn
+    [stall] = telemetry.named("loop_stalled")
+    assert stall["late"] == pytest.approx(1.0)
+    assert h.transport.disconnecting and timer_runs == [10.5, 15.5]
+
+
 def test_any_received_bytes_cancel_the_pong_timeout():
     """Any received packet, not only a pong, proves the peer alive."""
     h = open_switch_connection(config=CONFIG)

@@ -93,7 +93,7 @@ def emitted():
         late = RawPeer(hello_packet("ab" * 20, CHANNELS) + msg_packet(0x99, b"?"))  # ... with one
         network.connect_raw(late, a)
         network.flush()  # the old connection answers the probe: duplicate_connection
-        network.advance(config.ping_interval + 1)  # keepalive timers fire late: loop_stalled
+        network.advance(config.ping_interval + 1)  # keepalive pings, late (no verdict: no stall)
         network.advance(5)  # channel_stats with the round trip the pings measured
         c = network.switch([RecordingReactor(CHANNELS)], config=Config(stats_interval=0, max_reconnects=1))
         c.dial(f"{'cd' * 20}@127.0.0.1:9", retry_initial_dial=True).addErrback(lambda f: None)
@@ -103,7 +103,8 @@ def emitted():
         d = network.switch([RecordingReactor(CHANNELS)], config=Config(stats_interval=0, max_connections_per_ip=1))
         network.connect_raw(RawPeer(), d)
         network.connect_raw(RawPeer(), d)  # a second one from that address: connection_refused
-        network.advance(d.config.handshake_timeout + 1)  # the first never says hello: link_failed
+        # The first never says hello: its verdict, 1 s late, waits a turn (loop_stalled), link_failed.
+        network.advance(d.config.handshake_timeout + 1)
         a.stopService()  # connection_lost, both sides
         b.stopService()
         network.flush()

@@ -334,6 +334,31 @@ def test_any_received_byte_proves_liveness():
     assert conn.next_deadline() == 160.0
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    opened=st.booleans(),
+    steps=st.lists(
+        st.tuples(st.sampled_from(["timer", "pong", "hello", "msg"]), st.floats(0.0, 70.0)),
+        max_size=12,
+    ),
+)
+def test_overdue_says_whether_handle_timeout_fails(opened, steps):
+    """``overdue(now)`` (the adapter's test for a verdict after a stall of its loop) is
+    True exactly when ``handle_timeout(now)`` fails the connection: a handshake or a pong
+    overdue, never a ping due."""
+    conn = open_connection() if opened else make_connection()
+    now = 0.0
+    inputs = {"pong": PONG, "hello": hello_packet(), "msg": msg(CH, b"hi")}
+    for kind, wait in steps:
+        now += wait
+        if kind in inputs:
+            conn.receive_data(inputs[kind], now)
+        overdue = conn.overdue(now)
+        failed = any(type(e) is ConnectionFailed for e in conn.handle_timeout(now))
+        assert overdue == failed, (kind, now)
+        conn.data_to_send(now)
+
+
 def test_received_data_restarts_the_ping_interval():
     """A received message postpones the ping by ping_interval."""
     conn = open_connection()
