@@ -35,6 +35,8 @@ from mconn.ops.telemetry_file import (
 #: Settings that may be repeated; the rest take one value.
 REPEATABLE = ("listen", "peer", "reactor")
 PATHS = ("key", "telemetry", "tls_ca", "tls_cert", "addrbook_file")
+#: :class:`mconn.Config` fields that name a file: in a TOML file, relative to it as well.
+CONFIG_PATHS = ("session_store", "wss_ca_file")
 #: Settings that are on when given (``--tls``), true or false in TOML.
 FLAGS = ("create_key", "tls", "tls_no_client_cert", "tls_upgrade", "tls_accept_upgrade", "seed_mode")
 #: Settings that are a set of words: comma-separated on the command line, a list or a
@@ -177,7 +179,7 @@ def _from_toml(name: str, value, where: str, base: str):
         if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
             raise ConfigurationError(f"{where}: {value!r} must be a list of strings or a comma-separated string")
         return frozenset(i.strip() for i in items if i.strip())
-    if name in PATHS:
+    if name in PATHS or name in CONFIG_PATHS:
         if not isinstance(value, str):
             raise ConfigurationError(f"{where}: {value!r} must be a path (a string)")
         return os.path.join(base, os.path.expanduser(value))

@@ -128,6 +128,8 @@ def test_toml_file_sets_everything_and_the_command_line_wins(tmp_path):
         pong-timeout = 7.5
         tcp_notsent_lowat = "none"
         local_address = "127.0.0.1"
+        session_store = "state/sessions.db"
+        wss_ca_file = "ca.pem"
     """,
     )
     settings = parse("--config", config, "--listen", "tcp:0", "--ping-interval", "9").settings
@@ -137,7 +139,12 @@ def test_toml_file_sets_everything_and_the_command_line_wins(tmp_path):
     assert settings.telemetry.value == str(tmp_path / "conf" / "telemetry.json")
     assert settings.telemetry_rotate_bytes == 1000
     assert settings.config == NODE_CONFIG.replace(
-        ping_interval=9.0, pong_timeout=7.5, tcp_notsent_lowat=None, local_address="127.0.0.1"
+        session_store=str(tmp_path / "conf" / "state" / "sessions.db"),  # Config's paths too
+        wss_ca_file=str(tmp_path / "conf" / "ca.pem"),
+        ping_interval=9.0,
+        pong_timeout=7.5,
+        tcp_notsent_lowat=None,
+        local_address="127.0.0.1",
     )
 
 
