@@ -1,7 +1,7 @@
 """CPU per message of two Switches in one process, without sockets: a steadier view.
 
     PYTHONPATH=<tree> .venv/bin/python bench/msgcost.py [--ack-every-messages N ...]
-        [--profile bulk|small|small_many|rtt]
+        [--profile bulk|small|small_many|rtt] [--pair-before REV [--rounds 5]]
 
 run.py's ``acks`` scenario runs this once per variant and round, with the variant's mconn
 on PYTHONPATH. A dialing and a listening Switch are joined by two Twisted
@@ -18,8 +18,18 @@ present before the session layer is used (commit 82a45f3 on).
 ``--profile SCENARIO`` runs that scenario's batches under cProfile instead and prints the
 top functions by own time, with their calls per message.
 
+``--pair-before REV`` measures mconn now and mconn at REV in the same run: REV's mconn/
+is ``git archive``-d into a directory under /tmp and, when it has the compiled twin
+(mconn/core/_speedups.pyx), its extension is built there (``cythonize -i``), so that
+before and after each run as ``make`` would install them. Then ``--rounds`` rounds run
+this script once per tree, the order reversed every other round, each in its own process
+with its tree on PYTHONPATH; the figure of each tree is its median over the rounds, and
+the line printed is ``{"now": {...}, "before": {...}, "now_over_before": {...}}`` with
+each tree's implementation (``mconn --version``'s word) and file.
+
 Prints one JSON line: ``{"bulk": {"send_us": ..., "deliver_us": ..., "total_us": ...},
-"small": {...}, "small_many": {...}, "rtt": {"round_trip_us": ...}, "mconn_file": ...}``,
+"small": {...}, "small_many": {...}, "rtt": {"round_trip_us": ...}, "mconn_file": ...,
+"implementation": ...}``,
 microseconds per message (bulk messages are 1 MiB). ``small_many`` sends each batch with
 one ``Peer.try_send_many`` call (one pump for the batch) and is left out for trees
 without it. ``rtt`` is the CPU of one round trip: one 100-byte message sent with
@@ -31,10 +41,16 @@ loop (the smallest of 40 batches of 500, process time).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import json
+import os
 import pstats
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 from twisted.internet.address import IPv4Address
@@ -181,14 +197,90 @@ def profile(config: Config, scenario: str, top: int = 25) -> None:
         print(f"{calls / n:>10.3f}{own * 1e6 / n:>9.3f}{cum * 1e6 / n:>9.3f}  {path.rsplit('/', 1)[-1]}:{line}({name})")
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextlib.contextmanager
+def built_tree(rev: str):
+    """mconn/ at ``rev`` in a new directory under /tmp, its compiled twin built when it
+    has one; yields the directory (removed on exit)."""
+    name = "".join(c if c.isalnum() else "_" for c in rev[:12])
+    directory = tempfile.mkdtemp(prefix=f"mconn-msgcost-{name}-", dir="/tmp")
+    try:
+        archive = subprocess.Popen(["git", "-C", REPO, "archive", "--format=tar", rev, "mconn"], stdout=subprocess.PIPE)
+        subprocess.run(["tar", "-x", "-C", directory], stdin=archive.stdout, check=True)
+        archive.stdout.close()
+        if archive.wait() != 0:
+            raise RuntimeError(f"git archive {rev} failed")
+        pyx = os.path.join(directory, "mconn", "core", "_speedups.pyx")
+        if os.path.exists(pyx):
+            cythonize = os.path.join(os.path.dirname(sys.executable), "cythonize")
+            subprocess.run([cythonize, "-q", "-i", "-3", pyx], check=True, capture_output=True, timeout=600)
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def run_tree(tree: str, options: list[str]) -> dict:
+    """This script (without --pair-before) on ``tree``'s mconn, in its own process."""
+    env = dict(os.environ, PYTHONPATH=tree)
+    done = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), *options],
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"msgcost on {tree} failed: {done.stderr[-2000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if not out["mconn_file"].startswith(tree + os.sep):
+        raise RuntimeError(f"msgcost on {tree} imported mconn from {out['mconn_file']}")
+    return out
+
+
+def _medians(runs: list[dict]) -> dict:
+    """Per scenario and figure, the median over the rounds (other fields: the first's)."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, dict):
+            out[key] = {k: statistics.median(r[key][k] for r in runs) for k in value}
+    return out
+
+
+def pair_before(rev: str, rounds: int, options: list[str]) -> dict:
+    """Now and ``rev``, ``rounds`` times each, alternating (see the module docstring)."""
+    runs: dict[str, list[dict]] = {"now": [], "before": []}
+    with built_tree(rev) as before:
+        trees = {"now": REPO, "before": before}
+        for n in range(rounds):
+            for name in ("now", "before") if n % 2 == 0 else ("before", "now"):
+                runs[name].append(run_tree(trees[name], options))
+    now, then = _medians(runs["now"]), _medians(runs["before"])
+    ratios = {
+        key: {k: now[key][k] / then[key][k] for k in value if then[key].get(k)}
+        for key, value in now.items()
+        if isinstance(value, dict) and isinstance(then.get(key), dict)
+    }
+    return {"now": now, "before": then, "now_over_before": ratios, "before_rev": rev, "rounds": rounds}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name in ("ack_every_messages", "ack_every_bytes"):
         p.add_argument("--" + name.replace("_", "-"), type=int)
     p.add_argument("--ack-interval", type=float)
     p.add_argument("--profile", choices=sorted(WORK) + ["rtt"], help="print a cProfile of one scenario instead")
+    p.add_argument("--pair-before", metavar="REV", help="also measure mconn at REV (its twin built) in the same run")
+    p.add_argument("--rounds", type=int, default=5, help="--pair-before: rounds of the two trees (default 5)")
     args = p.parse_args(argv)
     fields = {k: v for k, v in vars(args).items() if k.startswith("ack_") and v is not None}
+    if args.pair_before:
+        if args.rounds < 1:
+            p.error(f"--rounds must be at least 1, got {args.rounds}")
+        print(json.dumps(pair_before(args.pair_before, args.rounds, as_options(fields))))
+        return 0
     config = Config(stats_interval=0, **fields)
     if args.profile:
         profile(config, args.profile)
@@ -196,8 +288,24 @@ def main(argv=None) -> int:
     out = {scenario: measure(config, scenario) for scenario in WORK if _supported(scenario)}
     out["rtt"] = measure_rtt(config)
     out["mconn_file"] = sys.modules["mconn"].__file__
+    out["implementation"] = implementation()
     print(json.dumps(out))
     return 0
+
+
+def as_options(fields: dict) -> list[str]:
+    """``{"ack_interval": 1.0}`` -> ``["--ack-interval", "1.0"]``."""
+    return [x for name, value in fields.items() for x in ("--" + name.replace("_", "-"), str(value))]
+
+
+def implementation() -> str:
+    """Which per-packet path runs (``mconn --version``'s word); trees before the compiled
+    twin are pure Python."""
+    try:
+        from mconn.core.speedups import describe
+    except ImportError:
+        return "pure Python (no compiled twin in this tree)"
+    return describe()
 
 
 if __name__ == "__main__":
