@@ -57,7 +57,7 @@ def _sizes(payload: int) -> st.SearchStrategy[int]:
 @st.composite
 def worlds(draw):
     """A description of channels and calls; ``_build`` makes identical copies of it."""
-    payload = draw(st.sampled_from([1, 2, 7, 100, 1024, COPY_MAX, COPY_MAX + 1, 65536]))
+    payload = draw(st.sampled_from([1, 2, 7, 100, 1024, COPY_MAX, COPY_MAX + 1, 65536, HUGE]))
     ids = draw(st.lists(st.integers(0, 255), min_size=1, max_size=4, unique=True))
     specs = []
     for cid in ids:
