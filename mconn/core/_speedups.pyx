@@ -51,7 +51,7 @@ cdef double C_DECAY_TAU = 2.0 / log(1.25)
 cdef double C_RESCALE_EXPONENT = log(1e12)
 
 #: Checked by mconn.core.speedups: a build of an older source is not used.
-INTERFACE = 5
+INTERFACE = 6
 
 PING = C_PING
 PONG = C_PONG
@@ -382,11 +382,21 @@ cdef int _init_slots() except -1:
 
 
 cdef inline object _get(object obj, Py_ssize_t offset):
-    """The slot's value (an unset slot is an AttributeError, as getattr says)."""
+    """The slot's value (an unset slot is getattr's AttributeError)."""
     cdef PyObject *value = (<PyObject **> ((<char *> <PyObject *> obj) + offset))[0]
     if value == NULL:
-        raise AttributeError(f"{type(obj).__name__} object has an unset slot at offset {offset}")
+        raise _unset(obj, offset)
     return <object> value
+
+
+cdef object _unset(object obj, Py_ssize_t offset):
+    """The AttributeError getattr raises for the unset slot at ``offset``."""
+    name = "?"
+    for key, descriptor in type(obj).__dict__.items():
+        if type(descriptor).__name__ == "member_descriptor":
+            if (<PyMemberDescrObject *> descriptor).d_member.offset == offset:
+                name = key
+    return AttributeError(f"'{type(obj).__name__}' object has no attribute '{name}'")
 
 
 cdef inline void _set(object obj, Py_ssize_t offset, object value):

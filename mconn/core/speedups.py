@@ -19,7 +19,7 @@ from types import ModuleType
 
 #: The interface version of the extension this source expects: a stale build (an
 #: older _speedups.pyx compiled) is not used, mconn runs on the pure functions instead.
-INTERFACE = 5
+INTERFACE = 6
 
 
 def _load() -> tuple[ModuleType | None, str]:

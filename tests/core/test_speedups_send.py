@@ -238,3 +238,14 @@ def test_the_twin_is_what_the_scheduler_and_connection_use_unless_mconn_pure():
     expected = channel.schedule if speedups.SPEEDUPS is None else compiled.schedule
     assert channel.active_schedule is expected
     assert connection.active_schedule is expected
+
+
+def test_an_unset_slot_fails_as_getattr_does():
+    """A Channel made without __init__ has no ``sending``: the twin, reading the slot
+    where it is stored, raises the AttributeError the reference's getattr raises."""
+    errors = []
+    for schedule in (channel.schedule, compiled.schedule):
+        with pytest.raises(AttributeError) as raised:
+            schedule(Scheduler([Channel.__new__(Channel)], now=0.0), [], 0.0, 100, 100)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1] == "'Channel' object has no attribute 'sending'"
