@@ -1,7 +1,7 @@
 """Many peers on one listening Switch: connect storm, memory, idle CPU, broadcast.
 
-    .venv/bin/python bench/many_peers.py [--peers 10000] [--dialers 4] [--idle 40]
-        [--before REV] [--telemetry file|none] [--profile FILE] [--py-spy PREFIX]
+    .venv/bin/python bench/many_peers.py [--peers 10000] [--dialers 4] [--idle 130]
+        [--before REV] [--telemetry file|none] [--profile FILE] [--py-spy PREFIX] [--raw-idle]
 
 One listener process runs a Switch at the default Config with the admission limits
 raised as an operator would for this many peers (``limits``), writing its telemetry to
@@ -26,6 +26,14 @@ line):
    they read up to the answer, to check). The listener times first accept to last
    answer: raw rounds per second, the baseline of ``handshake_ratio``; and its CPU time
    per round, from the order to half a second after the last dialer is done.
+1c. ``raw_idle`` (with ``--raw-idle``): the floor of phase 4. The dialers hold their
+   share of ``--peers`` plain TCP connections to a third plain port, whose protocol pings
+   each one ``ping_interval`` (60 s) after the last byte received, one DelayedCall and a
+   ``transport.write`` per ping, as a plain Twisted program keeps a connection alive; the
+   dialers answer each ping byte with a pong byte. The listener's CPU time over
+   ``--idle`` seconds as in phase 4; then the connections close. Phase 4's CPU time over
+   this one is what mconn's keepalive, stats tick and telemetry cost above the pings'
+   and pongs' own system calls.
 2. ``storm``: the same, to the Switch, each connection done at the listener's session
    answer. The listener times its sessions (first connection made to the last session
    up): handshakes per second, and their ratio to 1b (and to 1). The wall time from the order to the
@@ -41,7 +49,12 @@ line):
    same before the storm, over the peers connected.
 4. ``idle``: the listener's CPU time (user + system) over ``--idle`` seconds of wall with
    every peer connected and no traffic; the pings each dialer answered meanwhile and the
-   listener's pending DelayedCalls.
+   listener's pending DelayedCalls. The default, 130 s, holds two keepalive intervals
+   (``ping_interval``, 60 s) and a margin: every peer is pinged twice in it, and each
+   ping's pong and the telemetry it moves are in the figure (a window of a second or
+   two, as bench/external.py's, misses the keepalive almost entirely). What the listener
+   did meanwhile is counted (``work``): event loop turns, runs of the shared timer heap,
+   connection timers fired, reads, and the telemetry records written, by event.
 5. ``broadcast``: ``Switch.broadcast`` of one 100-byte message to every peer: the CPU and
    wall time of the call and of the reactor turns until its bytes are written, per peer,
    and the DelayedCalls it left behind; the dialers count the messages they received.
@@ -56,7 +69,8 @@ PYTHONPATH (bench/run.py's ``--before``; REV may also be a directory holding an
 FILE`` runs each listener under cProfile during the storm and during ``idle``, and
 writes the stats to FILE.<variant>.storm and FILE.<variant>; ``--py-spy PREFIX`` records
 the listener with py-spy (400 Hz, raw folded stacks) from a second before the storm's
-order to its end, into PREFIX.<variant>.txt. A summary table goes to stdout and the JSON to
+order to its end, into PREFIX.<variant>.txt, and over the idle window into
+PREFIX.<variant>.idle.txt. A summary table goes to stdout and the JSON to
 bench/out/many-peers-<time>.json. The processes' own code (listener, dialer) is
 bench/many_peers_roles.py.
 """
@@ -76,7 +90,7 @@ import sys
 import tempfile
 import time
 
-from many_peers_roles import SETTLE, STORM_DEADLINE, dialer, listener  # bench/ is the script's path
+from many_peers_roles import IDLE, SETTLE, STORM_DEADLINE, dialer, listener  # bench/ is the script's path
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -157,28 +171,11 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         )
         # 1b. the raw round: the same socket work as a handshake, without mconn
         result["round"] = raw_round(listener_role, dialers, counts, hello)
+        if args.raw_idle:
+            result["raw_idle"] = raw_keepalive_idle(args, listener_role, dialers, counts, hello)
         result["base_rss"] = listener_role.ask(do="base")["rss"]
         # 2. connect storm
-        spy = None
-        if args.py_spy:
-            spy = subprocess.Popen(
-                [
-                    args.py_spy_bin,
-                    "record",
-                    "-p",
-                    str(listener_role.proc.pid),
-                    "-r",
-                    "400",
-                    "-f",
-                    "raw",
-                    "-o",
-                    f"{args.py_spy}.{name}.txt",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            time.sleep(1.0)  # py-spy attaches
+        spy = py_spy(args, listener_role, f"{args.py_spy}.{name}.txt") if args.py_spy else None
         listener_role.ask(do="profile_storm")
         t0 = time.time()
         for d, n in zip(dialers, counts):
@@ -186,10 +183,7 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         storm_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
         time.sleep(0.5)
         span = listener_role.ask(do="storm_span")
-        if spy is not None:
-            spy.send_signal(signal.SIGINT)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                spy.wait(30)
+        stop_py_spy(spy)
         result["storm"] = dict(
             span,
             wall=(span["last_up"] - t0) if span["last_up"] else None,
@@ -206,7 +200,9 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         time.sleep(args.settle)
         result["rss"] = listener_role.ask(do="rss", timeout=120)
         pings0 = sum(d.ask(do="report")["pings"] for d in dialers)
+        spy = py_spy(args, listener_role, f"{args.py_spy}.{name}.idle.txt") if args.py_spy else None
         result["idle"] = listener_role.ask(do="idle", seconds=args.idle, timeout=args.idle + 120)
+        stop_py_spy(spy)
         result["idle"]["pings_answered"] = sum(d.ask(do="report")["pings"] for d in dialers) - pings0
         # 5. broadcast
         result["broadcast"] = listener_role.ask(do="broadcast", timeout=120)
@@ -228,6 +224,47 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
     finally:
         for role in roles:
             role.kill()
+
+
+def raw_keepalive_idle(args, listener_role, dialers, counts, hello) -> dict:
+    """Phase 1c (``--raw-idle``): the idle phase's floor. Every dialer opens its share of
+    connections to a plain Twisted port of the listener that pings each connection
+    ``ping_interval`` after the last byte received (a DelayedCall per connection, a
+    ``transport.write`` per ping); the dialers answer each ping with a pong. The
+    listener's CPU time over ``--idle`` seconds, as phase 4 measures it; then the
+    connections are closed."""
+    for d, n in zip(dialers, counts):
+        d.send(do="keepalive", port=hello["keepalive_port"], count=n)
+    for d in dialers:
+        d.read(STORM_DEADLINE + 30)
+    time.sleep(2.0)  # the listener accepts the last ones
+    pings0 = sum(d.ask(do="report")["raw_pings"] for d in dialers)
+    idle = listener_role.ask(do="idle", seconds=args.idle, timeout=args.idle + 120)
+    idle["pings_answered"] = sum(d.ask(do="report")["raw_pings"] for d in dialers) - pings0
+    idle["connections"] = listener_role.ask(do="keepalive_count")["connections"]
+    for d in dialers:
+        d.ask(do="close_raw")
+    time.sleep(2.0)
+    return idle
+
+
+def py_spy(args, role: Role, path: str) -> subprocess.Popen:
+    """py-spy recording ``role``'s process (400 Hz, raw folded stacks) into ``path``."""
+    spy = subprocess.Popen(
+        [args.py_spy_bin, "record", "-p", str(role.proc.pid), "-r", "400", "-f", "raw", "-o", path],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    time.sleep(1.0)  # py-spy attaches
+    return spy
+
+
+def stop_py_spy(spy: subprocess.Popen | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.wait(30)
 
 
 def raw_round(listener_role, dialers, counts, hello) -> dict:
@@ -282,11 +319,26 @@ def summary(name: str, r: dict) -> list[str]:
         f" (garbage collector {f(s.get('gc_seconds'))} s, collections by generation {s.get('gc_collections')}; "
         f"stats ticks in that span {s.get('ticks_in_storm')})",
         f"  RSS/peer {f(r['rss']['per_peer'] and r['rss']['per_peer'] / 1024)} KiB over {r['rss']['peers']} peers",
-        f"  idle CPU {f(idle['cpu_share'] * 100)}% ({f(idle['cpu_seconds'])} s over {f(idle['wall'])} s), "
+        f"  idle CPU {f(idle['cpu_share'] * 100)}% ({f(idle['cpu_seconds'])} s over {f(idle['wall'])} s: "
+        f"user {f(idle.get('user_seconds'))} s, system {f(idle.get('system_seconds'))} s), "
         f"pings answered {idle['pings_answered']}, DelayedCalls {idle['delayed_calls']}",
+        f"  idle work: {idle.get('work')}",
+        *raw_idle_summary(r, f),
         f"  broadcast to {b['peers']}: call {f(b['call_cpu'] * 1e3)} ms CPU ({f(b['call_us_per_peer'])} us/peer), "
         f"until written {f(b['cpu'] * 1e3)} ms CPU / {f(b['wall'] * 1e3)} ms wall, received {b['received']}, "
         f"DelayedCalls {b['delayed_calls']}",
+    ]
+
+
+def raw_idle_summary(r: dict, f) -> list[str]:
+    raw = r.get("raw_idle")
+    if raw is None:
+        return []
+    return [
+        f"  plain Twisted keepalive, {raw['connections']} connections: idle CPU {f(raw['cpu_share'] * 100)}% "
+        f"({f(raw['cpu_seconds'])} s: user {f(raw['user_seconds'])} s, system {f(raw['system_seconds'])} s), "
+        f"pings answered {raw['pings_answered']}; mconn's idle CPU over it "
+        f"{f(r['idle']['cpu_seconds'] / raw['cpu_seconds'] if raw['cpu_seconds'] else None)}"
     ]
 
 
@@ -295,8 +347,11 @@ def main() -> None:
     parser.add_argument("--role", choices=["main", "listener", "dialer"], default="main")
     parser.add_argument("--peers", type=int, default=10000)
     parser.add_argument("--dialers", type=int, default=4)
-    parser.add_argument("--idle", type=float, default=40.0)
+    parser.add_argument("--idle", type=float, default=IDLE)
     parser.add_argument("--settle", type=float, default=SETTLE)
+    parser.add_argument(
+        "--raw-idle", action="store_true", help="also measure the plain Twisted keepalive's idle CPU (phase 1c)"
+    )
     parser.add_argument("--now", default=REPO, help="the tree to measure as 'now' (default: this one)")
     parser.add_argument("--before", default=None)
     parser.add_argument("--order", default="before,now")

@@ -22,9 +22,13 @@ CONCURRENCY = 64
 BACKLOG = 1024
 #: Seconds a dialer waits for its share of a storm before it reports what it has.
 STORM_DEADLINE = 150.0
-#: Seconds between the storm and the measurements: one stats tick (10 s) and a margin,
-#: so that the idle window holds no handshake and no tick's first ping of a new peer.
-SETTLE = 12.0
+#: Seconds between the storm and the measurements: two stats ticks (10 s each) and a
+#: margin, so that the idle window holds no handshake, no tick's first ping of a new
+#: peer, and no tick logging that ping's round trip (each peer's second channel_stats).
+SETTLE = 22.0
+#: Seconds of the idle measurement: two keepalive intervals (ping_interval, 60 s) and a
+#: margin, so that every peer's keepalive ping and pong fall in it twice.
+IDLE = 130.0
 
 
 def limits(peers: int) -> dict:
@@ -84,6 +88,82 @@ class Commands:
         sys.stdout.flush()
 
 
+class IdleWork:
+    """Counts what the listener does in the idle window: event loop turns (one
+    ``doIteration`` each: a wake-up from epoll), runs of the shared keepalive timer heap
+    (``Timers._run``: one DelayedCall firing), connection timers fired
+    (``MConnectionProtocol._on_timer``), reads handed to a connection
+    (``dataReceived``) and the writes of its pump. Each count is a wrapper installed over
+    the method for the window only (a Python call more per count: a few percent of the
+    work counted, the same in either tree)."""
+
+    def __init__(self, clock) -> None:
+        from mconn.net import timers
+        from mconn.net.protocol import MConnectionProtocol
+
+        self.counts = {"loop_turns": 0, "timer_runs": 0, "connection_timers": 0, "reads": 0}
+        self._undo: list = []
+        self._wrap(clock, "doIteration", "loop_turns", instance=True)
+        self._wrap(timers.Timers, "_run", "timer_runs")
+        self._wrap(MConnectionProtocol, "_on_timer", "connection_timers")
+        self._wrap(MConnectionProtocol, "dataReceived", "reads")
+
+    def _wrap(self, owner, name: str, key: str, instance: bool = False) -> None:
+        original = getattr(owner, name)
+        counts = self.counts
+
+        if instance:
+
+            def counted(*a):
+                counts[key] += 1
+                return original(*a)
+
+            setattr(owner, name, counted)
+            self._undo.append(lambda: delattr(owner, name))
+        else:
+
+            def counted_method(this, *a):
+                counts[key] += 1
+                return original(this, *a)
+
+            setattr(owner, name, counted_method)
+            self._undo.append(lambda: setattr(owner, name, original))
+
+    def stop(self) -> dict:
+        for undo in self._undo:
+            undo()
+        return dict(self.counts)
+
+
+def telemetry_mark(path: str) -> tuple[int, int, float]:
+    """Where the telemetry log ``path`` stands now: its inode, size and the time."""
+    status = os.stat(path)
+    return status.st_ino, status.st_size, time.time()
+
+
+def events_since(path: str, mark: tuple[int, int, float]) -> dict:
+    """Telemetry records written to ``path`` since ``mark`` (``telemetry_mark``), counted
+    by event, in it and in the files it rotated to meanwhile (``PATH.<time>-<seq>``:
+    the file of the mark keeps its inode, from its offset; the later ones are whole)."""
+    inode, offset, since = mark
+    folder, name = os.path.split(path)
+    counts: dict = {}
+    for entry in os.scandir(folder):
+        if not entry.name.startswith(name):
+            continue
+        status = entry.stat()
+        if status.st_ino != inode and status.st_mtime < since:
+            continue  # closed before the mark
+        with open(entry.path, "rb") as log:
+            if status.st_ino == inode:
+                log.seek(offset)
+            for line in log:
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line).get("event")
+                    counts[event] = counts.get(event, 0) + 1
+    return counts
+
+
 # -- the listener -------------------------------------------------------------------------
 
 
@@ -134,8 +214,32 @@ def listener(args) -> None:
                 times["answered"].append(time.time())
             self.got += len(data)
 
+    class RawKeepalive(protocol.Protocol):
+        """The keepalive in plain Twisted, the floor of the idle phase: a one-byte ping
+        ``ping_interval`` after the last byte received (one DelayedCall per connection,
+        reset by each read), written with ``transport.write``."""
+
+        def connectionMade(self):
+            keepalive.add(self)
+            self.call = clock.callLater(config.ping_interval, self.ping)
+
+        def ping(self):
+            self.transport.write(b"\x01")
+            self.call = clock.callLater(config.ping_interval, self.ping)
+
+        def dataReceived(self, data):
+            if self.call.active():
+                self.call.reset(config.ping_interval)
+
+        def connectionLost(self, reason):
+            keepalive.discard(self)
+            if self.call.active():
+                self.call.cancel()
+
+    keepalive: set = set()
     raw_factory = protocol.Factory.forProtocol(RawServer)
     round_factory = protocol.Factory.forProtocol(RawRound)
+    keepalive_factory = protocol.Factory.forProtocol(RawKeepalive)
 
     def connected_count():
         return sum(1 for p in switch.peers.values() if p.state == "connected")
@@ -242,6 +346,8 @@ def listener(args) -> None:
             Commands.reply(rss=rss, peers=peers, per_peer=(rss - base_rss[0]) / peers if peers else None)
         elif name == "idle":
             idle(command["seconds"])
+        elif name == "keepalive_count":
+            Commands.reply(connections=len(keepalive))
         elif name == "broadcast":
             broadcast()
         elif name == "quit":
@@ -254,20 +360,31 @@ def listener(args) -> None:
 
             profiler[0] = cProfile.Profile()
             profiler[0].enable()
+        counts = IdleWork(clock)
+        telemetry_path = os.path.join(args.tmp, "telemetry.jsonl")
+        telemetry_at = telemetry_mark(telemetry_path) if telemetry is not None else None
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu0, wall0 = cpu_seconds(), time.monotonic()
         timers0 = len(clock.getDelayedCalls())
 
         def done():
             cpu, wall = cpu_seconds() - cpu0, time.monotonic() - wall0
+            usage = resource.getrusage(resource.RUSAGE_SELF)
             if profiler[0] is not None:
                 profiler[0].disable()
                 profiler[0].dump_stats(args.profile)
+            work = counts.stop()
+            if telemetry is not None:  # (the records of this turn are written at its end)
+                work["telemetry"] = events_since(telemetry_path, telemetry_at)
             Commands.reply(
                 cpu_seconds=cpu,
+                user_seconds=usage.ru_utime - usage0.ru_utime,  # Python (and libc)
+                system_seconds=usage.ru_stime - usage0.ru_stime,  # the kernel: sends, reads, polls, writes
                 wall=wall,
                 cpu_share=cpu / wall,
                 peers=connected_count(),
                 delayed_calls=[timers0, len(clock.getDelayedCalls())],
+                work=work,
             )
 
         clock.callLater(seconds, done)
@@ -298,12 +415,13 @@ def listener(args) -> None:
         clock.callLater(0, clock.callLater, 0, settled)  # the turns after the call write its bytes
 
     def listening(ports):
-        mconn_port, raw, round_port = ports
+        mconn_port, raw, round_port, keepalive_port = ports
         sizes.update(round_sizes(switch))
         Commands.reply(
             port=mconn_port.getHost().port,
             raw_port=raw.getHost().port,
             round_port=round_port.getHost().port,
+            keepalive_port=keepalive_port.getHost().port,
             mconn_file=mconn.__file__,
             answer_size=len(sizes["hello_bytes"]) + len(sizes["answer_bytes"]),
             config={k: getattr(config, k) for k in limits(args.peers) if k in fields},
@@ -313,7 +431,8 @@ def listener(args) -> None:
     d1 = switch.listen(endpoint)
     d2 = serverFromString(clock, endpoint).listen(raw_factory)
     d3 = serverFromString(clock, endpoint).listen(round_factory)
-    defer.gatherResults([d1, d2, d3]).addCallback(listening)
+    d4 = serverFromString(clock, endpoint).listen(keepalive_factory)
+    defer.gatherResults([d1, d2, d3, d4]).addCallback(listening)
     Commands(clock, handle)
     clock.run()
     if telemetry is not None:
@@ -346,6 +465,7 @@ def dialer(args) -> None:
         "answered": 0,
         "answer_at": None,
         "round_failed": 0,
+        "raw_pings": 0,
     }
     held = []
 
@@ -410,6 +530,14 @@ def dialer(args) -> None:
     class Blank(protocol.Protocol):
         pass
 
+    class Ponger(protocol.Protocol):
+        """The plain keepalive's peer: a pong for each ping byte."""
+
+        def dataReceived(self, data):
+            pings = data.count(b"\x01")
+            stats["raw_pings"] += pings
+            self.transport.write(b"\x02" * pings)
+
     class RoundPeer(protocol.Protocol):
         """The raw round's dialer: a hello's bytes, done once the listener's hello and
         session answer's bytes are in."""
@@ -458,7 +586,7 @@ def dialer(args) -> None:
 
         def connected(self, proto):
             held.append(proto)
-            if self.kind == "raw":
+            if self.kind in ("raw", "keepalive"):
                 self.one_done()
 
         def failed(self, failure):
@@ -489,6 +617,8 @@ def dialer(args) -> None:
         name = command["do"]
         if name == "raw":
             storm.start("raw", command["port"], protocol.Factory.forProtocol(Blank), command["count"])
+        elif name == "keepalive":
+            storm.start("keepalive", command["port"], protocol.Factory.forProtocol(Ponger), command["count"])
         elif name == "round":
             storm.start(
                 "round",
