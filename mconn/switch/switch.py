@@ -574,13 +574,13 @@ class Switch(Service):
             samples[node_id] = (key, sample)
             if before is not None and before[1] == sample:
                 continue  # only our own pings and pongs moved
-            telemetry.channel_stats(self.node_id, peer, sample)
+            carried = _carried_traffic(sample, before and before[1])
+            # A new round trip alone (the keepalive's, on an idle link) is the peer's, not
+            # a channel's: the first channel's record carries it, and the others, which
+            # would repeat their last records, are not logged (specs/telemetry.md).
+            telemetry.channel_stats(self.node_id, peer, sample if carried else sample[:1])
             protocol = peer.connection
-            if (
-                protocol is not None
-                and peer.state is PeerState.CONNECTED
-                and (peer.round_trip is None or _carried_traffic(sample, before and before[1]))
-            ):
+            if protocol is not None and peer.state is PeerState.CONNECTED and (peer.round_trip is None or carried):
                 protocol.probe()
         if start + STATS_SLICE < len(peers):
             self._stats_call = self.clock.callLater(0, self._stats_slice, peers, start + STATS_SLICE)
