@@ -21,7 +21,7 @@ the two close.
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, Window, functions as F
+from pyspark.sql import Column, DataFrame, Window, WindowSpec, functions as F
 
 from mconn.pipeline.sessions import PAIR, of
 
@@ -31,11 +31,13 @@ TICK_GAP = 0.5
 COUNTERS = ("bytes_sent", "bytes_received", "messages_sent", "messages_received")
 
 
-def _delta(column: str, window) -> F.Column:
-    previous, value = F.lag(column).over(window), F.col(column)
+def _delta(column: str, previous_row: Column) -> Column:
+    """The interval's traffic of a counter, given the channel's previous sample (a struct
+    of ``PREVIOUS_FIELDS``, null for the channel's first sample of the pair)."""
+    previous, value = previous_row[column], F.col(column)
     # Null (never true) when the fields are absent: older nodes.
-    other_connection = (F.lag("session_id").over(window) != F.col("session_id")) | (
-        F.lag("connection").over(window) != F.col("connection")
+    other_connection = (previous_row["session_id"] != F.col("session_id")) | (
+        previous_row["connection"] != F.col("connection")
     )
     went_down = F.when(F.col("connection").isNotNull(), F.lit(0)).otherwise(value)
     return (
@@ -45,8 +47,44 @@ def _delta(column: str, window) -> F.Column:
     )
 
 
-def samples(events: DataFrame) -> DataFrame:
-    """One row per channel_stats with its interval's deltas, tick and pending flag."""
+#: What a sample needs of its channel's previous sample.
+PREVIOUS_FIELDS = ("session_id", "connection", "queue_depth", *COUNTERS)
+#: Channel ids up to which ``samples`` reads each channel's previous sample in the pair's
+#: time order (one running value per channel id); beyond, a window per channel does.
+TRACKED_CHANNELS = 16
+
+
+def _previous_in_pair_order(channel_ids: list, by_pair: WindowSpec) -> Column:
+    """Each row's previous sample of its own channel, found in its pair's time order: per
+    channel id, the last sample of that channel among the rows before (a running value,
+    no sort of its own); the row picks its channel's."""
+    before = by_pair.rowsBetween(Window.unboundedPreceding, -1)
+    fields = F.struct(*PREVIOUS_FIELDS)
+    picked = None
+    for channel_id in channel_ids:
+        mine = F.col("channel_id").eqNullSafe(F.lit(channel_id))
+        last = F.last(F.when(mine, fields), ignorenulls=True).over(before)
+        picked = F.when(mine, last) if picked is None else picked.when(mine, last)
+    return picked if picked is not None else F.lit(None).cast(_previous_type())
+
+
+def _previous_type() -> str:
+    return (
+        "struct<session_id:string,connection:bigint,queue_depth:bigint,"
+        + ",".join(f"{c}:bigint" for c in COUNTERS)
+        + ">"
+    )
+
+
+def samples(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
+    """One row per channel_stats with its interval's deltas, tick, pending and backlogged
+    flags, and its tick's sums.
+
+    ``channel_ids``: every ``channel_id`` of the events' channel_stats (None: not known).
+    With at most ``TRACKED_CHANNELS`` of them, one sort serves the ticks and the deltas
+    (the pair's time order, each channel's previous sample carried as a running value);
+    otherwise a second sort by channel serves the deltas. The rows are the same.
+    """
     stats = of(events, "channel_stats").select(
         *PAIR,
         "channel_id",
@@ -62,31 +100,46 @@ def samples(events: DataFrame) -> DataFrame:
         "connection",
     )
     by_pair = Window.partitionBy(*PAIR).orderBy("log_time", "seq")
-    new_tick = F.coalesce(F.col("log_time") - F.lag("log_time").over(by_pair) > TICK_GAP, F.lit(True))
+    if channel_ids is not None and len(channel_ids) <= TRACKED_CHANNELS:
+        previous = _previous_in_pair_order(sorted(channel_ids, key=lambda c: (c is None, c)), by_pair)
+    else:
+        by_channel = Window.partitionBy(*PAIR, "channel_id").orderBy("log_time", "seq")
+        previous = F.when(
+            F.row_number().over(by_channel) > 1,
+            F.struct(*[F.lag(c).over(by_channel).alias(c) for c in PREVIOUS_FIELDS]),
+        )
+    # One select: the pair's lag and the channels' running values are one window operator.
+    stats = stats.select("*", F.lag("log_time").over(by_pair).alias("_previous_time"), previous.alias("_previous"))
+    new_tick = F.coalesce(F.col("log_time") - F.col("_previous_time") > TICK_GAP, F.lit(True))
     stats = stats.withColumn("tick", F.sum(new_tick.cast("long")).over(by_pair))
-    by_channel = Window.partitionBy(*PAIR, "channel_id").orderBy("log_time", "seq")
-    return stats.select(
+    previous_depth = F.when(F.col("_previous").isNull(), F.lit(0)).otherwise(F.col("_previous.queue_depth"))
+    rows = stats.select(
         *PAIR,
         "channel_id",
         "log_time",
         "tick",
         "priority",
         "queue_depth",
-        *[_delta(c, by_channel).alias(c) for c in COUNTERS],
-        ((F.col("queue_depth") > 0) | (F.lag("queue_depth", 1, 0).over(by_channel) > 0)).alias("pending"),
+        *[_delta(c, F.col("_previous")).alias(c) for c in COUNTERS],
+        ((F.col("queue_depth") > 0) | (previous_depth > 0)).alias("pending"),
+        ((F.col("queue_depth") > 0) & (previous_depth > 0)).alias("backlogged"),
     )
-
-
-def build(events: DataFrame) -> DataFrame:
-    s = samples(events)
     # Per tick, over the rows of one (node, peer): clustered like the samples, no shuffle.
     tick = Window.partitionBy(*PAIR, "tick")
-    s = s.select(
+    pending, backlogged = F.col("pending"), F.col("backlogged")
+    return rows.select(
         "*",
-        F.sum(F.col("pending").cast("int")).over(tick).alias("pending_channels"),
-        F.sum(F.when(F.col("pending"), F.col("priority")).otherwise(0)).over(tick).alias("pending_priority"),
+        F.sum(pending.cast("int")).over(tick).alias("pending_channels"),
+        F.sum(F.when(pending, F.col("priority")).otherwise(0)).over(tick).alias("pending_priority"),
         F.sum("bytes_sent").over(tick).alias("tick_bytes"),
+        F.sum(backlogged.cast("int")).over(tick).alias("backlogged_channels"),
+        F.sum(F.when(backlogged, F.col("priority")).otherwise(0)).over(tick).alias("backlogged_priority"),
     )
+
+
+def build(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
+    """The table; ``channel_ids`` as for ``samples``."""
+    s = samples(events, channel_ids)
     contended = F.col("pending_channels") >= 2
     promised = F.when(F.col("pending"), F.col("priority") / F.col("pending_priority")).otherwise(0.0)
     minute = F.date_trunc("minute", F.timestamp_seconds("log_time")).alias("minute")

@@ -40,7 +40,9 @@ reported, never fatal. A field that is absent is null (older nodes); only
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, functions as F
+import dataclasses
+
+from pyspark.sql import Column, DataFrame, Observation, functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from mconn.pipeline import schema
@@ -292,15 +294,47 @@ def _reject_reason() -> Column:
     return reason
 
 
+@dataclasses.dataclass
+class Written:
+    """What ``write_events`` wrote: the table's ``schema`` as ``load_events`` reads it (the
+    partition column ``event`` last), and ``channel_ids``, every ``channel_id`` of its
+    ``channel_stats`` rows (null included when a row has none), observed while writing."""
+
+    schema: StructType
+    channel_ids: list
+
+
+def _observed(rows: DataFrame, name: str) -> tuple[DataFrame, Observation]:
+    """``rows`` with an observation of their channel_stats rows' channel ids."""
+    observation = Observation(name)
+    stats = F.col("event") == "channel_stats"
+    observed = rows.observe(
+        observation,
+        F.collect_set(F.when(stats, F.col("channel_id"))).alias("channel_ids"),
+        F.max(stats & F.col("channel_id").isNull()).alias("null_channel"),
+    )
+    return observed, observation
+
+
+def _channel_ids(*observations: Observation) -> list:
+    ids: set = set()
+    for observation in observations:
+        got = observation.get
+        ids.update(got["channel_ids"] or [])
+        if got["null_channel"]:
+            ids.add(None)
+    return sorted(ids, key=lambda c: (c is None, c))
+
+
 def write_events(
     spark, inputs: list[str], path: str, since: float | None = None, until: float | None = None
-) -> StructType:
+) -> Written:
     """Write the events table, one Parquet partition per event name: the fast path's rows
     and the other lines in one scan, then those lines by the general path (appended), then
-    their partition removed. Returns the table's schema as ``load_events`` reads it (the
-    partition column ``event`` last), known without reading the table."""
+    their partition removed. Returns its schema, known without reading the table, and the
+    channel ids observed on the way (``Written``)."""
     lines = read_lines(spark, inputs)
-    rows = classify(lines, since, until)
+    rows, fast = _observed(classify(lines, since, until), "fast path")
     rows.write.mode("overwrite").partitionBy("event").parquet(path)
     data = StructType([f for f in rows.schema.fields if f.name != "event"])
     table = StructType([*data.fields, StructField("event", StringType())])
@@ -309,13 +343,14 @@ def write_events(
     hadoop_path = jvm.org.apache.hadoop.fs.Path(left)
     fs = hadoop_path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     if not fs.exists(hadoop_path):
-        return table
-    parse(records(rechecked(spark, left, data)), since, until).write.mode("append").partitionBy("event").parquet(path)
+        return Written(table, _channel_ids(fast))
+    general, rest = _observed(parse(records(rechecked(spark, left, data)), since, until), "general path")
+    general.write.mode("append").partitionBy("event").parquet(path)
     fs.delete(hadoop_path, True)
-    return table
+    return Written(table, _channel_ids(fast, rest))
 
 
 def load_events(spark, path: str, table: StructType | None = None) -> DataFrame:
-    """The events table under ``path``; ``table``: its schema (``write_events``' result),
+    """The events table under ``path``; ``table``: its schema (``Written.schema``),
     so that no Spark job reads the files' footers for it."""
     return (spark.read if table is None else spark.read.schema(table)).parquet(path)

@@ -56,9 +56,9 @@ class Result:
 def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | None = None, progress=None) -> Result:
     """Run every stage; ``report_path`` defaults to ``out/report.html`` for a local ``out``."""
     progress = progress or Progress(len(STAGES))
-    everything = _read(spark, list(inputs), out, since, until, progress)
+    everything, channel_ids = _read(spark, list(inputs), out, since, until, progress)
     events = everything.where(~F.col("event").isin(ingest.MALFORMED, ingest.UNKNOWN))
-    shared = _Shared(events)
+    shared = _Shared(events, channel_ids)
     try:
         written, rows = _tables(spark, events, shared, out, progress)
         with _stage(spark, progress, "summary") as stage:
@@ -118,14 +118,15 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
 
 def _read(spark, inputs: list[str], out: str, since, until, progress):
     """The read stage: the events table written, and read with the schema it was written
-    with (no job reads it back for its schema). Its records per event are counted by the
-    summary query (Parquet's row counts of each partition, no column read)."""
+    with (no job reads it back for its schema), and the channel ids of its channel_stats
+    (``ingest.Written``). Its records per event are counted by the summary query
+    (Parquet's row counts of each partition, no column read)."""
     with _stage(spark, progress, "read telemetry") as stage:
         events_path = table_path(out, "events")
         written = ingest.write_events(spark, inputs, events_path, since, until)
-        everything = ingest.load_events(spark, events_path, written)
+        everything = ingest.load_events(spark, events_path, written.schema)
         stage.detail = f"events table written from {len(inputs):,} input paths"
-    return everything
+    return everything, written.channel_ids
 
 
 def _tables(spark, events, shared, out: str, progress) -> tuple[dict, dict]:
@@ -135,7 +136,7 @@ def _tables(spark, events, shared, out: str, progress) -> tuple[dict, dict]:
         "links": lambda: links.build(shared.sessions, shared.breaks, shared.counters, events),
         "reconnects": lambda: reconnects.build(events, shared.breaks, shared.sessions),
         "delivery_audit": lambda: audit.build(shared.counters),
-        "channels": lambda: channels.build(events),
+        "channels": lambda: channels.build(events, shared.channel_ids),
         "latency": lambda: latency.build(shared.rtt_samples),
         "errors": lambda: errors.build(events),
     }
@@ -171,8 +172,10 @@ def _default_report(out: str) -> str | None:
 class _Shared:
     """Frames several stages use, built on first use and cached for the run."""
 
-    def __init__(self, events) -> None:
+    def __init__(self, events, channel_ids: list | None = None) -> None:
         self.events = events
+        #: Every channel id of the events' channel_stats (``ingest.Written``), if known.
+        self.channel_ids = channel_ids
         self._cached: list[DataFrame] = []
 
     def _keep(self, df):

@@ -17,7 +17,7 @@ import html
 import os
 import typing
 
-from pyspark.sql import Window, functions as F
+from pyspark.sql import functions as F
 
 from mconn.pipeline import audit, channels, console, headline, names, plots
 from mconn.pipeline.ingest import MALFORMED, UNKNOWN
@@ -82,7 +82,7 @@ def parts(tables: dict, rows: dict, shared, event_counts: dict, rtt_rows: int, e
             [c for _, c in _ERROR_COLUMNS],
             "errors",
         ),
-        _share_part(shared.events),
+        _share_part(shared.events, shared.channel_ids),
     ]
     return found + _input_parts(event_counts, everything)
 
@@ -166,19 +166,11 @@ def reconnect_samples(reconnects, rows: int) -> tuple[dict[str, list[float]], li
     return _reconnects(sample(reconnects.select(*_RECONNECT_COLUMNS), rows))
 
 
-def _share_part(events):
-    """``share_points``' query: one row, ``share_points`` the top 2000 link channels."""
-    s = channels.samples(events)
-    by_channel = Window.partitionBy(*PAIR, "channel_id").orderBy("log_time")
-    s = s.withColumn("backlogged", (F.col("queue_depth") > 0) & (F.lag("queue_depth", 1, 0).over(by_channel) > 0))
-    tick = Window.partitionBy(*PAIR, "tick")
+def _share_part(events, channel_ids: list | None = None):
+    """``share_points``' query: one row, ``share_points`` the top 2000 link channels.
+    ``channel_ids``: as for ``channels.samples``."""
+    s = channels.samples(events, channel_ids)
     backlogged = F.col("backlogged")
-    s = s.select(
-        "*",
-        F.sum(backlogged.cast("int")).over(tick).alias("backlogged_channels"),
-        F.sum(F.when(backlogged, F.col("priority")).otherwise(0)).over(tick).alias("backlogged_priority"),
-        F.sum("bytes_sent").over(tick).alias("tick_bytes"),
-    )
     promised = F.when(backlogged, F.col("priority") / F.col("backlogged_priority")).otherwise(0.0)
     per_channel = (
         s.where(F.col("backlogged_channels") >= 2)
@@ -211,7 +203,7 @@ def _shares(got: dict) -> list[dict]:
     ]
 
 
-def share_points(events) -> list[dict]:
+def share_points(events, channel_ids: list | None = None) -> list[dict]:
     """Bandwidth share against priority share per link channel, over the intervals in which
     at least two of the link's channels were *backlogged*: messages queued at both samples
     that bound the interval (``channel_stats.queue_depth`` above 0 at the sample before and
@@ -221,7 +213,7 @@ def share_points(events) -> list[dict]:
     channel's priority over the backlogged channels' priorities, weighted by the interval's
     bytes, as for the ``channels`` table (specs/pipeline.md section 4.3), whose ``pending``
     is looser (queued at either sample)."""
-    return _shares(_one(_share_part(events)))
+    return _shares(_one(_share_part(events, channel_ids)))
 
 
 def _unstable_part(links):

@@ -56,6 +56,9 @@ DEFAULTS = {
     "spark.sql.adaptive.enabled": "true",
     "spark.log.structuredLogging.enabled": "false",
     "spark.sql.debug.maxToStringFields": "200",  # the events table is wide: no plan-truncation warning
+    # The events table is written partitioned by event name (a dozen values): a writer per
+    # value open at once, instead of a sort of every wide row by its partition first.
+    "spark.sql.maxConcurrentOutputFileWriters": "32",
 }
 
 #: Extra settings when the master is local (one machine: few partitions, loopback only).
