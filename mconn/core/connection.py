@@ -381,8 +381,11 @@ class Connection:
         channel = self.channels.get(channel_id)
         if channel is None:
             raise LocalProtocolError(f"channel {channel_id:#04x} is not one of this connection's channels")
+        if self.state is not _OPEN:
+            return 0
+        room = channel.capacity - len(channel.queue)
         # Never below 0: re-sent messages (requeue) may fill a queue past its capacity.
-        return max(0, channel.capacity - len(channel.queue)) if self.state is _OPEN else 0
+        return room if room > 0 else 0  # (not max(): a builtin call per message sent)
 
     def queue_message(self, channel_id: int, message: bytes) -> bool:
         """Queue a whole message on one of our channels; False when its queue is full.
