@@ -292,7 +292,7 @@ def report(results: dict, recovered: dict, args) -> None:
         )
     latency = recovered["latency"]
     print(
-        f"send of 100 B alone, awaited (commit delay 2 ms + one fsync): p50 {latency['p50_ms']:.2f} ms, "
+        f"send of 100 B alone, awaited (one commit: its fsync): p50 {latency['p50_ms']:.2f} ms, "
         f"p99 {latency['p99_ms']:.2f} ms, {latency['commits']} commits for 500 sends"
     )
     print(

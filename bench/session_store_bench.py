@@ -1,7 +1,7 @@
 """What durable sessions cost: messages per second recorded and committed by the session
 store (mconn/switch/session_store.py) against the in-memory session, in the same run.
 
-    .venv/bin/python bench/session_store_bench.py [--seconds 5] [--commit-delay 0.002] [--dir DIR] [--no-strace]
+    .venv/bin/python bench/session_store_bench.py [--seconds 5] [--commit-delay 0] [--dir DIR] [--no-strace]
 
 Each measurement runs in a child process of this script (the same Python), one after the
 other, for 100-byte and 64 KiB messages:
@@ -281,7 +281,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=5.0, help="per measurement (default 5)")
     parser.add_argument("--dir", help="where the store files go (default: a new directory under bench/out)")
-    parser.add_argument("--commit-delay", type=float, default=0.002, help="the store's (default 0.002 s)")
+    parser.add_argument(
+        "--commit-delay", type=float, default=0.0, help="the store's (default 0: the next reactor turn)"
+    )
     parser.add_argument("--no-strace", action="store_true", help="do not count fsyncs with strace")
     parser.add_argument("--phase", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
