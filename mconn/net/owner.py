@@ -131,6 +131,11 @@ class ICarriedSession(Interface):
         """A whole message arrived on ``channel_id``: hand it to the reactors (counted
         delivered once they have it; specs/reactor-api.md section 4.1)."""
 
+    def deliver_run(connection, events, start):
+        """``deliver`` each ``MessageReceived`` of ``events`` (a read's events) from index
+        ``start`` on, in order, while ``connection`` carries this session and has no
+        ``end_reason``; returns the index of the first event it did not handle."""
+
     def acknowledged(delivered):
         """The peer's ack: ``delivered`` maps channel ids to how many messages its
         reactors have, cumulatively (specs/resume.md section 2.3)."""

@@ -250,15 +250,23 @@ class MConnectionProtocol(Protocol):
         now = self._clock.seconds()
         handlers = _HANDLERS
         self._through = self._through_ok
-        for event in core.receive_data(data, now):
+        events = core.receive_data(data, now)
+        i, n = 0, len(events)
+        while i < n:  # bounded: each turn handles one event at least, or a run of messages
+            event = events[i]
             if self.end_reason is not None and type(event) is not ConnectionFailed:
+                i += 1
                 continue  # we are closing: nothing more reaches the reactors
             if type(event) is MessageReceived and self.peer is not None:  # the hot path
-                self.peer.deliver(event.channel_id, event.message)
-            elif self._held is not None and type(event) is not ConnectionFailed:
+                # The run of messages from here, in one loop of the Peer's receiving side;
+                # it stops at another event, or once we close or carry another session.
+                i = max(self.peer.deliver_run(self, events, i), i + 1)
+                continue
+            if self._held is not None and type(event) is not ConnectionFailed:
                 self._held.append(event)  # after the pending decision (decide)
             else:
                 handlers[type(event)](self, event)
+            i += 1
         if core.state is not _OPEN or core.wants_to_send():
             # A pong, a close, a handshake step: something to write. A read that queued
             # nothing skips the pump (a send queues through Peer, which pumps itself).
@@ -354,6 +362,17 @@ class MConnectionProtocol(Protocol):
         """
         core = self.core
         assert core is not None  # a refused connection (no core) is never pumped
+        if self._paused and core.state is _OPEN:
+            # Nothing can be written (most sends of a fast sender come here, between the
+            # transport's resumes): no write took a message, so only a change that made
+            # room by itself (an ack; not ``room_only``) offers it to waiting sends.
+            if not room_only and self.peer is not None:
+                self.peer.room_made()
+            if core.state is _CLOSING or core.state is _CLOSED:
+                self._disconnect()  # a waiting send's callback closed the connection
+            elif self._rate_limited:
+                self._rearm()
+            return
         write = self._write_first if self._through else self.transport.write
         now = self._clock.seconds()
         ahead = self._ahead if self._pause_after_write else None
@@ -374,7 +393,8 @@ class MConnectionProtocol(Protocol):
                 if not core.more_to_send:
                     break  # everything that could go out now went out
             # Sends waiting for room take the room just made, and go out too.
-            moved = self.peer is not None and taken != core.messages_taken and self.peer.room_made()
+            # (Without ``room_only`` every pass offers it, and the property is not read.)
+            moved = self.peer is not None and (taken < 0 or taken != core.messages_taken) and self.peer.room_made()
             if not moved or self._paused:
                 break
         if core.state is _CLOSING or core.state is _CLOSED:

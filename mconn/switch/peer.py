@@ -280,6 +280,16 @@ class Peer:
             delivery = self._delivery
         delivery.deliver(channel_id, message)
 
+    def deliver_run(self, protocol, events: list, start: int) -> int:
+        """The ``MessageReceived`` events of a read from ``events[start]`` on
+        (``ICarriedSession``): each one as ``deliver`` would, in one loop of the receiving
+        side (``PeerDelivery.deliver_run``), while ``protocol`` carries this Peer and has
+        not ended. Returns the index of the first event not handled."""
+        delivery = self._receiving
+        if delivery is None:
+            delivery = self._delivery
+        return delivery.deliver_run(protocol, events, start)
+
     def delivery_seq(self, channel_id: int) -> DeliverySequence:
         """Inside ``receive`` (before its first ``await``): the sequence of the message
         being delivered, the channel's delivered count including it, with the session's
@@ -403,6 +413,22 @@ class Peer:
         """Queue ``message`` now if there is room; True if it was accepted."""
         if type(message) is not bytes:
             message = self._bytes_of(channel_id, message)
+        core = self._core
+        if core is not None and core.state is _OPEN and self._store is None and self._flush_timer is None:
+            # Connected, no store, no flush: ``_accepts`` then ``_accept`` reduce to these
+            # tests, in their order, without their calls (the one-by-one sender's path).
+            limit = self._limits.get(channel_id)
+            if limit is None:
+                return False
+            if len(message) > limit:
+                self._accepts(channel_id, message)  # raises the ValueError naming the sizes
+            if (self._waiting and self._waiting.get(channel_id)) or not core.room(channel_id):
+                return False
+            if self.session.admit(channel_id, message) is None:
+                return False
+            core.queue_message(channel_id, message)
+            self._protocol.pump()
+            return True
         if not self._accepts(channel_id, message) or self._waiting.get(channel_id):
             return False
         if self._accept(channel_id, message) is None:

@@ -150,7 +150,8 @@ def test_reads_do_not_rearm_the_keepalive_timer_but_the_ping_still_follows_the_l
 def test_the_route_of_a_message_from_read_to_receive_is_one_chain_of_named_calls():
     """A message read reaches Reactor.receive through these calls, each a method of the
     module that owns its step (specs/reactor-api.md section 4.1): the protocol's read, the
-    core's events, the Peer (ICarriedSession), its receiving side, the reactor set's route.
+    core's events, the Peer (ICarriedSession), its receiving side's loop over the read's run
+    of messages, the reactor set's route.
     No rebound attribute and no callable handed through constructors stands in between,
     so the chain can be followed by reading (and a new detour shows up here)."""
     import traceback
@@ -166,9 +167,53 @@ def test_the_route_of_a_message_from_read_to_receive_is_one_chain_of_named_calls
         start = frames.index(("net/protocol.py", "dataReceived"))
         assert frames[start:-2] == [
             ("net/protocol.py", "dataReceived"),
-            ("switch/peer.py", "deliver"),
-            ("switch/peer_delivery.py", "deliver"),
-            ("switch/peer_delivery.py", "_hand"),
+            ("switch/peer.py", "deliver_run"),
+            ("switch/peer_delivery.py", "deliver_run"),
             ("switch/routing.py", "route"),
         ]
         assert frames[-2][1] == "receive"  # RecordingReactor.receive, then its on_receive
+
+
+RUN_CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=8), ChannelDescriptor(CH + 1, send_queue_capacity=8)]
+
+
+def test_a_run_of_messages_in_one_read_keeps_each_message_s_accounting(monkeypatch):
+    """Five messages in one read go through one loop of the receiving side
+    (``PeerDelivery.deliver_run``) and each is still handled alone: a receive that
+    returns an unfired Deferred makes its channel busy for the messages after it in the
+    same read (held, in order, not counted delivered) while the other channel goes on;
+    an ack goes out each time one is due (``ack_every_messages`` 2), with the counts up to
+    that message, not once per read."""
+    from helpers import RecordingReactor
+    from twisted.internet import defer
+
+    slow = defer.Deferred()
+    record = RecordingReactor.receive
+
+    def receive(reactor, channel_id, peer, message):
+        record(reactor, channel_id, peer, message)
+        return slow if message == b"m2" else None
+
+    monkeypatch.setattr(RecordingReactor, "receive", receive)
+    h = open_switch_connection(channels=RUN_CHANNELS, config=Config(ack_every_messages=2))
+    acks = []
+    original_send_ack = h.proto.send_ack
+    h.proto.send_ack = lambda delivered: (acks.append(dict(delivered)), original_send_ack(delivered))
+    read = [(CH, b"m1"), (CH, b"m2"), (CH, b"m3"), (CH + 1, b"m4"), (CH, b"m5"), (CH + 1, b"m6")]
+    h.feed(b"".join(msg(ch, m) for ch, m in read))
+    assert h.reactor.received() == [b"m1", b"m2", b"m4", b"m6"]
+    assert h.peer.session.delivered_counts() == {CH: 2, CH + 1: 2}
+    assert acks == [{CH: 2}, {CH: 2, CH + 1: 2}]
+    slow.callback(None)
+    assert h.reactor.received() == [b"m1", b"m2", b"m4", b"m6", b"m3", b"m5"]
+    assert h.peer.session.delivered_counts() == {CH: 4, CH + 1: 2}
+
+
+def test_a_receive_that_closes_the_peer_ends_the_run_of_its_read():
+    """A reactor that closes the peer inside a receive: the messages after it in the same
+    read reach no reactor, on either channel, as when each message was handed on alone."""
+    h = open_switch_connection(channels=RUN_CHANNELS)
+    h.reactor.on_receive = lambda channel_id, peer, message: message == b"m2" and peer.close()
+    h.feed(b"".join(msg(CH, m) for m in (b"m1", b"m2", b"m3")) + msg(CH + 1, b"m4"))
+    assert h.reactor.received() == [b"m1", b"m2"]
+    assert h.peer.session.delivered_counts() == {CH: 2}
