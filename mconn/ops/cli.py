@@ -20,7 +20,7 @@ Running a node is twistd's job: ``twistd -n mconn --help``.
 The status document (``GET URL/status.json``, served by ``twistd mconn --status ENDPOINT``,
 mconn/ops/status.py) is specified field by field in specs/status.md; the fields read here::
 
-    {"node_id": str, "listen_addresses": [str],
+    {"node_id": str, "listen_addresses": [str], "hot_path": str, "hot_path_why": str or null,
      "peers": [{"node_id": str, "moniker": str, "state": str, "remote_address": str,
                 "uptime": seconds (number), "resumes": int,
                 "round_trip": seconds (number) or null, "channels": [...]}]}
@@ -213,6 +213,9 @@ def format_status(document: dict) -> str:
         f"listening  {', '.join(document.get('listen_addresses') or []) or '-'}",
         "",
     ]
+    if document.get("hot_path"):  # the compiled twin or pure Python, and why (specs/status.md)
+        why = document.get("hot_path_why")
+        lines.insert(2, f"hot path   {document['hot_path']}" + (f" ({why})" if why else ""))
     if document.get("moniker"):  # the name shows 8 hex digits of the id: the whole id too
         lines.insert(1, f"id         {document.get('node_id', '?')}")
     rows = [PEER_COLUMNS] + [

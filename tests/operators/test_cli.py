@@ -104,6 +104,16 @@ def test_status_table():
     assert re.fullmatch(rf"{ID_B}  suspended  - +42s +0 +-", second)
 
 
+def test_status_says_which_hot_path_the_node_runs_and_why():
+    """With the status document's hot_path (and hot_path_why when pure), a line under the listen
+    addresses says which per-packet path the node runs."""
+    pure = format_status({**STATUS, "hot_path": "pure Python", "hot_path_why": "MCONN_PURE=1"}).splitlines()
+    assert pure[2] == "hot path   pure Python (MCONN_PURE=1)"
+    fast = format_status({**STATUS, "hot_path": "accelerated", "hot_path_why": None}).splitlines()
+    assert fast[2] == "hot path   accelerated"
+    assert fast[4].split() == ["PEER", "STATE", "ADDRESS", "UPTIME", "RESUMES", "RTT"]
+
+
 def test_status_without_peers():
     """A status without peers ends with 'no peers'."""
     assert format_status({"node_id": "x", "listen_addresses": [], "peers": []}).splitlines()[-1] == "no peers"

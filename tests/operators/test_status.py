@@ -29,6 +29,7 @@ from twisted.internet import defer, task, threads
 
 from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, the_reactor, until as poll
 from mconn import ChannelDescriptor, Config, NodeInfo, Reactor, Switch
+from mconn.core import speedups
 from mconn.ops.cli import format_status
 from mconn.ops.status import PAGE, StatusService, local_endpoint, serve_status
 
@@ -176,6 +177,7 @@ async def test_the_page_is_self_contained_and_json_has_no_key_material(network):
     text = format_status(json.loads(body))  # `mconn status` reads the same document
     lines = text.splitlines()
     assert lines[0] == f"node       alice ({a.node_id[:8]})" and lines[1] == f"id         {a.node_id}"
+    assert lines[3] == f"hot path   {speedups.describe()}"
     for name, switch in (("bob", b), ("carol", c)):
         [row] = [line for line in lines if line.startswith(f"{name} ({switch.node_id[:8]})")]
         assert "connected" in row
