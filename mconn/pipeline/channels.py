@@ -108,6 +108,10 @@ def samples(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
             F.row_number().over(by_channel) > 1,
             F.struct(*[F.lag(c).over(by_channel).alias(c) for c in PREVIOUS_FIELDS]),
         )
+    # Shuffled by pair and sorted by time before anything is added to the rows: the
+    # window's inputs (a struct per channel id, mostly null) are computed after the
+    # exchange and the sort, not carried through them.
+    stats = stats.repartition(*PAIR).sortWithinPartitions(*PAIR, "log_time", "seq")
     # One select: the pair's lag and the channels' running values are one window operator.
     stats = stats.select("*", F.lag("log_time").over(by_pair).alias("_previous_time"), previous.alias("_previous"))
     new_tick = F.coalesce(F.col("log_time") - F.col("_previous_time") > TICK_GAP, F.lit(True))
