@@ -313,32 +313,66 @@ def _hello_parts(body: bytes) -> _HelloParts | None:
     """A hello body read by hand, as ``(version, node id bytes, max_packet_payload,
     [(id, priority, recv_message_capacity)], listen address, [(tag, value)])``; None
     for anything ``HelloBody`` might refuse (or list more than MAX_CHANNELS channels):
-    the declaration then decides and says why."""
+    the declaration then decides and says why.
+
+    The uvarints are read inline (``read_uvarint``'s rule: a size byte of at most
+    MAX_UVARINT_SIZE, then that many big-endian bytes, all within the body): a call
+    each was a fifth of the reader's time, and a connect storm reads one hello per
+    connection."""
+    end = len(body)
+    limit = MAX_UVARINT_SIZE
     try:
-        end = len(body)
-        version, at = read_uvarint(body, 0)
+        size = body[0]  # version
+        at = 1 + size
+        if size > limit or at > end:
+            return None
+        version = int.from_bytes(body[1:at], "big")
         if at + NODE_ID_BYTES > end:
             return None
         node_id = body[at : at + NODE_ID_BYTES]
-        max_packet_payload, at = read_uvarint(body, at + NODE_ID_BYTES)
-        count, at = read_uvarint(body, at)
+        at += NODE_ID_BYTES
+        size = body[at]  # max_packet_payload
+        start, at = at + 1, at + 1 + size
+        if size > limit or at > end:
+            return None
+        max_packet_payload = int.from_bytes(body[start:at], "big")
+        size = body[at]  # the channel count
+        start, at = at + 1, at + 1 + size
+        if size > limit or at > end:
+            return None
+        count = int.from_bytes(body[start:at], "big")
         if count > MAX_CHANNELS:
             return None
         channels = []
-        for _ in range(count):
+        for _ in range(count):  # bounded by MAX_CHANNELS
             channel_id = body[at]
-            priority, at = read_uvarint(body, at + 1)
-            capacity, at = read_uvarint(body, at)
-            channels.append((channel_id, priority, capacity))
-        size, at = read_uvarint(body, at)
+            size = body[at + 1]  # priority
+            start, at = at + 2, at + 2 + size
+            if size > limit or at > end:
+                return None
+            priority = int.from_bytes(body[start:at], "big")
+            size = body[at]  # recv_message_capacity
+            start, at = at + 1, at + 1 + size
+            if size > limit or at > end:
+                return None
+            channels.append((channel_id, priority, int.from_bytes(body[start:at], "big")))
+        size = body[at]  # the listen address's length
+        start, at = at + 1, at + 1 + size
+        if size > limit or at > end:
+            return None
+        size = int.from_bytes(body[start:at], "big")
         if at + size > end:
             return None
         listen_address = body[at : at + size].decode("utf8")
         at += size
         fields = []
-        while at < end:
+        while at < end:  # bounded: each turn moves ``at`` on by 2 bytes at least
             tag = body[at]
-            size, at = read_uvarint(body, at + 1)
+            size = body[at + 1]  # the value's length
+            start, at = at + 2, at + 2 + size
+            if size > limit or at > end:
+                return None
+            size = int.from_bytes(body[start:at], "big")
             if at + size > end:
                 return None
             fields.append((tag, bytes(body[at : at + size])))

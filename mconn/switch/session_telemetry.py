@@ -9,23 +9,28 @@ lists for it.
 
 from __future__ import annotations
 
+from mconn.core.session_ref import session_ref
 from mconn.errors import MConnError, error_kind
 from mconn.switch import telemetry
 
 
 def started(node_id: str, peer, protocol, refusal: str) -> None:
     """A fresh session on ``protocol``; ``refusal`` says why a resume was refused, if one was.
-    (``_emit``'s fields written out: one per handshake of a connect storm.)"""
-    telemetry.emit(
-        "session_started",
-        node_id=node_id,
-        peer_id=peer.node_id,
-        session_id=peer.session.id.hex(),
-        remote_address=protocol.remote_address,
-        direction="outbound" if peer.is_outbound else "inbound",
-        resume_refused=refusal,
-        **telemetry.peer_name(peer.node_id, getattr(peer, "node_info", None)),
-    )
+    (``_emit``'s fields written out, the session named by its reference at once: one
+    event per handshake of a connect storm.)"""
+    peer_id = peer.node_id
+    fields = {
+        "node_id": node_id,
+        "peer_id": peer_id,
+        "session_id": session_ref(peer.session.id),
+        "remote_address": protocol.remote_address,
+        "direction": "outbound" if peer.is_outbound else "inbound",
+        "resume_refused": refusal,
+    }
+    node_info = getattr(peer, "node_info", None)
+    if node_info is not None and node_info.moniker:
+        fields.update(telemetry.peer_name(peer_id, node_info))
+    telemetry.publish("session_started", fields)
 
 
 def suspended(node_id: str, peer, reason: Exception, grace: float) -> None:

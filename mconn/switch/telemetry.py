@@ -85,13 +85,18 @@ def emit(event: str, **fields) -> None:
     session_id = fields.get("session_id")
     if session_id is not None:
         fields["session_id"] = session_ref_of_hex(session_id)
-    key = (
-        event,
-        "peer_id" in fields and fields["peer_id"] is None,
-        bool(fields.get("error")),
-        "log_peer" in fields,
-        log,
-    )
+    publish(event, fields)
+
+
+#: What ``publish`` finds for a field it looks up that the event does not have.
+_ABSENT = object()
+
+
+def publish(event: str, fields: dict) -> None:
+    """Log ``fields`` (a dict of its own, taken over) as the event ``event``: ``emit``
+    without its keyword plumbing, for a caller that holds the fields in a dict and names
+    a session by its reference already (``session_ref``), never by its id."""
+    key = (event, fields.get("peer_id", _ABSENT) is None, bool(fields.get("error")), "log_peer" in fields, log)
     envelope = _FORMAT_CACHE.get(key)
     if envelope is None:
         envelope = _FORMAT_CACHE[key] = {
