@@ -68,6 +68,7 @@ def address_group(host: str | None, prefix_v4: int = 24, prefix_v6: int = 64) ->
     return str(ipaddress.ip_network((int(address), prefix), strict=False))
 
 
+@functools.lru_cache(maxsize=ADDRESS_GROUP_CACHE)
 def limit_key(host: str | None, prefix_v4: int = 32, prefix_v6: int = 64) -> str | None:
     """The key ``max_connections_per_ip`` counts ``host`` under (specs/connection.md
     section 6): its ``address_group`` with the limit's prefixes, an IPv4 /32 and an IPv6
@@ -77,6 +78,8 @@ def limit_key(host: str | None, prefix_v4: int = 32, prefix_v6: int = 64) -> str
     Every address of one IPv6 /64 is one key: whoever has one address of a /64 has them
     all, so counting each alone would let one host take every inbound slot. An
     IPv4-mapped IPv6 address is its IPv4 address; a loopback address stands alone.
+    Remembered as ``address_group`` is (a bounded LRU cache): an accepted connection
+    asks for its host's key twice (``Admission.admit``, the protocol's ``ip_key``).
     """
     group = address_group(host, prefix_v4, prefix_v6)
     if group is None or "/" not in group:
