@@ -33,7 +33,9 @@ buffer its frames are built in) and writes it straight to the transport beneath,
 which are never asked for. Backpressure flows through: ``registerProducer`` registers the
 protocol above as the producer of the transport beneath, so a full TCP buffer pauses
 mconn's scheduler directly, and the WebSocket layer holds no bytes of its own. Pausing
-reading is passed down the same way.
+reading is passed down the same way. On Twisted's own TCP (ws://, no TLS) the carrier
+also passes that transport's ``producerPaused`` flag through (``_MeasuredCarrier``), so
+the protocol above measures the link and sizes its packets as over plain TCP.
 
 *Ends.* ``loseConnection`` starts the closing handshake (code 1000), ``abortConnection``
 drops the transport beneath. The protocol above learns of the end once the transport
@@ -58,6 +60,7 @@ from autobahn.twisted.websocket import (
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny
 from twisted.internet import defer
+from twisted.internet.abstract import FileDescriptor
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.interfaces import IProtocol, IPushProducer, ITransport
 from twisted.logger import Logger
@@ -259,6 +262,12 @@ class _Carrier(_Autobahn):
         self._opened = True
         self._reader = FrameReader(masked=self.factory.isServer, max_message=self.factory.config.ws_max_message_bytes)
         assert self.wrapped is not None  # built with the carrier by its factory
+        measured = _MEASURED.get(type(self))
+        if measured is not None and isinstance(self.transport, FileDescriptor):
+            # Twisted's own TCP beneath (ws://, not wss:// nor a test's transport): the
+            # protocol above may measure the link through us (``_MeasuredCarrier``),
+            # which it decides from our class as it connects, just below.
+            self.__class__ = measured
         self.wrapped.makeConnection(self)
 
     def onClose(self, wasClean, code, reason) -> None:
@@ -501,6 +510,52 @@ class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):  # type: ignore
                     WebSocketError(f"the connection ended before the WebSocket upgrade: {why.getErrorMessage()}")
                 )
             self.opened.errback(why)
+
+
+class _MeasuredCarrier:
+    """What a carrier on Twisted's own TCP transport adds: the part of a FileDescriptor's
+    producer contract that the protocol above uses to measure the link (its write-ahead,
+    mconn.net.write_ahead, which sizes its packets by the measured rate: 64 KiB packets on
+    loopback instead of the 16 KiB of an unmeasured link).
+
+    The protocol above is the producer of the TCP transport beneath (``registerProducer``
+    passes through), and every ``write`` here is one ``write`` there; so its "pause until
+    everything written is handed to the kernel" is the transport beneath's: setting
+    ``producerPaused`` sets that transport's flag, and the transport resumes the protocol
+    above once its buffer is empty, as it would with no WebSocket between them. The bytes
+    it counts are mconn's, the frame headers left out (2 to 14 bytes in 64 KiB).
+    """
+
+    transport: Any
+    state: int
+
+    @property
+    def producerPaused(self) -> bool:
+        return bool(self.transport.producerPaused)
+
+    @producerPaused.setter
+    def producerPaused(self, paused: bool) -> None:
+        self.transport.producerPaused = paused
+
+    @property
+    def disconnecting(self) -> bool:
+        """Closing: the WebSocket's closing handshake started, or the TCP beneath is closing."""
+        return self.state != _OPEN or bool(self.transport.disconnecting)
+
+
+class _MeasuredServerCarrier(_MeasuredCarrier, WebSocketServerCarrier):  # type: ignore[misc]  # autobahn's bases, as WebSocketServerCarrier
+    pass
+
+
+class _MeasuredClientCarrier(_MeasuredCarrier, WebSocketClientCarrier):  # type: ignore[misc]  # autobahn's bases, as WebSocketClientCarrier
+    pass
+
+
+#: The class a carrier becomes once open on Twisted's own TCP transport (``onOpen``).
+_MEASURED: dict[type, type] = {
+    WebSocketServerCarrier: _MeasuredServerCarrier,
+    WebSocketClientCarrier: _MeasuredClientCarrier,
+}
 
 
 #: The HTTP status of an upgrade refused by admission: 429 for the per-address limit
