@@ -493,7 +493,8 @@ def main(argv=None) -> dict:
         "--restart-rules",
         choices=("on", "off", "both"),
         default="both",
-        help="the eclipse victim with anchors and the session_held wait (on), without (off), or both",
+        help="the eclipse victim (or, off, every node of the network run) with anchors and the "
+        "session_held wait (on), without (off), or both (the eclipse)",
     )
     args = parser.parse_args(argv)
     if args.eclipse:
@@ -507,7 +508,8 @@ def main(argv=None) -> dict:
         return {"eclipse": rows}
 
     wall = time.perf_counter()
-    sim = Simulation(args.nodes, seeds=args.seeds, seed=args.seed, streamers=args.streamers)
+    without = {i: WITHOUT_RESTART_RULES for i in range(args.nodes)} if args.restart_rules == "off" else {}
+    sim = Simulation(args.nodes, seeds=args.seeds, seed=args.seed, streamers=args.streamers, pex_options=without)
     sim.progress = True
     curve: list = []
     formed = sim.run_until_full(args.form_limit, curve=curve)
@@ -520,6 +522,7 @@ def main(argv=None) -> dict:
         "seed": args.seed,
         "target_outbound": sim.target,
         "request_interval": sim.request_interval,
+        "restart_rules": args.restart_rules != "off",
         "formed_s": formed,
         "mesh": mesh,
         "dials": formed_counters["dials"],
