@@ -258,11 +258,13 @@ class MConnectionProtocol(Protocol):
                 i += 1
                 continue  # we are closing: nothing more reaches the reactors
             if type(event) is MessageReceived and self.peer is not None:  # the hot path
-                # The run of messages from here, in one loop of the Peer's receiving side;
-                # it stops at another event, or once we close or carry another session.
-                i = max(self.peer.deliver_run(self, events, i), i + 1)
-                continue
-            if self._held is not None and type(event) is not ConnectionFailed:
+                if i + 1 < n and type(events[i + 1]) is MessageReceived:
+                    # A run of messages from here, in one loop of the Peer's receiving side;
+                    # it stops at another event, or once we close or carry another session.
+                    i = max(self.peer.deliver_run(self, events, i), i + 1)
+                    continue
+                self.peer.deliver(event.channel_id, event.message)  # one alone: no loop to set up
+            elif self._held is not None and type(event) is not ConnectionFailed:
                 self._held.append(event)  # after the pending decision (decide)
             else:
                 handlers[type(event)](self, event)

@@ -147,31 +147,49 @@ def test_reads_do_not_rearm_the_keepalive_timer_but_the_ping_still_follows_the_l
     assert h.take() == b"\x01"  # a ping, ping_interval after the last read
 
 
+def chains_to_receive(h, read: bytes) -> list[list[tuple[str, str]]]:
+    """For each message of ``read``, the calls from ``dataReceived`` to Reactor.receive."""
+    import traceback
+
+    stacks = []
+    h.reactor.on_receive = lambda channel_id, peer, message: stacks.append(traceback.extract_stack())
+    h.feed(read)
+    chains = []
+    for stack in stacks:
+        frames = [(frame.filename.split("mconn/")[-1], frame.name) for frame in stack]
+        assert frames[-2][1] == "receive"  # RecordingReactor.receive, then its on_receive
+        chains.append(frames[frames.index(("net/protocol.py", "dataReceived")) : -2])
+    return chains
+
+
 def test_the_route_of_a_message_from_read_to_receive_is_one_chain_of_named_calls():
     """A message read reaches Reactor.receive through these calls, each a method of the
     module that owns its step (specs/reactor-api.md section 4.1): the protocol's read, the
-    core's events, the Peer (ICarriedSession), its receiving side's loop over the read's run
-    of messages, the reactor set's route.
+    core's events, the Peer (ICarriedSession), its receiving side, the reactor set's route.
     No rebound attribute and no callable handed through constructors stands in between,
-    so the chain can be followed by reading (and a new detour shows up here)."""
-    import traceback
-
+    so the chain can be followed by reading (and a new detour shows up here). A message
+    alone in its read goes through ``deliver``; a run of them, through one loop of
+    ``deliver_run`` (one call less per message, and no ``_hand``)."""
     h = open_switch_connection(channels=CHANNELS)
-    stacks = []
-    h.reactor.on_receive = lambda channel_id, peer, message: stacks.append(traceback.extract_stack())
-    h.feed(msg(CH, b"first"))
-    h.feed(msg(CH, b"second"))
-    assert len(stacks) == 2
-    for stack in stacks:
-        frames = [(frame.filename.split("mconn/")[-1], frame.name) for frame in stack]
-        start = frames.index(("net/protocol.py", "dataReceived"))
-        assert frames[start:-2] == [
+    alone = chains_to_receive(h, msg(CH, b"first")) + chains_to_receive(h, msg(CH, b"second"))
+    assert alone == 2 * [
+        [
+            ("net/protocol.py", "dataReceived"),
+            ("switch/peer.py", "deliver"),
+            ("switch/peer_delivery.py", "deliver"),
+            ("switch/peer_delivery.py", "_hand"),
+            ("switch/routing.py", "route"),
+        ]
+    ]
+    run = chains_to_receive(h, msg(CH, b"third") + msg(CH, b"fourth") + msg(CH, b"fifth"))
+    assert run == 3 * [
+        [
             ("net/protocol.py", "dataReceived"),
             ("switch/peer.py", "deliver_run"),
             ("switch/peer_delivery.py", "deliver_run"),
             ("switch/routing.py", "route"),
         ]
-        assert frames[-2][1] == "receive"  # RecordingReactor.receive, then its on_receive
+    ]
 
 
 RUN_CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=8), ChannelDescriptor(CH + 1, send_queue_capacity=8)]
