@@ -24,7 +24,10 @@ on a shared machine it is steadier than the rates.
 and profiles the sender's side of each transport too (DIR/<impl>-<round>-sender.prof);
 profiled figures are not the real ones.
 
-Targets: ws bulk >= 0.8 of TCP mconn, small >= 0.7, round trip <= 1.3x.
+Each scenario also shows ``send cpu`` and ``recv cpu``: the CPU per unit of each process
+alone, whose ratios say which side a slower transport costs more.
+
+Targets: ws bulk >= 0.9 of TCP mconn, small >= 0.7, round trip <= 1.3x.
 """
 
 from __future__ import annotations
@@ -177,10 +180,19 @@ async def measure(impl: str, args, clock, n: int = 0) -> dict:
     return results
 
 
+def _figures(scenario: str, r: dict) -> dict:
+    """tls_bench's figures, and the CPU per unit of each process alone."""
+    out = figures(scenario, r)
+    both = (r["send_cpu_s"] + r["recv_cpu_s"]) / out["cpu us/unit"]  # the units of work / 1e6
+    out["send cpu"] = r["send_cpu_s"] / both
+    out["recv cpu"] = r["recv_cpu_s"] / both
+    return out
+
+
 def table(rounds: list[dict], scenarios, impls) -> list[dict]:
     rows = []
     for scenario in scenarios:
-        per_round = [{impl: figures(scenario, r[impl][scenario]) for impl in impls} for r in rounds]
+        per_round = [{impl: _figures(scenario, r[impl][scenario]) for impl in impls} for r in rounds]
         for name in per_round[0][impls[0]]:
             row = {"scenario": scenario, "figure": name}
             for impl in impls:

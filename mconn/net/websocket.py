@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import fnmatch
 import ipaddress
-import os
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -71,7 +70,7 @@ from mconn.config import MAX_HTTP_HEAD_BYTES
 from mconn.errors import ConnectionLost, WebSocketError
 from mconn.net.tls_transport import tls_error_of
 from mconn.net.owner import IUpgradeAdmission
-from mconn.net.websocket_frames import FrameReader, binary_frames
+from mconn.net.websocket_frames import FrameReader, binary_frames, mask_keys
 
 log = Logger(namespace="mconn.websocket")
 
@@ -313,7 +312,7 @@ class _Carrier(_Autobahn):
     def write(self, data: bytes) -> None:
         if self.state != _OPEN:
             return  # closing: nothing more goes out (the close packet went before)
-        keys = None if self.factory.isServer else os.urandom
+        keys = None if self.factory.isServer else mask_keys
         self.transport.write(binary_frames(data, limit=SEND_MESSAGE_BYTES, keys=keys))
 
     def writeSequence(self, parts) -> None:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn.net.websocket_frames import SMALL_MASKING, FrameReader, binary_frames, masker
+from mconn.net.websocket_frames import SMALL_MASKING, FrameReader, MaskKeys, binary_frames, masker
 
 LIMIT = 1 << 20
 
@@ -254,3 +254,40 @@ def test_a_write_over_the_message_size_is_several_whole_messages():
     assert wire[second + 4 : second + 8] == bytes(range(4, 8)) and len(wire) == second + 8 + 4464
     reader = FrameReader(masked=True, max_message=LIMIT)
     assert reader.read(wire) == ([data], None, b"")
+
+
+def test_mask_keys_hand_out_each_drawn_byte_once_and_draw_a_pool_at_a_time(monkeypatch):
+    """A dialer's keys come from os.urandom a pool at a time: consecutive calls return
+    consecutive bytes of it, never the same ones twice, and a call past its end draws a
+    new pool (one larger if asked for more); ``forget`` (a forked child) drops the rest."""
+    draws = []
+
+    def urandom(n):
+        draws.append(n)
+        return bytes((len(draws) + i) % 256 for i in range(n))
+
+    monkeypatch.setattr(os, "urandom", urandom)
+    keys = MaskKeys()
+    first = [keys(4) for _ in range(MaskKeys.POOL // 4)]
+    assert draws == [MaskKeys.POOL]
+    assert b"".join(first) == urandom_pool(1, MaskKeys.POOL)
+    assert keys(8) == urandom_pool(2, MaskKeys.POOL)[:8] and draws == [MaskKeys.POOL] * 2
+    assert keys(3 * MaskKeys.POOL) == urandom_pool(3, 3 * MaskKeys.POOL)
+    keys.forget()
+    assert keys(4) == urandom_pool(4, MaskKeys.POOL)[:4]
+    assert draws == [MaskKeys.POOL, MaskKeys.POOL, 3 * MaskKeys.POOL, MaskKeys.POOL]
+
+
+def urandom_pool(draw: int, n: int) -> bytes:
+    """What the fake os.urandom above returns on its ``draw``-th call for ``n`` bytes."""
+    return bytes((draw + i) % 256 for i in range(n))
+
+
+def test_frames_masked_with_the_pooled_keys_read_back_each_with_its_own_key():
+    """binary_frames with the process's pooled keys: three frames, three different keys
+    (the bytes after each header), and the reader unmasks them back to the data."""
+    data = os.urandom(3 * 65536)
+    wire = binary_frames(data, limit=65536, keys=MaskKeys())
+    step = 10 + 4 + 65536
+    assert len({wire[k * step + 10 : k * step + 14] for k in range(3)}) == 3
+    assert FrameReader(masked=True, max_message=LIMIT).read(wire) == ([data], None, b"")
