@@ -456,6 +456,9 @@ def encode_session_request(request: SessionRequest) -> bytes:
 def decode_session_request(value: bytes) -> SessionRequest:
     """Hand-written like decode_ack (a handshake's cost); anything it does not take is
     parsed with ``SessionRequestBody``, whose error is raised."""
+    if len(value) == SESSION_ID_BYTES + 2 and value[-1] == 0 and value[-2] <= 1:
+        # A dialer's usual request: no counts (the uvarint 0 is its size byte alone).
+        return SessionRequest(session_id=bytes(value[:SESSION_ID_BYTES]), resume=bool(value[-2]), delivered={})
     try:
         resume = value[SESSION_ID_BYTES]
         delivered, at = _read_counts(value, SESSION_ID_BYTES + 1)

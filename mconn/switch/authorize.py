@@ -104,10 +104,11 @@ class Authorizer:
             raise AuthenticationError(
                 f"node {node_id} presented no certificate, so it is not proven to be in allowed_peers"
             )
-        host = host_of(address)
-        self.check_ip(node_id, host)
+        if not self._duplicate_ips_allowed():  # the host is parsed only when asked for
+            self.check_ip(node_id, host_of(address))
         if self.hook is None:
             return None
+        host = host_of(address)
         try:
             verdict = self.hook(node_id, address, certificate)
         except Exception as e:
