@@ -235,3 +235,26 @@ def test_a_receive_that_closes_the_peer_ends_the_run_of_its_read():
     h.feed(b"".join(msg(CH, m) for m in (b"m1", b"m2", b"m3")) + msg(CH + 1, b"m4"))
     assert h.reactor.received() == [b"m1", b"m2"]
     assert h.peer.session.delivered_counts() == {CH: 2}
+
+
+def test_an_ack_read_while_the_transport_is_paused_still_lets_a_waiting_send_in():
+    """While the transport is paused, ``pump`` writes nothing and returns early; an ack
+    read then (room in the recovery buffer, not in the queues) still offers the room to
+    a send waiting for it: the send is accepted at once, and its message goes out on the
+    transport's resume. A send made while paused is queued and goes out then too."""
+    from helpers import messages_in
+    from tests.adapter.test_recovery_buffer_full import CH as FULL, CHANNELS as FULL_CHANNELS, MESSAGE, ack_packet, fill
+
+    h = open_switch_connection(channels=FULL_CHANNELS, config=Config(recovery_buffer_bytes=10_000))
+    accepted = fill(h)
+    h.take()
+    after = b"a" * MESSAGE  # as large as those the full buffer refused
+    waiting = h.peer.send(FULL, after)
+    assert not waiting.called
+    h.proto.pauseProducing()
+    h.feed(ack_packet({FULL: 2}))
+    assert waiting.result is True
+    assert h.peer.session.accepted(FULL) == len(accepted) + 1
+    assert h.take() == b""  # paused: nothing written yet
+    h.proto.resumeProducing()
+    assert messages_in(h.take()) == [(FULL, after)]
