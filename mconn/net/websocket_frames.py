@@ -13,8 +13,8 @@ Theory of operation
 ``read(data)`` returns ``(payloads, stop, rest)``. While ``stop`` is None every byte was
 taken: the payloads of data frames, as one bytes object in a list (empty if none: the
 payload parts of the read are copied into one buffer and unmasked there in place; a
-frame may span reads: ``_left`` bytes of it are still to come, unmasked with the same
-masker), and at most one incomplete frame header (14 bytes) or control frame (131
+frame may span reads: ``_left`` bytes of it are still to come, unmasked with its key
+from where the last read left it, ``_phase``), and at most one incomplete frame header (14 bytes) or control frame (131
 bytes) kept for the next read. Otherwise ``stop`` says why
 reading stopped at ``rest``:
 
@@ -40,11 +40,9 @@ from __future__ import annotations
 import os
 import struct
 
-from autobahn.websocket.xormasker import create_xor_masker
-
 try:  # autobahn's native (SIMD) XOR routine, called on our own buffers
     from _nvx_xormasker import ffi as _ffi, lib as _lib
-except ImportError:  # no native routine: autobahn's own maskers
+except ImportError:  # no native routine: XOR on Python's big integers, whatever the size
     _ffi = _lib = None
 
 #: Opcodes of RFC 6455 section 5.2.
@@ -57,70 +55,35 @@ _MASK = 0x80
 _BINARY = _FIN | BINARY
 
 
-#: Below this many payload bytes a frame is (un)masked with Python's big integers, above it
-#: by autobahn's native routine in place in our buffer: that costs about 2.2 us a call
-#: whatever the size (creating the masker included), XOR on integers 1.8 us plus about
-#: 2.4 us per KiB (measured: 100 bytes 1.9 against 2.2 us, 600 bytes 3.2 against 2.2).
-SMALL_MASKING = 512
+#: Below this many payload bytes a frame is (un)masked with Python's big integers, from
+#: it on by autobahn's native SIMD routine in place in our buffer, which costs about 1.2
+#: us a call whatever the size (its masker made and freed included); on integers 0.8 us
+#: at 4 bytes, 1.3 at 128, 2.5 at 512 (measured, one process).
+SMALL_MASKING = 128
 
 
-class _SmallMasker:
-    """RFC 6455 masking of a short payload, which may come in parts (``process`` keeps
-    the offset), as autobahn's maskers do."""
-
-    __slots__ = ("_key", "_offset")
-
-    def __init__(self, key: bytes) -> None:
-        self._key = key
-        self._offset = 0
-
-    def process(self, data) -> bytes:
-        n = len(data)
-        shift = self._offset & 3
-        self._offset += n
-        key = self._key[shift:] + self._key[:shift] if shift else self._key
-        pattern = (key * ((n >> 2) + 1))[:n]
-        return (int.from_bytes(data, "little") ^ int.from_bytes(pattern, "little")).to_bytes(n, "little")
-
-
-class _NativeMasker:
-    """RFC 6455 masking of a large payload by autobahn's native SIMD routine, run in place
-    on our own buffer: autobahn's wrapper allocates a zeroed buffer, copies in, masks and
-    copies out for every call, which cost more than the masking itself."""
-
-    __slots__ = ("_masker",)
-
-    def __init__(self, key: bytes) -> None:
-        key = _ffi.from_buffer("uint8_t[]", key)
-        self._masker = _ffi.gc(_lib.nvx_xormask_new(key), _lib.nvx_xormask_free)  # it copies the key
-        _lib.nvx_xormask_set_impl(self._masker, 2)  # SSE2, as autobahn's XorMaskerShifted1
-
-    def process(self, data) -> bytes:
-        buffer = bytearray(data)
-        self.process_into(buffer, 0, len(buffer))
-        return bytes(buffer)
-
-    def process_into(self, buffer: bytearray, start: int, length: int) -> None:
-        """Mask ``buffer[start:start + length]`` in place."""
-        _lib.nvx_xormask_process(self._masker, _ffi.from_buffer("uint8_t[]", buffer) + start, length)
-
-
-def masker(key: bytes, length: int):
-    """A masker for a payload of ``length`` bytes with this 4-byte ``key``."""
-    if length < SMALL_MASKING:
-        return _SmallMasker(key)
-    return _NativeMasker(key) if _lib is not None else create_xor_masker(key, length)
-
-
-def mask_into(m, buffer: bytearray, start: int, length: int) -> None:
-    """Mask ``buffer[start:start + length]`` in place with the masker ``m``."""
-    if type(m) is _NativeMasker:
-        m.process_into(buffer, start, length)
-    else:  # a short payload (or no native routine): the masker's copy goes back in place
-        part = memoryview(buffer)[start : start + length]
-        masked = m.process(part if type(m) is _SmallMasker else bytes(part))
-        part.release()
-        buffer[start : start + length] = masked
+def mask_in_place(buffer: bytearray, start: int, length: int, key: bytes, phase: int = 0) -> None:
+    """RFC 6455 section 5.3: XOR ``buffer[start:start + length]`` in place with the 4-byte
+    ``key`` repeated, the first byte taking key byte ``phase % 4`` (the part of a frame
+    after ``phase`` of its payload bytes). Masking and unmasking are the same operation."""
+    shift = phase & 3
+    if shift:
+        key = key[shift:] + key[:shift]
+    if length >= SMALL_MASKING and _lib is not None:
+        # The native routine, without autobahn's wrapper (which allocates a zeroed buffer
+        # and copies in and out on every call) and without a garbage-collected masker.
+        native = _lib.nvx_xormask_new(_ffi.from_buffer("uint8_t[]", key))  # it copies the key
+        if native == _ffi.NULL:
+            raise MemoryError(f"autobahn's native XOR masker could not be allocated ({length} bytes to mask)")
+        try:
+            _lib.nvx_xormask_process(native, _ffi.from_buffer("uint8_t[]", buffer) + start, length)
+        finally:
+            _lib.nvx_xormask_free(native)
+        return
+    end = start + length
+    pattern = (key * ((length >> 2) + 1))[:length]
+    masked = int.from_bytes(buffer[start:end], "little") ^ int.from_bytes(pattern, "little")
+    buffer[start:end] = masked.to_bytes(length, "little")
 
 
 class MaskKeys:
@@ -198,7 +161,7 @@ def binary_frames(data, *, limit: int, keys=None) -> bytes:
     frames = bytearray().join(parts)  # one copy, no zero fill
     for start, length, key in regions:
         if length:
-            mask_into(masker(key, length), frames, start, length)
+            mask_in_place(frames, start, length, key)
     return bytes(frames)
 
 
@@ -214,7 +177,8 @@ class FrameReader:
         self.max_message = max_message
         self._head = b""  # an incomplete header or control frame
         self._left = 0  # payload bytes of the current data frame still to come
-        self._masker = None
+        self._key: bytes | None = None  # the current data frame's masking key (None: unmasked)
+        self._phase = 0  # payload bytes of the current data frame taken so far
         self._fragmented = False  # inside a message whose last frame has not come
         self._message = 0  # bytes of that message so far
 
@@ -225,7 +189,7 @@ class FrameReader:
 
     def read(self, data: bytes):
         """``(payloads, stop, rest)``; see the module docstring."""
-        regions = []  # (start, end, masker) of the payload bytes in ``data``
+        regions = []  # (start, end, key, phase) of the payload bytes in ``data``
         if self._head:
             data, self._head = self._head + data, b""
         i, n = 0, len(data)
@@ -233,8 +197,9 @@ class FrameReader:
             left = self._left
             if left:
                 end = i + left if i + left < n else n
-                regions.append((i, end, self._masker))
+                regions.append((i, end, self._key, self._phase))
                 self._left = left - (end - i)
+                self._phase += end - i
                 i = end
                 continue
             b0, b1 = data[i], data[i + 1] if i + 1 < n else None
@@ -269,8 +234,8 @@ class FrameReader:
                 return _payloads(data, regions), ("too_large", (total, self.max_message)), b""
             fin = b0 & _FIN
             self._fragmented, self._message = not fin, 0 if fin else total
-            self._masker = masker(data[i + header - 4 : i + header], length) if masked and length else None
-            self._left = length
+            self._key = data[i + header - 4 : i + header] if masked and length else None
+            self._left, self._phase = length, 0
             i += header
         return _payloads(data, regions), None, b""
 
@@ -282,19 +247,19 @@ def _payloads(data: bytes, regions: list) -> list:
     if not regions:
         return []
     if len(regions) == 1:
-        start, end, m = regions[0]
-        if m is None:
+        start, end, key, phase = regions[0]
+        if key is None:
             return [data if start == 0 and end == len(data) else data[start:end]]
         buffer = bytearray(memoryview(data)[start:end])
-        mask_into(m, buffer, 0, end - start)
+        mask_in_place(buffer, 0, end - start, key, phase)
         return [bytes(buffer)]
     view = memoryview(data)
-    if all(m is None for _, _, m in regions):
-        return [b"".join([view[start:end] for start, end, _ in regions])]
-    buffer = bytearray().join([view[start:end] for start, end, _ in regions])
+    if all(key is None for _, _, key, _ in regions):
+        return [b"".join([view[start:end] for start, end, _, _ in regions])]
+    buffer = bytearray().join([view[start:end] for start, end, _, _ in regions])
     at = 0
-    for start, end, m in regions:
-        if m is not None:
-            mask_into(m, buffer, at, end - start)
+    for start, end, key, phase in regions:
+        if key is not None:
+            mask_in_place(buffer, at, end - start, key, phase)
         at += end - start
     return [bytes(buffer)]

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mconn.net.websocket_frames import SMALL_MASKING, FrameReader, MaskKeys, binary_frames, masker
+from mconn.net.websocket_frames import SMALL_MASKING, FrameReader, MaskKeys, binary_frames, mask_in_place
 
 LIMIT = 1 << 20
 
@@ -159,15 +159,20 @@ def test_any_frames_split_at_any_points_give_the_same_bytes(payloads, cuts, mask
 
 
 @pytest.mark.parametrize("n", [0, 1, 3, 4, 5, 1000, SMALL_MASKING - 1, SMALL_MASKING, 20_000])
-def test_the_masker_matches_rfc_6455_on_either_side_of_the_small_size_and_in_parts(n):
-    """Masking is the XOR with the key repeated, whichever masker the size picks, and the
-    same when the payload comes in three parts."""
+@pytest.mark.parametrize("phase", [0, 1, 2, 3, 6])
+def test_masking_in_place_matches_rfc_6455_on_either_side_of_the_small_size_and_in_parts(n, phase):
+    """Masking is the XOR with the key repeated, from key byte ``phase % 4``, whichever
+    way the size picks (integers or the native routine), only inside the given range;
+    and the same when the payload comes in three parts, each from where the last ended."""
     data, key = os.urandom(n), os.urandom(4)
-    expected = bytes(b ^ key[i % 4] for i, b in enumerate(data))
-    assert masker(key, n).process(data) == expected
-    m = masker(key, n)
-    parts = [data[: n // 3], data[n // 3 : n // 2], data[n // 2 :]]
-    assert b"".join(m.process(p) for p in parts if p) == expected
+    expected = bytes(b ^ key[(phase + i) % 4] for i, b in enumerate(data))
+    buffer = bytearray(b"<<" + data + b">>")
+    mask_in_place(buffer, 2, n, key, phase)
+    assert buffer == b"<<" + expected + b">>"
+    buffer = bytearray(data)
+    for a, b in ((0, n // 3), (n // 3, n // 2), (n // 2, n)):
+        mask_in_place(buffer, a, b - a, key, phase + a)
+    assert buffer == expected
 
 
 class _Keys:
@@ -198,8 +203,8 @@ _SIZES = st.one_of(
     st.integers(0, 2**32),
 )
 def test_binary_frames_are_byte_identical_to_frames_built_one_at_a_time(n, limit, pool, masked, seed):
-    """binary_frames (one buffer, payloads masked in place, by the native routine past
-    SMALL_MASKING bytes) gives exactly the bytes of the frames built one by one the plain
+    """binary_frames (one buffer, payloads masked in place, by the native routine from
+    SMALL_MASKING bytes on) gives exactly the bytes of the frames built one by one the plain
     RFC 6455 way (header, key, payload XOR the key repeated), each with the next 4 key
     bytes, split at ``limit``; it asks for all the keys in one call, 4 per frame."""
     data = random.Random(seed).randbytes(n)  # drawn outside hypothesis: its buffer refuses large data
@@ -225,8 +230,9 @@ def test_binary_frames_are_byte_identical_to_frames_built_one_at_a_time(n, limit
 )
 def test_frames_of_any_size_read_back_as_one_payload_per_read(sizes, cuts, masked, seed):
     """Frames built the plain way, cut anywhere, read back by a FrameReader: the payload
-    bytes come out in order, as at most one bytes object per read, whichever masker each frame
-    takes (a native one past SMALL_MASKING) and however a frame spans reads."""
+    bytes come out in order, as at most one bytes object per read, whichever way each
+    frame is unmasked (the native routine from SMALL_MASKING on) and however a frame spans
+    reads."""
     rnd = random.Random(seed)
     payloads = [rnd.randbytes(n) for n in sizes]
     stream = b"".join(frame(0x2, p, masked=masked, key=rnd.randbytes(4)) for p in payloads)
