@@ -13,12 +13,10 @@ loop.
 
 Each timer is told when the run that runs it began (``_on_timer(fired_at)``): how late
 that is after its deadline is how late the event loop was, which the protocol checks
-for a stall (specs/connection.md section 3). The time the run's earlier timers took is
-not the loop's: 10,000 keepalive timers due within a second (a connect storm's peers,
-a minute later) take a run of tens of milliseconds, more on a busy machine, and the
-clock read at each timer's turn called most of them late (one ``loop_stalled`` record
-and a detour through one more loop turn each, bench/history/2026-11-28.md, "idle
-listener").
+before a keepalive verdict (specs/connection.md section 3). The time the run's earlier
+timers took is not the loop's: 10,000 keepalive timers due within a second (a connect
+storm's peers, a minute later) take a run of tens of milliseconds, more on a busy
+machine (bench/RESULTS.md, "An idle listener of 10,000 peers").
 
 A protocol's ``_timer`` is the entry ``arm`` gave it (``[when, number, protocol]``)
 while armed, None otherwise. ``cancel`` empties the entry, so the heap never keeps a
