@@ -54,29 +54,21 @@ PREVIOUS_FIELDS = ("session_id", "connection", "queue_depth", *COUNTERS)
 TRACKED_CHANNELS = 16
 
 
-def _previous_in_pair_order(channel_ids: list, by_pair: WindowSpec) -> Column:
+def _previous_in_pair_order(channel_ids: list, by_pair: WindowSpec, fields: list[str]) -> Column:
     """Each row's previous sample of its own channel, found in its pair's time order: per
     channel id, the last sample of that channel among the rows before (a running value,
     no sort of its own); the row picks its channel's."""
     before = by_pair.rowsBetween(Window.unboundedPreceding, -1)
-    fields = F.struct(*PREVIOUS_FIELDS)
+    sample = F.struct(*fields)
     picked = None
     for channel_id in channel_ids:
         mine = F.col("channel_id").eqNullSafe(F.lit(channel_id))
-        last = F.last(F.when(mine, fields), ignorenulls=True).over(before)
+        last = F.last(F.when(mine, sample), ignorenulls=True).over(before)
         picked = F.when(mine, last) if picked is None else picked.when(mine, last)
-    return picked if picked is not None else F.lit(None).cast(_previous_type())
+    return picked if picked is not None else F.when(F.lit(False), sample)
 
 
-def _previous_type() -> str:
-    return (
-        "struct<session_id:string,connection:bigint,queue_depth:bigint,"
-        + ",".join(f"{c}:bigint" for c in COUNTERS)
-        + ">"
-    )
-
-
-def samples(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
+def samples(events: DataFrame, channel_ids: list | None = None, counters: tuple = COUNTERS) -> DataFrame:
     """One row per channel_stats with its interval's deltas, tick, pending and backlogged
     flags, and its tick's sums.
 
@@ -84,7 +76,12 @@ def samples(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
     With at most ``TRACKED_CHANNELS`` of them, one sort serves the ticks and the deltas
     (the pair's time order, each channel's previous sample carried as a running value);
     otherwise a second sort by channel serves the deltas. The rows are the same.
+    ``counters``: the deltas wanted (of ``COUNTERS``; the others are left out, and so are
+    their columns from the shuffle).
     """
+    if "bytes_sent" not in counters or not set(counters) <= set(COUNTERS):
+        raise ValueError(f"counters must be of {COUNTERS} and hold bytes_sent (the tick's bytes), got {counters}")
+    fields = [f for f in PREVIOUS_FIELDS if f not in COUNTERS or f in counters]
     stats = of(events, "channel_stats").select(
         *PAIR,
         "channel_id",
@@ -92,21 +89,18 @@ def samples(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
         "seq",
         "priority",
         "queue_depth",
-        "bytes_sent",
-        "bytes_received",
-        "messages_sent",
-        "messages_received",
+        *counters,
         "session_id",
         "connection",
     )
     by_pair = Window.partitionBy(*PAIR).orderBy("log_time", "seq")
     if channel_ids is not None and len(channel_ids) <= TRACKED_CHANNELS:
-        previous = _previous_in_pair_order(sorted(channel_ids, key=lambda c: (c is None, c)), by_pair)
+        previous = _previous_in_pair_order(sorted(channel_ids, key=lambda c: (c is None, c)), by_pair, fields)
     else:
         by_channel = Window.partitionBy(*PAIR, "channel_id").orderBy("log_time", "seq")
         previous = F.when(
             F.row_number().over(by_channel) > 1,
-            F.struct(*[F.lag(c).over(by_channel).alias(c) for c in PREVIOUS_FIELDS]),
+            F.struct(*[F.lag(c).over(by_channel).alias(c) for c in fields]),
         )
     # Shuffled by pair and sorted by time before anything is added to the rows: the
     # window's inputs (a struct per channel id, mostly null) are computed after the
@@ -124,7 +118,7 @@ def samples(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
         "tick",
         "priority",
         "queue_depth",
-        *[_delta(c, F.col("_previous")).alias(c) for c in COUNTERS],
+        *[_delta(c, F.col("_previous")).alias(c) for c in counters],
         ((F.col("queue_depth") > 0) | (previous_depth > 0)).alias("pending"),
         ((F.col("queue_depth") > 0) & (previous_depth > 0)).alias("backlogged"),
     )

@@ -169,7 +169,7 @@ def reconnect_samples(reconnects, rows: int) -> tuple[dict[str, list[float]], li
 def _share_part(events, channel_ids: list | None = None):
     """``share_points``' query: one row, ``share_points`` the top 2000 link channels.
     ``channel_ids``: as for ``channels.samples``."""
-    s = channels.samples(events, channel_ids)
+    s = channels.samples(events, channel_ids, counters=("bytes_sent",))  # the only counter it reads
     backlogged = F.col("backlogged")
     promised = F.when(backlogged, F.col("priority") / F.col("backlogged_priority")).otherwise(0.0)
     per_channel = (
