@@ -25,7 +25,8 @@ at that rate (``payload_for_pace``), at least ``FLOOR``, so a message on a highe
 channel waits behind at most a quarter of a burst (at 1 MB/s a 2.5 KB packet, 2.5 ms)
 instead of a whole 64 KiB packet (65 ms).
 
-Where the rate is not measured (TLS, WebSocket, ``write_ahead_time=None``) and on a
+Where the rate is not measured (TLS, WebSocket over TLS: wss and ws+tls,
+``write_ahead_time=None``) and on a
 plain TCP connection before its first rate sample, packets are ``UNMEASURED``: one TLS
 record's worth. Those transports write ``write_batch_bytes`` (64 KiB) at a time and
 keep up to their own buffer size (64 KiB for Twisted's TCP) below the scheduler, so a
