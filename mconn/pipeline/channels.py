@@ -17,6 +17,13 @@ queued at either end of the interval). Over the contended ticks of a minute, a c
 what the scheduler promises: its priority over the priorities of the pending channels
 (0 when it was not pending), weighted by the bytes of each tick. A fair scheduler keeps
 the two close.
+
+One sort per pair. The samples of a (node, peer) pair are sorted once, by time; the ticks
+come from that order, and so does each sample's previous sample of its own channel: per
+channel id a running "last sample" over the rows before (the read stage observes the
+fleet's channel ids, ``ingest.Written``). Only a tick's sums need a second sort (by
+tick). Without the ids, or with more than ``TRACKED_CHANNELS``, a sort per channel
+finds the previous samples; the rows are the same.
 """
 
 from __future__ import annotations
