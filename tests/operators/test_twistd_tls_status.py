@@ -63,7 +63,8 @@ def test_three_tls_nodes_show_each_other_on_their_status_pages(nodes):
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0] == f"node       {ids['a']}"
-    rows = {line.split()[0]: line.split() for line in lines[4:]}
+    assert lines[2].startswith("hot path   ")
+    rows = {line.split()[0]: line.split() for line in lines[5:]}
     assert set(rows) == {ids["b"], ids["c"]}
     assert {row[1] for row in rows.values()} == {"connected"}
 
