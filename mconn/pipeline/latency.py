@@ -3,8 +3,9 @@
 Two kinds of samples, per node (specs/pipeline.md section 4.4):
 
 * *ping round trips* (``source`` ``ping``): ``channel_stats.round_trip``, the last ping
-  round trip the node measured with the peer (``Peer.round_trip``). Every channel of every
-  tick repeats it until the next pong, so each distinct value of a session end counts once.
+  round trip the node measured with the peer (``Peer.round_trip``). Ticks repeat it until
+  the next pong (on every channel that changed, or on the peer's first channel when only
+  the round trip did), so each distinct value of a session end counts once.
   Both ends of a link measure their own.
 * *handshake round trips* (``source`` ``handshake``), for the nodes whose logs have no
   ping round trip (older nodes, or runs shorter than a ping interval): on the dialing
