@@ -73,6 +73,11 @@ class HeapClock(Clock):
             if call.called or when > call.getTime():
                 continue  # an earlier reset pushed it again; that entry ran it
             if call.getTime() > when:  # reset or delayed to later: wait for then
+                # Its time becomes the later one (as task.Clock does), so a reset to an
+                # earlier time after this compares with it and pushes the call again;
+                # left at the old time, that reset only shortened the delay, and the one
+                # entry, at the later time, skipped the call as run by an earlier entry.
+                call.activate_delay()
                 heapq.heappush(heap, (call.getTime(), next(self._order), call))
                 continue
             if on_time and when > self.rightNow:
@@ -87,6 +92,10 @@ class HeapClock(Clock):
         # Left in the heap (skipped when popped); compacted once most of it is cancelled.
         self._cancelled += 1
         if self._cancelled > 1024 and self._cancelled * 2 > len(self._heap):
-            self._heap = [e for e in self._heap if not e[2].cancelled and e[2] is not call]
+            # In place: a cancel from a running call compacts the very list _run_due is
+            # popping from. A new list left that loop on the old one, which never saw a
+            # call scheduled after it, so they all ran only at the next run or advance
+            # (a run of 60 s skipped a minute of timers once a network cancelled enough).
+            self._heap[:] = [e for e in self._heap if not e[2].cancelled and e[2] is not call]
             heapq.heapify(self._heap)
             self._cancelled = 0

@@ -207,6 +207,40 @@ def test_heap_clock_compacts_cancelled_calls():
     assert fired == list(range(2900, 3000))
 
 
+def test_heap_clock_compacted_by_a_running_call_still_runs_what_is_scheduled_after():
+    """A call that cancels enough to compact the heap, then schedules another: ``run``
+    fires that one on time (the restarted eclipse victim's dials waited out a whole
+    ``run`` of 60 s when compaction left the running loop on a stale heap)."""
+    clock = HeapClock()
+    seen = []
+    doomed = [clock.callLater(100.0 + i, seen.append, "doomed") for i in range(1100)]
+
+    def cancel_all_then_schedule():
+        for call in doomed:
+            call.cancel()
+        clock.callLater(1.0, lambda: seen.append(clock.seconds()))
+
+    clock.callLater(1.0, cancel_all_then_schedule)
+    assert clock.queued == 1101
+    clock.run(10.0)
+    assert clock.queued < 1100, "the heap was not compacted: the test no longer tests that"
+    assert seen == [2.0]
+
+
+def test_heap_clock_reset_later_then_earlier_fires_at_the_earlier_time():
+    """Reset to later, the clock passes the first time, then reset to earlier than the
+    later one: it fires then, as on ``task.Clock`` (it used to be skipped for good)."""
+    for clock in (Clock(), HeapClock()):
+        seen = []
+        call = clock.callLater(1.0, lambda: seen.append(clock.seconds()))
+        call.reset(5.0)
+        clock.advance(2.0)
+        call.reset(1.0)
+        for _ in range(10):
+            clock.advance(1.0)
+        assert seen == [3.0], type(clock).__name__
+
+
 def test_a_switch_gets_the_host_asked_for_and_a_taken_or_bad_host_is_refused():
     network = MemoryNetwork()
     a = network.switch([RecordingReactor()], host="11.7.0.1")
