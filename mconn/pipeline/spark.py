@@ -86,8 +86,11 @@ SMALL_DEFAULTS = {
 }
 
 #: JVM flags for a small input: the quick JIT tier only (C2's compilations cost more
-#: CPU than they save on a run of a minute).
-SMALL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+#: CPU than they save on a run of a minute), with room for its code: that tier's default
+#: code cache (48 MB) fills in a session that runs many small jobs (the test suite's one
+#: session did), and a JVM that stops compiling also failed to link a method handle in a
+#: task, which killed the session.
+SMALL_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=256m"
 
 
 def parse_conf(text: str) -> tuple[str, str]:
