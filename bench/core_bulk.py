@@ -27,6 +27,8 @@ from mconn.config import Config
 from mconn.core.connection import Connection
 from mconn.core.handshake import make_hello
 
+from hot_path import implementation  # bench/hot_path.py
+
 CHANNEL = 0x10
 MESSAGE = 1 << 20
 
@@ -75,16 +77,6 @@ def run(messages: int, read: int, payload: int = 65536) -> dict:
         "mconn_file": mconn.__file__,
         "implementation": implementation(),
     }
-
-
-def implementation() -> str:
-    """Which per-packet path runs (``mconn --version``'s word); trees before the compiled
-    twin are pure Python."""
-    try:
-        from mconn.core.speedups import describe
-    except ImportError:
-        return "pure Python (no compiled twin in this tree)"
-    return describe()
 
 
 def main() -> None:

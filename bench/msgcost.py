@@ -60,6 +60,8 @@ from twisted.internet.testing import StringTransport
 from mconn import ChannelDescriptor, Config, Reactor, Switch
 from mconn.net.protocol import MConnectionFactory
 
+from hot_path import implementation  # bench/hot_path.py
+
 CHANNEL = ChannelDescriptor(0x10, priority=1, send_queue_capacity=100000)
 #: scenario -> (message size, messages per batch, batches)
 WORK = {"bulk": (1 << 20, 4, 40), "small": (100, 1000, 60), "small_many": (100, 1000, 60)}
@@ -296,16 +298,6 @@ def main(argv=None) -> int:
 def as_options(fields: dict) -> list[str]:
     """``{"ack_interval": 1.0}`` -> ``["--ack-interval", "1.0"]``."""
     return [x for name, value in fields.items() for x in ("--" + name.replace("_", "-"), str(value))]
-
-
-def implementation() -> str:
-    """Which per-packet path runs (``mconn --version``'s word); trees before the compiled
-    twin are pure Python."""
-    try:
-        from mconn.core.speedups import describe
-    except ImportError:
-        return "pure Python (no compiled twin in this tree)"
-    return describe()
 
 
 if __name__ == "__main__":
