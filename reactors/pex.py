@@ -4,6 +4,8 @@ The peer-to-peer counterpart of the NATS client's discovered servers: a node tha
 one seed asks it for addresses, dials what it learns, asks its new peers in turn, and so
 finds the rest of the fleet. Learnt addresses are kept in a bounded address book and fed
 to the Switch's address pools (``Switch.address_pool(node_id).add_discovered``).
+The module is one reactor, ``PexReactor``; the book is reactors/addrbook.py, the wire
+reactors/pex_wire.py, the dial rounds reactors/pex_dial.py.
 
 Theory of operation
 -------------------

@@ -4,7 +4,8 @@ autobahn (``autobahn.twisted.websocket``) speaks RFC 6455; the classes here stan
 between it and the protocol above, which sees an ordinary Twisted transport. What is
 above is the mconn protocol, or mconn's TLS around it (``ws://`` on a Switch with TLS
 options). Their factories are at the end of this module; mconn.net.websocket_endpoints the endpoints
-that use those.
+that use those. One idea, kept in one module: the carrier (its server and client sides,
+the measured variant for plain TCP) and the factories that set it up.
 
 Theory of operation
 -------------------

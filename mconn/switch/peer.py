@@ -14,6 +14,9 @@ per channel are accepted and go out on resume. ``send`` waits up to
 ``Config.send_timeout`` for room, in FIFO order with other waiting sends on that
 channel; ``try_send`` never waits and never overtakes a waiting ``send``.
 ``send_confirmed`` fires once the peer's reactor has the message. Receiving: ``mconn.switch.peer_delivery``.
+
+The module is one class, ``Peer`` (with the small types its methods return): the session
+as reactors see it and the send path they call, kept whole rather than cut to a length.
 """
 
 from __future__ import annotations

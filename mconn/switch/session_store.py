@@ -1,7 +1,8 @@
 """The durable session store: sessions that survive a restart of the process (opt-in).
 
-API notes, beyond the first sketch: ``load()`` hands the sessions over once (a second
-call returns []), so that their messages are not kept alive by the store after the
+One idea: the store, its records, its group commit and the sqlite file they go to (the
+functions after the class open, check, load and write that file). ``load()`` hands the
+sessions over once (a second call returns []), so that their messages are not kept alive by the store after the
 Session drops them; ``open`` also raises StoreFormatUnsupported, and StoreError for a
 store another process has open; ``commits`` counts transactions, ``path`` and
 ``node_id`` are what ``open`` was given.
