@@ -19,6 +19,7 @@ above. The modules, in reading order:
 * ``channel_shape``: what every Peer shares about the Switch's channels;
 * ``peer_stats``: a Peer's counters at one moment;
 * ``session_store``: sessions kept in a file, to survive a restart (opt-in);
+* ``session_store_file``: that file: its schema, the checks at open, the load, the transaction;
 * ``durable``: the Switch's session store opened, bounded, and the reactors' committed counts;
 * ``persistent``: keep nodes connected, re-dial suspended sessions;
 * ``dialer``: re-dialing over a pool of addresses, with backoff;

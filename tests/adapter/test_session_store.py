@@ -18,7 +18,7 @@ import pytest
 from helpers import ThreadClock
 from mconn.core.session import MESSAGE_OVERHEAD
 from mconn.errors import StoreCorrupt, StoreError, StoreFormatUnsupported, StoreFull, StoreOwnedByOtherNode
-from mconn.switch import session_store
+from mconn.switch import session_store, session_store_file
 from mconn.switch.session_store import FORMAT_VERSION, SessionStore, StoredSession, StoredStream
 
 NODE = "a" * 40
@@ -408,7 +408,7 @@ def test_a_failed_commit_fails_durable_every_later_record_and_close(path, clock,
     def broken(db, batch):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(session_store, "_commit", broken)
+    monkeypatch.setattr(session_store_file, "commit", broken)
     store.accepted(S1, 1, 0, b"lost")
     d = store.durable()
     commit(store, clock)
@@ -445,7 +445,7 @@ def test_a_new_file_is_in_wal_mode_with_the_store_page_size(path, clock):
     close(store, clock)
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.execute("PRAGMA page_size").fetchone()[0] == session_store.PAGE_SIZE
+    assert db.execute("PRAGMA page_size").fetchone()[0] == session_store_file.PAGE_SIZE
     assert dict(db.execute("SELECT key, value FROM meta")) == {"format_version": FORMAT_VERSION, "node_id": NODE}
     db.close()
 
@@ -477,7 +477,7 @@ def test_a_damaged_free_list_is_found_at_open_not_at_a_later_commit(path, clock)
         header = f.read(100)
         trunk = int.from_bytes(header[32:36], "big")  # the first free-list trunk page
         assert trunk and int.from_bytes(header[36:40], "big") > 1
-        f.seek((trunk - 1) * session_store.PAGE_SIZE)
+        f.seek((trunk - 1) * session_store_file.PAGE_SIZE)
         f.write(b"\xff" * 8)  # its next-trunk pointer and leaf count, far out of range
     with pytest.raises(StoreCorrupt, match="integrity check: .*"):
         open_store(path, ThreadClock())

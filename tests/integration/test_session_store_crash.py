@@ -38,12 +38,12 @@ KILLS_PER_SEED = 2
 CHILD = r"""
 import random, sys, threading
 from twisted.internet import task
-from mconn.switch import session_store
+from mconn.switch import session_store_file
 from mconn.switch.session_store import SessionStore
 
 # A checkpoint (the WAL folded into the file) every 64 pages, about every commit, so that
 # kills land in checkpoints as well as in commits.
-session_store.WAL_PAGES = 64
+session_store_file.WAL_PAGES = 64
 path, node, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 SESSION, DATA, COUNTS = b"\x05" * 16, 0x20, 0x21
 
