@@ -30,7 +30,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.parse
 
 import pytest
@@ -39,7 +38,7 @@ from helpers import encode_extension, encode_hello, encode_session_request, msg_
 from mconn import ChannelDescriptor, NodeInfo, Reactor
 from mconn.core.handshake import make_hello
 from mconn.core.wire import HelloTag, PacketType, SessionRequest
-from operators.test_prometheus import PROMETHEUS, free_port, get
+from operators.prometheus import PROMETHEUS, Prometheus
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "contrib" / "grafana" / "mconn-fleet.json"
@@ -47,8 +46,6 @@ RULES = ROOT / "contrib" / "prometheus" / "mconn-alerts.yml"
 #: promtool's unit tests of the rules, on synthetic series.
 RULE_TESTS = ROOT / "contrib" / "prometheus" / "mconn-alerts.test.yml"
 STATUS_SPEC = ROOT / "specs" / "status.md"
-#: Bound on each wait for Prometheus, in seconds.
-TIMEOUT = 25.0
 NETWORK = "mconn-dashboard"
 VOTES, BLOCKS = 0x20, 0x30
 COUNT = 40
@@ -203,83 +200,6 @@ def test_the_dashboard_model_has_its_variables_and_every_panel_reads_the_selecte
             unknown = metric_names(expr) - known
             assert not unknown, f"{panel['title']}: {sorted(unknown)} not in specs/status.md"
             assert set(re.findall(r"\$\w+", expr)) <= {"$node", "$__rate_interval"}, expr
-
-
-class Prometheus:
-    """/usr/bin/prometheus on 127.0.0.1 scraping ``targets`` every second (job ``mconn``),
-    evaluating ``rule_file`` every second."""
-
-    def __init__(self, directory: pathlib.Path, targets: list[str], rule_file: pathlib.Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = directory / "prometheus.yml"
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-            f"rule_files:\n  - {json.dumps(str(rule_file))}\n"
-            "scrape_configs:\n  - job_name: mconn\n    static_configs:\n"
-            f"      - targets: {json.dumps(targets)}\n"
-        )
-        self.log = directory / "prometheus.log"
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [
-                    str(PROMETHEUS),
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={directory / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                ],
-                cwd=directory,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def api(self, path: str, **params) -> dict:
-        """The ``data`` of a successful API answer; fails naming the error otherwise."""
-        status, body = get(f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params, doseq=True)}")
-        assert body, f"{path} {params}: HTTP {status}, no answer"
-        answer = json.loads(body)
-        assert answer["status"] == "success", f"{path} {params}: {answer}"
-        return answer["data"]
-
-    def query(self, promql: str) -> list[dict]:
-        return self.api("query", query=promql)["result"]
-
-    def until(self, what: str, found):
-        """Poll ``found()`` until it returns something true (at most TIMEOUT seconds)."""
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            if self.process.poll() is not None:
-                raise AssertionError(f"prometheus exited with {self.process.returncode}:\n{self.log.read_text()}")
-            result = found()
-            if result:
-                return result
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not after {TIMEOUT}s")
-            time.sleep(0.25)
-
-    def wait_ready(self) -> None:
-        self.until("prometheus ready", lambda: get(self.url + "/-/ready")[0] == 200)
-
-    def by_instance(self, promql: str) -> dict[str, float]:
-        return {r["metric"]["instance"]: float(r["value"][1]) for r in self.query(promql)}
-
-    def firing(self, alert: str) -> list[dict]:
-        """The labels of each firing alert of that name."""
-        return [
-            a["labels"]
-            for a in self.api("alerts")["alerts"]
-            if a["labels"]["alertname"] == alert and a["state"] == "firing"
-        ]
-
-    def stop(self) -> None:
-        """SIGTERM by PID, a bounded wait, then SIGKILL."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
 
 
 def rude_hello() -> bytes:

@@ -19,14 +19,15 @@ import pytest
 import pytest_twisted
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from twisted.internet import defer, threads
+from twisted.internet import threads
 
-from helpers import the_reactor, until as poll
+from helpers import until as poll
 from mconn import ChannelDescriptor, Config, Reactor, Switch
 from mconn.switch import telemetry
 from mconn.errors import MISBEHAVIOUR
 from mconn.ops.metrics import MAX_LABEL_VALUES, SwitchMetrics, error_classes, round_trip_histogram
 from mconn.ops.status import serve_status
+from operators.prometheus import scrape, value
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +35,6 @@ TIMEOUT = 15.0
 #: Every wait of this module polls for at most TIMEOUT seconds.
 until = functools.partial(poll, seconds=TIMEOUT)
 CHANNELS = (ChannelDescriptor(0x20, priority=1), ChannelDescriptor(0x30, priority=7, send_queue_capacity=64))
-CONFIG = Config(stats_interval=0)
 LOOPBACK = "tcp:0:interface=127.0.0.1"
 
 
@@ -46,43 +46,10 @@ class Sink(Reactor):
         pass
 
 
-def scrape(metrics: SwitchMetrics) -> dict:
-    """{(sample name, frozenset of labels): value} of one scrape in the 0.0.4 text format."""
-    text = generate_latest(metrics.registry).decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(samples: dict, name: str, **labels) -> float:
-    """One sample's value; KeyError naming it if absent."""
-    key = (name, frozenset(labels.items()))
-    if key not in samples:
-        raise KeyError(f"no sample {name}{labels}; have {sorted(k[0] for k in samples)}")
-    return samples[key]
-
-
 @pytest.fixture
-def switches():
-    """Makes Switches (started) and SwitchMetrics (started); stops them all at the end."""
-    made, metrics = [], []
-
-    def make(config=CONFIG, **kwargs):
-        switch = Switch([Sink()], config=config, clock=the_reactor(), **kwargs)
-        switch.startService()
-        made.append(switch)
-        m = SwitchMetrics(switch)
-        m.start()
-        metrics.append(m)
-        return switch, m
-
-    yield make
-    for m in metrics:
-        m.stop()
-    stops = [defer.maybeDeferred(s.stopService) for s in made if s.running]
-    pytest_twisted.blockon(defer.DeferredList(stops).addTimeout(TIMEOUT, the_reactor()))
+def switches(metered_switches):
+    """Started Switches of a Sink, each with its started SwitchMetrics (operators/conftest.py)."""
+    return functools.partial(metered_switches, Sink)
 
 
 async def connect(listener: Switch, dialer: Switch):

@@ -23,14 +23,12 @@ import platform
 import pytest
 import pytest_twisted
 import twisted
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-from twisted.internet import defer
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
 from helpers import RawPeer, dialer_hello, msg_packet, the_reactor, until as poll
 from mconn import ChannelDescriptor, Config, NodeInfo, Reactor, Switch
 from mconn.ops.metrics import SwitchMetrics
+from operators.prometheus import by_label, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -51,40 +49,10 @@ class Sink(Reactor):
         pass
 
 
-def scrape(metrics: SwitchMetrics) -> dict:
-    """{(sample name, frozenset of labels): value} of one scrape in the 0.0.4 text format."""
-    text = generate_latest(metrics.registry).decode()
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def by_label(samples: dict, name: str, label: str) -> dict:
-    """{label value: sample value} of one metric."""
-    return {dict(labels)[label]: v for (n, labels), v in samples.items() if n == name}
-
-
 @pytest.fixture
-def switches():
-    """Makes started Switches with started SwitchMetrics; stops them all at the end."""
-    made, metrics = [], []
-
-    def make(config=Config(stats_interval=0), **kwargs):
-        switch = Switch([Sink()], config=config, clock=the_reactor(), **kwargs)
-        switch.startService()
-        made.append(switch)
-        m = SwitchMetrics(switch)
-        m.start()
-        metrics.append(m)
-        return switch, m
-
-    yield make
-    for m in metrics:
-        m.stop()
-    stops = [defer.maybeDeferred(s.stopService) for s in made if s.running]
-    pytest_twisted.blockon(defer.DeferredList(stops).addTimeout(TIMEOUT, the_reactor()))
+def switches(metered_switches):
+    """Started Switches of a Sink, each with its started SwitchMetrics (operators/conftest.py)."""
+    return functools.partial(metered_switches, Sink)
 
 
 def test_every_known_label_value_has_its_series_at_zero_before_any_event():

@@ -16,12 +16,8 @@ that sends on a channel the node does not have is one, ``UnknownChannel``.
 
 from __future__ import annotations
 
-import json
-import pathlib
 import signal
 import socket
-import subprocess
-import time
 import urllib.parse
 import urllib.request
 
@@ -29,10 +25,8 @@ import pytest
 
 from helpers import dialer_hello, msg_packet
 from mconn import ChannelDescriptor, Reactor
+from operators.prometheus import PROMETHEUS, Prometheus
 
-PROMETHEUS = pathlib.Path("/usr/bin/prometheus")
-#: Bound on each wait for Prometheus, in seconds.
-TIMEOUT = 25.0
 BURST = 0x40
 COUNT = 50
 SIZE = 1000
@@ -50,90 +44,6 @@ class Burst(Reactor):
 
     def receive(self, channel_id, peer, message) -> None:
         pass
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status, response.read()
-    except OSError:
-        return 0, b""
-
-
-class Prometheus:
-    """One /usr/bin/prometheus process on 127.0.0.1, scraping ``targets`` every second."""
-
-    def __init__(self, directory: pathlib.Path, targets: list[str]) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        config = directory / "prometheus.yml"
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-            "scrape_configs:\n  - job_name: mconn\n    static_configs:\n"
-            f"      - targets: {json.dumps(targets)}\n"
-        )
-        self.log = directory / "prometheus.log"
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [
-                    str(PROMETHEUS),
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={directory / 'tsdb'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                ],
-                cwd=directory,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while get(self.url + "/-/ready")[0] != 200:
-            if self.process.poll() is not None:
-                raise AssertionError(f"prometheus exited with {self.process.returncode}:\n{self.log.read_text()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"prometheus not ready after {TIMEOUT}s:\n{self.log.read_text()}")
-            time.sleep(0.1)
-
-    def query(self, promql: str) -> list[dict]:
-        """The result vector of an instant query."""
-        status, body = get(self.url + "/api/v1/query?" + urllib.parse.urlencode({"query": promql}))
-        if status != 200:
-            return []
-        answer = json.loads(body)
-        assert answer["status"] == "success", answer
-        return answer["data"]["result"]
-
-    def by_instance(self, promql: str) -> dict[str, float]:
-        return {r["metric"]["instance"]: float(r["value"][1]) for r in self.query(promql)}
-
-    def until(self, promql: str, expected, what: str, by=None):
-        """Poll a query until ``by(result)`` equals ``expected`` (at most TIMEOUT seconds)."""
-        by = by or self.by_instance
-        deadline = time.monotonic() + TIMEOUT
-        while True:
-            got = by(promql)
-            if got == expected:
-                return got
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: {promql} gave {got}, expected {expected} after {TIMEOUT}s")
-            time.sleep(0.25)
-
-    def stop(self) -> None:
-        """SIGTERM by PID, a bounded wait, then SIGKILL."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
 
 
 @pytest.mark.integration
@@ -155,34 +65,34 @@ def test_prometheus_scrapes_two_nodes_and_promql_returns_what_they_did(nodes, tm
     try:
         prometheus.wait_ready()
         both = {targets["a"], targets["b"]}
-        prometheus.until('up{job="mconn"}', dict.fromkeys(both, 1.0), "both targets up")
-        prometheus.until(
+        prometheus.until_equal('up{job="mconn"}', dict.fromkeys(both, 1.0), "both targets up")
+        prometheus.until_equal(
             'sum by (instance) (mconn_peers{state="connected"})',
             dict.fromkeys(both, 1.0),
             "one connected peer on each node",
         )
-        prometheus.until(
+        prometheus.until_equal(
             'sum by (instance) (mconn_peers{direction="outbound"})',
             {targets["a"]: 0.0, targets["b"]: 1.0},
             "b dialed a",
         )
-        prometheus.until(
+        prometheus.until_equal(
             'mconn_channel_sent_messages_total{channel="0x40"}',
             {targets["a"]: 0.0, targets["b"]: float(COUNT)},
             "b's burst sent",
         )
-        prometheus.until(
+        prometheus.until_equal(
             'mconn_channel_received_messages_total{channel="0x40"}',
             {targets["a"]: float(COUNT), targets["b"]: 0.0},
             "a's burst received",
         )
-        prometheus.until(
+        prometheus.until_equal(
             'sum(mconn_channel_received_bytes_total{channel="0x40"})',
             {None: float(COUNT * SIZE)},
             "the burst's payload bytes",
             by=lambda q: {None: float(r["value"][1]) for r in prometheus.query(q)},
         )
-        prometheus.until(
+        prometheus.until_equal(
             'mconn_peer_round_trip_seconds_bucket{le="+Inf"}',
             dict.fromkeys(both, 1.0),
             "each node's peer in the round-trip histogram",
@@ -223,13 +133,15 @@ def test_the_first_link_failure_and_the_first_protocol_error_each_trip_an_increa
     frozen = False
     try:
         prometheus.wait_ready()
-        prometheus.until('sum by (instance) (mconn_peers{state="connected"})', {target: 1.0}, "a connected to b")
+        prometheus.until_equal('sum by (instance) (mconn_peers{state="connected"})', {target: 1.0}, "a connected to b")
         # Both series at 0, scraped before the first event: increase() has a sample to start from.
-        prometheus.until('mconn_link_failures_total{error="PongTimeout"}', {target: 0.0}, "the link series at 0")
-        prometheus.until('mconn_protocol_errors_total{error="UnknownChannel"}', {target: 0.0}, "the error series at 0")
+        prometheus.until_equal('mconn_link_failures_total{error="PongTimeout"}', {target: 0.0}, "the link series at 0")
+        prometheus.until_equal(
+            'mconn_protocol_errors_total{error="UnknownChannel"}', {target: 0.0}, "the error series at 0"
+        )
         b.process.send_signal(signal.SIGSTOP)  # a frozen peer: nothing answers a's ping
         frozen = True
-        prometheus.until(
+        prometheus.until_equal(
             'increase(mconn_link_failures_total{error="PongTimeout"}[1m]) > 0',
             [target],
             "the frozen peer's pong timeout in increase()",
@@ -240,7 +152,7 @@ def test_the_first_link_failure_and_the_first_protocol_error_each_trip_an_increa
         host, port = a.address.split("@")[1].rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=5) as rude:
             rude.sendall(dialer_hello(channels=[ChannelDescriptor(BURST)]) + msg_packet(0x99, b"?"))
-            prometheus.until(
+            prometheus.until_equal(
                 'increase(mconn_protocol_errors_total{error="UnknownChannel"}[1m]) > 0',
                 [target],
                 "the first protocol error in increase()",

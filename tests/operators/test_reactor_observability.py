@@ -18,7 +18,6 @@ import pytest
 import pytest_twisted
 from prometheus_client import Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet import defer, threads
 from twisted.logger import globalLogPublisher
 
@@ -28,6 +27,7 @@ from mconn.ops.metrics import SwitchMetrics
 from mconn.ops.status import STATUS_ROWS, STATUS_TEXT_CHARS, reactor_sections, reactor_status, serve_status
 
 from mconn.testing import FakePeer
+from operators.prometheus import samples, value
 from reactors.blocksync import BlocksyncReactor
 from reactors.mempool import MEMPOOL_CHANNEL, MempoolReactor
 
@@ -49,22 +49,6 @@ def check_tx(tx: bytes) -> None:
 def fetch(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=TIMEOUT) as response:
         return response.read()
-
-
-def samples(text: str) -> dict:
-    """{(sample name, frozenset of labels): value} of a 0.0.4 exposition."""
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(scraped: dict, name: str, **labels) -> float:
-    key = (name, frozenset(labels.items()))
-    if key not in scraped:
-        raise KeyError(f"no sample {name}{labels}; have {sorted({k[0] for k in scraped})}")
-    return scraped[key]
 
 
 @pytest.fixture

@@ -17,16 +17,13 @@ import json
 import os
 import pathlib
 import re
-import shutil
-import signal
-import subprocess
-import tempfile
 import urllib.request
 
 import pytest
 import pytest_twisted
 from twisted.internet import defer, task, threads
 
+from browser import ARTIFACTS, CHROMIUM, run_browser
 from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, the_reactor, until as poll
 from mconn import ChannelDescriptor, Config, NodeInfo, Reactor, Switch
 from mconn.core import speedups
@@ -37,12 +34,9 @@ pytestmark = pytest.mark.integration
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SPEC = ROOT / "specs" / "status.md"
-ARTIFACTS = ROOT / "tests" / "artifacts"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 TIMEOUT = 15.0
 #: Every wait of this module polls for at most TIMEOUT seconds.
 until = functools.partial(poll, seconds=TIMEOUT)
-BROWSER_TIMEOUT = 60.0
 CHANNELS = (ChannelDescriptor(0x20, priority=1, name="votes"), ChannelDescriptor(0x30, priority=7))
 #: The monikers of a, b and c (the node infos of the network fixture).
 MONIKERS = ("alice", "bob", "carol")
@@ -253,42 +247,6 @@ async def test_a_live_document_has_exactly_the_fields_and_types_of_the_spec(netw
 
 
 # -- a real browser ------------------------------------------------------------------------
-
-
-def run_browser(*args: str) -> str:
-    """Run headless Chromium with ``args``; its stdout. Bounded: on a timeout its process
-    group (led by the PID started here) is killed."""
-    with tempfile.TemporaryDirectory(prefix="mconn-chromium-") as profile:
-        command = [
-            CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--disable-dev-shm-usage",
-            f"--user-data-dir={profile}",
-            *args,
-        ]
-        process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, text=True
-        )
-        try:
-            out, err = process.communicate(timeout=BROWSER_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-            raise AssertionError(f"chromium did not finish within {BROWSER_TIMEOUT}s: {command}") from None
-        finally:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # helpers it left behind, if any
-            except ProcessLookupError:
-                pass
-        assert process.returncode == 0, f"chromium exited with {process.returncode}: {err[-2000:]}"
-        return out
 
 
 def test_chromium_is_installed():

@@ -26,7 +26,8 @@ from helpers import the_reactor
 from mconn import Switch
 from mconn.core import speedups
 from mconn.ops.status import serve_status
-from operators.test_status import CONFIG, Sink, run_browser
+from browser import run_browser
+from operators.test_status import CONFIG, Sink
 from operators.twistd_nodes import ENV, LOOPBACK, TIMEOUT, TWISTD, Node
 
 pytestmark = pytest.mark.integration

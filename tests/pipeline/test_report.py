@@ -34,7 +34,7 @@ import struct
 
 import pytest
 
-from .browser import ARTIFACTS, run_browser
+from browser import ARTIFACTS, run_browser
 from .fleetlog import FleetLog, Link, node_id, session_id
 
 P, K, Q, R, S, T = (node_id(n) for n in "PKQRST")

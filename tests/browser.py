@@ -1,4 +1,5 @@
-"""Headless Chromium for the report tests: a bounded run, its process group stopped.
+"""Headless Chromium for the tests that render a page (the status page, the fleet
+report): a bounded run, its process group stopped.
 
 ``/usr/bin/chromium`` is installed by ``make test`` (the Makefile's Debian packages).
 """
@@ -12,7 +13,7 @@ import signal
 import subprocess
 import tempfile
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: Where screenshots are kept (git-ignored).
 ARTIFACTS = ROOT / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -28,6 +29,7 @@ def run_browser(*args: str) -> str:
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
+            "--disable-quic",
             "--no-first-run",
             "--disable-background-networking",
             "--disable-component-update",
@@ -47,7 +49,7 @@ def run_browser(*args: str) -> str:
             raise AssertionError(f"chromium did not finish within {BROWSER_TIMEOUT}s: {command}") from None
         finally:
             try:
-                os.killpg(process.pid, signal.SIGKILL)
+                os.killpg(process.pid, signal.SIGKILL)  # helpers it left behind, if any
             except ProcessLookupError:
                 pass
         assert process.returncode == 0, f"chromium exited with {process.returncode}: {err[-2000:]}"
