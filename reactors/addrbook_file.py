@@ -32,17 +32,15 @@ import math
 import os
 import re
 import stat
-import tempfile
 from collections.abc import Sequence
 
 from mconn.core.address import PeerAddress, parse_address
+from mconn.core.private_file import write_private_file
 from reactors.addrbook import AddressBook
 
 #: The largest book file read: 1280 entries (the default book's room) of at most about
 #: 900 bytes each (an address with a 255-byte host and path, its source and fields).
 MAX_BOOK_FILE_BYTES = 2 * 1024 * 1024
-#: The file's mode: the book's secret key lets a reader aim addresses at buckets.
-FILE_MODE = 0o600
 #: The format this module writes (version 1, without anchors, is read too).
 VERSION = 2
 #: Anchors a file may name at most (the outbound peers PEX dials first after a restart).
@@ -108,37 +106,15 @@ def book_json(book: AddressBook, anchors: Sequence[str] = ()) -> dict:
 
 
 def save_book(path: str, book: AddressBook, *, anchors: Sequence[str] = ()) -> None:
-    """Write ``book`` (and its ``anchors``) to ``path`` atomically (temporary file, fsync,
-    ``os.replace``), mode 0600.
+    """Write ``book`` (and its ``anchors``) to ``path`` atomically, mode 0600 (the book's
+    secret key lets a reader aim addresses at buckets), with
+    ``mconn.core.private_file.write_private_file``: a temporary file, fsynced, renamed
+    over the old one, the directory fsynced.
 
     :raises OSError: if it cannot be written; the old file, if any, is left as it was.
     """
     data = json.dumps(book_json(book, anchors), separators=(",", ":")).encode()
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(dir=directory, prefix=".addrbook-", suffix=".tmp")
-    try:
-        os.fchmod(fd, FILE_MODE)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(dir_fd)
-    except OSError:
-        pass  # some file systems cannot fsync a directory; the file itself is synced
-    finally:
-        os.close(dir_fd)
+    write_private_file(path, data)
 
 
 def read_book(path: str, *, capacity: int, limit: int = MAX_BOOK_FILE_BYTES) -> SavedBook | None:

@@ -18,6 +18,7 @@ this folder). The modules, in reading order:
 * ``handshake``: the hello exchange;
 * ``node_info``: what a node announces, and whether two nodes can work together;
 * ``node_key``: the Ed25519 identity and the node id;
+* ``private_file``: files only their owner may read, written atomically;
 * ``address``: PeerAddress, address scopes, which learnt addresses may be dialed;
 * ``codec``: typed channels;
 * ``session``: a session's counters, recovery buffer and acks (specs/resume.md);

@@ -4,21 +4,23 @@ The node id is CometBFT's (``PubKeyToID`` in its ``p2p/key.go``): the first 20 b
 SHA-256 over the raw 32-byte public key, as 40 lowercase hex characters.
 
 On disk a key is one PEM file (PKCS8, unencrypted) that only its owner may read. ``save``
-creates it with mode 0600 under a temporary name in the same directory and renames it into
-place, so a reader never sees a half-written or world-readable key. ``load`` refuses a file
-that group or other could read, the way ssh refuses a loose private key.
+writes it with ``mconn.core.private_file`` (mode 0600, a temporary name in the same
+directory renamed into place, the directory fsynced), so a reader never sees a
+half-written or world-readable key. ``load`` refuses a file that group or other could
+read, the way ssh refuses a loose private key.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import shlex
 import stat
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
+
+from mconn.core.private_file import write_private_file
 
 #: Length in bytes of a raw Ed25519 public key.
 PUBLIC_KEY_SIZE = 32
@@ -95,7 +97,7 @@ class NodeKey:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
-        _write_private_file(os.fspath(path), pem)
+        write_private_file(path, pem)
 
     @property
     def private_key(self) -> ed25519.Ed25519PrivateKey:
@@ -155,22 +157,3 @@ def _describe(key: object) -> str:
     if isinstance(key, ed448.Ed448PrivateKey):
         return "an Ed448 private key"
     return f"a {type(key).__name__}"
-
-
-def _write_private_file(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a 0600 temporary file in the same directory."""
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o600)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

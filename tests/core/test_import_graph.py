@@ -247,7 +247,7 @@ LAYERS = {
 
 #: What reactors/ may import of mconn: the public API, the test doubles, and the core
 #: modules reactor authors use (addresses and their scopes, the go-wire primitives, the
-#: node id's size, the token bucket, address groups).
+#: node id's size, the token bucket, address groups, a private file written atomically).
 REACTOR_IMPORTS = {
     "mconn",
     "mconn.errors",
@@ -258,6 +258,7 @@ REACTOR_IMPORTS = {
     "mconn.core.node_key",
     "mconn.core.rate",
     "mconn.core.admission",
+    "mconn.core.private_file",
 }
 
 
