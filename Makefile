@@ -8,7 +8,7 @@ FOLLOW ?=
 
 .PHONY: test lint run bench clean
 
-$(STAMP): setup.cfg pyproject.toml setup.py mconn/core/_speedups.pyx
+$(STAMP): setup.cfg pyproject.toml setup.py mconn/core/_speedups.pyx mconn/net/_wsframe.pyx
 	# Debian packages the tests use: java for Spark, tmux for the chat terminal test,
 	# chromium for the status page test, prometheus for the /metrics test, nginx and
 	# squid for the WebSocket proxy tests, iproute2 for the network namespaces of the

@@ -1,4 +1,5 @@
-"""Builds mconn's optional compiled twin, mconn/core/_speedups.pyx (the metadata is setup.cfg).
+"""Builds mconn's optional compiled twins, mconn/core/_speedups.pyx and mconn/net/_wsframe.pyx
+(the metadata is setup.cfg).
 
 The extension is optional: when Cython is missing, MCONN_NO_EXTENSION=1 is set, or the
 compiler or the Python headers fail, the install goes on without it and mconn runs on
@@ -45,12 +46,15 @@ def extensions() -> list[Extension]:
         return []
     try:
         return cythonize(
-            [Extension("mconn.core._speedups", ["mconn/core/_speedups.pyx"])],
+            [
+                Extension("mconn.core._speedups", ["mconn/core/_speedups.pyx"]),
+                Extension("mconn.net._wsframe", ["mconn/net/_wsframe.pyx"]),
+            ],
             compiler_directives={"language_level": "3"},
             quiet=True,
         )
     except Exception as e:
-        _warn(f"Cython could not translate mconn/core/_speedups.pyx ({e})")
+        _warn(f"Cython could not translate the compiled twins ({e})")
         return []
 
 

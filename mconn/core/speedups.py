@@ -22,16 +22,23 @@ from types import ModuleType
 INTERFACE = 6
 
 
-def _load() -> tuple[ModuleType | None, str]:
+def load_extension(name: str, interface: int) -> tuple[ModuleType | None, str]:
+    """The compiled module ``name`` if it is built, of ``interface`` and wanted (not
+    ``MCONN_PURE=1``), else None; and why not, when it is not. The WebSocket frames'
+    twin (mconn.net.websocket_frames) is chosen by the same rule."""
     if os.environ.get("MCONN_PURE") == "1":
         return None, "MCONN_PURE=1"
     try:
-        module = importlib.import_module("mconn.core._speedups")
+        module = importlib.import_module(name)
     except ImportError:
         return None, "the extension is not built"
-    if getattr(module, "INTERFACE", None) != INTERFACE:
-        return None, f"the extension is stale (interface {getattr(module, 'INTERFACE', None)}, expected {INTERFACE})"
+    if getattr(module, "INTERFACE", None) != interface:
+        return None, f"the extension is stale (interface {getattr(module, 'INTERFACE', None)}, expected {interface})"
     return module, ""
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    return load_extension("mconn.core._speedups", INTERFACE)
 
 
 #: The compiled module when it is in use, else None; and why not, when it is not.

@@ -71,7 +71,7 @@ from mconn.config import MAX_HTTP_HEAD_BYTES
 from mconn.errors import ConnectionLost, WebSocketError
 from mconn.net.tls_transport import tls_error_of
 from mconn.net.owner import IUpgradeAdmission
-from mconn.net.websocket_frames import FrameReader, binary_frames, mask_keys
+from mconn.net.websocket_frames import FrameReader, frames_of, mask_keys
 
 log = Logger(namespace="mconn.websocket")
 
@@ -314,7 +314,7 @@ class _Carrier(_Autobahn):
         if self.state != _OPEN:
             return  # closing: nothing more goes out (the close packet went before)
         keys = None if self.factory.isServer else mask_keys
-        self.transport.write(binary_frames(data, limit=SEND_MESSAGE_BYTES, keys=keys))
+        self.transport.write(frames_of(data, limit=SEND_MESSAGE_BYTES, keys=keys))
 
     def writeSequence(self, parts) -> None:
         self.write(b"".join(parts))

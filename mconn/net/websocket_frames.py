@@ -33,12 +33,26 @@ is complete; nothing but a header or a control frame is ever buffered.
 as one bytes object. A dialer's are masked where they are built: its headers, keys and
 payload are joined into one buffer (one copy), each payload is masked there in place,
 and the buffer becomes bytes (a second copy), since Twisted's ``write`` takes only bytes.
+
+Compiled twin
+-------------
+``binary_frames`` and ``unmasked_payloads`` (the reader's copy of the payloads) are the
+reference of mconn/net/_wsframe.pyx, an optional extension built beside the core's
+(setup.py), which does the same in one pass: header and masked payload written straight
+into the new bytes, payloads unmasked straight into theirs. It replaces them where it is
+built and current, unless ``MCONN_PURE=1`` (``WSFRAME``, ``WSFRAME_WHY``, ``describe``;
+chosen as mconn.core.speedups chooses the core's); tests/integration/test_websocket_twin.py
+proves the two byte- and error-identical.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
+from typing import Any
+
+from mconn.core.speedups import load_extension
 
 try:  # autobahn's native (SIMD) XOR routine, called on our own buffers
     from _nvx_xormasker import ffi as _ffi, lib as _lib
@@ -137,8 +151,10 @@ def binary_frames(data, *, limit: int, keys=None) -> bytes:
     4 per frame for its masking key; the frames are then masked, in place in the one
     buffer they are built in. None (a listener's): unmasked, one copy of ``data``.
     """
-    n = len(data)
+    if limit < 1:
+        raise ValueError(f"a WebSocket frame holds at least 1 payload byte; limit is {limit}")
     view = memoryview(data)
+    n = view.nbytes
     count = (n + limit - 1) // limit or 1  # b"" is one empty message
     if keys is None:
         if count == 1:
@@ -149,6 +165,8 @@ def binary_frames(data, *, limit: int, keys=None) -> bytes:
             parts += (_header(_BINARY, 0, len(chunk)), chunk)
         return b"".join(parts)
     all_keys = keys(4 * count)
+    if len(all_keys) != 4 * count:
+        raise ValueError(f"keys({4 * count}) gave {len(all_keys)} bytes: 4 are needed for each of {count} frames")
     parts, regions, at = [], [], 0
     for k in range(count):
         chunk = view[k * limit : (k + 1) * limit]
@@ -240,12 +258,24 @@ class FrameReader:
         return _payloads(data, regions), None, b""
 
 
-def _payloads(data: bytes, regions: list) -> list:
-    """The payload bytes of ``regions`` of ``data``, unmasked, as one bytes object (in a
-    list; empty if none): a masked read costs two copies (into one buffer unmasked in
-    place, out as bytes) whatever the number of frames in it, an unmasked one at most one."""
+def unmasked_payloads(data: bytes, regions: list) -> list:
+    """The payload bytes of ``regions`` of ``data`` (each ``(start, end, key, phase)``:
+    ``key`` None or 4 bytes, applied from its byte ``phase % 4``), unmasked, as one bytes
+    object (in a list; empty if none): a masked read costs two copies (into one buffer
+    unmasked in place, out as bytes) whatever the number of frames in it, an unmasked one
+    at most one.
+
+    :raises ValueError: a region outside ``data`` or a key not 4 bytes long (the reader
+        never makes one; the compiled twin must not read outside the buffer).
+    """
     if not regions:
         return []
+    n = len(data)
+    for start, end, key, _ in regions:
+        if not 0 <= start <= end <= n:
+            raise ValueError(f"payload region {start}:{end} is outside the {n} bytes read")
+        if key is not None and len(key) != 4:
+            raise ValueError(f"a masking key is 4 bytes, not {len(key)}")
     if len(regions) == 1:
         start, end, key, phase = regions[0]
         if key is None:
@@ -263,3 +293,20 @@ def _payloads(data: bytes, regions: list) -> list:
             mask_in_place(buffer, at, end - start, key, phase)
         at += end - start
     return [bytes(buffer)]
+
+
+#: The interface version of mconn/net/_wsframe.pyx this source expects.
+WSFRAME_INTERFACE = 1
+#: The compiled twin when it is in use, else None; and why not, when it is not.
+WSFRAME, WSFRAME_WHY = load_extension("mconn.net._wsframe", WSFRAME_INTERFACE)
+
+
+def describe() -> str:
+    """Which copies WebSocket frames run on: ``accelerated``, or ``pure Python (why)``."""
+    return "accelerated" if WSFRAME is not None else f"pure Python ({WSFRAME_WHY})"
+
+
+#: What the carrier frames a write with and the reader copies payloads with: the compiled
+#: twin when it is in use, else the references above.
+frames_of: Callable[..., bytes] = binary_frames if WSFRAME is None else WSFRAME.binary_frames
+_payloads: Callable[[Any, list], list] = unmasked_payloads if WSFRAME is None else WSFRAME.unmasked_payloads
