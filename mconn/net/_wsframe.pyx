@@ -20,6 +20,7 @@ hypothesis, directly and through the FrameReader, on valid and malformed frames.
 
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport uint64_t
 from libc.string cimport memcpy
 
@@ -27,9 +28,16 @@ from libc.string cimport memcpy
 #: build is not used.
 INTERFACE = 1
 
+# RFC 6455 section 5.2: the first byte's FIN bit and reserved bits, the second's MASK bit;
+# a control frame's payload is at most 125 bytes (section 5.5).
 cdef enum:
     C_BINARY_FIN = 0x82
+    C_FIN = 0x80
+    C_RSV = 0x70
     C_MASK = 0x80
+    C_MAX_CONTROL = 125
+
+cdef tuple C_HANDOFF = ("handoff", None)
 
 
 cdef inline void _xor_copy(
@@ -133,43 +141,217 @@ def binary_frames(data, *, Py_ssize_t limit, keys=None):
         PyBuffer_Release(&view)
 
 
+cdef struct Region:
+    Py_ssize_t start
+    Py_ssize_t end
+    bint masked
+    Py_ssize_t phase
+    unsigned char key[4]
+
+
+cdef struct Regions:
+    Region *items
+    Py_ssize_t count
+    Py_ssize_t capacity
+    Region small[8]
+
+
+cdef inline Region *_add(Regions *regions) except NULL:
+    """Room for one more region (8 in place; beyond, on the heap, doubling)."""
+    cdef Region *grown
+    if regions.count == regions.capacity:
+        grown = <Region *>PyMem_Malloc(2 * regions.capacity * sizeof(Region))
+        if grown == NULL:
+            raise MemoryError(f"no memory for {2 * regions.capacity} payload regions")
+        memcpy(grown, regions.items, regions.count * sizeof(Region))
+        if regions.items != regions.small:
+            PyMem_Free(regions.items)
+        regions.items = grown
+        regions.capacity *= 2
+    regions.count += 1
+    return &regions.items[regions.count - 1]
+
+
+cdef inline void _init(Regions *regions) noexcept:
+    regions.items = regions.small
+    regions.count = 0
+    regions.capacity = 8
+
+
+cdef inline void _release(Regions *regions) noexcept:
+    if regions.items != regions.small:
+        PyMem_Free(regions.items)
+    regions.items = regions.small
+
+
+cdef list _payloads(object data, const unsigned char *src, Py_ssize_t n, Regions *regions):
+    """The reference's ``unmasked_payloads`` over checked regions: [] for none, ``data``
+    itself or its slice for one unmasked region, else one new bytes written in one pass."""
+    cdef Py_ssize_t i, total = 0
+    cdef Region *r
+    cdef unsigned char *out
+    if regions.count == 0:
+        return []
+    if regions.count == 1 and not regions.items[0].masked:
+        r = &regions.items[0]
+        return [data if r.start == 0 and r.end == n else data[r.start : r.end]]
+    for i in range(regions.count):
+        total += regions.items[i].end - regions.items[i].start
+    result = PyBytes_FromStringAndSize(NULL, total)
+    out = <unsigned char *>PyBytes_AS_STRING(result)
+    for i in range(regions.count):
+        r = &regions.items[i]
+        if r.masked:
+            _xor_copy(out, src + r.start, r.end - r.start, r.key, r.phase & 3)
+        else:
+            memcpy(out, src + r.start, r.end - r.start)
+        out += r.end - r.start
+    return [result]
+
+
 def unmasked_payloads(data, list regions):
     """``websocket_frames.unmasked_payloads``: the bytes of ``regions`` of ``data`` (each
     ``(start, end, key, phase)``: ``key`` None, or 4 bytes applied from byte ``phase % 4``),
     unmasked, joined into one bytes object in a list; an empty list for no regions."""
     cdef Py_buffer view
-    cdef Py_ssize_t n, start, end, phase, total = 0, i, count
-    cdef unsigned char *out
-    cdef const unsigned char *src
+    cdef Regions chosen
+    cdef Region *r
     cdef const unsigned char *key_bytes
     if not regions:
         return []
-    count = len(regions)
+    _init(&chosen)
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
-        n = view.len
-        src = <const unsigned char *>view.buf
-        for i in range(count):
-            start, end, key, phase = regions[i]
-            if not 0 <= start <= end <= n:
-                raise ValueError(f"payload region {start}:{end} is outside the {n} bytes read")
+        for start, end, key, phase in regions:
+            if not 0 <= start <= end <= view.len:
+                raise ValueError(f"payload region {start}:{end} is outside the {view.len} bytes read")
             if key is not None and len(key) != 4:
                 raise ValueError(f"a masking key is 4 bytes, not {len(key)}")
-            total += end - start
-        if count == 1:
-            start, end, key, phase = regions[0]
-            if key is None:
-                return [data if start == 0 and end == n else data[start:end]]
-        result = PyBytes_FromStringAndSize(NULL, total)
-        out = <unsigned char *>PyBytes_AS_STRING(result)
-        for i in range(count):
-            start, end, key, phase = regions[i]
-            if key is None:
-                memcpy(out, src + start, end - start)
-            else:
+            r = _add(&chosen)
+            r.start, r.end, r.masked, r.phase = start, end, key is not None, phase & 3
+            if key is not None:
                 key_bytes = key
-                _xor_copy(out, src + start, end - start, key_bytes, phase & 3)
-            out += end - start
-        return [result]
+                memcpy(r.key, key_bytes, 4)
+        return _payloads(data, <const unsigned char *>view.buf, view.len, &chosen)
     finally:
         PyBuffer_Release(&view)
+        _release(&chosen)
+
+
+#: RFC 6455 section 5.2: the most significant bit of a 64-bit length is 0.
+cdef unsigned long long C_MAX_LENGTH = (1ULL << 63) - 1
+
+
+cdef class FrameReader:
+    """``websocket_frames.FrameReader``, the same state under the same names: reads the
+    data frames of one open WebSocket connection (see that class and the module
+    docstring there)."""
+
+    cdef public bint masked
+    cdef public unsigned long long max_message
+    cdef public bytes _head
+    cdef public unsigned long long _left
+    cdef public object _key
+    cdef public unsigned long long _phase
+    cdef public bint _fragmented
+    cdef public unsigned long long _message
+
+    def __init__(self, *, masked, max_message):
+        if max_message < 0:
+            raise ValueError(f"max_message is a size in bytes, not {max_message}")
+        self.masked = masked
+        self.max_message = min(max_message, C_MAX_LENGTH)
+        self._head = b""
+        self._left = 0
+        self._key = None
+        self._phase = 0
+        self._fragmented = False
+        self._message = 0
+
+    @property
+    def idle(self):
+        """Between frames, nothing buffered: autobahn may take over."""
+        return not self._head and not self._left
+
+    def read(self, data):
+        """``(payloads, stop, rest)``; see websocket_frames' module docstring."""
+        cdef Regions regions
+        cdef Region *r
+        cdef Py_ssize_t i = 0, j, n, header, end, take
+        cdef const unsigned char *p
+        cdef unsigned char b0, b1, opcode
+        cdef unsigned long long length, left, message
+        cdef bint masked
+        cdef object stop = None
+        cdef object rest = b""
+        if type(data) is not bytes:
+            data = bytes(data)
+        if self._head:
+            data, self._head = self._head + data, b""
+        n = len(data)
+        p = <const unsigned char *>PyBytes_AS_STRING(data)
+        _init(&regions)
+        try:
+            while i < n:
+                left = self._left
+                if left:
+                    take = n - i if left > <unsigned long long>(n - i) else <Py_ssize_t>left
+                    r = _add(&regions)
+                    r.start, r.end, r.phase = i, i + take, self._phase & 3
+                    r.masked = self._key is not None
+                    if r.masked:
+                        memcpy(r.key, PyBytes_AS_STRING(self._key), 4)
+                    self._left = left - take
+                    self._phase += take
+                    i += take
+                    continue
+                if i + 1 >= n:
+                    self._head = data[i:]
+                    break
+                b0, b1 = p[i], p[i + 1]
+                opcode, length, masked = b0 & 0x0F, b1 & 0x7F, (b1 & C_MASK) != 0
+                header = 2 + (2 if length == 126 else 8 if length == 127 else 0) + (4 if masked else 0)
+                if n - i < header:
+                    self._head = data[i:]
+                    break
+                if length == 126:
+                    length = (<unsigned long long>p[i + 2] << 8) | p[i + 3]
+                elif length == 127:
+                    length = 0
+                    for j in range(8):
+                        length = (length << 8) | p[i + 2 + j]
+                if opcode & 0x8:
+                    if b0 & C_RSV or not b0 & C_FIN or length > C_MAX_CONTROL or masked != self.masked:
+                        stop, rest = C_HANDOFF, data[i:]
+                        break
+                    if <unsigned long long>(n - i - header) < length:
+                        self._head = data[i:]
+                        break
+                    end = i + header + <Py_ssize_t>length
+                    stop, rest = ("control", data[i:end]), data[end:]
+                    break
+                if b0 & C_RSV or (opcode != 0 and opcode != 2) or masked != self.masked:
+                    stop, rest = C_HANDOFF, data[i:]
+                    break
+                if opcode == 0 and not self._fragmented:
+                    stop, rest = C_HANDOFF, data[i:]  # autobahn refuses it
+                    break
+                if opcode == 2 and self._fragmented:
+                    stop = ("protocol", "a binary frame inside a fragmented message")
+                    break
+                # The message so far and this frame, against the limit (no overflow:
+                # the message so far is at most max_message, itself below 2**63).
+                message = self._message if opcode == 0 else 0
+                if length > self.max_message - message:
+                    stop = ("too_large", (<object>length + <object>message, self.max_message))
+                    break
+                if b0 & C_FIN:
+                    self._fragmented, self._message = False, 0
+                else:
+                    self._fragmented, self._message = True, message + length
+                self._key = data[i + header - 4 : i + header] if masked and length else None
+                self._left, self._phase = length, 0
+                i += header
+            return _payloads(data, p, n, &regions), stop, rest
+        finally:
+            _release(&regions)

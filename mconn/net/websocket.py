@@ -71,7 +71,7 @@ from mconn.config import MAX_HTTP_HEAD_BYTES
 from mconn.errors import ConnectionLost, WebSocketError
 from mconn.net.tls_transport import tls_error_of
 from mconn.net.owner import IUpgradeAdmission
-from mconn.net.websocket_frames import FrameReader, frames_of, mask_keys
+from mconn.net.websocket_frames import FrameReader, frames_of, mask_keys, reader_type
 
 log = Logger(namespace="mconn.websocket")
 
@@ -260,7 +260,7 @@ class _Carrier(_Autobahn):
 
     def onOpen(self) -> None:
         self._opened = True
-        self._reader = FrameReader(masked=self.factory.isServer, max_message=self.factory.config.ws_max_message_bytes)
+        self._reader = reader_type(masked=self.factory.isServer, max_message=self.factory.config.ws_max_message_bytes)
         assert self.wrapped is not None  # built with the carrier by its factory
         measured = _MEASURED.get(type(self))
         if measured is not None and isinstance(self.transport, FileDescriptor):

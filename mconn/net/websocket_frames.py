@@ -36,13 +36,14 @@ and the buffer becomes bytes (a second copy), since Twisted's ``write`` takes on
 
 Compiled twin
 -------------
-``binary_frames`` and ``unmasked_payloads`` (the reader's copy of the payloads) are the
-reference of mconn/net/_wsframe.pyx, an optional extension built beside the core's
-(setup.py), which does the same in one pass: header and masked payload written straight
-into the new bytes, payloads unmasked straight into theirs. It replaces them where it is
-built and current, unless ``MCONN_PURE=1`` (``WSFRAME``, ``WSFRAME_WHY``, ``describe``;
-chosen as mconn.core.speedups chooses the core's); tests/integration/test_websocket_twin.py
-proves the two byte- and error-identical.
+``binary_frames``, ``FrameReader`` and ``unmasked_payloads`` (the reader's copy of the
+payloads) are the reference of mconn/net/_wsframe.pyx, an optional extension built beside
+the core's (setup.py), which does the same with one pass over the data: header and
+masked payload written straight into the new bytes, payloads unmasked straight into
+theirs, and the headers of a read parsed in C. It replaces them where it is built and
+current (``frames_of``, ``reader_type``), unless ``MCONN_PURE=1`` (``WSFRAME``,
+``WSFRAME_WHY``, ``describe``; chosen as mconn.core.speedups chooses the core's);
+tests/integration/test_websocket_twin.py proves the two byte-, state- and error-identical.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ except ImportError:  # no native routine: XOR on Python's big integers, whatever
 CONTINUATION, BINARY = 0x0, 0x2
 #: A control frame's payload is at most this long (RFC 6455 section 5.5).
 MAX_CONTROL_PAYLOAD = 125
+#: No frame is longer (RFC 6455 section 5.2: a 64-bit length's most significant bit is 0).
+MAX_LENGTH = (1 << 63) - 1
 _RSV = 0x70
 _FIN = 0x80
 _MASK = 0x80
@@ -191,8 +194,11 @@ class FrameReader:
     """
 
     def __init__(self, *, masked: bool, max_message: int) -> None:
+        if max_message < 0:
+            raise ValueError(f"max_message is a size in bytes, not {max_message}")
         self.masked = masked
-        self.max_message = max_message
+        # RFC 6455 section 5.2: a 64-bit length's top bit is 0, so no frame is longer.
+        self.max_message = min(max_message, MAX_LENGTH)
         self._head = b""  # an incomplete header or control frame
         self._left = 0  # payload bytes of the current data frame still to come
         self._key: bytes | None = None  # the current data frame's masking key (None: unmasked)
@@ -306,7 +312,9 @@ def describe() -> str:
     return "accelerated" if WSFRAME is not None else f"pure Python ({WSFRAME_WHY})"
 
 
-#: What the carrier frames a write with and the reader copies payloads with: the compiled
-#: twin when it is in use, else the references above.
+#: What the carrier frames a write with, and reads frames with (``reader_type(masked=...,
+#: max_message=...)``): the compiled twin's when it is in use, else the references above.
 frames_of: Callable[..., bytes] = binary_frames if WSFRAME is None else WSFRAME.binary_frames
+reader_type: Callable[..., Any] = FrameReader if WSFRAME is None else WSFRAME.FrameReader
+#: What the reference FrameReader copies payloads with.
 _payloads: Callable[[Any, list], list] = unmasked_payloads if WSFRAME is None else WSFRAME.unmasked_payloads

@@ -1,9 +1,9 @@
 """The compiled twin of the WebSocket copies (mconn/net/_wsframe.pyx) does what the pure
 functions of mconn.net.websocket_frames do, exactly.
 
-``binary_frames`` and ``unmasked_payloads`` are the reference; the extension's functions
-of the same names must give the same bytes and raise the same errors (type and message),
-called directly and through a FrameReader fed valid and malformed frames cut anywhere.
+``binary_frames``, ``unmasked_payloads`` and ``FrameReader`` are the reference; the
+extension's of the same names must give the same bytes, stops and reader state, and raise
+the same errors (type and message), on valid and malformed frames cut anywhere.
 Both are called directly, so these run whatever MCONN_PURE says; they are skipped only
 when the extension is not built (``make`` builds it).
 """
@@ -98,7 +98,7 @@ def regions(draw, n: int):
     that is not (outside the data, a key not 4 bytes long)."""
     points = sorted(draw(st.lists(st.integers(0, n), min_size=2, max_size=8)))
     out = []
-    for start, end in zip(points[::2], points[1::2]):
+    for start, end in zip(points[::2], points[1::2], strict=False):  # an odd last point starts no region
         key = draw(st.one_of(st.none(), st.binary(min_size=4, max_size=4)))
         out.append((start, end, key, draw(st.integers(0, 70_000))))
     if draw(st.integers(0, 4)) == 0:
@@ -165,8 +165,9 @@ def frame_streams(draw):
 
 def _read_through(reader: FrameReader, parts) -> list:
     """Every turn of the reader over ``parts``, as the carrier drives it: what each read
-    gives; after a control frame the reader goes on with the rest, after any other stop
-    that part is done (the carrier hands the rest to autobahn)."""
+    gives, and the reader's state after each part; after a control frame the reader goes
+    on with the rest, after any other stop that part is done (the carrier hands the rest
+    to autobahn)."""
     turns = []
     for part in parts:
         data = part
@@ -175,27 +176,76 @@ def _read_through(reader: FrameReader, parts) -> list:
             turns.append((payloads, stop, data))
             if stop is None or stop[0] != "control" or not data:
                 break
-    return turns + [(reader.idle, reader._left, reader._phase, reader._fragmented, reader._message)]
+        turns.append(_state(reader))
+    return turns
+
+
+def _state(reader) -> tuple:
+    return (reader.idle, reader._head, reader._left, reader._key, reader._phase, reader._fragmented, reader._message)
 
 
 @TWIN
-@given(frame_streams(), st.lists(st.integers(0, 150_000), max_size=6), st.sampled_from([65536, 1 << 20]))
-def test_a_reader_on_the_twin_gives_what_it_gives_on_the_reference(masked_stream, cuts, limit):
-    """A FrameReader whose payloads are copied by the compiled twin reads any frames,
-    valid or malformed, cut anywhere, exactly as one on the reference: the same payloads,
-    stops, rests and state."""
+@given(
+    frame_streams(),
+    st.lists(st.integers(0, 150_000), max_size=6),
+    st.sampled_from([0, 125, 65536, 1 << 20, 2**63 - 1, 2**64]),
+)
+def test_the_compiled_reader_reads_what_the_reference_reads(masked_stream, cuts, limit):
+    """The compiled FrameReader, and the reference one copying payloads with the compiled
+    ``unmasked_payloads``, read any frames, valid or malformed, cut anywhere, exactly as
+    the reference: the same payloads, stops, rests, and state after each part."""
     masked, stream = masked_stream
     points = sorted({min(c, len(stream)) for c in cuts})
-    parts = [stream[a:b] for a, b in zip([0] + points, points + [len(stream)])]
+    parts = [stream[a:b] for a, b in zip([0] + points, points + [len(stream)], strict=True)]
     turns = {}
-    for name, copy in (("reference", unmasked_payloads), ("twin", compiled.unmasked_payloads)):
+    for name, reader, copy in (
+        ("reference", FrameReader, unmasked_payloads),
+        ("twin payloads", FrameReader, compiled.unmasked_payloads),
+        ("twin reader", compiled.FrameReader, unmasked_payloads),
+    ):
         original = websocket_frames._payloads
         websocket_frames._payloads = copy
         try:
-            turns[name] = _read_through(FrameReader(masked=masked, max_message=limit), parts)
+            turns[name] = _read_through(reader(masked=masked, max_message=limit), parts)
         finally:
             websocket_frames._payloads = original
-    assert turns["twin"] == turns["reference"]
+    assert turns["twin payloads"] == turns["reference"]
+    assert turns["twin reader"] == turns["reference"]
+
+
+def test_the_compiled_reader_streams_a_frame_one_byte_at_a_time():
+    """Fed one byte at a time (every header split at every point, a frame spanning a
+    thousand reads), the compiled reader gives the reference's payloads and state."""
+    sizes = (0, 5, 126, 300, 1000)
+    frames = [frame(0x2, bytes(n), masked=True, fin=n != 300) for n in sizes]
+    frames.insert(4, frame(0x0, b"tail", masked=True))  # ends the message of 300
+    stream = b"".join(frames) + frame(0x9, b"ping", masked=True)
+    parts = [stream[i : i + 1] for i in range(len(stream))]
+    want = _read_through(FrameReader(masked=True, max_message=1 << 20), parts)
+    assert _read_through(compiled.FrameReader(masked=True, max_message=1 << 20), parts) == want
+    stops = [turn[1][0] for turn in want if len(turn) == 3 and turn[1] is not None]
+    assert stops == ["control"]
+
+
+@pytest.mark.parametrize("masked", [True, False], ids=["masked", "unmasked"])
+def test_a_message_over_the_limit_only_in_sum_is_refused_by_both(masked):
+    """Each frame within the limit, their message over it: refused from the header of the
+    continuation that passes it, naming the message's size so far, by both readers."""
+    stream = (
+        frame(0x2, bytes(40_000), masked=masked, fin=False)
+        + frame(0x0, bytes(20_000), masked=masked, fin=False)
+        + frame(0x0, bytes(10_000), masked=masked)
+    )
+    want = _read_through(FrameReader(masked=masked, max_message=65536), [stream])
+    assert want[0][1] == ("too_large", (70_000, 65536))
+    assert _read_through(compiled.FrameReader(masked=masked, max_message=65536), [stream]) == want
+
+
+@pytest.mark.parametrize("limit", [-1, -(2**70)])
+def test_a_negative_limit_is_the_same_error(limit):
+    want = _outcome(FrameReader, masked=True, max_message=limit)
+    assert want[0] == "error"
+    assert _outcome(compiled.FrameReader, masked=True, max_message=limit) == want
 
 
 def test_the_twin_is_what_runs_unless_mconn_pure_is_set():
@@ -204,7 +254,8 @@ def test_the_twin_is_what_runs_unless_mconn_pure_is_set():
     ``describe`` says which and why."""
     code = (
         "from mconn.net import websocket_frames as w\n"
-        "print(w.describe(), w.frames_of is w.binary_frames, w._payloads is w.unmasked_payloads)\n"
+        "print(w.describe(), w.frames_of is w.binary_frames, w.reader_type is w.FrameReader,"
+        " w._payloads is w.unmasked_payloads)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "MCONN_PURE"}
     runs = {}
@@ -215,5 +266,5 @@ def test_the_twin_is_what_runs_unless_mconn_pure_is_set():
             [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, check=True
         )
         runs[pure] = out.stdout.strip()
-    assert runs[""] == "accelerated False False"
-    assert runs["1"] == "pure Python (MCONN_PURE=1) True True"
+    assert runs[""] == "accelerated False False False"
+    assert runs["1"] == "pure Python (MCONN_PURE=1) True True True"
