@@ -323,7 +323,7 @@ async def main(clock, options, key) -> None:
         except Exception as e:  # a busy port, a bad endpoint string: say which, and stop
             print(f"cannot listen on {endpoint}: {e}", file=sys.stderr)
             await stop()
-            raise SystemExit(2)
+            raise SystemExit(2) from None  # said above
     terminal = ChatTerminal(switch, chat, clock)
     for address in options["peer"]:
         d = switch.dial(address, persistent=True, retry_initial_dial=True)
@@ -340,14 +340,14 @@ def run(argv=None) -> None:
         options.parseOptions(argv)
     except usage.UsageError as e:
         print(f"{sys.argv[0]}: {e}\n{options}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None  # said above
     from mconn import NodeKey
 
     try:
         key = NodeKey.load_or_create(options["key"]) if options["key"] else NodeKey.generate()
     except ValueError as e:  # unreadable, readable by others, not an Ed25519 key: it says which
         print(f"{sys.argv[0]}: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None  # said above
     from twisted.internet import asyncioreactor
 
     loop = asyncio.new_event_loop()

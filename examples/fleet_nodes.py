@@ -222,10 +222,12 @@ class Node:
         self.signal(signal.SIGTERM if up else signal.SIGKILL)
         try:
             await self._ended(STOP_TIMEOUT)
-        except FleetError:
+        except FleetError as timed_out:
             self.signal(signal.SIGKILL)
             await self._ended(KILL_TIMEOUT)
-            raise FleetError(f"{self.name} (pid {self.pid}) ignored SIGTERM for {STOP_TIMEOUT:g} s; killed it")
+            raise FleetError(
+                f"{self.name} (pid {self.pid}) ignored SIGTERM for {STOP_TIMEOUT:g} s; killed it"
+            ) from timed_out
 
     async def _ended(self, timeout: float) -> None:
         if not self.running:

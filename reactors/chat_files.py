@@ -177,7 +177,7 @@ class FileTransfers:
         progress = _Progress(size, [p.node_id for p in peers], on_progress)
         sends = [defer.ensureDeferred(self._send_file_to(peer, path, name, size, digest, progress)) for peer in peers]
         d = defer.gatherResults(sends)
-        return d.addCallback(lambda receipts: {p.node_id: r for p, r in zip(peers, receipts)})
+        return d.addCallback(lambda receipts: {p.node_id: r for p, r in zip(peers, receipts, strict=True)})
 
     async def _send_file_to(self, peer, path, name, size, digest, progress) -> FileReceipt:
         lock = self._locks.setdefault(peer.node_id, defer.DeferredLock())

@@ -376,7 +376,7 @@ async def listening_switches(reactors, node_infos=None, **kwargs) -> tuple[list,
     """One started Switch per reactor on the real reactor (``node_infos[i]`` for the i-th if given, ``kwargs`` for
     all); the first listens on 127.0.0.1. Returns (the switches, the first one's port number)."""
     infos = node_infos if node_infos is not None else [None] * len(reactors)
-    switches = [Switch([r], clock=the_reactor(), node_info=ni, **kwargs) for r, ni in zip(reactors, infos)]
+    switches = [Switch([r], clock=the_reactor(), node_info=ni, **kwargs) for r, ni in zip(reactors, infos, strict=True)]
     for s in switches:
         s.startService()
     try:

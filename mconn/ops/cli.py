@@ -235,7 +235,10 @@ def format_status(document: dict) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(PEER_COLUMNS))]
     numeric = {3, 4, 5}
     for row in rows:
-        cells = [cell.rjust(w) if i in numeric else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths))]
+        cells = [
+            cell.rjust(w) if i in numeric else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
         lines.append("  ".join(cells).rstrip())
     return "\n".join(lines)
 

@@ -475,7 +475,7 @@ def round_trip_histogram(round_trips: list[float]) -> GaugeHistogramMetricFamily
         else:
             counts[-1] += 1
     buckets, running = [], 0
-    for label, count in zip((*(repr(b) for b in ROUND_TRIP_BUCKETS), "+Inf"), counts):
+    for label, count in zip((*(repr(b) for b in ROUND_TRIP_BUCKETS), "+Inf"), counts, strict=True):
         running += count
         buckets.append((label, running))
     return GaugeHistogramMetricFamily(

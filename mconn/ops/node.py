@@ -267,7 +267,7 @@ def _configure_pex(reactors: list[Reactor], settings: NodeSettings) -> None:
     given = pex.given()
     if not given:
         return
-    takers = [getattr(r, "configure_pex") for r in reactors if callable(getattr(r, "configure_pex", None))]
+    takers = [hook for r in reactors if callable(hook := getattr(r, "configure_pex", None))]
     if not takers:
         raise ConfigurationError(
             f"{given[0].where}: is for a PEX reactor, and no --reactor takes it (give --reactor reactors.pex:PexReactor)"

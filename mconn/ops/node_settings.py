@@ -39,6 +39,7 @@ reading of the TOML file and of command-line text are in mconn/ops/node_config_f
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import re
 from typing import Any, cast
@@ -331,7 +332,7 @@ class Options(usage.Options):
         node = [b for name, b in blocks if name not in _CONFIG_OPTIONS]
         order = {name: i for i, name in enumerate(NODE_HELP_ORDER)}
         node_names = [name for name, _ in blocks if name not in _CONFIG_OPTIONS]
-        node = [b for _, b in sorted(zip(node_names, node), key=lambda nb: order.get(nb[0], len(order)))]
+        node = [b for _, b in sorted(zip(node_names, node, strict=True), key=lambda nb: order.get(nb[0], len(order)))]
         tuning = [b for name, b in blocks if name in _CONFIG_OPTIONS]
         tail = rest[sum(len(b) for _, b in blocks) :]  # the long description after the options
         return f"{head}Options:\n{''.join(node)}\n{TUNING_HEADING}\n{''.join(tuning)}{tail}" if tuning else text
@@ -452,7 +453,7 @@ def _check_flag_values(arguments) -> None:
     """A boolean Config option given a value the old way (``--tcp-keepalive false``):
     say that it is a pair of flags now, instead of "Wrong number of arguments"."""
     arguments = list(arguments or ())
-    for flag, value in zip(arguments, arguments[1:]):
+    for flag, value in itertools.pairwise(arguments):
         name = flag[2:].replace("-", "_")
         words = TRUE_WORDS + FALSE_WORDS
         if flag.startswith("--") and name in CONFIG_FIELDS and _is_bool_field(name) and value.lower() in words:

@@ -282,7 +282,7 @@ def _check_sizes(db: sqlite3.Connection, path: str, max_bytes: int) -> None:
         raise StoreCorrupt(path, f"{sessions} sessions, more than the {MAX_SESSIONS} a store may hold")
     longest = db.execute("SELECT max(length(id)), max(length(peer)), max(length(channels)) FROM sessions").fetchone()
     for value, limit, what in zip(
-        longest, (MAX_SESSION_ID, MAX_PEER_ID, MAX_CHANNELS), ("session id", "peer id", "channel list")
+        longest, (MAX_SESSION_ID, MAX_PEER_ID, MAX_CHANNELS), ("session id", "peer id", "channel list"), strict=True
     ):
         if value is not None and value > limit:
             raise StoreCorrupt(path, f"a {what} of length {value}, more than {limit}")

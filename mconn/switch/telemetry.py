@@ -283,7 +283,7 @@ def channel_stats(node_id: str, peer, samples: tuple | None = None) -> None:
     ``channel_samples``, taken now if None)."""
     peer_id = peer.node_id
     for sample in channel_samples(peer) if samples is None else samples:
-        fields = dict(zip(SAMPLE_FIELDS, sample))
+        fields = dict(zip(SAMPLE_FIELDS, sample, strict=True))
         fields["session_id"] = fields["session_id"].hex()
         emit("channel_stats", node_id=node_id, peer_id=peer_id, **fields)
 

@@ -48,7 +48,7 @@ def test_holds_and_resets_deliver_every_message_once_in_order(seed):
     network.flush()
     sender = dialed.result
     sent = {c.id: [] for c in CHANNELS}
-    for step in range(120):
+    for _ in range(120):
         action = rng.random()
         if action < 0.55:
             channel = rng.choice(CHANNELS).id

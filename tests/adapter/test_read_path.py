@@ -68,7 +68,7 @@ def test_resumed_says_when_the_rate_changed():
         now += 0.001
         acked += 1000 * (1 + i % 3)  # a rate that moves, so every sample changes it
         before = ahead.rate
-        changed = ahead.resumed(now, lambda: acked)
+        changed = ahead.resumed(now, lambda acked=acked: acked)
         assert changed == (ahead.rate != before)
         changes.append(changed)
     assert 2 <= sum(changes) <= 4  # one per WINDOW write-ahead times

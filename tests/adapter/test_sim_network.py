@@ -232,7 +232,7 @@ def test_heap_clock_reset_later_then_earlier_fires_at_the_earlier_time():
     later one: it fires then, as on ``task.Clock`` (it used to be skipped for good)."""
     for clock in (Clock(), HeapClock()):
         seen = []
-        call = clock.callLater(1.0, lambda: seen.append(clock.seconds()))
+        call = clock.callLater(1.0, lambda seen=seen, clock=clock: seen.append(clock.seconds()))
         call.reset(5.0)
         clock.advance(2.0)
         call.reset(1.0)

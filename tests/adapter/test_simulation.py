@@ -283,7 +283,8 @@ class Simulation:
     def run(self) -> list[tuple]:
         names = list(self.weights)
         weights = [self.weights[name] for name in names]
-        for self.step in range(1, self.steps + 1):
+        for step in range(1, self.steps + 1):
+            self.step = step
             [name] = self.rng.choices(names, weights)
             outcome = getattr(self, "_" + name)()
             self.trace.append((round(self.clock.seconds(), 6), self.step, name, outcome))

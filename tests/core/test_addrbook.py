@@ -351,7 +351,7 @@ def test_candidates_pick_as_the_book_does_and_discard_drops_an_entry_and_its_emp
         gone: set = set()
         for _ in range(40):
             picked = candidates.pick(a)
-            expected = book.pick(b, lambda e: eligible(e) and e.address.node_id not in gone)
+            expected = book.pick(b, lambda e, gone=gone: eligible(e) and e.address.node_id not in gone)
             assert picked is expected
             if picked is None:
                 break

@@ -5,6 +5,8 @@ frame_buffer.FrameBuffer (decoding) and channel.msg_header / Channel.emit / Sche
 section 1). These properties say they agree, on valid and on malformed input.
 """
 
+import itertools
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -69,7 +71,7 @@ def malformed_bytes(draw) -> bytes:
 def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     bounds = [0, *points, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 # -- (a) valid msg packets: FrameBuffer output == decode_packet --------------------------
@@ -212,7 +214,9 @@ def schedules(draw):
 def test_scheduler_output_reassembles_into_the_messages(case):
     """Under any priorities and budgets the scheduler's bytes reassemble into each channel's messages, in order."""
     ids, priorities, messages, payload, budgets, refill_every = case
-    descriptors = [ChannelDescriptor(i, priority=p, send_queue_capacity=64) for i, p in zip(ids, priorities)]
+    descriptors = [
+        ChannelDescriptor(i, priority=p, send_queue_capacity=64) for i, p in zip(ids, priorities, strict=True)
+    ]
     channels = [Channel(d) for d in descriptors]
     scheduler = Scheduler(channels, now=0.0)
     to_queue = [(ids[c], m) for c, m in messages]

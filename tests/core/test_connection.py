@@ -4,6 +4,7 @@ Everything is driven by hand: bytes in with ``receive_data``, bytes out with
 ``data_to_send``, time passed as ``now`` (specs/connection.md).
 """
 
+import itertools
 import re
 
 import pytest
@@ -688,7 +689,7 @@ def test_any_split_of_the_stream_delivers_the_same_messages(payload_a, payload_b
             assert len(data) == negotiated
     events = []
     points = sorted({c % (len(stream) + 1) for c in cuts})
-    for start, end in zip([0, *points], [*points, len(stream)]):
+    for start, end in itertools.pairwise([0, *points, len(stream)]):
         events += b.receive_data(stream[start:end], 1.0)
     assert all(isinstance(e, MessageReceived) for e in events)
     for channel_id in (0x20, 0x30):

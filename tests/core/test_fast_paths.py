@@ -11,6 +11,8 @@
   resumes never add up to more than the write-ahead size and one write.
 """
 
+import itertools
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -33,7 +35,7 @@ def _decode_in_chunks(data: bytes, cuts: list[int], splice_min: int, max_payload
     points = sorted({c % (len(data) + 1) for c in cuts})
     bounds = [0, *points, len(data)]
     out: list = []
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         packets, error = feed_whole(buffer, data[a:b])
         out += packets
         if error is not None:

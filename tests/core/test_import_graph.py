@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import itertools
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -170,7 +171,7 @@ def _rotated(path: list[str]) -> tuple[str, ...]:
 
 def describe(cycle: list[str], where: dict[tuple[str, str], str]) -> str:
     lines = " -> ".join(cycle)
-    sites = ", ".join(where.get(edge, "?") for edge in zip(cycle, cycle[1:]))
+    sites = ", ".join(where.get(edge, "?") for edge in itertools.pairwise(cycle))
     return f"{lines}  ({sites})"
 
 

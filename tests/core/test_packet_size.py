@@ -6,6 +6,8 @@ Sans-I/O: the write-ahead is driven with a fake clock and a fake acknowledged-by
 counter, the Connection with explicit ``now``; no sockets.
 """
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,7 +38,7 @@ def measured(rate: float, ahead_time: float = AHEAD) -> WriteAhead:
         ahead.wrote(ahead.budget(), True)
         now += step
         acked += rate * step
-        ahead.resumed(now, lambda: int(acked))
+        ahead.resumed(now, lambda acked=acked: int(acked))
     return ahead
 
 
@@ -218,7 +220,7 @@ def test_streamed_payloads_add_up_to_the_same_messages(sizes, payload, cuts, str
     buffer = FrameBuffer(max_payload=16384, default_extension_limit=1024, stream_payloads=True)
     buffer.STREAM_MIN = stream_min
     bounds = sorted({0, len(stream), *(c for c in cuts if c < len(stream))})
-    chunks = [stream[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [stream[a:b] for a, b in itertools.pairwise(bounds)]
     got = _messages(buffer, chunks)
     for channel in (0x20, 0x21):
         assert [m for c, m in got if c == channel] == [m for c, m in messages if c == channel]

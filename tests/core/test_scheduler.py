@@ -52,7 +52,7 @@ def test_saturated_channels_share_bytes_by_priority(priorities, shares):
         now += 0.005
     total = sum(c.stats.bytes_sent for c in channels)
     assert total >= 1500 * 8192
-    for channel, share in zip(channels, shares):
+    for channel, share in zip(channels, shares, strict=True):
         assert channel.stats.bytes_sent / total == pytest.approx(share, abs=0.01)
 
 

@@ -72,7 +72,7 @@ def _expected(header, rows):
         assert row[0] == str(n), f"packet rows must be numbered 1, 2, ...: {row}"
         sends, name, payload, eof, wire = row[-5:]
         packets.append((int(sends, 16), name, int(payload), {"00": False, "01": True}[eof], int(wire)))
-        ratios.append(dict(zip((int(c, 16) for c in ratio_columns), row[1:-5])))
+        ratios.append(dict(zip((int(c, 16) for c in ratio_columns), row[1:-5], strict=True)))
     return packets, ratios
 
 
@@ -83,7 +83,7 @@ def _describe(data: bytes, messages) -> list[tuple]:
     offsets = dict.fromkeys(messages, 0)
     wires = [len(p) for p in split_packets(data) if p[0] == PacketType.MSG]
     out = []
-    for (channel, eof, payload), wire in zip(msg_payloads(data), wires):
+    for (channel, eof, payload), wire in zip(msg_payloads(data), wires, strict=True):
         name, message = pending[channel][0]
         start = offsets[channel]
         assert bytes(payload) == message[start : start + len(payload)], (

@@ -47,7 +47,7 @@ def rows() -> list[dict[str, str]]:
     for line in lines[2:]:
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         assert len(cells) == len(COLUMNS), f"{len(cells)} cells in {line!r}"
-        out.append(dict(zip(COLUMNS, cells)))
+        out.append(dict(zip(COLUMNS, cells, strict=True)))
     return out
 
 

@@ -66,7 +66,8 @@ def _channels(capacities, partial):
     """Fresh channels; those in ``partial`` hold the start of a message already (when
     it fits their capacity)."""
     channels = {
-        cid: Channel(ChannelDescriptor(cid, recv_message_capacity=cap)) for cid, cap in zip(CHANNEL_IDS, capacities)
+        cid: Channel(ChannelDescriptor(cid, recv_message_capacity=cap))
+        for cid, cap in zip(CHANNEL_IDS, capacities, strict=True)
     }
     for cid, piece in partial.items():
         if len(piece) <= channels[cid].recv_capacity:

@@ -110,7 +110,7 @@ def test_the_bounds_are_met_exactly_alike():
     ops = [("admit", 0x10, 36)] * 16 + [("ack", 0x10, 2), ("deliver", 0x11, 36)] + [("admit", 0x10, 36)] * 4
     ops += [("admit", 0x11, 36), ("admit", 0x11, 36), ("deliver", 0x10, 1000)]
     for values in itertools.product(*(SHAPES[name] for name in SHAPES)):
-        shape = dict(zip(SHAPES, values))
+        shape = dict(zip(SHAPES, values, strict=True))
         pure = _run(session.reference_admit, session.reference_record_delivered, shape, ops)
         twin = _run(compiled.admit, compiled.record_delivered, shape, ops)
         assert twin == pure, shape

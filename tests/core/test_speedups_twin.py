@@ -11,6 +11,7 @@ when the extension is not built (``make`` builds it; CI runs them).
 from __future__ import annotations
 
 import importlib
+import itertools
 from unittest import mock
 
 import pytest
@@ -121,7 +122,7 @@ def _run_buffer(stream, cuts, max_payload, stream_payloads, splice, decode):
         said = []
         points = sorted({c % (len(stream) + 1) for c in cuts})
         bounds = [0, *points, len(stream)]
-        for a, b in zip(bounds, bounds[1:]):
+        for a, b in itertools.pairwise(bounds):
             packets, error = buffer.feed(stream[a:b])
             said.append((_shape(packets), _shape(error), buffer.paused, buffer.buffered))
             while error is None and buffer.paused:

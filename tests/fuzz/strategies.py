@@ -13,6 +13,8 @@ and ``chat_messages`` (tests/fuzz/message_target.py) use it.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import strategies as st
 
 from mconn.core import wire
@@ -97,9 +99,9 @@ def schedules(draw, streams=streams):
     data = draw(streams)
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=6)))
     bounds = [0, *cuts, len(data)]
-    chunks = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [data[a:b] for a, b in itertools.pairwise(bounds)]
     steps = draw(st.lists(st.tuples(st.sampled_from(WAITS), st.booleans()), min_size=len(chunks), max_size=len(chunks)))
-    return [(chunk, wait, reads) for chunk, (wait, reads) in zip(chunks, steps)]
+    return [(chunk, wait, reads) for chunk, (wait, reads) in zip(chunks, steps, strict=True)]
 
 
 # -- structure-aware inputs (tests/fuzz/declared.py) ------------------------------------------

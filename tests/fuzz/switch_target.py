@@ -30,6 +30,7 @@ read we would refuse it for), as the last packet.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -333,7 +334,7 @@ def check_contract(switch, reactor: Recorder) -> None:
         assert names[0] == "add_peer", names
         ended = names[-1] == "remove_peer"
         assert names.count("remove_peer") == int(ended), names
-        for pair in zip(names, names[1:-1] if ended else names[1:]):
+        for pair in itertools.pairwise(names[:-1] if ended else names):
             assert pair in allowed, f"{peer!r}: {names}"
         if ended:
             assert isinstance(methods[-1][1], MConnError), methods[-1]

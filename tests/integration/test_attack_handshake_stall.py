@@ -123,9 +123,11 @@ async def test_newcomers_complete_their_handshakes_while_eight_addresses_renew_6
         for round_, newcomer_address in enumerate(["127.0.0.10", "127.0.0.11", "127.0.0.12"]):
             newcomer = clients.open(newcomer_address)
             await send(newcomer, hello(rng))
-            await wait_until(lambda: len(node.peers) == round_ + 1, f"newcomer {newcomer_address}'s session")
+            await wait_until(
+                lambda round_=round_: len(node.peers) == round_ + 1, f"newcomer {newcomer_address}'s session"
+            )
             assert not read_now(newcomer)[1], "the newcomer was closed"
-            await wait_until(lambda: len(evicted_addresses(telemetry)) == round_ + 1, "an eviction")
+            await wait_until(lambda round_=round_: len(evicted_addresses(telemetry)) == round_ + 1, "an eviction")
             evicted = evicted_addresses(telemetry)[-1]
             source = evicted.split(":")[0]
             assert source in ATTACKERS
@@ -149,7 +151,9 @@ async def test_a_silent_newcomer_is_never_the_one_that_gives_way(telemetry):
         await stall(node, clients)
         newcomer = clients.open("127.0.0.10")
         for renewals in range(1, 21):
-            await wait_until(lambda: len(evicted_addresses(telemetry)) == renewals, f"eviction {renewals}")
+            await wait_until(
+                lambda renewals=renewals: len(evicted_addresses(telemetry)) == renewals, f"eviction {renewals}"
+            )
             evicted = evicted_addresses(telemetry)[-1]
             assert evicted.split(":")[0] in ATTACKERS
             clients.open(evicted.split(":")[0])

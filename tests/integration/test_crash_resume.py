@@ -170,7 +170,7 @@ class Pair:
             rng = random.Random(seed)
             victim = rng.choice((self.sender, self.receiver))
             point = min(total, self.lines() + rng.randint(1, SPAN))
-            until(lambda: self.lines() >= point, f"seed {seed}: {point} lines ({victim.name} to be killed)")
+            until(lambda point=point: self.lines() >= point, f"seed {seed}: {point} lines ({victim.name} to be killed)")
             time.sleep(rng.uniform(0, 0.01))
             victim.kill()
             done.append(f"seed {seed}: killed the {victim.name} at {self.lines()} lines")
@@ -195,10 +195,12 @@ class Pair:
         assert len(sessions) == 1, f"{what}: the stream ran over {len(sessions)} sessions"
         for channel, got in streams.items():
             payloads = [p for _, p in got]
+            # Up to the shorter of the two: where they first differ (else the end of payloads).
+            pairs = enumerate(zip(payloads, range(self.count), strict=False))
+            first = next((i for i, (a, b) in pairs if a != b), len(payloads))
             assert payloads == list(range(self.count)), (
                 f"{what}: channel {channel:#04x} payloads not 0..{self.count - 1} once each in order; "
-                f"first difference at index "
-                f"{next((i for i, (a, b) in enumerate(zip(payloads, range(self.count))) if a != b), len(payloads))}"
+                f"first difference at index {first}"
             )
             assert [s for s, _ in got] == list(range(1, self.count + 1)), f"{what}: sequences on {channel:#04x}"
 
@@ -209,11 +211,11 @@ def test_a_hundred_seeded_kills_of_sender_or_receiver_lose_nothing_and_repeat_no
     pairs = [Pair(tmp_path / f"pair{i}", count=PER_RUN * len(share)) for i, share in enumerate(shares)]
     try:
         with concurrent.futures.ThreadPoolExecutor(PAIRS) as pool:
-            results = list(pool.map(lambda job: job[0].run(job[1]), zip(pairs, shares)))
+            results = list(pool.map(lambda job: job[0].run(job[1]), zip(pairs, shares, strict=True)))
     finally:
         for pair in pairs:
             pair.stop()
-    for pair, done in zip(pairs, results):
+    for pair, done in zip(pairs, results, strict=True):
         pair.check(done)
     victims = " ".join(" ".join(done) for done in results)
     assert victims.count("killed the sender") + victims.count("killed the receiver") == RUNS

@@ -8,6 +8,8 @@ for is dropped while the others carry on; a node of another network is refused a
 handshake (node info, specs/handshake.md section 6).
 """
 
+import itertools
+
 import pytest
 import pytest_twisted
 from twisted.internet import defer
@@ -60,7 +62,7 @@ async def line_of_nodes():
     through a FaultProxy."""
     nodes = [await Node(BLOCKS if i == 0 else None).start() for i in range(NODES)]
     proxies = []
-    for left, right in zip(nodes, nodes[1:]):
+    for left, right in itertools.pairwise(nodes):
         proxy = FaultProxy("127.0.0.1", left.port)
         port = await proxy.start()
         proxies.append(proxy)

@@ -279,9 +279,11 @@ async def test_dormant_sessions_of_one_address_make_room_instead_of_piling_up(ce
     try:
         for n in range(5):
             raw, key = await cell.stranger()
-            await until(lambda: key.node_id in cell.switch.peers, f"stranger {n}'s session")
+            await until(lambda key=key: key.node_id in cell.switch.peers, f"stranger {n}'s session")
             raw.transport.abortConnection()
-            await until(lambda: cell.switch.peers[key.node_id].state is PeerState.SUSPENDED, f"session {n} suspended")
+            await until(
+                lambda key=key: cell.switch.peers[key.node_id].state is PeerState.SUSPENDED, f"session {n} suspended"
+            )
             assert len(cell.switch.peers) <= 3, len(cell.switch.peers)
         assert len(cell.switch.peers) == 3 and "ip_limit" not in cell.switch.refusals, cell.switch.refusals
         cell.switch._check_invariants()

@@ -91,7 +91,7 @@ async def test_three_channels_big_and_small_messages_arrive_intact_and_in_order(
         big = os.urandom(3 * 1024 * 1024)
         small = {0x21: [b"tx %d " % i * 20 for i in range(300)], 0x30: [b"vote %d" % i for i in range(300)]}
         sends = []
-        for sender, receiver in ((peer_of_a, ra), (peer_of_b, rb)):
+        for sender in (peer_of_a, peer_of_b):
             sends.append(defer.ensureDeferred(send_all(sender, 0x20, [big, b"after big"])))
             for channel_id, messages in small.items():
                 sends.append(defer.ensureDeferred(send_all(sender, channel_id, messages)))

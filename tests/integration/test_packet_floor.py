@@ -37,8 +37,10 @@ async def test_a_hello_below_the_floor_is_refused_and_one_at_it_is_accepted(tran
     cell = await Cell(transport, host, [Quiet()], CONFIG).listen()
     try:
         for payload in (1, MIN_PACKET_PAYLOAD - 1):
-            raw, node_id = await cell.raw_peer(lambda node_id: dialer_hello_announcing(node_id, payload=payload))
-            await until(lambda: raw.lost is not None, f"the peer announcing {payload} to be dropped")
+            raw, node_id = await cell.raw_peer(
+                lambda node_id, payload=payload: dialer_hello_announcing(node_id, payload=payload)
+            )
+            await until(lambda raw=raw: raw.lost is not None, f"the peer announcing {payload} to be dropped")
             [(code, text)] = close_packets_in(bytes(raw.data))
             assert code == "PacketPayloadTooSmall"
             assert f"max_packet_payload {payload};" in text and str(MIN_PACKET_PAYLOAD) in text

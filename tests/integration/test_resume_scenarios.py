@@ -182,7 +182,7 @@ def first_mismatch(got, want):
     """None if the lists are equal, else where they first differ (no 100,000-item diff)."""
     if got == want:
         return None
-    for i, (g, w) in enumerate(zip(got, want)):
+    for i, (g, w) in enumerate(zip(got, want, strict=False)):  # up to the shorter: the lengths differ
         if g != w:
             return f"item {i}: got {g!r}, wanted {w!r} (got {len(got)}, wanted {len(want)})"
     return f"got {len(got)} items, wanted {len(want)}; the shorter is a prefix of the other"

@@ -743,7 +743,7 @@ async def test_resume_over_tls_after_a_reset():
             if i in (100, 250):
                 resumes = peer.resumes
                 assert proxy.reset_all() == 1
-                await until(lambda: peer.resumes > resumes, "the session to resume", seconds=5.0)
+                await until(lambda resumes=resumes: peer.resumes > resumes, "the session to resume", seconds=5.0)
         await ra.until(len(sent))
         assert ra.received(0x20) == sent
         assert peer.resumes >= 1 and peer.state == "connected"

@@ -8,6 +8,7 @@ header (too large, a binary frame inside a fragmented message).
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import struct
@@ -154,7 +155,7 @@ def test_any_frames_split_at_any_points_give_the_same_bytes(payloads, cuts, mask
     """Any binary frames, fed in parts cut anywhere, give the concatenation of their payloads."""
     stream = b"".join(frame(0x2, p, masked=masked) for p in payloads)
     points = sorted({min(c, len(stream)) for c in cuts})
-    parts = [stream[a:b] for a, b in zip([0] + points, points + [len(stream)])]
+    parts = [stream[a:b] for a, b in itertools.pairwise([0, *points, len(stream)])]
     assert read_all(FrameReader(masked=masked, max_message=LIMIT), parts) == (b"".join(payloads), [])
 
 
@@ -239,7 +240,7 @@ def test_frames_of_any_size_read_back_as_one_payload_per_read(sizes, cuts, maske
     points = sorted({min(c, len(stream)) for c in cuts})
     reader = FrameReader(masked=masked, max_message=LIMIT)
     out = []
-    for a, b in zip([0] + points, points + [len(stream)]):
+    for a, b in itertools.pairwise([0, *points, len(stream)]):
         got, stop, rest = reader.read(stream[a:b])
         assert stop is None and rest == b"" and len(got) <= 1
         assert all(type(p) is bytes for p in got)

@@ -18,6 +18,8 @@ count keeps this file under 15 s on a loaded CI machine.
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,9 +70,9 @@ def schedules(draw):
     data = draw(streams)
     cuts = sorted(draw(st.lists(st.integers(0, len(data)), max_size=5)))
     bounds = [0, *cuts, len(data)]
-    chunks = [data[a:b] for a, b in zip(bounds, bounds[1:])]
+    chunks = [data[a:b] for a, b in itertools.pairwise(bounds)]
     waits = draw(st.lists(st.sampled_from(WAITS), min_size=len(chunks), max_size=len(chunks)))
-    return list(zip(chunks, waits))
+    return list(zip(chunks, waits, strict=True))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

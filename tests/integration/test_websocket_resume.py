@@ -125,9 +125,9 @@ async def test_resets_over_wss_resume_with_every_message_once():
         for round_ in range(5):
             before = p.ra.total
             burst(p.peer, sent, b"r%d" % round_, dict.fromkeys(IDS, 20))
-            await eventually(lambda: p.ra.total >= before + 10, "part of the burst")
+            await eventually(lambda before=before: p.ra.total >= before + 10, "part of the burst")
             assert p.proxy.reset_all()
-            await eventually(lambda: p.connected() and p.peer.resumes == round_ + 1, "the resume")
+            await eventually(lambda round_=round_: p.connected() and p.peer.resumes == round_ + 1, "the resume")
         total = sum(len(m) for m in sent.values())
         await eventually(lambda: p.ra.total == total, "every message")
         await sleep(0.05)

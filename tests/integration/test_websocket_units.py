@@ -177,7 +177,7 @@ async def test_an_origin_check_when_configured_refuses_other_origins_and_accepts
             if origin is not None:
                 request = request.replace(b"\r\n\r\n", f"\r\nOrigin: {origin}\r\n\r\n".encode())
             raw = await raw_client(port, request)
-            await until(lambda: b"\r\n\r\n" in raw.data, "the answer")
+            await until(lambda raw=raw: b"\r\n\r\n" in raw.data, "the answer")
             answers[origin] = bytes(raw.data).split(b"\r\n", 1)[0]
             raw.transport.abortConnection()
         assert answers["https://evil.example.com"] == b"HTTP/1.1 403 origin 'https://evil.example.com' is not allowed"

@@ -209,7 +209,7 @@ def test_nodes_from_one_directory_keys_status_pipe_and_wording(tmp_path, typed):
     assert re.search(r"dial 1 to (?:cd)+@127\.0\.0\.1:\d+: failed \(ConnectionRefusedError: .*refused", c.log()), (
         c.log()
     )
-    for node, status in zip((c, b, a), terminate_all(c, b, a)):
+    for node, status in zip((c, b, a), terminate_all(c, b, a), strict=True):
         assert_clean_stop(node, status)
         assert not (tmp_path / f"{node.name}.pid").exists()
 

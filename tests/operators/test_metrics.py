@@ -24,7 +24,7 @@ from twisted.internet import threads
 from helpers import until as poll
 from mconn import ChannelDescriptor, Config, Reactor, Switch
 from mconn.switch import telemetry
-from mconn.errors import MISBEHAVIOUR
+from mconn.errors import MISBEHAVIOUR, PeerClosed
 from mconn.ops.metrics import MAX_LABEL_VALUES, SwitchMetrics, error_classes, round_trip_histogram
 from mconn.ops.status import serve_status
 from operators.prometheus import scrape, value
@@ -163,11 +163,11 @@ async def test_refusals_are_counted_by_reason(switches):
     a.allowed_peers = {b.node_id}
     port = await a.listen(LOOPBACK)
     address = f"{a.node_id}@127.0.0.1:{port.getHost().port}"
-    with pytest.raises(Exception):
+    with pytest.raises(PeerClosed, match="unauthorized"):
         await c.dial(address)
     await until(lambda: not a.connections, "c's refused connection to go")
     await b.dial(address)
-    with pytest.raises(Exception):
+    with pytest.raises(PeerClosed, match="ip_limit"):
         await c.dial(address)
     await until(lambda: value(scrape(ma), "mconn_refusals_total", reason="ip_limit") == 1, "the ip_limit refusal")
     sa = scrape(ma)

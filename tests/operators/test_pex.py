@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import pathlib
 import random
@@ -269,7 +270,7 @@ def test_the_sender_asks_a_peer_only_once_it_answered_and_never_within_half_an_i
             asked_at.append(solo.network.clock.seconds())
             solo.feed(chatty, encode_addrs([]))
         solo.run(0.5)
-    gaps = [b - a for a, b in zip(asked_at, asked_at[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(asked_at)]
     assert len(asked_at) >= 5 and min(gaps) >= INTERVAL / 2
     assert chatty.state == "connected" and solo.pex.penalties == {}
 

@@ -364,7 +364,7 @@ async def test_a_persistent_peer_is_re_dialed_through_the_configured_proxy_not_a
         assert [(s.address.port, s.discovered) for s in pool] == [(proxy_port, False), (b_port, True)]
         for n in range(3):  # three breaks: each re-dial goes through the proxy
             proxy.reset_all()
-            await until(lambda: len(dialed) == n + 2 and connected(a, b.node_id), "the re-dial", seconds=10.0)
+            await until(lambda n=n: len(dialed) == n + 2 and connected(a, b.node_id), "the re-dial", seconds=10.0)
             assert dialed[-1] == ("127.0.0.1", proxy_port), f"re-dialed {dialed[-1]}, past the proxy"
         assert [p for _, p in dialed] == [proxy_port] * 4 and proxy.connections_accepted == 4
         proxy.refuse(True)  # the proxy goes down: the announced address is the way left

@@ -88,9 +88,9 @@ def test_prometheus_scrapes_two_nodes_and_promql_returns_what_they_did(nodes, tm
         )
         prometheus.until_equal(
             'sum(mconn_channel_received_bytes_total{channel="0x40"})',
-            {None: float(COUNT * SIZE)},
+            [float(COUNT * SIZE)],
             "the burst's payload bytes",
-            by=lambda q: {None: float(r["value"][1]) for r in prometheus.query(q)},
+            by=lambda q: [float(r["value"][1]) for r in prometheus.query(q)],
         )
         prometheus.until_equal(
             'mconn_peer_round_trip_seconds_bucket{le="+Inf"}',

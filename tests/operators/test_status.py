@@ -83,7 +83,7 @@ def network():
     async def connect():
         a, b, c = switches
         ports = [await s.listen("tcp:0:interface=127.0.0.1") for s in switches]
-        address = [f"{s.node_id}@127.0.0.1:{p.getHost().port}" for s, p in zip(switches, ports)]
+        address = [f"{s.node_id}@127.0.0.1:{p.getHost().port}" for s, p in zip(switches, ports, strict=True)]
         await b.dial(address[0])
         await c.dial(address[0])
         await c.dial(address[1])

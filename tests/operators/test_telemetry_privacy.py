@@ -143,12 +143,18 @@ async def test_a_reader_of_the_file_cannot_resume_the_session_it_shows(tmp_path)
             "session_suspended in the file",
         )
         shown = refs_in(path)
+
+        def got(reader):
+            """The queued lines a reader received: any means it resumed the session."""
+            return [line for line in lines if line in bytes(reader.data)]
+
         for ref in shown:  # what a reader of the file would try
             reader = await raw_connect(port, claiming_hello(alice.node_id, session_id=bytes.fromhex(ref), resume=True))
-            got = lambda: [line for line in lines if line in bytes(reader.data)]  # noqa: E731
-            await until(lambda: reader.lost is not None or got(), "the reader refused or resumed", 5)
-            assert got() == [], "the reader resumed the session and received its queued lines"
-            await until(lambda: reader.lost is not None, "the reader refused", 5)
+            await until(
+                lambda reader=reader: reader.lost is not None or got(reader), "the reader refused or resumed", 5
+            )
+            assert got(reader) == [], "the reader resumed the session and received its queued lines"
+            await until(lambda reader=reader: reader.lost is not None, "the reader refused", 5)
             assert [code for code, _ in close_packets_in(bytes(reader.data))] == ["session_held"]
         assert a.peers[alice.node_id] is held and held.state == "suspended" and held.resumes == 0
         text = "".join(open(p).read() for p in rotated_paths(path))

@@ -140,7 +140,7 @@ async def test_a_strangers_connections_cannot_grow_a_nodes_telemetry_beyond_the_
         for n in range(60):
             with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT):
                 pass  # connect and hang up, as a port scanner does
-            await until(lambda: len(capture.named("connection_lost")) > n, f"connection {n + 1} to be logged")
+            await until(lambda n=n: len(capture.named("connection_lost")) > n, f"connection {n + 1} to be logged")
     finally:
         await service.stopService()
         capture.stop()

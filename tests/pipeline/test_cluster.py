@@ -75,9 +75,9 @@ def write_fleet(directory) -> None:
     paths = build_fleet().write(directory)
     lines = [line + "\n" for line in paths["A"].read_text().split("\n") if line]  # not splitlines: RS splits
     times = [json.loads(line.lstrip("\x1e"))["log_time"] for line in lines]
-    restart = max(t for t, line in zip(times, lines) if '"node_started"' in line)
-    paths["A"].with_name("A.json.1").write_text("".join(ln for t, ln in zip(times, lines) if t < restart))
-    paths["A"].write_text("".join(ln for t, ln in zip(times, lines) if t >= restart))
+    restart = max(t for t, line in zip(times, lines, strict=True) if '"node_started"' in line)
+    paths["A"].with_name("A.json.1").write_text("".join(ln for t, ln in zip(times, lines, strict=True) if t < restart))
+    paths["A"].write_text("".join(ln for t, ln in zip(times, lines, strict=True) if t >= restart))
     skewed = []
     for line in filter(None, paths["C"].read_text().split("\n")):
         record = json.loads(line.lstrip("\x1e"))

@@ -56,7 +56,7 @@ def test_the_fast_path_takes_only_clean_prefixed_lines_of_events_without_lists(s
     expected += [ingest.RECHECK] * (2 + len(PREFIXED_BUT_MALFORMED))
     assert [r["event"] for r in got] == expected
     assert [r["record"] for r in got if r["event"] == ingest.RECHECK] == [
-        line for line, name in zip(lines, expected) if name == ingest.RECHECK
+        line for line, name in zip(lines, expected, strict=True) if name == ingest.RECHECK
     ]
     assert all(r["reject_reason"] is None and r["version"] == 2 for r in got if r["event"] != ingest.RECHECK)
 

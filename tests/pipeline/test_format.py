@@ -50,7 +50,7 @@ def test_every_golden_version_2_line_is_read_with_its_fields_as_logged(golden):
     of objects as rows) equal to the logged values."""
     v2, _ = golden
     assert [e["event"] for e in v2] == [v["logged"]["event"] for v in VECTORS["version2"]]
-    for event, vector in zip(v2, VECTORS["version2"]):
+    for event, vector in zip(v2, VECTORS["version2"], strict=True):
         assert event["reject_reason"] is None and event["version"] == 2, event["event"]
         assert event["log_time"] == vector["log_time"]
         assert logged_fields(event, vector["logged"]) == vector["logged"], event["event"]
@@ -77,7 +77,7 @@ def test_each_golden_malformed_line_is_malformed_with_its_reason(spark, tmp_path
     (tmp_path / "node.json").write_text("".join(v["line"] for v in VECTORS["malformed"]) + good)
     events = events_of(spark, tmp_path)
     assert [e["event"] for e in events] == [ingest.MALFORMED] * len(VECTORS["malformed"]) + ["listening"]
-    for event, vector in zip(events, VECTORS["malformed"]):
+    for event, vector in zip(events, VECTORS["malformed"], strict=False):  # not the last, "listening"
         assert event["reject_reason"] == vector["reason"], vector["line"]
         assert event["source_file"].endswith("node.json")
         if event["record"] != vector["line"].strip():

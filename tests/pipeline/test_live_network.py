@@ -58,7 +58,10 @@ async def run_network(directory):
     config = Config(stats_interval=1.0, resume_grace=10.0, max_reconnect_delay=0.2, ping_interval=0.25)
     collectors = {name: Collector(CHANNELS) for name in "ABC"}
     # A and B have monikers; C has none (the report shows it by its id).
-    infos = {name: NodeInfo(network="live", moniker=moniker) for name, moniker in zip("ABC", ("alpha", "bravo", ""))}
+    infos = {
+        name: NodeInfo(network="live", moniker=moniker)
+        for name, moniker in zip("ABC", ("alpha", "bravo", ""), strict=True)
+    }
     nodes = {
         name: Switch([collectors[name]], clock=the_reactor(), config=config, node_info=infos[name]) for name in "ABC"
     }
@@ -92,8 +95,10 @@ async def run_network(directory):
                 proxy.reset_all()  # the second breaks C -> B in the proxy
             await bounded(defer.gatherResults(sends), 30)
             done = {("B", "A"): min(r + 1, 2), ("C", "B"): 1 if r >= 1 else 0, ("C", "A"): 0}
-            await until(lambda: all(p.resumes == done[pair] and p.state == "connected" for pair, p in dialed.items()))
-        for name, collector in collectors.items():
+            await until(
+                lambda done=done: all(p.resumes == done[pair] and p.state == "connected" for pair, p in dialed.items())
+            )
+        for collector in collectors.values():
             await collector.until(2 * 2 * PER_CHANNEL)  # two peers, two channels
         await sleep(0.3)  # the last acks arrive
         peers = [p for s in nodes.values() for p in s.peers.values()]

@@ -172,7 +172,7 @@ def test_the_report_uses_the_api_word_unconfirmed(page):
     assert "unconfirmed" in headers and "undelivered" not in headers
     row = re.search(rf'<tr><td title="{P}">.*?</tr>', findings)
     assert row, "the row of P's unconfirmed messages is not in the findings"
-    cells = dict(zip(headers, cell_values(row.group(0))))
+    cells = dict(zip(headers, cell_values(row.group(0)), strict=True))
     assert (cells["receiver"], cells["unconfirmed"], cells["verdict"]) == (K, str(UNCONFIRMED), "ok")
 
 
@@ -184,7 +184,7 @@ def test_nodes_show_by_moniker_and_channels_by_name(page):
     headers = re.findall(r"<th>(.*?)</th>", findings)
     row = re.search(rf'<tr><td title="{P}">.*?</tr>', findings)
     assert row, "the row of P's unconfirmed messages is not in the findings"
-    cells = dict(zip(headers, cell_texts(row.group(0))))
+    cells = dict(zip(headers, cell_texts(row.group(0)), strict=True))
     assert (cells["sender"], cells["receiver"]) == (f"validator-p ({P[:8]})", K[:8])
     assert cells["channel"] == "0x20 bulk"
     unstable = section(page, "Most unstable links")
@@ -268,7 +268,7 @@ def test_a_loop_stall_names_the_stalled_node_not_its_peer(out, tables, page):
     errors = section(page, "Errors")
     headers = re.findall(r"<th>(.*?)</th>", errors)
     [stall] = [r for r in re.findall(r"<tr>(.*?)</tr>", errors) if "<td>loop_stalled</td><td>loop_stalled" in r]
-    cells = dict(zip(headers, cell_values(stall)))
+    cells = dict(zip(headers, cell_values(stall), strict=True))
     assert (cells["scope"], cells["node"], cells["peer"]) == ("node", Q, "-")
 
 
