@@ -49,6 +49,7 @@ import os
 import re
 import stat
 import time
+from typing import cast
 
 from twisted.application.service import Service
 from twisted.logger import ILogObserver, eventFromJSON, globalLogPublisher
@@ -150,12 +151,49 @@ class JsonLinesObserver:
         if self._call is None:
             self._call = self.clock.callLater(0, self.flush)
 
+    def observer(self, node_id: str) -> ILogObserver:
+        """A plain function observing events that passes this observer those of node
+        ``node_id`` in the ``mconn`` namespace (or ``mconn.*``) with an ``event`` name,
+        and nothing else; in one frame, without a filter's call or the instance's (a
+        connection storm writes three records a handshake)."""
+
+        def wanted(event: dict) -> bool:
+            namespace = event.get("log_namespace") or ""
+            return (
+                (namespace == "mconn" or namespace.startswith("mconn."))
+                and "event" in event
+                and event.get("node_id") == node_id
+            )
+
+        if self.clock is None:
+
+            def write_now(event: dict) -> None:
+                if wanted(event):
+                    self(event)
+
+            return cast(ILogObserver, write_now)
+        append = self._lines.append  # the batch's one list: flush empties it in place
+
+        def batch(event: dict) -> None:
+            namespace = event.get("log_namespace") or ""
+            if (
+                (namespace == "mconn" or namespace.startswith("mconn."))
+                and "event" in event
+                and event.get("node_id") == node_id
+            ):
+                append(format_record(event))
+                if self._call is None:
+                    self._call = self.clock.callLater(0, self.flush)
+
+        return cast(ILogObserver, batch)
+
     def flush(self) -> None:
         """Write the records waiting for the end of the turn (now: at a stop)."""
         call, self._call = self._call, None
         if call is not None and call.active():
             call.cancel()
-        lines, self._lines = self._lines, []
+        lines = self._lines[:]
+        self._lines.clear()
         log_file = self.log_file
         if not lines or log_file.closed:
             return
@@ -495,22 +533,6 @@ class TelemetryFileService(Service):
             clock=self.clock,
         )
 
-    def _write_ours(self, write):
-        """An observer passing ``write`` this node's mconn events (namespace ``mconn`` or
-        ``mconn.*``, an ``event`` name, our ``node_id``) and nothing else; one function,
-        not a ``FilteringLogObserver`` and its predicate loop, per event."""
-
-        def observe(event: dict) -> None:
-            namespace = event.get("log_namespace") or ""
-            if (
-                (namespace == "mconn" or namespace.startswith("mconn."))
-                and "event" in event
-                and event.get("node_id") == self.node_id
-            ):
-                write(event)
-
-        return observe
-
     def privilegedStartService(self) -> None:
         super().privilegedStartService()
         self._observe()
@@ -543,7 +565,9 @@ class TelemetryFileService(Service):
         if clock is None:
             from twisted.internet import reactor as clock
         self._writer = JsonLinesObserver(self.log_file, clock)
-        self._observer = self._write_ours(self._writer)
+        # This node's mconn events (namespace mconn or mconn.*, an event name, our
+        # node_id) and nothing else: one function, not a FilteringLogObserver.
+        self._observer = self._writer.observer(self.node_id)
         self.publisher.addObserver(self._observer)
         if self.rotate_seconds:
             self._arm(clock)

@@ -156,3 +156,39 @@ def test_a_writer_writes_each_event_of_its_shape_with_its_own_values():
             "n": True,
         },
     ]
+
+
+@pytest.mark.parametrize("clocked", [False, True], ids=["at once", "at the turn's end"])
+def test_a_json_lines_observers_observer_writes_one_nodes_mconn_events_only(tmp_path, clocked):
+    """``JsonLinesObserver.observer(node_id)``, the telemetry service's observer: the
+    events of that node in the mconn namespace (or mconn.*) with an event name are
+    written, one line each, in order; another node's, another namespace's (``mconnx``
+    too), one without an event name or without a node are not."""
+    from twisted.internet.task import Clock
+
+    from mconn.ops.telemetry_file import JsonLinesObserver, open_log_file, read_events
+
+    clock = Clock() if clocked else None
+    log_file = open_log_file(tmp_path / "t.jsonl")
+    observe = JsonLinesObserver(log_file, clock).observer("n1")
+    envelope = {"log_level": LogLevel.info, "log_time": 1.5}
+    for namespace, fields in [
+        ("mconn", {"event": "listening", "node_id": "n1", "address": "a"}),
+        ("mconn.switch.dialer", {"event": "dial_attempt", "node_id": "n1", "attempt": 1}),
+        ("mconn", {"event": "listening", "node_id": "n2", "address": "b"}),
+        ("mconnx", {"event": "listening", "node_id": "n1", "address": "c"}),
+        (None, {"event": "listening", "node_id": "n1", "address": "d"}),
+        ("mconn", {"node_id": "n1", "note": "no event name"}),
+        ("mconn", {"event": "listening", "address": "e"}),
+        ("mconn", {"event": "listening", "node_id": "n1", "address": "f"}),
+    ]:
+        observe({**fields, "log_namespace": namespace, **envelope})
+    if clock is not None:
+        assert read_events(tmp_path / "t.jsonl") == []  # written when the turn ends
+        clock.advance(0)
+    log_file.close()
+    assert [(e["event"], e.get("address")) for e in read_events(tmp_path / "t.jsonl")] == [
+        ("listening", "a"),
+        ("dial_attempt", None),
+        ("listening", "f"),
+    ]
