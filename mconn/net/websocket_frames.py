@@ -305,11 +305,13 @@ def unmasked_payloads(data: bytes, regions: list) -> list:
 WSFRAME_INTERFACE = 1
 #: The compiled twin when it is in use, else None; and why not, when it is not.
 WSFRAME, WSFRAME_WHY = load_extension("mconn.net._wsframe", WSFRAME_INTERFACE)
+#: "accelerated" or "pure Python" (the status document's ``ws_frames``).
+IMPLEMENTATION = "accelerated" if WSFRAME is not None else "pure Python"
 
 
 def describe() -> str:
     """Which copies WebSocket frames run on: ``accelerated``, or ``pure Python (why)``."""
-    return "accelerated" if WSFRAME is not None else f"pure Python ({WSFRAME_WHY})"
+    return IMPLEMENTATION if WSFRAME is not None else f"{IMPLEMENTATION} ({WSFRAME_WHY})"
 
 
 #: What the carrier frames a write with, and reads frames with (``reader_type(masked=...,

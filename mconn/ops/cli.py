@@ -21,6 +21,7 @@ The status document (``GET URL/status.json``, served by ``twistd mconn --status 
 mconn/ops/status.py) is specified field by field in specs/status.md; the fields read here::
 
     {"node_id": str, "listen_addresses": [str], "hot_path": str, "hot_path_why": str or null,
+     "ws_frames": str, "ws_frames_why": str or null,
      "peers": [{"node_id": str, "moniker": str, "state": str, "remote_address": str,
                 "uptime": seconds (number), "resumes": int,
                 "round_trip": seconds (number) or null, "channels": [...]}]}
@@ -42,6 +43,7 @@ import urllib.request
 
 from mconn.core.node_info import display_name
 from mconn.core.speedups import describe as implementation
+from mconn.net.websocket_frames import describe as ws_frames
 from mconn.core.node_key import NodeKey
 
 #: Seconds ``mconn status`` waits for the node's answer.
@@ -70,19 +72,32 @@ class CommandError(Exception):
 
 
 def version_line() -> str:
-    """``mconn 0.1.0 (accelerated)``, or ``(pure Python (why))`` without the compiled twin."""
+    """``mconn 0.1.0 (accelerated; ws frames accelerated)``: the per-packet path, then the
+    WebSocket frames' copies, each ``pure Python (why)`` without its compiled twin."""
     try:
         version = importlib.metadata.version("mconn")
     except importlib.metadata.PackageNotFoundError:  # run from a checkout that is not installed
         version = "unknown"
-    return f"mconn {version} ({implementation()})"
+    return f"mconn {version} ({implementation()}; ws frames {ws_frames()})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the version line as it is, on one line (argparse's own action wraps
+    it at the terminal's width), then exit."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and the hot paths, and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(version_line())
+        parser.exit()
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mconn", description="Node keys, status and a fault proxy; run nodes with: twistd mconn"
     )
-    parser.add_argument("--version", action="version", version=version_line())
+    parser.add_argument("--version", action=_VersionAction)
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
     keygen = commands.add_parser("keygen", help="write a new node key (mode 0600); never overwrites")
     keygen.add_argument("path")
@@ -216,6 +231,10 @@ def format_status(document: dict) -> str:
     if document.get("hot_path"):  # the compiled twin or pure Python, and why (specs/status.md)
         why = document.get("hot_path_why")
         lines.insert(2, f"hot path   {document['hot_path']}" + (f" ({why})" if why else ""))
+    if document.get("ws_frames"):  # the WebSocket frames' compiled twin or pure Python (specs/status.md)
+        why = document.get("ws_frames_why")
+        at = 3 if document.get("hot_path") else 2  # under the hot path line
+        lines.insert(at, f"ws frames  {document['ws_frames']}" + (f" ({why})" if why else ""))
     if document.get("moniker"):  # the name shows 8 hex digits of the id: the whole id too
         lines.insert(1, f"id         {document.get('node_id', '?')}")
     rows = [PEER_COLUMNS] + [

@@ -7,7 +7,8 @@ Content-Security-Policy): it fetches ``status.json`` every second and redraws a 
 the peers and their channels, with inline SVG sparklines of each channel's send and
 receive rates. ``/status.json`` is the same data for programs (``mconn status URL``).
 The document and the page say which per-packet path the node runs (``hot_path``: the
-compiled twin, "accelerated", or "pure Python" and why: mconn.core.speedups).
+compiled twin, "accelerated", or "pure Python" and why: mconn.core.speedups), and which
+copies WebSocket frames run on (``ws_frames``: mconn.net.websocket_frames).
 ``/metrics`` is the node's Prometheus metrics (``mconn.ops.metrics``), rendered in the
 reactor thread (prometheus_client's own twisted resource would read the Switch from a
 thread pool).
@@ -53,6 +54,7 @@ from mconn.core import speedups
 from mconn.core.node_info import display_name
 from mconn.ops.metrics import SwitchMetrics
 from mconn.ops.status_page import PAGE
+from mconn.net import websocket_frames
 from mconn.net.websocket_endpoints import transport_kind
 from mconn.switch.reactor import reactor_name
 
@@ -182,6 +184,9 @@ def status_document(switch, sampler: RateSampler, listen_addresses) -> dict:
         # Which per-packet path this process runs, as ``mconn --version`` says it.
         "hot_path": speedups.IMPLEMENTATION,
         "hot_path_why": speedups.WHY_PURE or None,
+        # Which copies WebSocket frames run on (mconn/net/_wsframe.pyx or pure Python).
+        "ws_frames": websocket_frames.IMPLEMENTATION,
+        "ws_frames_why": websocket_frames.WSFRAME_WHY or None,
         "sample_interval": sampler.interval,
         "sample_slots": sampler.samples,
         "peers": [_peer_fields(peer, sampler) for _, peer in sorted(switch.peers.items())],

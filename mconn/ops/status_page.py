@@ -135,6 +135,7 @@ function render(doc) {
   meta.replaceChildren(el("span", "listening on " + (doc.listen_addresses.join(", ") || "nothing")),
     el("span", "TLS: " + (doc.tls || "off")),
     el("span", "hot path: " + doc.hot_path + (doc.hot_path_why ? " (" + doc.hot_path_why + ")" : ""), "hot-path"),
+    el("span", "ws frames: " + doc.ws_frames + (doc.ws_frames_why ? " (" + doc.ws_frames_why + ")" : ""), "ws-frames"),
     el("span", doc.peers.length + " peers"),
     el("span", "updated " + new Date(doc.time * 1000).toLocaleTimeString()));
   const body = document.querySelector("#peers tbody");

@@ -114,6 +114,17 @@ def test_status_says_which_hot_path_the_node_runs_and_why():
     assert fast[4].split() == ["PEER", "STATE", "ADDRESS", "UPTIME", "RESUMES", "RTT"]
 
 
+def test_status_says_what_websocket_frames_run_on_and_why():
+    """With ws_frames (and ws_frames_why when pure), a line under the hot path's says which
+    code builds and reads WebSocket frames."""
+    both = {**STATUS, "hot_path": "accelerated", "hot_path_why": None}
+    pure = format_status({**both, "ws_frames": "pure Python", "ws_frames_why": "MCONN_PURE=1"}).splitlines()
+    assert pure[2:4] == ["hot path   accelerated", "ws frames  pure Python (MCONN_PURE=1)"]
+    fast = format_status({**both, "ws_frames": "accelerated", "ws_frames_why": None}).splitlines()
+    assert fast[3] == "ws frames  accelerated"
+    assert fast[5].split() == ["PEER", "STATE", "ADDRESS", "UPTIME", "RESUMES", "RTT"]
+
+
 def test_status_without_peers():
     """A status without peers ends with 'no peers'."""
     assert format_status({"node_id": "x", "listen_addresses": [], "peers": []}).splitlines()[-1] == "no peers"

@@ -1,4 +1,5 @@
-"""``mconn --version`` names the per-packet path that runs: the compiled twin or pure Python."""
+"""``mconn --version`` names the per-packet path that runs, and the code that builds and
+reads WebSocket frames: each the compiled twin or pure Python."""
 
 from __future__ import annotations
 
@@ -21,12 +22,12 @@ def _version(**env: str) -> str:
 
 
 def test_version_says_pure_python_and_why_under_mconn_pure():
-    assert _version(MCONN_PURE="1") == "mconn 0.1.0 (pure Python (MCONN_PURE=1))"
+    assert _version(MCONN_PURE="1") == "mconn 0.1.0 (pure Python (MCONN_PURE=1); ws frames pure Python (MCONN_PURE=1))"
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("mconn.core._speedups") is None,
-    reason="the compiled twin mconn.core._speedups is not built (`make` builds it)",
+    importlib.util.find_spec("mconn.core._speedups") is None or importlib.util.find_spec("mconn.net._wsframe") is None,
+    reason="the compiled twins mconn.core._speedups and mconn.net._wsframe are not built (`make` builds them)",
 )
-def test_version_says_accelerated_with_the_compiled_twin():
-    assert _version() == "mconn 0.1.0 (accelerated)"
+def test_version_says_accelerated_with_the_compiled_twins():
+    assert _version() == "mconn 0.1.0 (accelerated; ws frames accelerated)"

@@ -27,6 +27,7 @@ from browser import ARTIFACTS, CHROMIUM, run_browser
 from helpers import SPEC_ROW, SPEC_TYPE_CHECKS, the_reactor, until as poll
 from mconn import ChannelDescriptor, Config, NodeInfo, Reactor, Switch
 from mconn.core import speedups
+from mconn.net import websocket_frames
 from mconn.ops.cli import format_status
 from mconn.ops.status import PAGE, StatusService, local_endpoint, serve_status
 
@@ -172,6 +173,7 @@ async def test_the_page_is_self_contained_and_json_has_no_key_material(network):
     lines = text.splitlines()
     assert lines[0] == f"node       alice ({a.node_id[:8]})" and lines[1] == f"id         {a.node_id}"
     assert lines[3] == f"hot path   {speedups.describe()}"
+    assert lines[4] == f"ws frames  {websocket_frames.describe()}"
     for name, switch in (("bob", b), ("carol", c)):
         [row] = [line for line in lines if line.startswith(f"{name} ({switch.node_id[:8]})")]
         assert "connected" in row

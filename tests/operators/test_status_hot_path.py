@@ -1,12 +1,14 @@
 """The status page and ``/status.json`` say which per-packet path the node runs
-(mconn.core.speedups, specs/status.md section 2: ``hot_path``, ``hot_path_why``).
+(mconn.core.speedups, specs/status.md section 2: ``hot_path``, ``hot_path_why``), and
+which code builds and reads WebSocket frames (mconn.net.websocket_frames: ``ws_frames``,
+``ws_frames_why``).
 
 In this process the page of a live Switch, rendered by a real headless Chromium, names
 the path this process imported, as ``mconn --version`` does. Then real ``twistd mconn``
 nodes on 127.0.0.1, stopped by their PIDs: one with ``MCONN_PURE=1`` in its environment,
-one whose Python cannot import the compiled extension (a ``sitecustomize`` on its path
-blocks ``mconn.core._speedups``, as a failed build leaves it missing); each one's
-document, page and ``mconn --version`` say pure Python and why.
+one whose Python cannot import the compiled extensions (a ``sitecustomize`` on its path
+blocks ``mconn.core._speedups`` and ``mconn.net._wsframe``, as a failed build leaves them
+missing); each one's document, page and ``mconn --version`` say pure Python and why.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from twisted.internet import defer, threads
 from helpers import the_reactor
 from mconn import Switch
 from mconn.core import speedups
+from mconn.net import websocket_frames
 from mconn.ops.status import serve_status
 from browser import run_browser
 from operators.test_status import CONFIG, Sink
@@ -34,10 +37,15 @@ pytestmark = pytest.mark.integration
 
 MCONN = pathlib.Path(sys.executable).with_name("mconn")
 CHAT = ("--reactor", "operators.sample_reactors:Chat")
-#: A sitecustomize that makes the compiled extension unimportable, as when it was never built.
-NOT_BUILT = 'import sys\nsys.modules["mconn.core._speedups"] = None  # import raises ImportError\n'
-#: The page's line, as the browser rendered it.
+#: A sitecustomize that makes the compiled extensions unimportable, as when they were never built.
+NOT_BUILT = (
+    "import sys\n"
+    'sys.modules["mconn.core._speedups"] = None  # import raises ImportError\n'
+    'sys.modules["mconn.net._wsframe"] = None\n'
+)
+#: The page's lines, as the browser rendered them.
 HOT_PATH_SPAN = re.compile(r'<span class="hot-path">hot path: ([^<]*)</span>')
+WS_FRAMES_SPAN = re.compile(r'<span class="ws-frames">ws frames: ([^<]*)</span>')
 
 
 def status_of(url: str) -> dict:
@@ -46,11 +54,12 @@ def status_of(url: str) -> dict:
 
 
 def rendered_hot_path(url: str) -> str:
-    """What the page's hot-path line says once a headless browser has rendered it."""
+    """What the page's hot-path and ws-frames lines say once a headless browser has
+    rendered it, joined as ``mconn --version`` joins them."""
     dom = run_browser("--virtual-time-budget=3000", "--dump-dom", url)
-    match = HOT_PATH_SPAN.search(dom)
-    assert match, f"no hot-path line on the rendered page:\n{dom[:3000]}"
-    return match.group(1)
+    match, ws = HOT_PATH_SPAN.search(dom), WS_FRAMES_SPAN.search(dom)
+    assert match and ws, f"no hot-path or ws-frames line on the rendered page:\n{dom[:3000]}"
+    return f"{match.group(1)}; ws frames {ws.group(1)}"
 
 
 def version_line(env: dict) -> str:
@@ -100,9 +109,12 @@ async def test_the_page_of_this_process_names_the_path_it_imported():
         document = await threads.deferToThread(status_of, service.url)
         assert document["hot_path"] == speedups.IMPLEMENTATION
         assert document["hot_path_why"] == (speedups.WHY_PURE or None)
+        assert document["ws_frames"] == websocket_frames.IMPLEMENTATION
+        assert document["ws_frames_why"] == (websocket_frames.WSFRAME_WHY or None)
         shown = await threads.deferToThread(rendered_hot_path, service.url)
-        assert shown == speedups.describe()
-        assert version_line(ENV).endswith(f"({speedups.describe()})")
+        both = f"{speedups.describe()}; ws frames {websocket_frames.describe()}"
+        assert shown == both
+        assert version_line(ENV).endswith(f"({both})")
     finally:
         await defer.DeferredList([defer.maybeDeferred(s.stopService) for s in (service, switch)])
 
@@ -113,8 +125,10 @@ def test_a_node_run_with_mconn_pure_says_pure_python_and_why(env_nodes):
     node = env_nodes("pure", env).start("--listen", LOOPBACK, *CHAT, "--status", LOOPBACK)
     document = status_of(node.status_url)
     assert (document["hot_path"], document["hot_path_why"]) == ("pure Python", "MCONN_PURE=1")
-    assert rendered_hot_path(node.status_url) == "pure Python (MCONN_PURE=1)"
-    assert version_line(env).endswith("(pure Python (MCONN_PURE=1))")
+    assert (document["ws_frames"], document["ws_frames_why"]) == ("pure Python", "MCONN_PURE=1")
+    both = "pure Python (MCONN_PURE=1); ws frames pure Python (MCONN_PURE=1)"
+    assert rendered_hot_path(node.status_url) == both
+    assert version_line(env).endswith(f"({both})")
     node.terminate()
 
 
@@ -128,6 +142,8 @@ def test_a_node_without_the_extension_says_pure_python_and_why(env_nodes, tmp_pa
     node = env_nodes("unbuilt", env).start("--listen", LOOPBACK, *CHAT, "--status", LOOPBACK)
     document = status_of(node.status_url)
     assert (document["hot_path"], document["hot_path_why"]) == ("pure Python", "the extension is not built")
-    assert rendered_hot_path(node.status_url) == "pure Python (the extension is not built)"
-    assert version_line(env).endswith("(pure Python (the extension is not built))")
+    assert (document["ws_frames"], document["ws_frames_why"]) == ("pure Python", "the extension is not built")
+    both = "pure Python (the extension is not built); ws frames pure Python (the extension is not built)"
+    assert rendered_hot_path(node.status_url) == both
+    assert version_line(env).endswith(f"({both})")
     node.terminate()
