@@ -495,13 +495,21 @@ class Connection:
         repaid). Msg packets are cut at ``set_packet_payload``'s size. Returns b"" when
         there is nothing to send now.
         """
+        return b"".join(self.buffers_to_send(now, budget))
+
+    def buffers_to_send(self, now: float, budget: int | None = None) -> list[Any]:
+        """What ``data_to_send`` joins, unjoined: bytes and memoryviews (of queued
+        messages, which are never changed) whose concatenation is the next bytes for the
+        transport; [] when there is nothing to send now. A transport that can send a
+        list of buffers at once (``socket.sendmsg``) skips the join's copy of a bulk
+        write's payloads (``mconn.net.write_through.send_buffers``)."""
         if not self._control:
             for channel in self._channel_list:
                 if channel.sending is not None or channel.queue:
                     break
             else:
                 self.more_to_send = False  # the common call after a write: nothing left
-                return b""
+                return []
         parts: list[Any] = []
         if self._control:
             parts.extend(self._control)
@@ -520,13 +528,12 @@ class Connection:
                 # Short of the budget only when no channel has anything left.
                 more = sent >= limit
         self.more_to_send = more
-        if not parts:
-            return b""
-        out = b"".join(parts)
-        self.bytes_sent += len(out)
-        if self._send_bucket is not None:
-            self._send_bucket.spend(len(out), now)
-        return out
+        if parts:
+            size = sum(map(len, parts))
+            self.bytes_sent += size
+            if self._send_bucket is not None:
+                self._send_bucket.spend(size, now)
+        return parts
 
     # -- time --------------------------------------------------------------------
 

@@ -19,6 +19,9 @@ The write-ahead (``mconn.net.write_ahead``, specs/connection.md section 7): ``pu
 itself once its writes since Twisted last resumed it reach ``Config.write_ahead_time``
 at the link's measured drain rate, so that Twisted resumes it only once the kernel has
 taken them: what waits below the scheduler stays within ``tcp_notsent_lowat`` and two writes.
+On plain TCP a write that fills it goes to the kernel at once in one ``sendmsg``, and
+while the kernel drains what it is given the pump goes on without waiting for a turn of
+the event loop, up to ``DIRECT_TURN_BYTES`` (write_through.py, "Bulk writes").
 
 One class, one module, past 500 lines: the adapter's duties (bytes, events, time,
 backpressure, the owner's decisions) share the protocol's state, and a mixin carved out
@@ -56,12 +59,21 @@ from mconn.core.packet_size import payload_for_rate
 from mconn.net.socket_options import bytes_acked, set_socket_options, socket_of
 from mconn.net.timers import timers_of
 from mconn.net.write_ahead import WriteAhead
-from mconn.net.write_through import idle, plain_tcp, read_now, write_now
+from mconn.net.write_through import idle, plain_tcp, read_now, send_buffers, unsent, write_now
 
 log = Logger(namespace="mconn")
 #: The states the per-message path tests, as module constants (``State.OPEN`` is a
 #: descriptor call on Python 3.11).
 _OPEN, _CLOSING, _CLOSED = State.OPEN, State.CLOSING, State.CLOSED
+
+#: Bytes of bulk writes the pump sends on, the kernel draining them, before it waits for
+#: the transport to resume it in a later turn of the event loop (``_drained_now``): at
+#: loopback's rates a few hundred microseconds, so timers and reads are not held up long.
+DIRECT_TURN_BYTES = 1 << 20
+#: The most one bulk write straight to the kernel carries, where the write-ahead's
+#: measured rate drains it within ``write_ahead_time`` (``burst_size``): four of Twisted's
+#: 64 KiB buffers, in one ``sendmsg``.
+BURST_BYTES = 256 * 1024
 
 #: A timer that fires this much later than due means the event loop stalled: the
 #: keepalive verdict waits one loop turn so that bytes already received are read first.
@@ -74,6 +86,8 @@ class MConnectionProtocol(Protocol):
 
     #: Rarely set (a stall, a close): class defaults, as CPython builds a dict per connection past ~30 attributes.
     _after_stall, _linger = False, None
+    #: Bulk bytes sent on since the transport last resumed us (``_drained_now``).
+    _direct_bytes = 0
 
     #: What carries the bytes: TCP, mconn's TLS, a WebSocket carrier or a test's
     #: StringTransport (None until makeConnection). Beyond ITransport it is asked for
@@ -310,11 +324,8 @@ class MConnectionProtocol(Protocol):
     def resumeProducing(self) -> None:
         self._paused = False
         if self._pause_after_write:
-            assert self.core is not None  # registered as the producer once the core was built
-            # The kernel took everything written: a measure of the link (write_ahead.py).
-            if self._ahead.resumed(self._clock.seconds(), self._bytes_acked):
-                # Packets follow the measured rate (mconn/core/packet_size.py).
-                self.core.set_packet_payload(payload_for_rate(self._ahead.rate, self._config.write_ahead_time))
+            self._direct_bytes = 0  # a turn of the loop came between: a new bound
+            self._drained()
         self.pump(room_only=True)
 
     def _bytes_acked(self) -> int | None:
@@ -375,23 +386,45 @@ class MConnectionProtocol(Protocol):
             elif self._rate_limited:
                 self._rearm()
             return
-        write = self._write_first if self._through else self.transport.write
+        transport = self.transport
+        write = self._write_first if self._through else transport.write
         now = self._clock.seconds()
         ahead = self._ahead if self._pause_after_write else None
-        budget = None if ahead is None else ahead.budget()
+        budget = None
         taken = core.messages_taken if room_only else -1
         while True:
             while not self._paused or core.state is not _OPEN:
                 # Once closing, only the close packet is left, and it goes out even when paused.
-                data = core.data_to_send(now, budget)
-                if not data:
+                direct = False
+                if ahead is not None:
+                    # Straight to the kernel (write_through.py, "Bulk writes") when the
+                    # transport holds nothing: a budget of up to ``burst`` bytes.
+                    direct = self._through_ok and core.state is _OPEN and idle(transport)
+                    budget = ahead.budget()
+                    if direct:
+                        # ``budget`` is what is left of ``size`` (a write that reaches
+                        # ``size`` pauses); what is left of ``burst`` is as much larger.
+                        budget += burst_size(ahead) - ahead.size
+                buffers = core.buffers_to_send(now, budget)
+                if not buffers:
                     break
-                write(data)
-                if ahead is not None and core.state is _OPEN:
-                    if ahead.wrote(len(data), core.more_to_send):
+                if ahead is None or core.state is not _OPEN:
+                    write(b"".join(buffers))
+                else:
+                    size = sum(map(len, buffers))
+                    full = core.more_to_send
+                    if direct and (full or size >= ahead.size):
+                        # A write that fills the write-ahead: sent now, unjoined, and on
+                        # while the kernel drains what it is given.
+                        sent = send_buffers(transport, buffers, size)
+                        ahead.wrote(size, full)
+                        if sent == size and self._drained_now(size):
+                            continue
                         self._wait_until_written()
                     else:
-                        budget = ahead.budget()  # short of it: no pause (write_ahead.py)
+                        write(b"".join(buffers))
+                        if ahead.wrote(size, full):
+                            self._wait_until_written()
                 if not core.more_to_send:
                     break  # everything that could go out now went out
             # Sends waiting for room take the room just made, and go out too.
@@ -412,6 +445,29 @@ class MConnectionProtocol(Protocol):
         else:
             transport.write(data)
         self._through = False
+
+    def _drained_now(self, size: int) -> bool:
+        """After a bulk write of ``size`` bytes the kernel took whole: whether the socket is writable
+        already (fewer than ``tcp_notsent_lowat`` bytes unsent), so that the pump may go
+        on as if the transport had resumed it; at most ``DIRECT_TURN_BYTES`` of writes
+        between two resumes by the transport, so the event loop still gets its turns."""
+        lowat = self._config.tcp_notsent_lowat
+        self._direct_bytes += size
+        if lowat is None or self._direct_bytes >= DIRECT_TURN_BYTES:
+            return False
+        queued = unsent(self.transport)
+        if queued is None or queued >= lowat:
+            return False
+        self._drained()
+        return True
+
+    def _drained(self) -> None:
+        """The kernel took everything written: a measure of the link (write_ahead.py)."""
+        ahead = self._ahead
+        if ahead.resumed(self._clock.seconds(), self._bytes_acked):
+            assert self.core is not None  # only a connection with a core writes
+            # Packets follow the measured rate (mconn/core/packet_size.py).
+            self.core.set_packet_payload(payload_for_rate(ahead.rate, self._config.write_ahead_time))
 
     def _wait_until_written(self) -> None:
         """Pause until the transport has handed everything written to the kernel (it
@@ -603,6 +659,15 @@ class MConnectionProtocol(Protocol):
                 self._handle(event)
         self.pump()
         self._rearm()
+
+
+def burst_size(ahead: WriteAhead) -> int:
+    """The write-ahead's size for a bulk write straight to the kernel: what the measured
+    rate drains in ``write_ahead_time``, at most BURST_BYTES (or ``write_batch_bytes``
+    when larger), at least the transport's ``size``; ``size`` until a rate is measured."""
+    if ahead.rate is None:
+        return ahead.size
+    return max(ahead.size, min(max(ahead.batch, BURST_BYTES), int(ahead.rate * ahead.ahead_time)))
 
 
 def _ignore(failure) -> None:

@@ -29,9 +29,25 @@ later: the hello is handled there, and the listener's hello and session answer g
 in one write-through send, with no watch for writability and no later read and write
 callbacks (bench/history/2026-11-25.md, "read at accept, one timer per clock"). Nothing there yet, an end or an error
 are left to the reactor, which finds them as it always does.
+
+Bulk writes (``send_buffers``, ``unsent``). A write that fills the write-ahead's budget
+(write_ahead.py) pauses the protocol until the transport has handed it to the kernel;
+through Twisted that is a watch for writability, a turn of the loop, a ``send`` of the
+whole write and a watch removed, and the write's packets joined into one bytes object
+first (a copy of every payload byte). When the transport holds nothing, such a write
+goes to the kernel at once instead, as the connection's list of buffers in one
+``sendmsg`` (no join: the kernel copies from the queued messages); and when the kernel
+took it all and holds fewer than ``tcp_notsent_lowat`` bytes unsent (``unsent``: the
+``SIOCOUTQNSD`` ioctl, the count the kernel's own writability test compares), the
+socket is writable: the protocol goes on as if Twisted had resumed it, up to a bound
+per turn of the loop (protocol.py), without the watch and the turn in between.
 """
 
 from __future__ import annotations
+
+import errno
+import fcntl
+import sys
 
 from twisted.internet import tcp
 
@@ -70,6 +86,65 @@ def write_now(transport, data: bytes) -> int:
     if sent < len(data):
         transport.write(data[sent:] if sent else data)
     return sent
+
+
+#: Linux's ioctl for the bytes a TCP socket holds not yet sent (linux/sockios.h); None
+#: elsewhere, where ``unsent`` cannot say and bulk writes wait for writability as before.
+SIOCOUTQNSD: int | None = 0x894B if sys.platform.startswith("linux") else None
+#: A list of more buffers than this is joined into one before ``sendmsg`` (Linux's
+#: IOV_MAX is 1024; a bulk write of 64 KiB packets has two a packet).
+MAX_BUFFERS = 256
+#: The send errors after which nothing was sent and the transport just waits to be
+#: writable (Twisted's ``writeSomeData`` returns 0 for them too).
+_RETRY_LATER = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.ENOBUFS})
+#: Where ``unsent``'s ioctl writes its answer (an int), read at once: one for every socket.
+_ANSWER = bytearray(4)
+
+
+def send_buffers(transport, buffers: list, size: int) -> int:
+    """Hand ``buffers`` (``size`` bytes together) to the kernel now, in one ``sendmsg``;
+    what it does not take goes to ``transport.write``, as one bytes object.
+
+    The transport must be ``idle``. As in ``write_now``, a failed send leaves the bytes
+    to ``write``, whose next send fails the same way and closes the connection as
+    Twisted always does. Returns the bytes the kernel took.
+    """
+    if len(buffers) > MAX_BUFFERS:
+        buffers = [b"".join(buffers)]
+    try:
+        sent = transport.socket.sendmsg(buffers)
+    except OSError as error:
+        if error.errno not in _RETRY_LATER:
+            transport.write(b"".join(buffers))
+            return 0
+        sent = 0
+    if sent < size:
+        transport.write(_rest(buffers, sent))
+    return sent
+
+
+def _rest(buffers: list, sent: int) -> bytes:
+    """The bytes of ``buffers`` after the first ``sent``, as one bytes object."""
+    for index, buffer in enumerate(buffers):  # bounded: one pass over the list
+        length = len(buffer)
+        if sent < length:
+            head = buffer[sent:] if sent else buffer
+            return b"".join([head, *buffers[index + 1 :]])
+        sent -= length
+    return b""
+
+
+def unsent(transport) -> int | None:
+    """The bytes the kernel holds for ``transport``'s socket not yet sent; None where
+    the platform does not say or the socket refuses the question."""
+    if SIOCOUTQNSD is None:
+        return None
+    scratch = _ANSWER
+    try:
+        fcntl.ioctl(transport.socket.fileno(), SIOCOUTQNSD, scratch, True)
+    except (OSError, ValueError):  # ValueError: the socket was closed (fileno -1)
+        return None
+    return int.from_bytes(scratch, sys.byteorder, signed=True)
 
 
 def read_now(transport) -> bytes | None:

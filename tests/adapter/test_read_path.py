@@ -16,15 +16,16 @@ CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=8)]
 
 
 def counting_data_to_send(h) -> list:
-    """Count the core's ``data_to_send`` calls (each one is a pump's work)."""
+    """Count the core's ``buffers_to_send`` calls (``data_to_send`` unjoined, what the
+    pump asks for: each one is a pump's work)."""
     calls = []
-    original = h.proto.core.data_to_send
+    original = h.proto.core.buffers_to_send
 
-    def data_to_send(now, budget=None):
+    def buffers_to_send(now, budget=None):
         calls.append(now)
         return original(now, budget)
 
-    h.proto.core.data_to_send = data_to_send
+    h.proto.core.buffers_to_send = buffers_to_send
     return calls
 
 

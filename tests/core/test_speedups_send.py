@@ -249,3 +249,82 @@ def test_an_unset_slot_fails_as_getattr_does():
             schedule(Scheduler([Channel.__new__(Channel)], now=0.0), [], 0.0, 100, 100)
         errors.append(str(raised.value))
     assert errors[0] == errors[1] == "'Channel' object has no attribute 'sending'"
+
+
+# -- Connection.buffers_to_send: data_to_send unjoined ------------------------------------
+
+
+def _open_pair(config, channels):
+    """A dialing and a listening Connection, their hellos exchanged (both open)."""
+    from mconn.config import Config
+    from mconn.core.handshake import make_hello
+
+    ends = []
+    for node_id in ("a" * 40, "b" * 40):
+        cfg = config or Config()
+        hello = make_hello(node_id=node_id, channels=channels, max_packet_payload=cfg.max_packet_payload)
+        ends.append(connection.Connection(config=cfg, hello=hello, channels=channels, now=0.0))
+    a, b = ends
+    b.receive_data(a.data_to_send(0.0), 0.0)
+    a.receive_data(b.data_to_send(0.0), 0.0)
+    assert a.state is connection.State.OPEN
+    return a
+
+
+@st.composite
+def send_runs(draw):
+    """Queued messages on two channels, a packet payload, a send rate or none, and the
+    budgets of a few calls in a row (None: the default write_batch_bytes)."""
+    sizes = st.integers(0, 3 * COPY_MAX) | st.sampled_from([0, COPY_MAX, COPY_MAX + 1, 65536, 70000])
+    return {
+        "messages": draw(st.lists(st.tuples(st.sampled_from([0x10, 0x20]), sizes), max_size=12)),
+        "payload": draw(st.sampled_from([1024, 4096, 65536])),
+        "send_rate": draw(st.sampled_from([None, 1 << 20])),
+        "budgets": draw(st.lists(st.none() | st.integers(1, 300000), min_size=1, max_size=6)),
+        "control": draw(st.booleans()),
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(send_runs())
+def test_buffers_to_send_is_data_to_send_unjoined(run):
+    """``Connection.buffers_to_send`` returns what ``data_to_send`` returns, as the pieces
+    it joins: call for call, on two copies of the same open connection, the same bytes
+    (the pieces joined), ``more_to_send``, ``bytes_sent`` and send-rate state; [] exactly
+    when data_to_send gives b"". Whatever the active scheduler (compiled or pure)."""
+    from mconn.config import Config
+
+    channels = [ChannelDescriptor(0x10, send_queue_capacity=16), ChannelDescriptor(0x20, send_queue_capacity=16)]
+    config = Config(send_rate=run["send_rate"])
+    joined, pieces = _open_pair(config, channels), _open_pair(config, channels)
+    for end in (joined, pieces):
+        end.set_packet_payload(run["payload"])
+        for i, (channel_id, size) in enumerate(run["messages"]):
+            end.queue_message(channel_id, bytes([i % 251]) * size)
+        if run["control"]:
+            end.send_ack({0x10: 1})
+    for step, budget in enumerate(run["budgets"]):
+        now = 1.0 + step * 0.01
+        data = joined.data_to_send(now, budget)
+        buffers = pieces.buffers_to_send(now, budget)
+        assert all(type(b) in (bytes, memoryview) for b in buffers)
+        assert b"".join(buffers) == data
+        assert (buffers == []) == (data == b"")
+        assert pieces.more_to_send == joined.more_to_send
+        assert pieces.bytes_sent == joined.bytes_sent
+        if run["send_rate"] is not None:
+            assert pieces._send_bucket.available(now) == joined._send_bucket.available(now)
+
+
+def test_a_bulk_write_keeps_its_payloads_as_views_of_the_queued_message():
+    """A 64 KiB packet's payload is a view of the queued message, not a copy: the bytes
+    a ``sendmsg`` hands the kernel without the join's copy (write_through.send_buffers)."""
+    a = _open_pair(None, [ChannelDescriptor(0x10, send_queue_capacity=4)])
+    a.set_packet_payload(65536)
+    message = bytes(range(256)) * 1024  # 256 KiB
+    a.queue_message(0x10, message)
+    buffers = a.buffers_to_send(1.0, 200000)
+    views = [b for b in buffers if type(b) is memoryview]
+    assert views and all(v.obj is message and len(v) == 65536 for v in views)
+    assert len(views) == 4  # 3 packets are short of the 200,000-byte budget: the 4th crosses it
+    assert a.more_to_send

@@ -3,10 +3,14 @@ section 7): a reply written while a read is handled reaches the kernel before th
 reactor's callback returns; a second write of the same read, and a send outside a read,
 wait in Twisted's buffer like any other write; what the kernel does not take follows in order; a
 write that fills the write-ahead and went through whole still resumes the protocol; a
-keepalive ping goes to the kernel from the connection's timer.
+keepalive ping goes to the kernel from the connection's timer. Bulk writes (the section
+"Bulk writes" of write_through.py): a write that fills the write-ahead goes to the kernel
+in one ``sendmsg`` of the queued message's views, the pump goes on while the kernel drains
+them, and yields to the event loop after ``DIRECT_TURN_BYTES``.
 """
 
 import socket
+import types
 
 import pytest
 import pytest_twisted
@@ -18,7 +22,9 @@ from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 
 from helpers import bounded, buffered, sleep, the_reactor
 from mconn import ChannelDescriptor, Config, Reactor, Switch
-from mconn.net.write_through import plain_tcp
+from mconn.net import protocol as protocol_module
+from mconn.net.protocol import BURST_BYTES
+from mconn.net.write_through import plain_tcp, unsent
 
 pytestmark = pytest.mark.integration
 
@@ -79,14 +85,18 @@ class Collector(Reactor):
         return bounded(d)
 
 
-async def pair(echo):
-    """A listening Switch answering with ``echo``, and a dialing one; the dialer's peer."""
+async def pair(echo, config=None, rcvbuf=None):
+    """A listening Switch answering with ``echo``, and a dialing one; the dialer's peer.
+    ``config``: both Switches' (default Config()); ``rcvbuf``: the SO_RCVBUF the listener's
+    connections inherit (set before the dial, so that the window scales to it)."""
     collector = Collector()
-    a = Switch([echo], clock=the_reactor())
-    b = Switch([collector], clock=the_reactor())
+    a = Switch([echo], clock=the_reactor(), config=config)
+    b = Switch([collector], clock=the_reactor(), config=config)
     a.startService()
     b.startService()
     port = await a.listen("tcp:0:interface=127.0.0.1")
+    if rcvbuf is not None:
+        port.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port.getHost().port}"))
     return a, b, collector, peer
 
@@ -177,11 +187,11 @@ def send_buffer(size: int):
     return lambda transport: transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
 
-async def answer_big(body: bytes, sndbuf: int) -> Echo:
+async def answer_big(body: bytes, sndbuf: int, config=None) -> Echo:
     """Ask for ``body`` as the answer over a socket with SO_SNDBUF ``sndbuf``; it must
     arrive whole. Returns the answering reactor (what its transport held after)."""
     echo = Echo(reply=lambda m: body, before=send_buffer(sndbuf))
-    a, b, collector, peer = await pair(echo)
+    a, b, collector, peer = await pair(echo, config)
     try:
         assert peer.try_send(CH, b"big")
         await collector.until(1)
@@ -202,11 +212,128 @@ async def test_what_the_kernel_does_not_take_follows_in_order():
 @pytest_twisted.ensureDeferred
 async def test_a_write_ahead_that_went_through_whole_still_resumes():
     """A 1 MiB answer's first write fills the write-ahead (64 KiB on loopback) and the
-    kernel takes it all: the protocol pauses with nothing in Twisted's buffer, and
-    asks the transport for a writable socket to resume it. Without that it would wait
-    forever for a drain that never comes; the answer arrives whole."""
-    echo = await answer_big(bytes(range(256)) * 4096, 4 << 20)
+    kernel takes it all; without ``tcp_notsent_lowat`` the pump cannot tell whether the
+    kernel drains it, so it pauses with nothing in Twisted's buffer and asks the
+    transport for a writable socket to resume it. Without that it would wait forever
+    for a drain that never comes; the answer arrives whole."""
+    echo = await answer_big(bytes(range(256)) * 4096, 4 << 20, Config(tcp_notsent_lowat=None))
     assert echo.held_after == [0] and echo.paused_after == [True]
+
+
+class SendLog:
+    """Stands in for a transport's socket: records each ``sendmsg`` (its buffers, as
+    given, and the bytes the kernel took) and each resume of the protocol, in order."""
+
+    def __init__(self, protocol) -> None:
+        transport = protocol.transport
+        self.sock = transport.socket
+        self.events: list[tuple] = []
+        transport.socket = self
+        resume = protocol.resumeProducing
+
+        def resumed() -> None:
+            self.events.append(("resume",))
+            resume()
+
+        protocol.resumeProducing = resumed
+
+    def sendmsg(self, buffers, *args):
+        buffers = list(buffers)
+        sent = self.sock.sendmsg(buffers, *args)
+        self.events.append(("sendmsg", buffers, sent))
+        return sent
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+    def sends(self) -> list[tuple]:
+        return [e for e in self.events if e[0] == "sendmsg"]
+
+    def turns(self) -> list[int]:
+        """The bytes sent by sendmsg between two resumes, resume to resume."""
+        turns = [0]
+        for event in self.events:
+            if event[0] == "resume":
+                turns.append(0)
+            else:
+                turns[-1] += event[2]
+        return turns
+
+
+async def bulk_pair(rcvbuf: int):
+    """A pair whose dialer sends; the listener's Collector, the dialer's peer and the
+    SendLog of its socket, once the handshake's reads and writes are over."""
+    receiving = Collector()
+    a, b, _, peer = await pair(receiving, rcvbuf=rcvbuf)
+    await sleep(0.05)
+    return a, b, receiving, peer, SendLog(peer._protocol)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_bulk_write_goes_to_the_kernel_unjoined_and_goes_on_while_it_drains():
+    """A 1 MiB message sent from outside a read, to a receiver whose window takes it:
+    its writes go to the kernel inside ``try_send``, each one ``sendmsg`` of the packet
+    headers and views of the message itself (no join), one after another without a
+    turn of the event loop in between (the kernel drained each); it arrives whole.
+    Without the bulk path the first write waits in Twisted's buffer for the next turn."""
+    a, b, collector, peer, log = await bulk_pair(8 << 20)
+    try:
+        message = bytes(range(256)) * 4096
+        assert peer.try_send(CH, message)
+        sends = log.sends()
+        assert len(sends) >= 2, log.events
+        assert all(any(type(x) is memoryview and x.obj is message for x in s[1]) for s in sends)
+        assert sum(s[2] for s in sends) > 2 * 65536
+        assert ("resume",) not in log.events[: len(sends)]
+        await collector.until(1)
+        assert collector.messages[-1] == message
+    finally:
+        await stop(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_bulk_sender_yields_to_the_event_loop_after_the_turn_bound(monkeypatch):
+    """Six 1 MiB messages queued at once: the pump goes on while the kernel drains, but
+    sends at most DIRECT_TURN_BYTES (and the write that crosses it) between two resumes
+    by the transport, so reads and timers get their turns; all arrive in order. (The
+    bound is lowered to 128 KiB here: an unread receiver's window, a few hundred KiB
+    where rmem_max caps SO_RCVBUF, would otherwise end the turns first.)"""
+    monkeypatch.setattr(protocol_module, "DIRECT_TURN_BYTES", 2 * 65536)
+    a, b, collector, peer, log = await bulk_pair(16 << 20)
+    try:
+        messages = [bytes([i]) * (1 << 20) for i in range(6)]
+        assert peer.try_send_many(CH, messages) == 6
+        await collector.until(6)
+        assert collector.messages == messages
+        turns = log.turns()
+        assert len(turns) >= 6 and max(turns) >= 2 * 65536, turns
+        assert max(turns) <= 2 * 65536 + BURST_BYTES + 65536, turns
+    finally:
+        await stop(a, b)
+
+
+def test_unsent_is_what_the_kernel_holds_not_yet_sent():
+    """``unsent`` reads the kernel's count of a socket's unsent bytes: none on an idle
+    connection, more than the peer's window once it stops reading, None once closed."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    server, _ = listener.accept()
+    try:
+        as_transport = types.SimpleNamespace(socket=client)
+        assert unsent(as_transport) == 0
+        client.setblocking(False)
+        sent = 0
+        for _ in range(10000):  # until the kernel takes no more (bounded)
+            try:
+                sent += client.send(bytes(65536))
+            except BlockingIOError:
+                break
+        assert 0 < unsent(as_transport) <= sent
+        client.close()
+        assert unsent(as_transport) is None
+    finally:
+        for s in (client, server, listener):
+            s.close()
 
 
 def test_only_twisteds_plain_tcp_transport_qualifies():
