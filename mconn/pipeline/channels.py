@@ -142,14 +142,20 @@ def samples(events: DataFrame, channel_ids: list | None = None, counters: tuple 
     )
 
 
-def build(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
-    """The table; ``channel_ids`` as for ``samples``."""
+def per_minute(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
+    """The table's rows before its last select, with the report's contention sums per
+    minute beside them (``BACKLOG_COLUMNS``: over the samples whose tick had at least two
+    channels backlogged, the report's contention points, specs/pipeline.md section 7):
+    one pass over the samples serves the table and the report. ``channel_ids`` as for
+    ``samples``."""
     s = samples(events, channel_ids)
     contended = F.col("pending_channels") >= 2
     promised = F.when(F.col("pending"), F.col("priority") / F.col("pending_priority")).otherwise(0.0)
+    backlog = F.col("backlogged_channels") >= 2
+    backlog_promised = F.when(F.col("backlogged"), F.col("priority") / F.col("backlogged_priority")).otherwise(0.0)
     minute = F.date_trunc("minute", F.timestamp_seconds("log_time")).alias("minute")
     per_minute = s.groupBy(*PAIR, "channel_id", minute)
-    m = per_minute.agg(
+    return per_minute.agg(
         F.max("priority").alias("priority"),
         F.count("*").alias("samples"),
         F.sum("bytes_sent").alias("bytes_sent"),
@@ -162,7 +168,20 @@ def build(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
         F.sum(F.when(contended, F.col("bytes_sent")).otherwise(0)).alias("contended_bytes"),
         F.sum(F.when(contended, F.col("tick_bytes")).otherwise(0)).alias("link_contended_bytes"),
         F.sum(F.when(contended, promised * F.col("tick_bytes")).otherwise(0.0)).alias("_promised_bytes"),
+        # Null for a minute without such a sample: the report's per-channel sums skip it.
+        F.max(F.when(backlog, F.col("priority"))).alias("_backlog_priority"),
+        F.sum(F.when(backlog, F.col("bytes_sent"))).alias("_backlog_bytes"),
+        F.sum(F.when(backlog, F.col("tick_bytes"))).alias("_backlog_link"),
+        F.sum(F.when(backlog, backlog_promised * F.col("tick_bytes"))).alias("_backlog_promised"),
     )
+
+
+#: The report's contention sums per minute that ``per_minute`` adds to the table's rows.
+BACKLOG_COLUMNS = ("_backlog_priority", "_backlog_bytes", "_backlog_link", "_backlog_promised")
+
+
+def table(m: DataFrame) -> DataFrame:
+    """The table from ``per_minute``'s rows."""
     link_bytes = F.col("link_contended_bytes")
     return m.select(
         *PAIR,
@@ -183,3 +202,8 @@ def build(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
         F.when(link_bytes > 0, F.col("contended_bytes") / link_bytes).alias("bandwidth_share"),
         F.when(link_bytes > 0, F.col("_promised_bytes") / link_bytes).alias("priority_share"),
     )
+
+
+def build(events: DataFrame, channel_ids: list | None = None) -> DataFrame:
+    """The table; ``channel_ids`` as for ``samples``."""
+    return table(per_minute(events, channel_ids))

@@ -298,32 +298,88 @@ def _reject_reason() -> Column:
 class Written:
     """What ``write_events`` wrote: the table's ``schema`` as ``load_events`` reads it (the
     partition column ``event`` last), and ``channel_ids``, every ``channel_id`` of its
-    ``channel_stats`` rows (null included when a row has none), observed while writing."""
+    ``channel_stats`` rows (None included when a row has none), observed while writing;
+    None when one is outside ``OBSERVED_CHANNELS`` (not known: the channels stage then
+    finds each channel's previous sample by a sort of its own)."""
 
     schema: StructType
-    channel_ids: list
+    channel_ids: list | None
+
+
+#: The channel ids the read stage observes: mconn's are one byte (specs/wire.md section 2.3).
+OBSERVED_CHANNELS = range(256)
+#: Bits of one mask of observed channel ids (a long).
+_MASK_BITS = 64
 
 
 def _observed(rows: DataFrame, name: str) -> tuple[DataFrame, Observation]:
-    """``rows`` with an observation of their channel_stats rows' channel ids."""
+    """``rows`` with an observation of their channel_stats rows' channel ids: one bit per
+    id in four long masks (``bit_or``: a fixed-size aggregate, where a set of ids cost a
+    set update per row), whether one had no id, and whether one was outside
+    ``OBSERVED_CHANNELS``."""
     observation = Observation(name)
     stats = F.col("event") == "channel_stats"
+    channel = F.col("channel_id")
+    masks = [
+        F.bit_or(
+            F.when(
+                stats & (F.shiftright(channel, 6) == low // _MASK_BITS),
+                # A column shift (``F.shiftleft`` takes a constant only).
+                F.call_function("shiftleft", F.lit(1).cast("long"), channel - low),
+            )
+        ).alias(f"channels_{low}")
+        for low in range(OBSERVED_CHANNELS.start, OBSERVED_CHANNELS.stop, _MASK_BITS)
+    ]
+    outside = (channel < OBSERVED_CHANNELS.start) | (channel >= OBSERVED_CHANNELS.stop)
     observed = rows.observe(
         observation,
-        F.collect_set(F.when(stats, F.col("channel_id"))).alias("channel_ids"),
-        F.max(stats & F.col("channel_id").isNull()).alias("null_channel"),
+        *masks,
+        F.max(stats & channel.isNull()).alias("null_channel"),
+        F.max(stats & outside).alias("other_channel"),
     )
     return observed, observation
 
 
-def _channel_ids(*observations: Observation) -> list:
+def _channel_ids(*observations: Observation) -> list | None:
+    """The channel ids the observations saw (None last), or None if one was outside
+    ``OBSERVED_CHANNELS``."""
     ids: set = set()
     for observation in observations:
         got = observation.get
-        ids.update(got["channel_ids"] or [])
+        if got["other_channel"]:
+            return None
+        for low in range(OBSERVED_CHANNELS.start, OBSERVED_CHANNELS.stop, _MASK_BITS):
+            mask = got[f"channels_{low}"] or 0
+            ids.update(low + bit for bit in range(_MASK_BITS) if mask >> bit & 1)
         if got["null_channel"]:
             ids.add(None)
     return sorted(ids, key=lambda c: (c is None, c))
+
+
+#: Columns of the events table written without Parquet's dictionary encoding: values
+#: nearly all distinct (``seq``, times, the channel_stats counters), whose dictionary a
+#: writer builds value by value (a hash lookup each) only to find at the row group's end
+#: that it does not pay and write them plain anyway. Measured: bench/PIPELINE_RESULTS.md.
+PLAIN_COLUMNS = (
+    "seq",
+    schema.LOG_TIME,
+    "bytes_sent",
+    "bytes_received",
+    "messages_sent",
+    "messages_received",
+    "accepted",
+    "acked",
+    "delivered",
+)
+
+
+def _writer(rows: DataFrame, mode: str):
+    """The events table's writer for ``rows``: partitioned by event name, ``PLAIN_COLUMNS``
+    without dictionary encoding."""
+    writer = rows.write.mode(mode).partitionBy("event")
+    for column in PLAIN_COLUMNS:
+        writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
+    return writer
 
 
 def write_events(
@@ -335,7 +391,7 @@ def write_events(
     channel ids observed on the way (``Written``)."""
     lines = read_lines(spark, inputs)
     rows, fast = _observed(classify(lines, since, until), "fast path")
-    rows.write.mode("overwrite").partitionBy("event").parquet(path)
+    _writer(rows, "overwrite").parquet(path)
     data = StructType([f for f in rows.schema.fields if f.name != "event"])
     table = StructType([*data.fields, StructField("event", StringType())])
     left = path.rstrip("/") + "/event=" + RECHECK
@@ -345,7 +401,7 @@ def write_events(
     if not fs.exists(hadoop_path):
         return Written(table, _channel_ids(fast))
     general, rest = _observed(parse(records(rechecked(spark, left, data)), since, until), "general path")
-    general.write.mode("append").partitionBy("event").parquet(path)
+    _writer(general, "append").parquet(path)
     fs.delete(hadoop_path, True)
     return Written(table, _channel_ids(fast, rest))
 

@@ -136,7 +136,7 @@ def _tables(spark, events, shared, out: str, progress) -> tuple[dict, dict]:
         "links": lambda: links.build(shared.sessions, shared.breaks, shared.counters, events),
         "reconnects": lambda: reconnects.build(events, shared.breaks, shared.sessions),
         "delivery_audit": lambda: audit.build(shared.counters),
-        "channels": lambda: channels.build(events, shared.channel_ids),
+        "channels": lambda: channels.table(shared.channel_minutes),
         "latency": lambda: latency.build(shared.rtt_samples),
         "errors": lambda: errors.build(events),
     }
@@ -202,6 +202,12 @@ class _Shared:
     @functools.cached_property
     def counters(self):
         return self._keep(sessions.counters(self.events, self.sessions))
+
+    @functools.cached_property
+    def channel_minutes(self):
+        # The channels table's rows with the report's contention sums: the channels
+        # stage builds them, the report aggregates them (no second pass over the samples).
+        return self._keep(channels.per_minute(self.events, self.channel_ids))
 
     @functools.cached_property
     def rtt_samples(self):

@@ -82,7 +82,7 @@ def parts(tables: dict, rows: dict, shared, event_counts: dict, rtt_rows: int, e
             [c for _, c in _ERROR_COLUMNS],
             "errors",
         ),
-        _share_part(shared.events, shared.channel_ids),
+        _share_part(shared.channel_minutes),
     ]
     return found + _input_parts(event_counts, everything)
 
@@ -166,20 +166,17 @@ def reconnect_samples(reconnects, rows: int) -> tuple[dict[str, list[float]], li
     return _reconnects(sample(reconnects.select(*_RECONNECT_COLUMNS), rows))
 
 
-def _share_part(events, channel_ids: list | None = None):
+def _share_part(minutes):
     """``share_points``' query: one row, ``share_points`` the top 2000 link channels.
-    ``channel_ids``: as for ``channels.samples``."""
-    s = channels.samples(events, channel_ids, counters=("bytes_sent",))  # the only counter it reads
-    backlogged = F.col("backlogged")
-    promised = F.when(backlogged, F.col("priority") / F.col("backlogged_priority")).otherwise(0.0)
+    ``minutes``: ``channels.per_minute``'s rows (the channels stage's, cached by the run:
+    the report does not go over the samples again)."""
     per_channel = (
-        s.where(F.col("backlogged_channels") >= 2)
-        .groupBy(*PAIR, "channel_id")
+        minutes.groupBy(*PAIR, "channel_id")
         .agg(
-            F.max("priority").alias("priority"),
-            F.sum("bytes_sent").alias("contended"),
-            F.sum("tick_bytes").alias("link"),
-            F.sum(promised * F.col("tick_bytes")).alias("promised"),
+            F.max("_backlog_priority").alias("priority"),
+            F.sum("_backlog_bytes").alias("contended"),
+            F.sum("_backlog_link").alias("link"),
+            F.sum("_backlog_promised").alias("promised"),
         )
         .where(F.col("link") > 0)
     )
@@ -213,7 +210,7 @@ def share_points(events, channel_ids: list | None = None) -> list[dict]:
     channel's priority over the backlogged channels' priorities, weighted by the interval's
     bytes, as for the ``channels`` table (specs/pipeline.md section 4.3), whose ``pending``
     is looser (queued at either sample)."""
-    return _shares(_one(_share_part(events, channel_ids)))
+    return _shares(_one(_share_part(channels.per_minute(events, channel_ids))))
 
 
 def _unstable_part(links):
