@@ -1,7 +1,7 @@
 """WebSocket transports against TCP and TLS mconn, all in the same run (specs/websocket.md).
 
     .venv/bin/python bench/ws_bench.py [--duration S] [--repeat N] [--rtt-count N]
-        [--scenarios bulk,small,rtt,handshake] [--impls mconn,mconn_ws,mconn_tls,mconn_wss]
+        [--scenarios bulk,small,rtt,handshake,layer] [--impls mconn,mconn_ws,mconn_tls,mconn_wss]
         [--json PATH] [--profile DIR]
 
 Four transports of mconn, the same measurements over each:
@@ -27,6 +27,14 @@ profiled figures are not the real ones.
 Each scenario also shows ``send cpu`` and ``recv cpu``: the CPU per unit of each process
 alone, whose ratios say which side a slower transport costs more.
 
+``layer`` measures the WebSocket layer alone, with no sockets: a dialer's carrier
+framing and masking bulk writes (64 KiB and 40 bytes of packet headers, as the protocol
+above writes them) into a transport that drops them, and a listener's carrier reading
+the frames back in 64 KiB reads for a protocol that drops them; CPU microseconds per MiB
+of each side (best of 5), in one process on the compiled twin (mconn/net/_wsframe.pyx)
+and in another with ``MCONN_PURE=1``, alternating, ``--repeat`` times; the table shows
+medians and the ratio. That is what ws adds to TCP's CPU per MiB.
+
 Targets: ws bulk >= 0.9 of TCP mconn, small >= 0.7, round trip <= 1.3x.
 """
 
@@ -48,7 +56,9 @@ from tls_bench import Receiver as TlsReceiver, handshakes as tls_handshakes, par
 
 from mconn import NodeKey  # noqa: E402
 
-SCENARIOS = ("bulk", "small", "rtt", "handshake")
+SCENARIOS = ("bulk", "small", "rtt", "handshake", "layer")
+#: The scenarios measured over sockets, by each transport (``layer`` is not).
+LINK_SCENARIOS = ("bulk", "small", "rtt", "handshake")
 IMPLS = ("mconn", "mconn_ws", "mconn_tls", "mconn_wss")
 PATH = "/mconn"
 #: impl -> (TLS options?, listen endpoint, dial address template)
@@ -212,13 +222,115 @@ def print_table(rows, impls) -> None:
         print(f"{row['scenario']:<10} {row['figure']:<12}" + "".join(cells))
 
 
+# -- the WebSocket layer alone ---------------------------------------------------------
+
+#: A bulk write of the protocol above: a 64 KiB packet payload and its packet headers.
+LAYER_WRITE = 65536 + 40
+#: Writes per timed pass (about 250 MiB).
+LAYER_WRITES = 4000
+
+
+def _open_carriers():
+    """A dialer's and a listener's carrier, upgraded to each other over StringTransports,
+    each carrying a protocol that drops what it reads."""
+    from twisted.internet.protocol import Factory, Protocol
+    from twisted.internet.task import Clock
+    from twisted.internet.testing import StringTransport
+
+    from mconn import Config
+    from mconn.net.websocket import WebSocketClientCarrierFactory, WebSocketServerCarrierFactory
+
+    class Drop(Protocol):
+        def dataReceived(self, data: bytes) -> None:
+            pass
+
+    clock, config = Clock(), Config()
+    server = WebSocketServerCarrierFactory(
+        Factory.forProtocol(Drop), path=PATH, secure=False, config=config, clock=clock
+    ).buildProtocol(None)
+    client = WebSocketClientCarrierFactory(
+        Factory.forProtocol(Drop), url=f"ws://127.0.0.1:1{PATH}", config=config, clock=clock
+    ).buildProtocol(None)
+    to_server, to_client = StringTransport(), StringTransport()
+    server.makeConnection(to_server)
+    client.makeConnection(to_client)
+    for _ in range(4):  # the upgrade: request, answer
+        for transport, peer in ((to_client, server), (to_server, client)):
+            data = transport.value()
+            transport.clear()
+            if data:
+                peer.dataReceived(data)
+    if not (server.state == client.state == client.STATE_OPEN):
+        raise RuntimeError(f"the carriers did not open (states {server.state}, {client.state})")
+    return client, to_client, server
+
+
+def layer_cost() -> dict:
+    """CPU us per MiB of the WebSocket layer alone, each side (see the module docstring)."""
+    from mconn.net import websocket_frames
+
+    client, transport, server = _open_carriers()
+    payload = os.urandom(LAYER_WRITE)
+    written: list[bytes] = []
+    transport.write = written.append
+    for _ in range(16):
+        client.write(payload)
+    stream = b"".join(written)
+    reads = [stream[i : i + 65536] for i in range(0, len(stream), 65536)]
+    transport.write = lambda data: None
+    mib = LAYER_WRITES * LAYER_WRITE / 2**20
+    send = recv = float("inf")
+    for _ in range(5):
+        start = time.process_time()
+        for _ in range(LAYER_WRITES):
+            client.write(payload)
+        send = min(send, (time.process_time() - start) / mib * 1e6)
+        start = time.process_time()
+        for _ in range(LAYER_WRITES // 16):
+            for data in reads:
+                server.dataReceived(data)
+        recv = min(recv, (time.process_time() - start) / mib * 1e6)
+    return {"implementation": websocket_frames.describe(), "send": send, "recv": recv}
+
+
+def layer_rounds(repeat: int) -> list[dict]:
+    """``layer_cost`` in a process on the compiled twin and one on pure Python, ``repeat`` times."""
+    import subprocess
+
+    program = f"import json, sys; sys.path[:0] = {[os.path.dirname(HERE), HERE]!r}; import ws_bench; "
+    program += "print(json.dumps(ws_bench.layer_cost()))"
+    rounds = []
+    for n in range(repeat):
+        row = {}
+        for name in ("compiled", "pure") if n % 2 == 0 else ("pure", "compiled"):
+            env = {k: v for k, v in os.environ.items() if k != "MCONN_PURE"}
+            if name == "pure":
+                env["MCONN_PURE"] = "1"
+            print(f"round {n + 1}/{repeat}: ws layer, {name} ...", file=sys.stderr, flush=True)
+            out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, check=True)
+            row[name] = json.loads(out.stdout)
+        rounds.append(row)
+    return rounds
+
+
+def print_layer(rounds: list[dict]) -> None:
+    print(f"ws layer alone, CPU us per MiB (medians of {len(rounds)}): {rounds[0]['compiled']['implementation']}")
+    print(f"{'side':<10} {'compiled':>11} {'pure':>11} {'ratio':>11}")
+    for side in ("send", "recv"):
+        compiled = statistics.median(r["compiled"][side] for r in rounds)
+        pure = statistics.median(r["pure"][side] for r in rounds)
+        ratio = statistics.median(r["compiled"][side] / r["pure"][side] for r in rounds)
+        print(f"{side:<10} {compiled:>11.1f} {pure:>11.1f} {ratio:>11.3f}")
+
+
 def sender(args) -> int:
     from twisted.internet import defer, reactor
 
     rounds, outcome = [], {}
+    links = [s for s in args.scenarios if s in LINK_SCENARIOS]
 
     async def run():
-        for n in range(args.repeat):
+        for n in range(args.repeat if links else 0):
             order = args.impls if n % 2 == 0 else args.impls[::-1]
             results = {}
             for impl in order:
@@ -234,13 +346,18 @@ def sender(args) -> int:
     reactor.run()
     if outcome.get("result") is not None:
         outcome["result"].raiseException()
-    rows = table(rounds, args.scenarios, args.impls)
+    layer = layer_rounds(args.repeat) if "layer" in args.scenarios else []
+    rows = table(rounds, links, args.impls) if links else []
     load = os.getloadavg()
     print(f"ws_bench: {args.repeat} rounds, {args.duration}s each (medians); load average {load[0]:.1f} {load[1]:.1f}")
-    print_table(rows, args.impls)
+    if rows:
+        print_table(rows, args.impls)
+    if layer:
+        print_layer(layer)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "load": load, "rows": rows, "rounds": rounds}, f, indent=1, default=str)
+            document = {"settings": vars(args), "load": load, "rows": rows, "rounds": rounds, "layer": layer}
+            json.dump(document, f, indent=1, default=str)
     return 0
 
 
