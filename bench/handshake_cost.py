@@ -1,7 +1,7 @@
 """CPU of the listener's side of a plaintext handshake, in one process, without sockets.
 
     PYTHONPATH=<tree> .venv/bin/python bench/handshake_cost.py [--peers 3000] [--rounds 5]
-        [--telemetry file|none] [--profile FILE] [--count]
+        [--telemetry file|none] [--profile FILE] [--count] [--gc-freeze]
 
 What bench/many_peers.py's storm costs the listening Switch in Python, without the
 kernel's accept, read and send or Twisted's event loop: a Switch at the
@@ -18,7 +18,9 @@ microseconds of process time per handshake (the smallest of ``--rounds`` rounds 
 sessions connected and the connections whose written bytes end with a session answer,
 per round; with ``--count`` the Python and C function calls (``sys.setprofile``),
 Deferreds, DelayedCalls and log events per handshake of one more round, and with
-``--profile FILE`` a cProfile of one more round. Run it with the trees to compare on
+``--profile FILE`` a cProfile of one more round. ``--gc-freeze`` calls ``gc.freeze()``
+once the round's Switch is built (and ``gc.unfreeze()`` after it), as a node could after
+its start. Run it with the trees to compare on
 PYTHONPATH, in turns, in the same minutes.
 """
 
@@ -98,6 +100,8 @@ def _round(args, tmp: str, seed: int, mode: str = "") -> dict:
 
         profiler = cProfile.Profile()
     gc.collect()
+    if args.gc_freeze:
+        gc.freeze()  # as a node would after its start: what is there now is never traversed again
     if counters is not None:
         counters.start()
     if profiler is not None:
@@ -112,6 +116,8 @@ def _round(args, tmp: str, seed: int, mode: str = "") -> dict:
     if telemetry is not None:
         telemetry._writer.flush()
     spent = time.process_time() - began
+    if args.gc_freeze:
+        gc.unfreeze()  # the next round starts as this one did
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(args.profile)
@@ -181,6 +187,9 @@ def main() -> int:
     parser.add_argument("--telemetry", choices=["file", "none"], default="file")
     parser.add_argument("--profile", default=None, help="cProfile of the counted round, to FILE")
     parser.add_argument("--count", action="store_true", help="count calls, Deferreds, DelayedCalls, log events")
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() before each round (the process's objects then)"
+    )
     args = parser.parse_args()
     from twisted.logger import globalLogBeginner
 

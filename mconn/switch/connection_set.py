@@ -213,12 +213,14 @@ class ConnectionSet:
             self._outbound.add(protocol)
         if protocol.context.resuming is not None:  # a re-dial of a suspended session
             self._sessions.connection_made(protocol)
-        telemetry.emit(
+        telemetry.publish(  # emit's fields as a dict: one event a connection of a storm
             "connection_made",
-            node_id=self.node_id,
-            direction="outbound" if protocol.context.is_outbound else "inbound",
-            remote_address=protocol.remote_address,
-            transport=transport_kind(protocol.transport),
+            {
+                "node_id": self.node_id,
+                "direction": "outbound" if protocol.context.is_outbound else "inbound",
+                "remote_address": protocol.remote_address,
+                "transport": transport_kind(protocol.transport),
+            },
         )
 
     def hello_received(self, protocol, event):
@@ -241,17 +243,17 @@ class ConnectionSet:
                 (c.id for c in hello.channels),
                 peer_id=hello.node_id,
             )
-        telemetry.emit(
-            "handshake_done",
-            node_id=self.node_id,
-            peer_id=hello.node_id,
-            remote_address=protocol.remote_address,
-            direction="outbound" if context.is_outbound else "inbound",
-            max_packet_payload=event.max_packet_payload,
-            channels=[c.id for c in hello.channels],
-            listen_address=hello.listen_address,
-            **telemetry.hello_peer_name(hello),
-        )
+        fields = {  # emit's fields as a dict: one event a handshake of a storm
+            "node_id": self.node_id,
+            "peer_id": hello.node_id,
+            "remote_address": protocol.remote_address,
+            "direction": "outbound" if context.is_outbound else "inbound",
+            "max_packet_payload": event.max_packet_payload,
+            "channels": [c.id for c in hello.channels],
+            "listen_address": hello.listen_address,
+        }
+        fields.update(telemetry.hello_peer_name(hello))
+        telemetry.publish("handshake_done", fields)
         # With TLS a listener knows the node id for sure unless the dialer presented no
         # certificate (CA mode with anonymous clients): then it is only claimed.
         proven = self.tls is not None and (context.is_outbound or certificate is not None)
