@@ -19,9 +19,10 @@ The write-ahead (``mconn.net.write_ahead``, specs/connection.md section 7): ``pu
 itself once its writes since Twisted last resumed it reach ``Config.write_ahead_time``
 at the link's measured drain rate, so that Twisted resumes it only once the kernel has
 taken them: what waits below the scheduler stays within ``tcp_notsent_lowat`` and two writes.
-On plain TCP a write that fills it goes to the kernel at once in one ``sendmsg``, and
-while the kernel drains what it is given the pump goes on without waiting for a turn of
-the event loop, up to ``DIRECT_TURN_BYTES`` (write_through.py, "Bulk writes").
+On plain TCP over a link measured fast (``burst_size``) a write that fills it goes to the
+kernel at once in one ``sendmsg``, and while the kernel drains what it is given the pump
+goes on without waiting for a turn of the event loop, up to ``DIRECT_TURN_BYTES``
+(write_through.py, "Bulk writes").
 
 One class, one module, past 500 lines: the adapter's duties (bytes, events, time,
 backpressure, the owner's decisions) share the protocol's state, and a mixin carved out
@@ -397,14 +398,17 @@ class MConnectionProtocol(Protocol):
                 # Once closing, only the close packet is left, and it goes out even when paused.
                 direct = False
                 if ahead is not None:
-                    # Straight to the kernel (write_through.py, "Bulk writes") when the
-                    # transport holds nothing: a budget of up to ``burst`` bytes.
-                    direct = self._through_ok and core.state is _OPEN and idle(transport)
                     budget = ahead.budget()
-                    if direct:
-                        # ``budget`` is what is left of ``size`` (a write that reaches
-                        # ``size`` pauses); what is left of ``burst`` is as much larger.
-                        budget += burst_size(ahead) - ahead.size
+                    if self._through_ok and core.state is _OPEN:
+                        # On a link measured faster than a write per write-ahead time, and
+                        # while the transport holds nothing: straight to the kernel, up to
+                        # ``burst_size`` (write_through.py, "Bulk writes"). ``budget`` is
+                        # what is left of ``size`` (a write that reaches it pauses); what
+                        # is left of the burst is as much larger.
+                        extra = burst_size(ahead) - ahead.size
+                        if extra > 0 and idle(transport):
+                            direct = True
+                            budget += extra
                 buffers = core.buffers_to_send(now, budget)
                 if not buffers:
                     break
@@ -664,7 +668,10 @@ class MConnectionProtocol(Protocol):
 def burst_size(ahead: WriteAhead) -> int:
     """The write-ahead's size for a bulk write straight to the kernel: what the measured
     rate drains in ``write_ahead_time``, at most BURST_BYTES (or ``write_batch_bytes``
-    when larger), at least the transport's ``size``; ``size`` until a rate is measured."""
+    when larger), at least the transport's ``size``; ``size`` until a rate is measured.
+    Only where it is larger than ``size`` (a link that drains more than
+    ``write_batch_bytes`` in ``write_ahead_time``) do bulk writes go straight to the kernel:
+    on slower links every write keeps the path through Twisted's buffer."""
     if ahead.rate is None:
         return ahead.size
     return max(ahead.size, min(max(ahead.batch, BURST_BYTES), int(ahead.rate * ahead.ahead_time)))

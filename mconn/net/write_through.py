@@ -34,8 +34,9 @@ Bulk writes (``send_buffers``, ``unsent``). A write that fills the write-ahead's
 (write_ahead.py) pauses the protocol until the transport has handed it to the kernel;
 through Twisted that is a watch for writability, a turn of the loop, a ``send`` of the
 whole write and a watch removed, and the write's packets joined into one bytes object
-first (a copy of every payload byte). When the transport holds nothing, such a write
-goes to the kernel at once instead, as the connection's list of buffers in one
+first (a copy of every payload byte). On a link measured faster than such a write per
+write-ahead time (loopback, a LAN; ``protocol.burst_size``), when the transport holds
+nothing, such a write goes to the kernel at once instead, as the connection's list of buffers in one
 ``sendmsg`` (no join: the kernel copies from the queued messages); and when the kernel
 took it all and holds fewer than ``tcp_notsent_lowat`` bytes unsent (``unsent``: the
 ``SIOCOUTQNSD`` ioctl, the count the kernel's own writability test compares), the

@@ -262,11 +262,34 @@ class SendLog:
 
 async def bulk_pair(rcvbuf: int):
     """A pair whose dialer sends; the listener's Collector, the dialer's peer and the
-    SendLog of its socket, once the handshake's reads and writes are over."""
+    SendLog of its socket, once the handshake's reads and writes are over. The dialer's
+    write-ahead is told the link drains 1 GB/s (what it measures on loopback after its
+    first 10 ms of bulk writes): bulk writes of up to 256 KiB go straight to the kernel."""
     receiving = Collector()
     a, b, _, peer = await pair(receiving, rcvbuf=rcvbuf)
     await sleep(0.05)
+    peer._protocol._ahead.rate = 1e9
     return a, b, receiving, peer, SendLog(peer._protocol)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_link_not_measured_fast_keeps_the_path_through_twisted():
+    """Until the write-ahead has measured a link faster than a 64 KiB write per
+    millisecond (and on any slower link: 20 Mbit/s, 2 Mbit/s), bulk writes keep the path
+    through Twisted's buffer: no sendmsg, one write per resume; the message arrives."""
+    receiving = Collector()
+    a, b, _, peer = await pair(receiving, rcvbuf=8 << 20)
+    try:
+        await sleep(0.05)
+        log = SendLog(peer._protocol)
+        peer._protocol._ahead.rate = 2.5e6  # 20 Mbit/s: writes of 2.5 KB, as measured there
+        message = bytes(range(256)) * 4096
+        assert peer.try_send(CH, message)
+        await receiving.until(1)
+        assert receiving.messages == [message]
+        assert log.sends() == []
+    finally:
+        await stop(a, b)
 
 
 @pytest_twisted.ensureDeferred
