@@ -15,9 +15,10 @@ and any frame it does not take, go to autobahn, which parses the upgrade, answer
 runs the closing handshake and fails every frame that breaks RFC 6455 (its
 ``onMessageFrameData`` streams payloads the same way while it parses). The payloads of
 one network read are given to the protocol above in one ``dataReceived``, as one bytes
-object: a listener's reader copies the payload bytes of every frame in the read into one
-buffer, unmasks them there in place and hands over its bytes (two copies per read,
-however many frames it holds); a dialer's joins the unmasked parts (one copy at most).
+object: a listener's reader unmasks the payload bytes of every frame in the read into one
+new bytes (one pass with the compiled twin, mconn/net/_wsframe.pyx; two copies and the
+XOR in place with the pure reader), however many frames it holds; a dialer's joins the
+unmasked parts (one copy at most).
 Nothing is reassembled: a message or frame boundary means nothing to mconn's framing
 (specs/websocket.md section 3). What autobahn itself holds is bounded: the
 HTTP upgrade (at most ``MAX_UPGRADE_BYTES``, within ``Config.ws_handshake_timeout``), a
@@ -28,8 +29,9 @@ every RFC 6455 violation end only that connection, with a ``WebSocketError`` tha
 which rule and values, as the reason the protocol above sees.
 
 *Bytes out.* ``write`` frames the data as one binary message (split at
-``SEND_MESSAGE_BYTES``; a client masks it, as RFC 6455 requires, in place in the one
-buffer its frames are built in) and writes it straight to the transport beneath, in one
+``SEND_MESSAGE_BYTES``; a client masks it, as RFC 6455 requires, as its frames are built:
+headers and masked payload written in one pass into one new bytes by the compiled twin,
+in place in a bytearray by the pure builder) and writes it straight to the transport beneath, in one
 ``write`` however many frames it took; autobahn's own send queue is used only for its chopped writes,
 which are never asked for. Backpressure flows through: ``registerProducer`` registers the
 protocol above as the producer of the transport beneath, so a full TCP buffer pauses
