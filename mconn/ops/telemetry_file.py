@@ -201,6 +201,11 @@ class JsonLinesObserver:
         size = log_file.size
         if limit and size >= limit:
             size = 0  # the next write rotates first
+        data = b"".join(lines)
+        if not limit or size + len(data) < limit:  # no record fills the file: one write
+            log_file.write(data)
+            log_file.flush()
+            return
         start = 0
         for end, line in enumerate(lines, 1):
             size += len(line)
