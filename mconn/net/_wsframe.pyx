@@ -105,7 +105,7 @@ def binary_frames(data, *, Py_ssize_t limit, keys=None):
     try:
         n = view.len
         src = <const unsigned char *>view.buf
-        count = (n + limit - 1) // limit
+        count = n // limit + (1 if n % limit else 0)  # not (n + limit - 1): limit may be near 2**63
         if count == 0:
             count = 1  # b"" is one empty message
         total = n + (count - 1) * (_header_size(limit) + (4 if masked else 0))

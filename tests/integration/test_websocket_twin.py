@@ -58,7 +58,7 @@ def test_the_twin_is_current():
 @TWIN
 @given(
     st.one_of(st.integers(0, 300), st.sampled_from([125, 126, 127, 65535, 65536, 65537, 140_000])),
-    st.one_of(st.sampled_from([1, 3, 4, 125, 126, 127, 65535, 65536, 65537]), st.integers(1, 70_000)),
+    st.one_of(st.sampled_from([1, 3, 4, 125, 126, 127, 65535, 65536, 65537, 2**62, 2**63 - 1]), st.integers(1, 70_000)),
     st.booleans(),
     st.integers(0, 2**32),
     st.sampled_from([bytes, bytearray, memoryview]),
