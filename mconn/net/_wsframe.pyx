@@ -251,7 +251,7 @@ cdef class FrameReader:
     cdef public unsigned long long max_message
     cdef public bytes _head
     cdef public unsigned long long _left
-    cdef public object _key
+    cdef public bytes _key  # 4 bytes or None (typed: the C reads 4 bytes of it)
     cdef public unsigned long long _phase
     cdef public bint _fragmented
     cdef public unsigned long long _message
@@ -300,6 +300,8 @@ cdef class FrameReader:
                     r.start, r.end, r.phase = i, i + take, self._phase & 3
                     r.masked = self._key is not None
                     if r.masked:
+                        if len(self._key) != 4:
+                            raise ValueError(f"a masking key is 4 bytes, not {len(self._key)}")
                         memcpy(r.key, PyBytes_AS_STRING(self._key), 4)
                     self._left = left - take
                     self._phase += take
