@@ -64,10 +64,11 @@ line):
    baseline taken on both sides of the storm follows it better than one taken before.
 
 ``--before REV`` runs the whole sequence a second time against ``git archive REV`` on
-PYTHONPATH (bench/run.py's ``--before``; REV may also be a directory holding an
-``mconn`` package), in the order ``--order`` gives (``before,now``). ``--profile
-FILE`` runs each listener under cProfile during the storm and during ``idle``, and
-writes the stats to FILE.<variant>.storm and FILE.<variant>; ``--py-spy PREFIX`` records
+PYTHONPATH, its compiled twins built there (``setup.py build_ext --inplace``; REV may
+also be a directory holding an ``mconn`` package, used as it is), in the order
+``--order`` gives (``before,now``). ``--profile FILE`` runs each listener under
+cProfile during the storm and during ``idle``, and writes the stats to
+FILE.<variant>.storm and FILE.<variant>; ``--py-spy PREFIX`` records
 the listener with py-spy (400 Hz, raw folded stacks) from a second before the storm's
 order to its end, into PREFIX.<variant>.txt, and over the idle window into
 PREFIX.<variant>.idle.txt. A summary table goes to stdout and the JSON to
@@ -289,12 +290,25 @@ def raw_round(listener_role, dialers, counts, hello) -> dict:
 
 
 def archive(rev: str, into: str) -> str:
+    """A tree of mconn at ``rev`` (or the directory ``rev``, prepared by hand), with its
+    compiled twins built as the working tree's are: without them the tree at REV would
+    run on pure Python against a compiled one, and the comparison would measure that."""
     if os.path.isdir(os.path.join(rev, "mconn")):
         return os.path.abspath(rev)  # a tree prepared by hand
     tree = os.path.join(into, f"tree-{rev}")
     os.makedirs(tree)
-    data = subprocess.run(["git", "-C", REPO, "archive", rev, "mconn"], check=True, capture_output=True).stdout
+    files = subprocess.run(
+        ["git", "-C", REPO, "ls-tree", "--name-only", rev], check=True, capture_output=True, text=True
+    )
+    paths = ["mconn"] + (["setup.py"] if "setup.py" in files.stdout.split() else [])
+    data = subprocess.run(["git", "-C", REPO, "archive", rev, *paths], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", tree], input=data, check=True)
+    if "setup.py" in paths:
+        built = subprocess.run(
+            [sys.executable, "setup.py", "build_ext", "--inplace"], cwd=tree, capture_output=True, text=True
+        )
+        if built.returncode != 0 or "pure Python" in built.stderr:
+            print(f"{rev}: its compiled twins did not build, it runs on pure Python:\n{built.stderr[-2000:]}")
     return tree
 
 
