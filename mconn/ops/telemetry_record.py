@@ -217,9 +217,9 @@ def lean_text(event: dict) -> str | None:
     keys = tuple(event)
     writer = _WRITERS.get(keys)
     if writer is None:
-        writer = _compile_writer(keys, event)
-        if len(_WRITERS) < _PLANS_MAX:
-            _WRITERS[keys] = writer
+        if len(_WRITERS) >= _PLANS_MAX:  # full: a shape not kept is never compiled
+            return _lean_text_by_plan(keys, event)
+        writer = _WRITERS[keys] = _compile_writer(keys, event)
     if writer:
         text = writer(event)
         if text is not None:

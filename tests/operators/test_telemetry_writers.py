@@ -192,3 +192,24 @@ def test_a_json_lines_observers_observer_writes_one_nodes_mconn_events_only(tmp_
         ("dial_attempt", None),
         ("listening", "f"),
     ]
+
+
+def test_once_the_shapes_kept_are_full_a_new_shape_is_written_without_a_writer(monkeypatch):
+    """At most _PLANS_MAX shapes get a writer; an event of any other shape is written
+    by the plan, as right, and no writer is compiled for it (not one per event)."""
+    from mconn.ops import telemetry_record
+
+    compiled = []
+    compile_writer = telemetry_record._compile_writer
+    monkeypatch.setattr(telemetry_record, "_compile_writer", lambda *a: compiled.append(a) or compile_writer(*a))
+    monkeypatch.setattr(telemetry_record, "_PLANS_MAX", len(telemetry_record._WRITERS))
+    envelope = {"event": "e", "node_id": "n1", "log_level": LogLevel.info, "log_time": 1.25}
+    for i in range(20):
+        event = {f"full {i}": i, **envelope}
+        for _ in range(2):
+            assert lean_text(event) == _json_of_lean_record(event)
+    assert compiled == []
+    monkeypatch.setattr(telemetry_record, "_PLANS_MAX", len(telemetry_record._WRITERS) + 1)
+    event = {"room for one": 1, **envelope}
+    assert lean_text(event) == lean_text(event) == _json_of_lean_record(event)
+    assert len(compiled) == 1
