@@ -36,7 +36,9 @@ in place in a bytearray by the pure builder) and writes it straight to the trans
 which are never asked for. Backpressure flows through: ``registerProducer`` registers the
 protocol above as the producer of the transport beneath, so a full TCP buffer pauses
 mconn's scheduler directly, and the WebSocket layer holds no bytes of its own. Pausing
-reading is passed down the same way. On Twisted's own TCP (ws://, no TLS) the carrier
+reading is passed down the same way. On Twisted's own TCP (ws://, no TLS) the first write
+of a read's handling goes to the kernel at once when nothing waits in the TCP
+transport's buffer (write-through, as over TCP: mconn.net.write_through), and the carrier
 also passes that transport's ``producerPaused`` flag through (``_MeasuredCarrier``), so
 the protocol above measures the link and sizes its packets as over plain TCP.
 
@@ -74,6 +76,7 @@ from mconn.errors import ConnectionLost, WebSocketError
 from mconn.net.tls_transport import tls_error_of
 from mconn.net.owner import IUpgradeAdmission
 from mconn.net.websocket_frames import FrameReader, frames_of, mask_keys, reader_type
+from mconn.net.write_through import idle, plain_tcp, write_now
 
 log = Logger(namespace="mconn.websocket")
 
@@ -131,12 +134,24 @@ class _Carrier(_Autobahn):
     _lost = False
     _pings = 0
     _ping_window = 0.0
+    #: Twisted's plain TCP beneath (ws://; set in onOpen): the first write of the protocol
+    #: above while a read is handled goes to the kernel at once (``write``).
+    _through_ok = False
+    #: Set while a read is handled, until its first write.
+    _through = False
 
     # -- bytes in -----------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
         if self._lost:
             return
+        self._through = self._through_ok
+        try:
+            self._read(data)
+        finally:
+            self._through = False
+
+    def _read(self, data: bytes) -> None:
         reader = self._reader
         if reader is not None and self.state in _READING and self.current_frame is None and not self.data:
             self._read_fast(reader, data)
@@ -270,6 +285,7 @@ class _Carrier(_Autobahn):
             # protocol above may measure the link through us (``_MeasuredCarrier``),
             # which it decides from our class as it connects, just below.
             self.__class__ = measured
+            self._through_ok = plain_tcp(self.transport)
         self.wrapped.makeConnection(self)
 
     def onClose(self, wasClean, code, reason) -> None:
@@ -315,8 +331,16 @@ class _Carrier(_Autobahn):
     def write(self, data: bytes) -> None:
         if self.state != _OPEN:
             return  # closing: nothing more goes out (the close packet went before)
-        keys = None if self.factory.isServer else mask_keys
-        self.transport.write(frames_of(data, limit=SEND_MESSAGE_BYTES, keys=keys))
+        frames = frames_of(data, limit=SEND_MESSAGE_BYTES, keys=None if self.factory.isServer else mask_keys)
+        if self._through:
+            # Write-through, as over TCP (mconn.net.write_through): the first write of a
+            # read's handling (a reply, an ack) is sent now when nothing waits in the TCP
+            # transport's buffer, not after a watch for writability and a turn of the loop.
+            self._through = False  # one send a read at most
+            if idle(self.transport):
+                write_now(self.transport, frames)
+                return
+        self.transport.write(frames)
 
     def writeSequence(self, parts) -> None:
         self.write(b"".join(parts))
@@ -530,6 +554,7 @@ class _MeasuredCarrier:
 
     transport: Any
     state: int
+    _through_ok: bool
 
     @property
     def producerPaused(self) -> bool:
@@ -537,7 +562,13 @@ class _MeasuredCarrier:
 
     @producerPaused.setter
     def producerPaused(self, paused: bool) -> None:
-        self.transport.producerPaused = paused
+        transport = self.transport
+        if paused and self._through_ok and idle(transport):
+            # A write went through whole (``write``): Twisted holds nothing to send, so it
+            # would never resume the protocol above; an empty send once the socket is
+            # writable does, as after a drain (what the protocol does over TCP).
+            transport.startWriting()
+        transport.producerPaused = paused
 
     @property
     def disconnecting(self) -> bool:
