@@ -85,18 +85,15 @@ class Collector(Reactor):
         return bounded(d)
 
 
-async def pair(echo, config=None, rcvbuf=None):
+async def pair(echo, config=None):
     """A listening Switch answering with ``echo``, and a dialing one; the dialer's peer.
-    ``config``: both Switches' (default Config()); ``rcvbuf``: the SO_RCVBUF the listener's
-    connections inherit (set before the dial, so that the window scales to it)."""
+    ``config``: both Switches' (default Config())."""
     collector = Collector()
     a = Switch([echo], clock=the_reactor(), config=config)
     b = Switch([collector], clock=the_reactor(), config=config)
     a.startService()
     b.startService()
     port = await a.listen("tcp:0:interface=127.0.0.1")
-    if rcvbuf is not None:
-        port.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port.getHost().port}"))
     return a, b, collector, peer
 
@@ -249,24 +246,27 @@ class SendLog:
     def sends(self) -> list[tuple]:
         return [e for e in self.events if e[0] == "sendmsg"]
 
-    def turns(self) -> list[int]:
-        """The bytes sent by sendmsg between two resumes, resume to resume."""
-        turns = [0]
+    def turns(self) -> list[tuple[int, int]]:
+        """(sendmsg calls, bytes they sent) between two resumes, resume to resume."""
+        turns = [(0, 0)]
         for event in self.events:
             if event[0] == "resume":
-                turns.append(0)
+                turns.append((0, 0))
             else:
-                turns[-1] += event[2]
+                calls, sent = turns[-1]
+                turns[-1] = (calls + 1, sent + event[2])
         return turns
 
 
-async def bulk_pair(rcvbuf: int):
+async def bulk_pair():
     """A pair whose dialer sends; the listener's Collector, the dialer's peer and the
     SendLog of its socket, once the handshake's reads and writes are over. The dialer's
     write-ahead is told the link drains 1 GB/s (what it measures on loopback after its
-    first 10 ms of bulk writes): bulk writes of up to 256 KiB go straight to the kernel."""
+    first 10 ms of bulk writes): bulk writes of up to 256 KiB go straight to the kernel.
+    (The receiving socket's buffer is left to the kernel's autotuning: a SO_RCVBUF set
+    would turn it off and cap the window at rmem_max.)"""
     receiving = Collector()
-    a, b, _, peer = await pair(receiving, rcvbuf=rcvbuf)
+    a, b, _, peer = await pair(receiving)
     await sleep(0.05)
     peer._protocol._ahead.rate = 1e9
     return a, b, receiving, peer, SendLog(peer._protocol)
@@ -276,9 +276,9 @@ async def bulk_pair(rcvbuf: int):
 async def test_a_link_not_measured_fast_keeps_the_path_through_twisted():
     """Until the write-ahead has measured a link faster than a 64 KiB write per
     millisecond (and on any slower link: 20 Mbit/s, 2 Mbit/s), bulk writes keep the path
-    through Twisted's buffer: no sendmsg, one write per resume; the message arrives."""
+    through Twisted's buffer: no sendmsg; the message arrives."""
     receiving = Collector()
-    a, b, _, peer = await pair(receiving, rcvbuf=8 << 20)
+    a, b, _, peer = await pair(receiving)
     try:
         await sleep(0.05)
         log = SendLog(peer._protocol)
@@ -294,43 +294,41 @@ async def test_a_link_not_measured_fast_keeps_the_path_through_twisted():
 
 @pytest_twisted.ensureDeferred
 async def test_a_bulk_write_goes_to_the_kernel_unjoined_and_goes_on_while_it_drains():
-    """A 1 MiB message sent from outside a read, to a receiver whose window takes it:
-    its writes go to the kernel inside ``try_send``, each one ``sendmsg`` of the packet
-    headers and views of the message itself (no join), one after another without a
-    turn of the event loop in between (the kernel drained each); it arrives whole.
-    Without the bulk path the first write waits in Twisted's buffer for the next turn."""
-    a, b, collector, peer, log = await bulk_pair(8 << 20)
+    """Eight 1 MiB messages sent from outside a read: their writes go to the kernel as
+    ``sendmsg`` of the packet headers and views of the messages themselves (no join),
+    and while the kernel drains them the pump goes on: some turns of the event loop
+    carry two writes or more, without a resume between them. All arrive in order.
+    Without the bulk path no write is a sendmsg; without going on, one a turn."""
+    a, b, collector, peer, log = await bulk_pair()
     try:
-        message = bytes(range(256)) * 4096
-        assert peer.try_send(CH, message)
+        messages = [bytes([i]) * (1 << 20) for i in range(8)]
+        assert peer.try_send_many(CH, messages) == 8
+        await collector.until(8)
+        assert collector.messages == messages
         sends = log.sends()
-        assert len(sends) >= 2, log.events
-        assert all(any(type(x) is memoryview and x.obj is message for x in s[1]) for s in sends)
-        assert sum(s[2] for s in sends) > 2 * 65536
-        assert ("resume",) not in log.events[: len(sends)]
-        await collector.until(1)
-        assert collector.messages[-1] == message
+        assert sends and all(any(type(x) is memoryview and x.obj in messages for x in s[1]) for s in sends)
+        assert sum(s[2] for s in sends) > 4 << 20
+        assert max(calls for calls, _ in log.turns()) >= 2, log.turns()
     finally:
         await stop(a, b)
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_bulk_sender_yields_to_the_event_loop_after_the_turn_bound(monkeypatch):
-    """Six 1 MiB messages queued at once: the pump goes on while the kernel drains, but
+    """Eight 1 MiB messages queued at once: the pump goes on while the kernel drains, but
     sends at most DIRECT_TURN_BYTES (and the write that crosses it) between two resumes
     by the transport, so reads and timers get their turns; all arrive in order. (The
-    bound is lowered to 128 KiB here: an unread receiver's window, a few hundred KiB
-    where rmem_max caps SO_RCVBUF, would otherwise end the turns first.)"""
+    bound is lowered to 128 KiB here, below what the receiver's window lets a turn send.)"""
     monkeypatch.setattr(protocol_module, "DIRECT_TURN_BYTES", 2 * 65536)
-    a, b, collector, peer, log = await bulk_pair(16 << 20)
+    a, b, collector, peer, log = await bulk_pair()
     try:
-        messages = [bytes([i]) * (1 << 20) for i in range(6)]
-        assert peer.try_send_many(CH, messages) == 6
-        await collector.until(6)
+        messages = [bytes([i]) * (1 << 20) for i in range(8)]
+        assert peer.try_send_many(CH, messages) == 8
+        await collector.until(8)
         assert collector.messages == messages
         turns = log.turns()
-        assert len(turns) >= 6 and max(turns) >= 2 * 65536, turns
-        assert max(turns) <= 2 * 65536 + BURST_BYTES + 65536, turns
+        assert len(turns) >= 8, turns
+        assert max(sent for _, sent in turns) <= 2 * 65536 + BURST_BYTES + 65536, turns
     finally:
         await stop(a, b)
 
