@@ -418,13 +418,8 @@ class MConnectionProtocol(Protocol):
                     size = sum(map(len, buffers))
                     full = core.more_to_send
                     if direct and (full or size >= ahead.size):
-                        # A write that fills the write-ahead: sent now, unjoined, and on
-                        # while the kernel drains what it is given.
-                        sent = send_buffers(transport, buffers, size)
-                        ahead.wrote(size, full)
-                        if sent == size and self._drained_now(size):
-                            continue
-                        self._wait_until_written()
+                        if self._send_bulk(buffers, size, full):
+                            continue  # the kernel drains it: on, as if resumed
                     else:
                         write(b"".join(buffers))
                         if ahead.wrote(size, full):
@@ -449,6 +444,18 @@ class MConnectionProtocol(Protocol):
         else:
             transport.write(data)
         self._through = False
+
+    def _send_bulk(self, buffers: list, size: int, full: bool) -> bool:
+        """A write that fills the write-ahead (``size`` bytes; ``full``: it used its whole
+        budget), to the kernel now, unjoined (write_through.py, "Bulk writes"). Returns
+        whether the pump may go on at once (``_drained_now``); otherwise it has paused
+        until the transport has handed everything to the kernel."""
+        sent = send_buffers(self.transport, buffers, size)
+        self._ahead.wrote(size, full)
+        if sent == size and self._drained_now(size):
+            return True
+        self._wait_until_written()
+        return False
 
     def _drained_now(self, size: int) -> bool:
         """After a bulk write of ``size`` bytes the kernel took whole: whether the socket is writable
