@@ -1,7 +1,7 @@
 """CPU of the listener's side of a plaintext handshake, in one process, without sockets.
 
     PYTHONPATH=<tree> .venv/bin/python bench/handshake_cost.py [--peers 3000] [--rounds 5]
-        [--telemetry file|none] [--profile FILE] [--count] [--gc-freeze]
+        [--telemetry file|none] [--profile FILE] [--count] [--gc-freeze] [--text-log]
 
 What bench/many_peers.py's storm costs the listening Switch in Python, without the
 kernel's accept, read and send or Twisted's event loop: a Switch at the
@@ -20,7 +20,9 @@ per round; with ``--count`` the Python and C function calls (``sys.setprofile``)
 Deferreds, DelayedCalls and log events per handshake of one more round, and with
 ``--profile FILE`` a cProfile of one more round. ``--gc-freeze`` calls ``gc.freeze()``
 once the round's Switch is built (and ``gc.unfreeze()`` after it), as a node could after
-its start. Run it with the trees to compare on
+its start. ``--text-log`` adds the observer twistd logs a node's events with (Twisted's
+``textFileLogObserver``, into /dev/null): a node run by twistd writes each event as a
+line of text too, which the storm's listener does not. Run it with the trees to compare on
 PYTHONPATH, in turns, in the same minutes.
 """
 
@@ -190,12 +192,17 @@ def main() -> int:
     parser.add_argument(
         "--gc-freeze", action="store_true", help="gc.freeze() before each round (the process's objects then)"
     )
+    parser.add_argument(
+        "--text-log", action="store_true", help="also twistd's text log of every event (to /dev/null), as a node's"
+    )
     args = parser.parse_args()
-    from twisted.logger import globalLogBeginner
+    from twisted.logger import globalLogBeginner, textFileLogObserver
 
     import mconn
 
-    globalLogBeginner.beginLoggingTo([], discardBuffer=True, redirectStandardIO=False)
+    # twistd's log file observer: a node run by twistd writes every event as a line of text
+    text = [textFileLogObserver(open(os.devnull, "w"))] if args.text_log else []
+    globalLogBeginner.beginLoggingTo(text, discardBuffer=True, redirectStandardIO=False)
     tmp = tempfile.mkdtemp(prefix="mconn-handshake-cost-")
     try:
         rounds = [_round(args, tmp, seed) for seed in range(args.rounds)]
