@@ -1,10 +1,12 @@
 """A telemetry record's text: one mconn event as a version 2 JSON line (specs/telemetry.md section 2).
 
 ``format_record`` is what ``mconn.ops.telemetry_file`` writes for each event: ``lean_text``
-writes the line straight from the event in one pass (its shape's plan, its head kept per
-event name and node), and anything it leaves goes through ``lean_record`` and
-``encode_record``, which are ``json.dumps`` of the lean record. Hypothesis tests prove
-them equal (tests/operators/test_fast_record.py, test_fast_line.py). Moved out of
+writes the line straight from the event, with a function compiled for the event's shape
+(its keys in order, its values' types: ``_compile_writer``) or in one pass over its
+shape's plan (its head kept per event name and node either way), and anything it leaves
+goes through ``lean_record`` and ``encode_record``, which are ``json.dumps`` of the lean
+record. Hypothesis tests prove them equal (tests/operators/test_fast_record.py,
+test_fast_line.py, test_telemetry_writers.py). Moved out of
 ``mconn.ops.telemetry_file``, which re-exports these names.
 """
 
@@ -256,13 +258,7 @@ def _compile_writer(keys: tuple, event: dict):
     returns None for an event whose values' types differ, or whose head is not in
     _HEADS yet, and ``lean_text`` goes the general way. False for a shape it does not
     write: a key that is not a str, no ``event``, ``node_id``, ``log_level`` or
-    ``log_time``, a ``log_failure``, a ``message`` that is not a str.
-
-    The keys appear in the source only as ``repr`` literals, and the texts around the
-    values in one f-string literal with its braces doubled, so no key can change the
-    code. The head is found in _HEADS by the event's name, node and level, unchecked:
-    its keys are all str names and nodes (a str's subclass equal to one writes the same
-    text), and an unhashable one raises TypeError, which returns None."""
+    ``log_time``, a ``log_failure``, a ``message`` that is not a str."""
     if not all(type(key) is str for key in keys) or "log_failure" in keys:
         return False
     if not all(key in event for key in _WRITER_NEEDS):
@@ -270,18 +266,42 @@ def _compile_writer(keys: tuple, event: dict):
     plan = _PLANS.get(keys)
     if plan is None:
         plan = _plan(keys)
+    source = _writer_source(cast("tuple", plan), event)
+    if source is None:
+        return False
+    namespace: dict[str, Any] = {
+        "_HEADS_get": _HEADS.get,
+        "_quote": _quote,
+        "_INT": _INT,
+        "_FLOAT": _FLOAT,
+        "_BOOLS": _BOOLS,
+        "_encode_compound": _encode_compound,
+    }
+    exec(compile(source, f"<telemetry writer {len(_WRITERS)}>", "exec"), namespace)
+    return namespace["write"]
+
+
+def _writer_source(plan: tuple, event: dict) -> str | None:
+    """The source of ``_compile_writer``'s function for the fields of ``plan`` with the
+    types of ``event``'s values (None: a ``message`` that is not a str).
+
+    The keys appear in it only as ``repr`` literals, and the texts around the values in
+    one f-string literal with its braces doubled, so no key can change the code. The
+    head is found in _HEADS by the event's name, node and level, unchecked: its keys are
+    all str names and nodes (a str's subclass equal to one writes the same text), and an
+    unhashable one raises TypeError, which returns None."""
     reads, checks, template = [], ["type(when) is float and when - when == 0"], []
-    for i, (key, text) in enumerate(cast("tuple", plan)):
+    for i, (key, text) in enumerate(plan):
         value, name = event[key], f"v{i}"
         if key == "message" and type(value) is not str:
-            return False
+            return None
         check, write = _SLOTS.get(type(value), ("", "{{_encode_compound({v})}}"))
         reads.append(f"        {name} = event[{key!r}]")
         if check:
             checks.append(check.format(v=name))
         template.append(text.replace("{", "{{").replace("}", "}}") + write.format(v=name))
     line = "{first}{_FLOAT(when)}{level_text}" + "".join(template) + "}}"
-    source = "\n".join(
+    return "\n".join(
         [
             "def write(event):",
             "    try:",
@@ -298,16 +318,6 @@ def _compile_writer(keys: tuple, event: dict):
             "        return None",
         ]
     )
-    namespace: dict[str, Any] = {
-        "_HEADS_get": _HEADS.get,
-        "_quote": _quote,
-        "_INT": _INT,
-        "_FLOAT": _FLOAT,
-        "_BOOLS": _BOOLS,
-        "_encode_compound": _encode_compound,
-    }
-    exec(compile(source, f"<telemetry writer {len(_WRITERS)}>", "exec"), namespace)
-    return namespace["write"]
 
 
 def _lean_text_by_plan(keys: tuple, event: dict) -> str | None:
