@@ -156,36 +156,24 @@ class JsonLinesObserver:
         ``node_id`` in the ``mconn`` namespace (or ``mconn.*``) with an ``event`` name,
         and nothing else; in one frame, without a filter's call or the instance's (a
         connection storm writes three records a handshake)."""
-
-        def wanted(event: dict) -> bool:
-            namespace = event.get("log_namespace") or ""
-            return (
-                (namespace == "mconn" or namespace.startswith("mconn."))
-                and "event" in event
-                and event.get("node_id") == node_id
-            )
-
-        if self.clock is None:
-
-            def write_now(event: dict) -> None:
-                if wanted(event):
-                    self(event)
-
-            return cast(ILogObserver, write_now)
+        clock = self.clock
         append = self._lines.append  # the batch's one list: flush empties it in place
 
-        def batch(event: dict) -> None:
+        def observe(event: dict) -> None:
             namespace = event.get("log_namespace") or ""
             if (
                 (namespace == "mconn" or namespace.startswith("mconn."))
                 and "event" in event
                 and event.get("node_id") == node_id
             ):
+                if clock is None:
+                    self(event)  # no turns: one write a record
+                    return
                 append(format_record(event))
                 if self._call is None:
-                    self._call = self.clock.callLater(0, self.flush)
+                    self._call = clock.callLater(0, self.flush)
 
-        return cast(ILogObserver, batch)
+        return cast(ILogObserver, observe)
 
     def flush(self) -> None:
         """Write the records waiting for the end of the turn (now: at a stop)."""
