@@ -10,6 +10,9 @@ byte for byte and error for error:
   payload there in place and copies the result into bytes (three passes over the data);
   here each frame's header is written and its payload copied and XORed with its key in
   the same pass, straight into the one new bytes object that goes to ``write``.
+* ``binary_frames_of``: the same frames of a write given as a list of buffers (a bulk
+  write's packet headers and payloads, unjoined); the reference joins them first, here
+  each part is copied (and masked) straight into the frames.
 * ``unmasked_payloads``: the payload bytes of the frames of one read, unmasked. The
   reference copies them into a bytearray, unmasks in place and copies out as bytes;
   here each is copied and XORed in one pass into the new bytes object.
@@ -26,7 +29,7 @@ from libc.string cimport memcpy
 
 #: The interface version websocket_frames.py expects (``WSFRAME_INTERFACE``); a stale
 #: build is not used.
-INTERFACE = 1
+INTERFACE = 2
 
 # RFC 6455 section 5.2: the first byte's FIN bit and reserved bits, the second's MASK bit;
 # a control frame's payload is at most 125 bytes (section 5.5).
@@ -139,6 +142,81 @@ def binary_frames(data, *, Py_ssize_t limit, keys=None):
             PyBuffer_Release(&key_view)
     finally:
         PyBuffer_Release(&view)
+
+
+def binary_frames_of(list parts, *, Py_ssize_t limit, keys=None):
+    """``websocket_frames.binary_frames_of``: the bytes of ``parts`` (a list of buffers:
+    a bulk write's packet headers and payload views, unjoined) as final binary frames, as
+    ``binary_frames`` of them joined; here each payload byte is read once, straight from
+    its part into the one new bytes object (copied, or copied and XORed with the key)."""
+    cdef Py_ssize_t count_parts = len(parts)
+    cdef Py_buffer *views
+    cdef Py_buffer key_view
+    cdef Py_ssize_t held = 0, n = 0, count, k, size, total, done, take, p = 0, o = 0
+    cdef unsigned char *out
+    cdef const unsigned char *key = NULL
+    cdef bint masked = keys is not None
+    if limit < 1:
+        raise ValueError(f"a WebSocket frame holds at least 1 payload byte; limit is {limit}")
+    views = <Py_buffer *>PyMem_Malloc((count_parts or 1) * sizeof(Py_buffer))
+    if views == NULL:
+        raise MemoryError(f"no memory for the views of {count_parts} buffers")
+    try:
+        for part in parts:
+            PyObject_GetBuffer(part, &views[held], PyBUF_SIMPLE)
+            held += 1
+            n += views[held - 1].len
+        count = n // limit + (1 if n % limit else 0)  # not (n + limit - 1): limit may be near 2**63
+        if count == 0:
+            count = 1  # b"" is one empty message
+        total = n + (count - 1) * (_header_size(limit) + (4 if masked else 0))
+        size = n - (count - 1) * limit
+        total += _header_size(size) + (4 if masked else 0)
+        if masked:
+            all_keys = keys(4 * count)
+            PyObject_GetBuffer(all_keys, &key_view, PyBUF_SIMPLE)
+            try:
+                if key_view.len != 4 * count:
+                    raise ValueError(
+                        f"keys({4 * count}) gave {key_view.len} bytes: 4 are needed for each of {count} frames"
+                    )
+                result = PyBytes_FromStringAndSize(NULL, total)
+            except BaseException:
+                PyBuffer_Release(&key_view)
+                raise
+            key = <const unsigned char *>key_view.buf
+        else:
+            result = PyBytes_FromStringAndSize(NULL, total)
+        out = <unsigned char *>PyBytes_AS_STRING(result)
+        for k in range(count):
+            size = limit if k < count - 1 else n - k * limit
+            out = _put_header(out, size, C_MASK if masked else 0)
+            if masked:
+                memcpy(out, key + 4 * k, 4)
+                out += 4
+            done = 0
+            while done < size:  # bounded: each turn takes a byte at least, or steps past an empty part
+                if o == views[p].len:
+                    p += 1
+                    o = 0
+                    continue
+                take = size - done
+                if take > views[p].len - o:
+                    take = views[p].len - o
+                if masked:
+                    _xor_copy(out, <const unsigned char *>views[p].buf + o, take, key + 4 * k, done & 3)
+                else:
+                    memcpy(out, <const unsigned char *>views[p].buf + o, take)
+                out += take
+                o += take
+                done += take
+        if masked:
+            PyBuffer_Release(&key_view)
+        return result
+    finally:
+        for k in range(held):
+            PyBuffer_Release(&views[k])
+        PyMem_Free(views)
 
 
 cdef struct Region:

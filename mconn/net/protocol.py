@@ -19,10 +19,10 @@ The write-ahead (``mconn.net.write_ahead``, specs/connection.md section 7): ``pu
 itself once its writes since Twisted last resumed it reach ``Config.write_ahead_time``
 at the link's measured drain rate, so that Twisted resumes it only once the kernel has
 taken them: what waits below the scheduler stays within ``tcp_notsent_lowat`` and two writes.
-On plain TCP over a link measured fast (``burst_size``) a write that fills it goes to the
-kernel at once in one ``sendmsg``, and while the kernel drains what it is given the pump
-goes on without waiting for a turn of the event loop, up to ``DIRECT_TURN_BYTES``
-(write_through.py, "Bulk writes").
+On plain TCP, or a WebSocket carrier over it (``IDirectWrites``), over a link measured
+fast (``burst_size``) a write that fills it goes to the kernel at once in one ``sendmsg``,
+and while the kernel drains what it is given the pump goes on without waiting for a turn
+of the event loop, up to ``DIRECT_TURN_BYTES`` (write_through.py, "Bulk writes").
 
 One class, one module, past 500 lines: the adapter's duties (bytes, events, time,
 backpressure, the owner's decisions) share the protocol's state, and a mixin carved out
@@ -60,7 +60,7 @@ from mconn.core.packet_size import payload_for_rate
 from mconn.net.socket_options import bytes_acked, set_socket_options, socket_of
 from mconn.net.timers import timers_of
 from mconn.net.write_ahead import WriteAhead
-from mconn.net.write_through import idle, plain_tcp, read_now, send_buffers, unsent, write_now
+from mconn.net.write_through import IDirectWrites, direct_writes, idle, plain_tcp, read_now, write_now
 
 log = Logger(namespace="mconn")
 #: The states the per-message path tests, as module constants (``State.OPEN`` is a
@@ -126,6 +126,8 @@ class MConnectionProtocol(Protocol):
         self._socket: socket.socket | None = None
         #: Plain TCP; a read is handled and its first write may go through (write_through.py).
         self._through_ok = self._through = False
+        #: How a bulk write reaches the kernel at once (write_through.py), or None.
+        self._direct: IDirectWrites | None = None
         #: Sending is paced (``Connection.send_pace``): our send_rate, or from the peer's
         #: hello on, the lower recv_rate it announced.
         self._rate_limited = owner.config.send_rate is not None
@@ -234,6 +236,7 @@ class MConnectionProtocol(Protocol):
         )
         self._socket = socket_of(self.transport) if self._pause_after_write else None
         self._through_ok = plain_tcp(self.transport)
+        self._direct = direct_writes(self.transport) if self._pause_after_write else None
         # Packets of the unmeasured size until the write-ahead has measured the link.
         core.set_packet_payload(payload_for_rate(None, self._config.write_ahead_time))
         self.transport.registerProducer(self, True)
@@ -399,14 +402,14 @@ class MConnectionProtocol(Protocol):
                 direct = False
                 if ahead is not None:
                     budget = ahead.budget()
-                    if self._through_ok and core.state is _OPEN:
+                    if self._direct is not None and core.state is _OPEN:
                         # On a link measured faster than a write per write-ahead time, and
                         # while the transport holds nothing: straight to the kernel, up to
                         # ``burst_size`` (write_through.py, "Bulk writes"). ``budget`` is
                         # what is left of ``size`` (a write that reaches it pauses); what
                         # is left of the burst is as much larger.
                         extra = burst_size(ahead) - ahead.size
-                        if extra > 0 and idle(transport):
+                        if extra > 0 and self._direct.idle():
                             direct = True
                             budget += extra
                 buffers = core.buffers_to_send(now, budget)
@@ -450,9 +453,10 @@ class MConnectionProtocol(Protocol):
         budget), to the kernel now, unjoined (write_through.py, "Bulk writes"). Returns
         whether the pump may go on at once (``_drained_now``); otherwise it has paused
         until the transport has handed everything to the kernel."""
-        sent = send_buffers(self.transport, buffers, size)
+        assert self._direct is not None  # the pump sends bulk writes only with a direct path
+        whole = self._direct.send_buffers(buffers, size)
         self._ahead.wrote(size, full)
-        if sent == size and self._drained_now(size):
+        if whole and self._drained_now(size):
             return True
         self._wait_until_written()
         return False
@@ -466,7 +470,8 @@ class MConnectionProtocol(Protocol):
         self._direct_bytes += size
         if lowat is None or self._direct_bytes >= DIRECT_TURN_BYTES:
             return False
-        queued = unsent(self.transport)
+        assert self._direct is not None  # only after a bulk write straight to the kernel
+        queued = self._direct.unsent()
         if queued is None or queued >= lowat:
             return False
         self._drained()

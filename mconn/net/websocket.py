@@ -75,8 +75,8 @@ from mconn.config import MAX_HTTP_HEAD_BYTES
 from mconn.errors import ConnectionLost, WebSocketError
 from mconn.net.tls_transport import tls_error_of
 from mconn.net.owner import IUpgradeAdmission
-from mconn.net.websocket_frames import FrameReader, frames_of, mask_keys, reader_type
-from mconn.net.write_through import idle, plain_tcp, write_now
+from mconn.net.websocket_frames import FrameReader, frames_of, mask_keys, parts_frames_of, reader_type
+from mconn.net.write_through import IDirectWrites, idle, plain_tcp, send_buffers, unsent, write_now
 
 log = Logger(namespace="mconn.websocket")
 
@@ -538,11 +538,16 @@ class WebSocketClientCarrier(_Carrier, WebSocketClientProtocol):  # type: ignore
             self.opened.errback(why)
 
 
+@implementer(IDirectWrites)
 class _MeasuredCarrier:
     """What a carrier on Twisted's own TCP transport adds: the part of a FileDescriptor's
     producer contract that the protocol above uses to measure the link (its write-ahead,
     mconn.net.write_ahead, which sizes its packets by the measured rate: 64 KiB packets on
-    loopback instead of the 16 KiB of an unmeasured link).
+    loopback instead of the 16 KiB of an unmeasured link); and, on plain TCP, bulk writes
+    straight to the kernel (``IDirectWrites``, mconn.net.write_through "Bulk writes"):
+    the protocol above hands a write that fills its write-ahead to ``send_buffers`` as its
+    packets' buffers, unjoined, which frames them (a dialer masks them) in one pass into
+    one bytes object and sends it in one ``sendmsg`` when the TCP transport holds nothing.
 
     The protocol above is the producer of the TCP transport beneath (``registerProducer``
     passes through), and every ``write`` here is one ``write`` there; so its "pause until
@@ -555,6 +560,22 @@ class _MeasuredCarrier:
     transport: Any
     state: int
     _through_ok: bool
+    factory: Any
+
+    def idle(self) -> bool:
+        """Open, on plain TCP, and nothing waits in the TCP transport's buffer (autobahn's
+        own frames, a pong or a close, go there too: a bulk write never overtakes them)."""
+        return self._through_ok and self.state == _OPEN and idle(self.transport)
+
+    def send_buffers(self, buffers: list, size: int) -> bool:
+        """The frames of ``buffers`` (``size`` bytes; binary messages of at most
+        ``SEND_MESSAGE_BYTES``, a dialer's masked) to the kernel now; what it does not
+        take waits in the TCP transport. Whether it took them all."""
+        frames = parts_frames_of(buffers, limit=SEND_MESSAGE_BYTES, keys=None if self.factory.isServer else mask_keys)
+        return send_buffers(self.transport, [frames], len(frames)) == len(frames)
+
+    def unsent(self) -> int | None:
+        return unsent(self.transport)
 
     @property
     def producerPaused(self) -> bool:

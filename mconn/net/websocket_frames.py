@@ -30,13 +30,14 @@ Limits before parsing: lengths are checked against ``max_message`` as soon as th
 is complete; nothing but a header or a control frame is ever buffered.
 
 ``binary_frames(data, limit=..., keys=...)`` is the sending side: the frames of one write
-as one bytes object. A dialer's are masked where they are built: its headers, keys and
+as one bytes object (``binary_frames_of(parts, ...)``: of a write given as a list of
+buffers). A dialer's are masked where they are built: its headers, keys and
 payload are joined into one buffer (one copy), each payload is masked there in place,
 and the buffer becomes bytes (a second copy), since Twisted's ``write`` takes only bytes.
 
 Compiled twin
 -------------
-``binary_frames``, ``FrameReader`` and ``unmasked_payloads`` (the reader's copy of the
+``binary_frames``, ``binary_frames_of``, ``FrameReader`` and ``unmasked_payloads`` (the reader's copy of the
 payloads) are the reference of mconn/net/_wsframe.pyx, an optional extension built beside
 the core's (setup.py), which does the same with one pass over the data: header and
 masked payload written straight into the new bytes, payloads unmasked straight into
@@ -186,6 +187,13 @@ def binary_frames(data, *, limit: int, keys=None) -> bytes:
     return bytes(frames)
 
 
+def binary_frames_of(parts: list, *, limit: int, keys=None) -> bytes:
+    """``binary_frames`` of the bytes of ``parts`` (a list of buffers: a bulk write's
+    packet headers and payload views, as ``Connection.buffers_to_send`` gives them), joined
+    first here; the compiled twin reads each part straight into the frames."""
+    return binary_frames(b"".join(parts), limit=limit, keys=keys)
+
+
 class FrameReader:
     """Reads the data frames of one open WebSocket connection.
 
@@ -302,7 +310,7 @@ def unmasked_payloads(data: bytes, regions: list) -> list:
 
 
 #: The interface version of mconn/net/_wsframe.pyx this source expects.
-WSFRAME_INTERFACE = 1
+WSFRAME_INTERFACE = 2
 #: The compiled twin when it is in use, else None; and why not, when it is not.
 WSFRAME, WSFRAME_WHY = load_extension("mconn.net._wsframe", WSFRAME_INTERFACE)
 #: "accelerated" or "pure Python" (the status document's ``ws_frames``).
@@ -317,6 +325,8 @@ def describe() -> str:
 #: What the carrier frames a write with, and reads frames with (``reader_type(masked=...,
 #: max_message=...)``): the compiled twin's when it is in use, else the references above.
 frames_of: Callable[..., bytes] = binary_frames if WSFRAME is None else WSFRAME.binary_frames
+#: What the carrier frames a bulk write's buffers with (unjoined), likewise.
+parts_frames_of: Callable[..., bytes] = binary_frames_of if WSFRAME is None else WSFRAME.binary_frames_of
 reader_type: Callable[..., Any] = FrameReader if WSFRAME is None else WSFRAME.FrameReader
 #: What the reference FrameReader copies payloads with.
 _payloads: Callable[[Any, list], list] = unmasked_payloads if WSFRAME is None else WSFRAME.unmasked_payloads

@@ -42,6 +42,11 @@ took it all and holds fewer than ``tcp_notsent_lowat`` bytes unsent (``unsent``:
 ``SIOCOUTQNSD`` ioctl, the count the kernel's own writability test compares), the
 socket is writable: the protocol goes on as if Twisted had resumed it, up to a bound
 per turn of the loop (protocol.py), without the watch and the turn in between.
+
+The protocol asks its transport for that path through ``IDirectWrites``
+(``direct_writes``): plain TCP through ``TCPDirect``, this module's functions on
+Twisted's transport; a WebSocket carrier over plain TCP provides it itself, framing the
+buffers as it sends them (mconn/net/websocket.py). Any other transport has none.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import fcntl
 import sys
 
 from twisted.internet import tcp
+from zope.interface import Interface, implementer
 
 #: The transports whose buffer and ``writeSomeData`` this module knows (exact types).
 PLAIN_TCP = (tcp.Server, tcp.Client)
@@ -159,3 +165,48 @@ def read_now(transport) -> bytes | None:
     except OSError:
         return None
     return data or None
+
+
+class IDirectWrites(Interface):
+    """A transport that can hand a bulk write to the kernel at once ("Bulk writes" above)."""
+
+    def idle() -> bool:
+        """Nothing written waits above the kernel, and the transport is open: a write
+        handed to the kernel now cannot overtake an earlier one."""
+
+    def send_buffers(buffers: list, size: int) -> bool:
+        """Hand ``buffers`` (``size`` bytes together, unjoined) to the kernel now, as one
+        send; what it does not take waits in the transport, which sends it once the
+        socket is writable and then resumes its producer. Only when ``idle``. Returns
+        whether the kernel took it all."""
+
+    def unsent() -> int | None:
+        """The bytes the kernel holds not yet sent (None: the platform does not say)."""
+
+
+@implementer(IDirectWrites)
+class TCPDirect:
+    """``IDirectWrites`` of Twisted's plain TCP transport (``plain_tcp``)."""
+
+    __slots__ = ("transport",)
+
+    def __init__(self, transport) -> None:
+        self.transport = transport
+
+    def idle(self) -> bool:
+        return idle(self.transport)
+
+    def send_buffers(self, buffers: list, size: int) -> bool:
+        return send_buffers(self.transport, buffers, size) == size
+
+    def unsent(self) -> int | None:
+        return unsent(self.transport)
+
+
+def direct_writes(transport) -> IDirectWrites | None:
+    """How bulk writes reach the kernel at once through ``transport``: ``TCPDirect`` on
+    plain TCP, the transport itself if it provides ``IDirectWrites`` (a WebSocket
+    carrier over plain TCP), else None (every write goes through ``write``)."""
+    if plain_tcp(transport):
+        return TCPDirect(transport)
+    return IDirectWrites(transport, None)

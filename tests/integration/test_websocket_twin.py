@@ -1,7 +1,7 @@
 """The compiled twin of the WebSocket copies (mconn/net/_wsframe.pyx) does what the pure
 functions of mconn.net.websocket_frames do, exactly.
 
-``binary_frames``, ``unmasked_payloads`` and ``FrameReader`` are the reference; the
+``binary_frames``, ``binary_frames_of``, ``unmasked_payloads`` and ``FrameReader`` are the reference; the
 extension's of the same names must give the same bytes, stops and reader state, and raise
 the same errors (type and message), on valid and malformed frames cut anywhere.
 Both are called directly, so these run whatever MCONN_PURE says; they are skipped only
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mconn.net import websocket_frames
-from mconn.net.websocket_frames import FrameReader, binary_frames, unmasked_payloads
+from mconn.net.websocket_frames import FrameReader, binary_frames, binary_frames_of, unmasked_payloads
 from tests.integration.test_websocket_frames import frame
 
 try:
@@ -90,6 +90,41 @@ def test_keys_of_the_wrong_length_are_the_same_error(n, limit, short):
     too_many = _outcome(binary_frames, data, limit=limit, keys=_Keys(1, -4))
     assert too_many[0] == "error"
     assert _outcome(compiled.binary_frames, data, limit=limit, keys=_Keys(1, -4)) == too_many
+
+
+@TWIN
+@given(
+    st.lists(st.one_of(st.integers(0, 300), st.sampled_from([0, 40, 65535, 65536, 65537, 140_000])), max_size=8),
+    st.one_of(st.sampled_from([1, 3, 4, 125, 126, 65535, 65536, 2**63 - 1]), st.integers(1, 70_000)),
+    st.booleans(),
+    st.integers(0, 2**32),
+    st.sampled_from([bytes, bytearray, memoryview]),
+)
+def test_frames_of_parts_are_the_frames_of_the_parts_joined(sizes, limit, masked, seed, kind):
+    """A bulk write's buffers (packet headers, payload views, empty ones too), framed
+    unjoined by the twin: the same bytes as the reference's frames of them joined, frames
+    crossing parts anywhere, masked or not."""
+    rng = random.Random(seed)
+    parts = [kind(rng.randbytes(n)) for n in sizes]
+    keys = _Keys(seed) if masked else None
+    want = binary_frames_of(parts, limit=limit, keys=keys)
+    assert want == binary_frames(b"".join(parts), limit=limit, keys=keys)
+    got = compiled.binary_frames_of(parts, limit=limit, keys=keys)
+    assert type(got) is bytes and got == want
+
+
+@pytest.mark.parametrize(
+    "parts, limit, short", [([b"ab", b"", b"cdefgh"], 4, 1), ([b"x" * 70_000], 65536, 3), ([], 4, 4)]
+)
+def test_frames_of_parts_refuse_what_binary_frames_refuses(parts, limit, short):
+    """Keys of the wrong length, a limit below one byte, a part that is not a buffer:
+    the same error from both."""
+    for kwargs in ({"keys": _Keys(1, short)}, {"keys": _Keys(1, -4)}, {"limit": 0}):
+        call = {"limit": limit, **kwargs}
+        want = _outcome(binary_frames_of, parts, **call)
+        assert want[0] == "error"
+        assert _outcome(compiled.binary_frames_of, parts, **call) == want
+    assert _outcome(compiled.binary_frames_of, [b"a", "text"], limit=4)[0] == "error"
 
 
 @st.composite
