@@ -8,6 +8,7 @@ modules, in reading order:
 * ``node_settings``: its settings, merged with the TOML file, and their checks;
 * ``node_config_file``: the settings' names and kinds, the TOML file, the errors;
 * ``node_help``: ``twistd mconn --help``'s Config options, from mconn/config.py's comments;
+* ``text_log``: twistd's text log of a node, Twisted's lines with cached time and formats;
 * ``status``: the status page (``/``, ``/status.json``, ``/metrics``);
 * ``status_page``: its HTML;
 * ``metrics``: the Prometheus metrics (specs/status.md section 4);

@@ -36,6 +36,11 @@ connections use them, connected peers stay. A reload that fails (a bad file, a
 certificate for another key, an expired one) is logged and the old certificate stays in
 use. Only a node started by twistd (:func:`makeService`) installs the handler.
 
+twistd's log: makeService opens the file twistd would log to (``--logfile``, the daemon's
+log file, stdout for ``twistd -n``) with mconn/ops/text_log.py's observer, Twisted's lines
+at a fraction of their cost, and :meth:`NodeService.setServiceParent` makes it twistd's
+application's ``ILogObserver``; ``--logger`` and ``--syslog`` still choose their own.
+
 SIGTERM: twistd stops the service, the Switch closes every peer with a close packet, the
 telemetry file gets the last events, and twistd exits (by re-raising the signal, so the
 exit status is "terminated by SIGTERM", the way twistd reports an orderly stop).
@@ -60,7 +65,8 @@ from twisted.application.service import MultiService, Service
 from twisted.internet import defer
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
-from twisted.logger import Logger
+from twisted.logger import ILogObserver, Logger
+from twisted.python.components import Componentized
 
 from mconn.ops.node_config_file import FALSE_WORDS, TRUE_WORDS, ConfigurationError, Setting
 from mconn.core.node_info import display_name
@@ -70,6 +76,7 @@ from mconn.switch.reactor import Reactor
 from mconn.ops.status import StatusService
 from mconn.switch.switch import Switch
 from mconn.ops.telemetry_file import TelemetryFileService
+from mconn.ops.text_log import twistd_log_observer
 from mconn.net.tls import TLSOptions
 
 #: twistd needs Options and makeService here; the rest is what callers import from it.
@@ -110,6 +117,13 @@ def makeService(options: Options) -> NodeService:
     twistd = getattr(options, "parent", None)
     if twistd is not None and twistd.get("nodaemon"):
         service.foreground_pidfile = twistd.get("pidfile") or ""
+    if twistd is not None:
+        try:
+            service.text_log = twistd_log_observer(twistd)
+        except OSError as e:
+            raise SystemExit(
+                f"mconn: --logfile: cannot write {e.filename or twistd.get('logfile')}: {e.strerror or e}"
+            ) from None
     return service
 
 
@@ -381,6 +395,9 @@ class NodeService(MultiService):
         self.telemetry = telemetry
         #: The IListeningPorts, once bound.
         self.ports: list[IListeningPort] | None = None
+        #: twistd's text log (mconn/ops/text_log.py), set by makeService: given to twistd
+        #: as the application's ILogObserver when the service joins it.
+        self.text_log: ILogObserver | None = None
         self._binding = False
         #: Install a SIGHUP handler that reloads the TLS files (set by makeService).
         self.reload_on_sighup = False
@@ -396,6 +413,15 @@ class NodeService(MultiService):
         if status is not None:
             self.status = StatusService(switch, status, listen_addresses=self._addresses)
             self.status.setServiceParent(self)
+
+    def setServiceParent(self, parent) -> None:
+        """Join ``parent``; twistd's application also gets :attr:`text_log` as its log
+        observer, which twistd uses unless ``--logger`` names another (twistd's AppLogger
+        reads the component after makeService, before it starts logging)."""
+        super().setServiceParent(parent)
+        if self.text_log is not None and isinstance(parent, Componentized):
+            if parent.getComponent(ILogObserver, None) is None:
+                parent.setComponent(ILogObserver, self.text_log)
 
     def privilegedStartService(self) -> None:
         super().privilegedStartService()
