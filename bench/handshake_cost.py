@@ -1,7 +1,7 @@
 """CPU of the listener's side of a plaintext handshake, in one process, without sockets.
 
     PYTHONPATH=<tree> .venv/bin/python bench/handshake_cost.py [--peers 3000] [--rounds 5]
-        [--telemetry file|none] [--profile FILE] [--count] [--gc-freeze] [--text-log]
+        [--telemetry file|none] [--profile FILE] [--count] [--gc-freeze] [--text-log [twisted|mconn]]
 
 What bench/many_peers.py's storm costs the listening Switch in Python, without the
 kernel's accept, read and send or Twisted's event loop: a Switch at the
@@ -22,8 +22,9 @@ Deferreds, DelayedCalls and log events per handshake of one more round, and with
 once the round's Switch is built (and ``gc.unfreeze()`` after it), as a node could after
 its start. ``--text-log`` adds the observer twistd logs a node's events with (Twisted's
 ``textFileLogObserver``, into /dev/null): a node run by twistd writes each event as a
-line of text too, which the storm's listener does not. Run it with the trees to compare on
-PYTHONPATH, in turns, in the same minutes.
+line of text too, which the storm's listener does not; ``--text-log mconn`` is the observer
+twistd gets from an mconn node (mconn/ops/text_log.py: the same lines, cached). Run it
+with the trees to compare on PYTHONPATH, in turns, in the same minutes.
 """
 
 from __future__ import annotations
@@ -193,7 +194,12 @@ def main() -> int:
         "--gc-freeze", action="store_true", help="gc.freeze() before each round (the process's objects then)"
     )
     parser.add_argument(
-        "--text-log", action="store_true", help="also twistd's text log of every event (to /dev/null), as a node's"
+        "--text-log",
+        nargs="?",
+        const="twisted",
+        choices=["twisted", "mconn"],
+        help="also twistd's text log of every event (to /dev/null): Twisted's textFileLogObserver (the default), "
+        "or mconn's, which twistd uses for a node",
     )
     args = parser.parse_args()
     from twisted.logger import globalLogBeginner, textFileLogObserver
@@ -201,7 +207,10 @@ def main() -> int:
     import mconn
 
     # twistd's log file observer: a node run by twistd writes every event as a line of text
-    text = [textFileLogObserver(open(os.devnull, "w"))] if args.text_log else []
+    from mconn.ops.text_log import text_file_log_observer
+
+    observers = {"twisted": textFileLogObserver, "mconn": text_file_log_observer}
+    text = [observers[args.text_log](open(os.devnull, "w"))] if args.text_log else []
     globalLogBeginner.beginLoggingTo(text, discardBuffer=True, redirectStandardIO=False)
     tmp = tempfile.mkdtemp(prefix="mconn-handshake-cost-")
     try:
@@ -209,6 +218,7 @@ def main() -> int:
         out = {
             "mconn": os.path.dirname(mconn.__file__),
             "peers": args.peers,
+            "text_log": args.text_log,
             "us_per_handshake": round(min(r["us_per_handshake"] for r in rounds), 1),
             "rounds_us": [round(r["us_per_handshake"], 1) for r in rounds],
             "connected": [r["connected"] for r in rounds],
