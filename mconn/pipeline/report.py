@@ -4,8 +4,8 @@ The first screen answers "is the fleet healthy?": a verdict line on exactly-once
 delivery, the headline numbers, and the audit's findings if there are any. The plots
 follow (link timeline, reconnect delays, round trips, bandwidth against priority,
 unstable links, errors), then the tables behind them. Everything shown is collected
-from the written tables (the contention chart: from the events' ``channel_stats``)
-with bounded queries (top N, or a sample of at most ``SAMPLE`` values per histogram),
+from the written tables (the contention chart: from the events' ``channel_stats``, as
+the channels stage summed them per minute, ``channels.per_minute``) with bounded queries (top N, or a sample of at most ``SAMPLE`` values per histogram),
 so the driver's memory does not grow with the fleet.
 """
 
