@@ -49,6 +49,7 @@ from __future__ import annotations
 import bisect
 import collections
 import functools
+import itertools
 import dataclasses
 import math
 import re
@@ -193,7 +194,7 @@ class SendDelay:
     ) -> None:
         if not _is_int(every) or every < 1:
             raise ValueError(f"SendDelay every must be an integer >= 1, got {every!r}")
-        if not buckets or any(not b > a for a, b in zip(buckets, buckets[1:])) or not buckets[0] > 0:
+        if not buckets or any(not b > a for a, b in itertools.pairwise(buckets)) or not buckets[0] > 0:
             raise ValueError(f"SendDelay buckets must be positive and increasing, got {buckets!r}")
         self.clock = clock
         self.every = every
@@ -215,7 +216,7 @@ class SendDelay:
         """``(upper bound, observations at or below it)`` per bucket, ``inf`` last."""
         running = 0
         out = []
-        for bound, count in zip((*self.buckets, math.inf), self.counts):
+        for bound, count in zip((*self.buckets, math.inf), self.counts, strict=True):
             running += count
             out.append((bound, running))
         return out

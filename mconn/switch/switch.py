@@ -485,7 +485,7 @@ class Switch(Service):
         """``send`` to every connected peer; fires with {node_id: bool}."""
         peers = list(self.peers.values())
         d = defer.gatherResults([p.send(channel_id, message) for p in peers])
-        return d.addCallback(lambda results: {p.node_id: ok for p, ok in zip(peers, results)})
+        return d.addCallback(lambda results: {p.node_id: ok for p, ok in zip(peers, results, strict=True)})
 
     def try_broadcast(self, channel_id: int, message: bytes, *, exclude=None) -> dict[str, bool]:
         """``try_send`` to every Peer in ``peers`` but ``exclude`` (a Peer or node id,
@@ -605,4 +605,4 @@ def _carried_traffic(sample: tuple, before: tuple | None) -> bool:
     """Whether anything but the round trip differs between two channel_samples."""
     if before is None or len(before) != len(sample):
         return True
-    return any(now[:-1] != then[:-1] for now, then in zip(sample, before))
+    return any(now[:-1] != then[:-1] for now, then in zip(sample, before, strict=True))

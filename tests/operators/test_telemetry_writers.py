@@ -99,7 +99,7 @@ def test_a_shapes_writer_writes_the_lean_records_json_whatever_the_types(keys, d
     node_id = data.draw(st.sampled_from(["n1", "a" * 40, None]))
     events = [_event(data.draw, keys, level, node_id) for _ in range(4)]
     for event in [events[0], *events]:  # the first twice: its head is kept after it
-        assert _outcome(lambda: lean_text(event)) == _json_of_lean_record(event)
+        assert _outcome(lambda event=event: lean_text(event)) == _json_of_lean_record(event)
         assert format_record(event) == _reference_line(event)
 
 
@@ -115,7 +115,7 @@ def test_a_writer_made_for_one_type_writes_any_other_as_the_record(first, key):
     made = {shape: "x", key: CROSSED[first], **envelope}
     for later in [CROSSED[first], CROSSED[first], *CROSSED]:
         event = {shape: "x", key: later, **envelope}
-        assert _outcome(lambda: lean_text(event)) == _json_of_lean_record(event), (first, later)
+        assert _outcome(lambda event=event: lean_text(event)) == _json_of_lean_record(event), (first, later)
     assert _outcome(lambda: lean_text(made)) == _json_of_lean_record(made)
 
 
