@@ -82,7 +82,7 @@ def panel(ax, figures: list[dict], of_bound: bool) -> None:
     """Horizontal bars, one per figure, each with its target drawn across it."""
     names = [f["figure"] for f in figures]
     ys = range(len(figures))[::-1]
-    for y, fig in zip(ys, figures):
+    for y, fig in zip(ys, figures, strict=True):
         bound = fig["target"]["bound"]
         length = measured(fig) / bound if of_bound else measured(fig)
         mark = 1.0 if of_bound else bound

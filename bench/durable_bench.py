@@ -283,7 +283,7 @@ def report(results: dict, recovered: dict, args) -> None:
     for size, unit, key in ((SMALL, "messages/s", "messages_per_s"), (BULK, "MiB/s", "mib_per_s")):
         memory = [r[key] for r in results[(size, "memory")]]
         stored = results[(size, "store")]
-        ratios = [s[key] / m[key] for s, m in zip(stored, results[(size, "memory")])]
+        ratios = [s[key] / m[key] for s, m in zip(stored, results[(size, "memory")], strict=True)]
         print(
             f"try_send {size} B: memory {statistics.median(memory):,.1f} {unit}, store "
             f"{statistics.median(r[key] for r in stored):,.1f} {unit}, store/memory {statistics.median(ratios):.3f}; "

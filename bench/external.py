@@ -101,7 +101,7 @@ def run_storm(args) -> dict:
         "peers": peers,
         "dialers": dialers,
         "runs": results,
-        "rows": [dict(zip(("figure", "median", "target", "passed"), row)) for row in rows],
+        "rows": [dict(zip(("figure", "median", "target", "passed"), row, strict=True)) for row in rows],
     }
 
 

@@ -159,7 +159,7 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         counts = shares(args.peers, args.dialers)
         result = {"mconn_file": hello["mconn_file"], "config": hello["config"]}
         # 1. raw TCP connects
-        for d, n in zip(dialers, counts):
+        for d, n in zip(dialers, counts, strict=True):
             d.send(do="raw", port=hello["raw_port"], count=n)
         raw_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
         time.sleep(0.5)  # a dialer is done at connect, the listener may not have accepted the last ones yet
@@ -179,7 +179,7 @@ def run_variant(args, name: str, pythonpath: str, tmp: str) -> dict:
         spy = py_spy(args, listener_role, f"{args.py_spy}.{name}.txt") if args.py_spy else None
         listener_role.ask(do="profile_storm")
         t0 = time.time()
-        for d, n in zip(dialers, counts):
+        for d, n in zip(dialers, counts, strict=True):
             d.send(do="storm", port=hello["port"], count=n)
         storm_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
         time.sleep(0.5)
@@ -234,7 +234,7 @@ def raw_keepalive_idle(args, listener_role, dialers, counts, hello) -> dict:
     ``transport.write`` per ping); the dialers answer each ping with a pong. The
     listener's CPU time over ``--idle`` seconds, as phase 4 measures it; then the
     connections are closed."""
-    for d, n in zip(dialers, counts):
+    for d, n in zip(dialers, counts, strict=True):
         d.send(do="keepalive", port=hello["keepalive_port"], count=n)
     for d in dialers:
         d.read(STORM_DEADLINE + 30)
@@ -273,7 +273,7 @@ def raw_round(listener_role, dialers, counts, hello) -> dict:
     does for a handshake's bytes without mconn (its hello at once, the session answer's
     bytes once the dialer's hello is in)."""
     listener_role.ask(do="mark_cpu")
-    for d, n in zip(dialers, counts):
+    for d, n in zip(dialers, counts, strict=True):
         d.send(do="round", port=hello["round_port"], count=n, answer_size=hello["answer_size"])
     round_dialers = [d.read(STORM_DEADLINE + 30) for d in dialers]
     time.sleep(0.5)  # as after the storm

@@ -221,7 +221,7 @@ def loopback_runs(mib: int, repeat: int) -> dict:
         if done.code:
             raise
     medians = {f"loopback_s_per_MiB_at_{p}": statistics.median(v) for p, v in out.items()}
-    medians["rounds_1024_over_65536"] = [a / b for a, b in zip(out[1024], out[65536])]
+    medians["rounds_1024_over_65536"] = [a / b for a, b in zip(out[1024], out[65536], strict=True)]
     return medians
 
 

@@ -351,7 +351,7 @@ def judge_acks(rounds: list[dict]) -> list[dict]:
     for i, (figure, unit, _) in enumerate(per_round[0]["now"]):
         col = {v: [r[v][i][2] for r in per_round] for v in per_round[0]}
         ratios = {
-            f"now_over_{other}": [n / o for n, o in zip(col["now"], col[other]) if n is not None and o]
+            f"now_over_{other}": [n / o for n, o in zip(col["now"], col[other], strict=True) if n is not None and o]
             for other in ("before", "rare_acks")
         }
         rows.append(_variant_row(figure, unit, col, ratios, "now_over_before" if unit.endswith("/s") else None))
@@ -369,7 +369,7 @@ def judge_msgcost(rounds: list[dict]) -> list[dict]:
         for phase in ("send_us", "deliver_us", "total_us"):
             col = {v: [r[v][scenario][phase] for r in rounds] for v in rounds[0]}
             ratios = {
-                f"{other}_over_now": [b / n for n, b in zip(col["now"], col[other])]
+                f"{other}_over_now": [b / n for n, b in zip(col["now"], col[other], strict=True)]
                 for other in ("before", "rare_acks")
             }
             judged = "before_over_now" if phase == "total_us" else None
@@ -388,7 +388,7 @@ def print_variants(rows: list[dict], ratios: tuple[str, str]) -> None:
     print("-" * len(header))
     for r in rows:
         cells = []
-        for key, width in zip(ratios, (11, 10)):
+        for key, width in zip(ratios, (11, 10), strict=True):
             values = r["rounds_" + key]
             spread = f"{_fmt(min(values), 2)}..{_fmt(max(values), 2)}" if len(values) > 1 else ""
             cells.append(f"{_fmt(r[key]):>{width}}{spread:>12}")
@@ -439,7 +439,7 @@ def resume_figures(result: dict) -> dict:
         raise RuntimeError(f"resume: {len(resets)} resets but the receiver saw {len(resumes)} resumes")
 
     def since_reset(key: str, source: list[dict]) -> list[float]:
-        return [(s[key] - r["reset_ns"]) / 1e6 for r, s in zip(resets, source) if s[key] is not None]
+        return [(s[key] - r["reset_ns"]) / 1e6 for r, s in zip(resets, source, strict=True) if s[key] is not None]
 
     def fresh(mode: str, side: str, key: str) -> list[float]:
         samples = recv["fresh"] if side == "recv" else send["fresh"]
@@ -464,7 +464,10 @@ def resume_figures(result: dict) -> dict:
         )
 
     stall_ms = {
-        side: [stalled(result[side].get("stalls", []), r["reset_ns"], s["first_ns"]) for r, s in zip(resets, resumes)]
+        side: [
+            stalled(result[side].get("stalls", []), r["reset_ns"], s["first_ns"])
+            for r, s in zip(resets, resumes, strict=True)
+        ]
         for side in ("send", "recv")
     }
     events = sorted(

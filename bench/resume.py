@@ -297,7 +297,7 @@ class ResumeDialer:
             stream.start(STREAM_TICK, now=True)
             await sleep(clock, SETTLE)
             for i in range(self.resets):
-                for mode, port in zip(MODES, (proxy_port, self.port)):
+                for mode, port in zip(MODES, (proxy_port, self.port), strict=True):
                     await self._fresh(i, mode, port)
                 await self._reset(i, proxy)
             stream.stop()
