@@ -15,47 +15,10 @@ import pytest_twisted
 from helpers import sleep
 from mconn.net.write_through import IDirectWrites, TCPDirect, direct_writes
 from mconn.net.websocket import WebSocketClientCarrier, WebSocketServerCarrier
-from tests.integration.test_websocket_write_through import CH, Collector, stop, ws_pair
+from .test_websocket_write_through import ws_pair
+from .write_paths import CH, Collector, SendLog, stop
 
 pytestmark = pytest.mark.integration
-
-
-class SendLog:
-    """Stands in for the socket beneath a carrier: records each ``sendmsg`` (its buffers
-    and the bytes the kernel took) and each resume of the protocol above, in order."""
-
-    def __init__(self, protocol) -> None:
-        transport = protocol.transport.transport  # the TCP transport beneath the carrier
-        self.sock = transport.socket
-        self.events: list[tuple] = []
-        transport.socket = self
-        resume = protocol.resumeProducing
-
-        def resumed() -> None:
-            self.events.append(("resume",))
-            resume()
-
-        protocol.resumeProducing = resumed
-
-    def sendmsg(self, buffers, *args):
-        buffers = list(buffers)
-        sent = self.sock.sendmsg(buffers, *args)
-        self.events.append(("sendmsg", buffers, sent))
-        return sent
-
-    def __getattr__(self, name):
-        return getattr(self.sock, name)
-
-    def sends(self) -> list[tuple]:
-        return [e for e in self.events if e[0] == "sendmsg"]
-
-    def most_sends_in_a_turn(self) -> int:
-        """The most ``sendmsg`` calls between two resumes of the protocol above."""
-        most = calls = 0
-        for event in self.events:
-            calls = 0 if event[0] == "resume" else calls + 1
-            most = max(most, calls)
-        return most
 
 
 def measured_fast(protocol) -> SendLog:
@@ -63,7 +26,7 @@ def measured_fast(protocol) -> SendLog:
     loopback after its first bulk writes): bulk writes of up to 256 KiB go straight to
     the kernel. Returns the SendLog of the socket beneath its carrier."""
     protocol._ahead.rate = 1e9
-    return SendLog(protocol)
+    return SendLog(protocol, protocol.transport.transport)  # the TCP transport beneath the carrier
 
 
 def listener_peer(switch, node_id):

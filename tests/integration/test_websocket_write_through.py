@@ -10,16 +10,15 @@ import socket
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer
 
 from helpers import bounded, buffered, sleep, the_reactor
-from mconn import ChannelDescriptor, Config, Reactor, Switch
+from mconn import Config, Reactor, Switch
 from mconn.net.websocket import WebSocketClientCarrier, WebSocketServerCarrier
+
+from .write_paths import CH, CHANNELS, Collector, stop
 
 pytestmark = pytest.mark.integration
 
-CH = 0x20
-CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=8, recv_message_capacity=4 << 20)]
 PATH = "/mconn"
 
 
@@ -46,32 +45,6 @@ class Echo(Reactor):
             self.paused_after.append(peer._protocol._paused)
 
 
-class Collector(Reactor):
-    """Fires ``until(n)`` once n messages have arrived."""
-
-    def __init__(self):
-        self.messages: list[bytes] = []
-        self._waiters: list = []
-
-    def get_channels(self):
-        return CHANNELS
-
-    def receive(self, channel_id, peer, message):
-        self.messages.append(message)
-        for n, d in list(self._waiters):
-            if len(self.messages) >= n:
-                self._waiters.remove((n, d))
-                d.callback(n)
-
-    def until(self, n):
-        d = defer.Deferred()
-        self._waiters.append((n, d))
-        if len(self.messages) >= n:
-            self._waiters.clear()
-            d.callback(n)
-        return bounded(d)
-
-
 async def ws_pair(echo, config=None):
     """A ws:// listener answering with ``echo`` and a dialer; the dialer's peer."""
     collector = Collector()
@@ -83,10 +56,6 @@ async def ws_pair(echo, config=None):
     peer = await bounded(b.dial(f"{a.node_id}@ws://127.0.0.1:{port.getHost().port}{PATH}"))
     assert isinstance(peer._protocol.transport, WebSocketClientCarrier)
     return a, b, collector, peer
-
-
-async def stop(*switches):
-    await bounded(defer.gatherResults([defer.maybeDeferred(s.stopService) for s in switches]))
 
 
 @pytest_twisted.ensureDeferred

@@ -14,22 +14,20 @@ import types
 
 import pytest
 import pytest_twisted
-from twisted.internet import defer
 from twisted.internet.protocol import Protocol
 from twisted.internet.ssl import CertificateOptions
 from twisted.internet.testing import StringTransport
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 
 from helpers import bounded, buffered, sleep, the_reactor
-from mconn import ChannelDescriptor, Config, Reactor, Switch
+from mconn import Config, Reactor, Switch
 from mconn.net import protocol as protocol_module
 from mconn.net.protocol import BURST_BYTES
 from mconn.net.write_through import plain_tcp, unsent
 
-pytestmark = pytest.mark.integration
+from .write_paths import CH, CHANNELS, Collector, SendLog, stop
 
-CH = 0x20
-CHANNELS = [ChannelDescriptor(CH, send_queue_capacity=8, recv_message_capacity=4 << 20)]
+pytestmark = pytest.mark.integration
 
 
 class Echo(Reactor):
@@ -54,37 +52,6 @@ class Echo(Reactor):
             self.paused_after.append(peer._protocol._paused)
 
 
-class Collector(Reactor):
-    """Fires ``until(n)`` once n messages have arrived."""
-
-    def __init__(self):
-        self.messages: list[bytes] = []
-        self.added = defer.Deferred()
-        self._waiters: list = []
-
-    def get_channels(self):
-        return CHANNELS
-
-    def add_peer(self, peer):
-        if not self.added.called:
-            self.added.callback(peer)
-
-    def receive(self, channel_id, peer, message):
-        self.messages.append(message)
-        for n, d in list(self._waiters):
-            if len(self.messages) >= n:
-                self._waiters.remove((n, d))
-                d.callback(n)
-
-    def until(self, n):
-        d = defer.Deferred()
-        self._waiters.append((n, d))
-        if len(self.messages) >= n:
-            self._waiters.clear()
-            d.callback(n)
-        return bounded(d)
-
-
 async def pair(echo, config=None):
     """A listening Switch answering with ``echo``, and a dialing one; the dialer's peer.
     ``config``: both Switches' (default Config())."""
@@ -96,10 +63,6 @@ async def pair(echo, config=None):
     port = await a.listen("tcp:0:interface=127.0.0.1")
     peer = await bounded(b.dial(f"{a.node_id}@127.0.0.1:{port.getHost().port}"))
     return a, b, collector, peer
-
-
-async def stop(*switches):
-    await bounded(defer.gatherResults([defer.maybeDeferred(s.stopService) for s in switches]))
 
 
 @pytest_twisted.ensureDeferred
@@ -215,47 +178,6 @@ async def test_a_write_ahead_that_went_through_whole_still_resumes():
     for a drain that never comes; the answer arrives whole."""
     echo = await answer_big(bytes(range(256)) * 4096, 4 << 20, Config(tcp_notsent_lowat=None))
     assert echo.held_after == [0] and echo.paused_after == [True]
-
-
-class SendLog:
-    """Stands in for a transport's socket: records each ``sendmsg`` (its buffers, as
-    given, and the bytes the kernel took) and each resume of the protocol, in order."""
-
-    def __init__(self, protocol) -> None:
-        transport = protocol.transport
-        self.sock = transport.socket
-        self.events: list[tuple] = []
-        transport.socket = self
-        resume = protocol.resumeProducing
-
-        def resumed() -> None:
-            self.events.append(("resume",))
-            resume()
-
-        protocol.resumeProducing = resumed
-
-    def sendmsg(self, buffers, *args):
-        buffers = list(buffers)
-        sent = self.sock.sendmsg(buffers, *args)
-        self.events.append(("sendmsg", buffers, sent))
-        return sent
-
-    def __getattr__(self, name):
-        return getattr(self.sock, name)
-
-    def sends(self) -> list[tuple]:
-        return [e for e in self.events if e[0] == "sendmsg"]
-
-    def turns(self) -> list[tuple[int, int]]:
-        """(sendmsg calls, bytes they sent) between two resumes, resume to resume."""
-        turns = [(0, 0)]
-        for event in self.events:
-            if event[0] == "resume":
-                turns.append((0, 0))
-            else:
-                calls, sent = turns[-1]
-                turns[-1] = (calls + 1, sent + event[2])
-        return turns
 
 
 async def bulk_pair():
