@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -481,7 +482,7 @@ def timed(command: list[str], env=None, cwd=None) -> tuple[float, str, int, str,
     import threading
 
     out = {}
-    reader = threading.Thread(target=lambda: out.update(zip(("stdout", "stderr"), proc.communicate())))
+    reader = threading.Thread(target=lambda: out.update(zip(("stdout", "stderr"), proc.communicate(), strict=True)))
     reader.start()
     while reader.is_alive():
         rss, flags = tree_rss(proc.pid, cpu)
@@ -824,7 +825,7 @@ def _checks(args, rows: list[dict]) -> list[str]:
             if r.get("before"):
                 line += f" (before {r['before']['spark']['seconds'] / f['seconds']:.2f})"
             checks.append(line)
-    for small, large in zip(rows, rows[1:]):
+    for small, large in itertools.pairwise(rows):
         er = large["events"] / small["events"]
         tr = large["spark"]["seconds"] / small["spark"]["seconds"]
         ok = tr <= 1.1 * er

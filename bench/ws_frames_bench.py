@@ -121,7 +121,7 @@ def main(argv=None) -> int:
             for masked in (True, False):
                 side = "masked" if masked else "unmasked"
                 results.setdefault((name, "write", side), []).append(
-                    per_mib(lambda: write(data, masked), 500, write_mib)
+                    per_mib(lambda write=write, masked=masked: write(data, masked), 500, write_mib)
                 )
                 read_mib = sum(len(r) for r in reads[masked]) / 2**20
                 results.setdefault((name, "read", side), []).append(

@@ -49,6 +49,7 @@ import bz2
 import dataclasses
 import fnmatch
 import gzip
+import itertools
 import json
 import os
 import re
@@ -421,7 +422,7 @@ def rotation_gaps(paths: list[str]) -> list[str]:
     warnings = []
     for base, numbers in sorted(seqs.items()):
         ordered = sorted(numbers)
-        holes = [n for a, b in zip(ordered, ordered[1:]) for n in range(a + 1, min(b, a + 6))][:5]
+        holes = [n for a, b in itertools.pairwise(ordered) for n in range(a + 1, min(b, a + 6))][:5]
         count = ordered[-1] - ordered[0] + 1 - len(ordered)
         if count:
             more = f" and {count - len(holes)} more" if count > len(holes) else ""

@@ -160,7 +160,7 @@ def bars_figure(rows: list[tuple[str, dict[str, float]]], colors: dict, title: s
     for part in parts:
         widths = [values.get(part, 0) for _, values in rows]
         ax.barh(range(len(rows)), widths, left=left, label=part, color=colors.get(part, GREY))
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=7)
     ax.set_ylim(slots - 0.5, -0.5)  # first row on top; empty slots below a short list
     ax.set_xlabel(xlabel)
