@@ -89,6 +89,8 @@ class MConnectionProtocol(Protocol):
     _after_stall, _linger = False, None
     #: Bulk bytes sent on since the transport last resumed us (``_drained_now``).
     _direct_bytes = 0
+    #: Reading is paced (``Config.recv_rate`` set; rarely): set per connection only then.
+    _recv_limited = False
 
     #: What carries the bytes: TCP, mconn's TLS, a WebSocket carrier or a test's
     #: StringTransport (None until makeConnection). Beyond ITransport it is asked for
@@ -131,7 +133,8 @@ class MConnectionProtocol(Protocol):
         #: Sending is paced (``Connection.send_pace``): our send_rate, or from the peer's
         #: hello on, the lower recv_rate it announced.
         self._rate_limited = owner.config.send_rate is not None
-        self._recv_limited = owner.config.recv_rate is not None
+        if owner.config.recv_rate is not None:
+            self._recv_limited = True
         #: Our entry in the clock's Timers while one is armed (mconn/net/timers.py).
         self._timer: list[Any] | None = None
         self._timer_due = 0.0

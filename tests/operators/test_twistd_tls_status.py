@@ -63,8 +63,9 @@ def test_three_tls_nodes_show_each_other_on_their_status_pages(nodes):
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0] == f"node       {ids['a']}"
-    assert lines[2].startswith("hot path   ")
-    rows = {line.split()[0]: line.split() for line in lines[5:]}
+    assert lines[2].startswith("hot path   ") and lines[3].startswith("ws frames  ")
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["PEER"])  # the table below the node's lines
+    rows = {line.split()[0]: line.split() for line in lines[header + 1 :]}
     assert set(rows) == {ids["b"], ids["c"]}
     assert {row[1] for row in rows.values()} == {"connected"}
 
