@@ -73,6 +73,19 @@ cdef inline Py_ssize_t _header_size(Py_ssize_t n) noexcept nogil:
     return 2 if n < 126 else 4 if n < 65536 else 10
 
 
+cdef inline Py_ssize_t _frame_count(Py_ssize_t n, Py_ssize_t limit) noexcept nogil:
+    """The frames of ``n`` payload bytes, at most ``limit`` each (b"" is one empty frame)."""
+    cdef Py_ssize_t count = n // limit + (1 if n % limit else 0)  # not (n + limit - 1): limit may be near 2**63
+    return count if count else 1
+
+
+cdef inline Py_ssize_t _frames_size(Py_ssize_t n, Py_ssize_t limit, Py_ssize_t count, bint masked) noexcept nogil:
+    """The bytes of ``count`` frames of ``n`` payload bytes: all but the last of ``limit``
+    bytes, each with its header (and its 4-byte key when ``masked``)."""
+    cdef Py_ssize_t key = 4 if masked else 0
+    return n + (count - 1) * (_header_size(limit) + key) + _header_size(n - (count - 1) * limit) + key
+
+
 cdef inline unsigned char *_put_header(unsigned char *p, Py_ssize_t n, unsigned char mask_bit) noexcept nogil:
     """A final binary frame's header for ``n`` payload bytes (RFC 6455 section 5.2:
     7-bit, 16-bit or 64-bit length, network order); where the masking key or payload goes."""
@@ -108,12 +121,8 @@ def binary_frames(data, *, Py_ssize_t limit, keys=None):
     try:
         n = view.len
         src = <const unsigned char *>view.buf
-        count = n // limit + (1 if n % limit else 0)  # not (n + limit - 1): limit may be near 2**63
-        if count == 0:
-            count = 1  # b"" is one empty message
-        total = n + (count - 1) * (_header_size(limit) + (4 if masked else 0))
-        size = n - (count - 1) * limit
-        total += _header_size(size) + (4 if masked else 0)
+        count = _frame_count(n, limit)
+        total = _frames_size(n, limit, count, masked)
         if not masked:
             result = PyBytes_FromStringAndSize(NULL, total)
             out = <unsigned char *>PyBytes_AS_STRING(result)
@@ -166,12 +175,8 @@ def binary_frames_of(list parts, *, Py_ssize_t limit, keys=None):
             PyObject_GetBuffer(part, &views[held], PyBUF_SIMPLE)
             held += 1
             n += views[held - 1].len
-        count = n // limit + (1 if n % limit else 0)  # not (n + limit - 1): limit may be near 2**63
-        if count == 0:
-            count = 1  # b"" is one empty message
-        total = n + (count - 1) * (_header_size(limit) + (4 if masked else 0))
-        size = n - (count - 1) * limit
-        total += _header_size(size) + (4 if masked else 0)
+        count = _frame_count(n, limit)
+        total = _frames_size(n, limit, count, masked)
         if masked:
             all_keys = keys(4 * count)
             PyObject_GetBuffer(all_keys, &key_view, PyBUF_SIMPLE)
