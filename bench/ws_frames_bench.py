@@ -13,6 +13,10 @@ What it measures, per MiB of payload, each the median of ``--repeat`` interleave
 * ``copy``: ``bytearray(data)`` of the same 65,920 bytes (one copy), the baseline: the
   figures are also shown as multiples of it, steadier than microseconds on a shared machine.
 
+Each is measured on the compiled twin (mconn/net/_wsframe.pyx, what runs when it is built:
+``compiled``) and on the pure reference of websocket_frames.py (``pure``), whatever
+``MCONN_PURE`` says.
+
 ``--before REF`` runs the same against ``mconn/net/websocket_frames.py`` of git revision REF
 too (exported with ``git show``), in the same rounds. A revision from before
 ``binary_frames`` existed writes the way mconn/net/websocket.py then did: one ``masked_frame``
@@ -108,7 +112,11 @@ def main(argv=None) -> int:
     parser.add_argument("--before", metavar="REF")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args(argv)
-    versions = [("now", current)] + ([(args.before, load_revision(args.before))] if args.before else [])
+    versions = [("pure", current)] + ([(args.before, load_revision(args.before))] if args.before else [])
+    if current.WSFRAME is not None:
+        versions.insert(0, ("compiled", current.WSFRAME))
+    else:
+        print(f"the compiled twin is not in use ({current.WSFRAME_WHY}): the pure functions only")
     data = os.urandom(WRITE)
     write_mib = WRITE / 2**20
     streams = {masked: b"".join(writer(current)(data, masked) for _ in range(40)) for masked in (True, False)}
