@@ -49,10 +49,16 @@ lint: $(STAMP)
 	$(PY) -m mypy
 
 # The whole suite runs on what `mconn --version` says (the compiled twin when it is built);
-# tests/core and tests/adapter run a second time on the pure-Python functions.
+# tests/core, tests/adapter and PURE_WIRE_TESTS run a second time on the pure-Python functions.
+# The real-socket tests of the data path (TCP, TLS, ws and wss; resume, limits, hostile
+# peers), run again on the pure-Python twins: they are what the compiled ones replace.
+PURE_WIRE_TESTS = $(addprefix tests/integration/test_,$(addsuffix .py,loopback resume resume_scenarios \
+	packet_floor packet_size limits_every_transport hostile websocket websocket_direct websocket_packets \
+	websocket_resume write_through tls read_at_accept))
+
 test: lint
 	$(PY) -m pytest -q
-	MCONN_PURE=1 $(PY) -m pytest -q tests/core tests/adapter
+	MCONN_PURE=1 $(PY) -m pytest -q tests/core tests/adapter $(PURE_WIRE_TESTS)
 
 run: $(STAMP)
 	$(PY) examples/fleet.py --duration $(RUN_SECONDS) $(if $(FOLLOW),--follow)
