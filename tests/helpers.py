@@ -36,7 +36,7 @@ from mconn.core.wire import (
     encode_uvarint,
 )
 
-from helpers_core import hello_packet  # one hello builder for the core and adapter tests
+from helpers_core import PacketByPacket, hello_packet  # one hello builder for the core and adapter tests
 
 PING = PacketType.PING
 PONG = PacketType.PONG
@@ -95,8 +95,8 @@ def parse_packets(data: bytes) -> list[tuple]:
 
     Close packets come back as ``(CLOSE, code, text)``.
     """
-    buffer = FrameBuffer(max_payload=1 << 30, default_extension_limit=1 << 30)
-    packets, error = buffer.feed(bytes(data), stop_after_extension=False)
+    buffer = PacketByPacket(FrameBuffer(max_payload=1 << 30, default_extension_limit=1 << 30))
+    packets, error = buffer.feed(bytes(data))
     assert error is None, error
     assert buffer.buffered == 0, f"{buffer.buffered} bytes of an incomplete packet"
     out = []

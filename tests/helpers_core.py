@@ -195,6 +195,82 @@ def expand_runs(packets: list) -> list:
     return out
 
 
+def merge_not_last(decoded: list) -> list:
+    """Decoded packets (``wire.decode_packet``'s form) with each series of consecutive
+    not-last msg packets of one channel merged into one: what a FrameBuffer's output
+    and the declaration's agree on. (The frame buffer copies a run's small payloads
+    into one piece, so the boundaries between them are not kept; a message is their
+    concatenation either way.)"""
+    out: list = []
+    for kind, body in decoded:
+        if kind == PacketType.MSG and not body[1] and out:
+            last_kind, last = out[-1]
+            if last_kind == PacketType.MSG and not last[1] and last[0] == body[0]:
+                out[-1] = (kind, (body[0], False, last[2] + body[2]))
+                continue
+        out.append((kind, body))
+    return out
+
+
+def packet_end(data: bytes, pos: int) -> int | None:
+    """Where the packet that starts at ``pos`` ends, read from its header alone (the type
+    and the length, nothing else checked): None when it is not all in ``data``."""
+    kind = data[pos]
+    if kind in (PacketType.PING, PacketType.PONG):
+        return pos + 1
+    at = pos + 3 if kind == PacketType.MSG else pos + 1  # the length's size byte
+    if at >= len(data):
+        return None
+    start = at + 1 + data[at]
+    if start > len(data):
+        return None
+    end = start + int.from_bytes(data[at + 1 : start], "big")
+    return end if end <= len(data) else None
+
+
+class PacketByPacket:
+    """A FrameBuffer fed one whole packet at a time, so that every msg packet comes out
+    as itself, ``(MSG, channel_id, eof, bytes)``: for tests that look at the packets a
+    node sent one by one (a FrameBuffer hands a read's not-last packets of a channel over
+    as one run, their small payloads joined). The FrameBuffer still judges every packet."""
+
+    def __init__(self, buffer: FrameBuffer) -> None:
+        self.buffer = buffer
+        self.kept = b""
+
+    @property
+    def buffered(self) -> int:
+        return len(self.kept) + self.buffer.buffered
+
+    def feed(self, data: bytes) -> tuple[list, Exception | None]:
+        data = self.kept + bytes(data)
+        out: list = []
+        pos = 0
+        while pos < len(data):
+            end = packet_end(data, pos)
+            if end is None:
+                break
+            packets, error = self.buffer.feed(data[pos:end], stop_after_extension=False)
+            for packet in packets:
+                if packet[0] == RUN:  # one packet: one payload
+                    packet = (PacketType.MSG, packet[1], 0, b"".join(bytes(d) for d in packet[2]))
+                out.append(packet)
+            if error is not None:
+                self.kept = b""
+                return out, error
+            pos = end
+        self.kept = data[pos:]
+        return out, None
+
+
+def msg_payload_sizes(data: bytes) -> list[int]:
+    """The payload sizes of the whole msg packets in ``data``, packet by packet (up to
+    an incomplete one at the end)."""
+    packets, error = PacketByPacket(FrameBuffer(max_payload=1 << 30, default_extension_limit=1 << 30)).feed(data)
+    assert error is None, error
+    return [len(p[3]) for p in packets if p[0] == PacketType.MSG]
+
+
 def as_decoded(packet: tuple):
     """A FrameBuffer packet in the form ``wire.decode_packet`` returns."""
     kind = packet[0]

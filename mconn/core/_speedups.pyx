@@ -42,6 +42,7 @@ cdef enum:
     C_MAX_UVARINT_SIZE = 8
     C_RUN = 0x100
     C_COPY_MAX = 4096
+    C_KEEP_VIEW_MIN = 4096
 
 cdef extern from "Python.h":
     const Py_ssize_t PY_SSIZE_T_MAX
@@ -51,7 +52,7 @@ cdef double C_DECAY_TAU = 2.0 / log(1.25)
 cdef double C_RESCALE_EXPONENT = log(1e12)
 
 #: Checked by mconn.core.speedups: a build of an older source is not used.
-INTERFACE = 6
+INTERFACE = 7
 
 PING = C_PING
 PONG = C_PONG
@@ -59,6 +60,7 @@ MSG = C_MSG
 FIRST_EXTENSION_TYPE = C_FIRST_EXTENSION_TYPE
 MAX_UVARINT_SIZE = C_MAX_UVARINT_SIZE
 RUN = C_RUN
+KEEP_VIEW_MIN = C_KEEP_VIEW_MIN
 DECAY_TAU = C_DECAY_TAU
 RESCALE_EXPONENT = C_RESCALE_EXPONENT
 
@@ -107,25 +109,18 @@ def decode_packets(
     """See ``mconn.core.frame_buffer.decode_packets``: the same arguments and result.
 
     A limit past what a C integer holds (tests use 1 << 64 for "none") works as in the
-    reference: no length exceeds it, and no full packet is that long."""
+    reference: no length exceeds it. ``full_tail`` is not needed here: a run's headers
+    are walked one by one in C, full packets or not (the reference compares them many
+    at a time instead)."""
     cdef const unsigned char *p = <const unsigned char *> PyBytes_AS_STRING(data)
-    cdef const unsigned char *tail_p = <const unsigned char *> PyBytes_AS_STRING(full_tail)
     cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
-    cdef Py_ssize_t tail_len = PyBytes_GET_SIZE(full_tail)
-    cdef Py_ssize_t full_skip = 2 + tail_len
-    # A full packet's payload, capped where no packet of this read can be one that long.
-    cdef Py_ssize_t payload = max_payload if max_payload <= n else n + 1
-    cdef Py_ssize_t stride = full_skip + payload
     # The largest length accepted (a go-wire length has at most 8 bytes: 64 bits).
     cdef unsigned long long max_length = max_payload if max_payload < 0xFFFFFFFFFFFFFFFF else 0xFFFFFFFFFFFFFFFF
-    cdef Py_ssize_t count, c, end, start, size, k, q
+    cdef Py_ssize_t end, start, size
     cdef unsigned long long length
-    cdef int t, eof, channel_id
-    cdef int run_channel = -1
-    cdef Py_ssize_t run_at = -1
+    cdef int t, eof
     cdef list out = []
-    cdef list run = None
-    cdef list views
+    cdef object packet
     cdef object mv = memoryview(data)
     cdef object error = None
     cdef object limit
@@ -135,32 +130,14 @@ def decode_packets(
         t = p[pos]
         if t == C_MSG:
             # 03 | ch | eof | size | len (size bytes) | data
-            if (
-                pos + 2 + tail_len <= n
-                and memcmp(p + pos + 2, tail_p, tail_len) == 0
-                and pos + stride <= n
-            ):
-                # A full, not-last packet: the packets after it of the same channel that
-                # are full too, up to those starting before ``stop``, join its run.
-                channel_id = p[pos + 1]
-                count = min((n - pos) // stride, (stop - pos - 1) // stride + 1)
-                c = 1
-                while c < count:
-                    q = pos + c * stride
-                    if p[q] != C_MSG or p[q + 1] != channel_id or memcmp(p + q + 2, tail_p, tail_len) != 0:
-                        break
-                    c += 1
-                end = pos + c * stride
-                views = [mv[k : k + payload] for k in range(pos + full_skip, end, stride)]
-                if run_channel == channel_id and run_at == len(out) - 1:
-                    run += views  # the run is the last packet out: it goes on
-                else:
-                    run_channel = channel_id
-                    run = views
-                    run_at = len(out)
-                    out.append((C_RUN, run_channel, run))
-                pos = end
-                continue
+            if pos + 4 <= n and p[pos + 2] == 0:
+                # A not-last packet: it and the whole not-last packets of its channel
+                # right after it are one run (_run); anything else is read below.
+                packet = _run(p, n, pos, stop, max_length, mv, &end)
+                if end > pos:
+                    out.append(packet)
+                    pos = end
+                    continue
             if pos + 4 > n:
                 if pos + 2 < n and p[pos + 2] > 1:
                     error = _bad_eof(p[pos + 1], p[pos + 2])
@@ -195,11 +172,9 @@ def decode_packets(
                         out.append((C_RUN, p[pos + 1], [mv[start:n]]))
                     pos = n
                 break
+            # A message's last packet (a whole not-last one is a run's, above), as bytes.
             end = start + <Py_ssize_t> length
-            if eof:
-                out.append((C_MSG, p[pos + 1], 1, PyBytes_FromStringAndSize(<const char *> p + start, end - start)))
-            else:
-                out.append((C_MSG, p[pos + 1], 0, mv[start:end]))
+            out.append((C_MSG, p[pos + 1], 1, PyBytes_FromStringAndSize(<const char *> p + start, end - start)))
             pos = end
         elif t == C_PING:
             out.append(_PING_PACKET)
@@ -235,6 +210,74 @@ def decode_packets(
             error = UnknownPacketType(f"unknown packet type {t:#04x} at stream offset +{base + pos}")
             break
     return out, pos, error, stopped, partial
+
+
+cdef object _run(
+    const unsigned char *p,
+    Py_ssize_t n,
+    Py_ssize_t pos,
+    Py_ssize_t stop,
+    unsigned long long max_length,
+    object mv,
+    Py_ssize_t *end_at,
+):
+    """``frame_buffer._run``: the run of not-last msg packets of one channel from ``pos``
+    as one packet, ``(RUN, channel_id, payloads)`` (views from ``KEEP_VIEW_MIN`` bytes on,
+    smaller consecutive ones copied into one bytes object) or, for one small packet
+    alone, ``(MSG, channel_id, 0, view)``; ``end_at`` gets the position after it (``pos``,
+    and the packet is None, when the packet there is not one)."""
+    cdef int channel_id = p[pos + 1]
+    cdef Py_ssize_t size, start, end
+    cdef unsigned long long length
+    cdef Py_ssize_t small_at = 0
+    cdef Py_ssize_t small_count = 0
+    cdef Py_ssize_t small_bytes = 0
+    cdef list pieces = []
+    while pos < stop and pos + 4 <= n and p[pos] == C_MSG and p[pos + 1] == channel_id and p[pos + 2] == 0:
+        size = p[pos + 3]
+        start = pos + 4 + size
+        if size > C_MAX_UVARINT_SIZE or start > n:
+            break
+        length = _be(p + pos + 4, size)
+        if length > max_length or length > <unsigned long long> (n - start):
+            break  # (compared before adding: see decode_packets)
+        end = start + <Py_ssize_t> length
+        if length < C_KEEP_VIEW_MIN:
+            if small_count == 0:
+                small_at = pos
+            small_count += 1
+            small_bytes += <Py_ssize_t> length
+        else:
+            if small_count:
+                pieces.append(_joined(p, small_at, small_count, small_bytes))
+                small_count = 0
+                small_bytes = 0
+            pieces.append(mv[start:end])
+        pos = end
+    end_at[0] = pos
+    if small_count:
+        if small_count == 1 and not pieces:
+            start = small_at + 4 + p[small_at + 3]
+            return (C_MSG, channel_id, 0, mv[start : start + small_bytes])
+        pieces.append(_joined(p, small_at, small_count, small_bytes))
+    return (C_RUN, channel_id, pieces) if pieces else None
+
+
+cdef bytes _joined(const unsigned char *p, Py_ssize_t pos, Py_ssize_t count, Py_ssize_t total):
+    """The payloads of the ``count`` msg packets from ``pos`` on (headers checked by
+    ``_run``; ``total`` bytes in all), copied one after the other into one bytes object."""
+    cdef bytes joined = PyBytes_FromStringAndSize(NULL, total)
+    cdef char *out = PyBytes_AS_STRING(joined)
+    cdef Py_ssize_t size, start, length, i
+    cdef Py_ssize_t at = 0
+    for i in range(count):
+        size = p[pos + 3]
+        start = pos + 4 + size
+        length = <Py_ssize_t> _be(p + pos + 4, size)
+        memcpy(out + at, p + start, length)
+        at += length
+        pos = start + length
+    return joined
 
 
 def msg_header(int channel_id, eof, Py_ssize_t length):

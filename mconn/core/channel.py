@@ -24,7 +24,11 @@ is checked against ``recv_message_capacity`` before its bytes are kept. A payloa
 at least ``KEEP_VIEW_MIN`` bytes that is at least half of the read it came in (or a run
 of such pieces from one read that add up to half of it) is kept as a view of that read,
 not copied until the join; other pieces are copied into a bytearray between the
-views, so what a partial message keeps alive is at most about twice its bytes. (A
+views, so what a partial message keeps alive is at most about twice its bytes. The frame
+buffer hands a read's consecutive not-last packets of a channel over as one run, their
+payloads under ``KEEP_VIEW_MIN`` already copied together into one bytes object, which
+holds only its own bytes: from ``KEEP_VIEW_MIN`` on it is kept as it is, a read's small
+packets costing one step and no second copy before the join. (A
 BytesIO grew to the exact size at every 64 KiB write, each growth a realloc that
 copied or faulted in the whole buffer: ~0.4 ms per 1 MiB message, bench/history/2026-11-24-night.md.)
 
@@ -429,8 +433,10 @@ class Channel:
         )
 
     def reassemble_run(self, payloads: list[Any]) -> None:
-        """Add the payloads of consecutive not-last packets, or the part of a streamed
-        packet's payload that has arrived (frame_buffer.RUN)."""
+        """Add the payloads of consecutive not-last packets (views of the read, or bytes
+        of small ones copied together), or the part of a streamed packet's payload that
+        has arrived (frame_buffer.RUN). The capacity is checked for the run as a whole,
+        before any of it is kept: MessageTooLarge names the size with the whole run."""
         size = self.receiving_size + sum(map(len, payloads))
         if size > self.recv_capacity:
             raise self.too_large(size)

@@ -97,9 +97,10 @@ def process_msgs(packets: list[Any], i: int, channels: dict[int, Channel], appen
     the first packet of another type (``len(packets)`` when there is none).
 
     Raises UnknownChannel for a channel this node does not have and MessageTooLarge
-    (``Channel.too_large``) past a channel's ``recv_message_capacity``; the messages
-    before the bad packet have been appended. The reference of the compiled twin
-    (mconn/core/_speedups.pyx, tests/core/test_speedups_process.py).
+    (``Channel.too_large``) past a channel's ``recv_message_capacity`` (for a run: the
+    size with the whole run); the messages before the bad packet have been appended.
+    The reference of the compiled twin (mconn/core/_speedups.pyx,
+    tests/core/test_speedups_process.py).
     """
     n = len(packets)
     while i < n:

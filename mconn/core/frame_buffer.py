@@ -13,21 +13,36 @@ Decoded packets are plain tuples for speed; tests/core/test_codec_equivalence.py
 this decoder agrees with the construct declarations of wire.py:
 
     (PING,)  (PONG,)  (MSG, channel_id, eof, data)  (type, body: bytes)
-    (RUN, channel_id, [data: memoryview, ...])
+    (RUN, channel_id, [data: memoryview or bytes, ...])
 
 A msg packet's data is bytes when eof is set (a message's last packet, the whole of a
-small one: passed on without another copy), otherwise a memoryview into the read.
-RUN stands for consecutive msg packets of one channel that carry exactly max_payload
-bytes with eof 00 (the middle of a large message): one tuple for the lot, so that bulk
-transfers cost one step per run instead of one per packet.
+small one: passed on without another copy; a view only for the end of a streamed
+payload, below), otherwise a memoryview into the read. RUN stands for consecutive whole
+msg packets of one channel with eof 00 (the middle of a message, whatever their sizes),
+one tuple for the lot, so that a read costs the reassembly one step per run instead of
+one per packet; only a lone not-last packet under ``KEEP_VIEW_MIN`` bytes comes as the
+msg packet it is (packets of channels that alternate). A payload of ``KEEP_VIEW_MIN``
+bytes or more (channel.py) is a memoryview into the read (no copy before the message's
+join); consecutive smaller ones are copied together, in one pass, into one bytes object
+(the reassembly would copy them anyway, one call each: a peer that announces 1024, or a
+sender that cuts small packets, costs per read what 64 KiB packets do). That copy holds
+only bytes of whole packets of the read, so it is bounded by the read, not by a length.
+Full packets (``max_payload`` bytes) are found many headers at a time.
+
+A run holds no last packet, so no message completes inside it: a channel's
+``recv_message_capacity`` is checked once for the run (``Channel.reassemble_run``), and
+``MessageTooLarge`` names the size the message would reach with the whole run (a packet
+by packet check would name the first size over the capacity); it is raised at the same
+place among the events, and the messages before it are delivered. A bad packet ends the
+run before it: the decoder stops there with the error that packet alone gives.
 
 Streaming (``stream_payloads``, what a Connection uses): a msg packet of at least
 ``STREAM_MIN`` payload bytes whose payload a read leaves incomplete is not kept until it
 is whole. The payload bytes that have arrived come out at once as a RUN of one view (bytes
 of the channel's message in progress, whatever packet they belong to), and the next feeds
 continue that payload: a RUN for each part, and the packet's end as a msg packet (eof 01:
-with the rest of the payload; eof 00: a RUN, one with the next packet's streamed start
-when that is the same channel's, so that the reassembly sees both parts of the read
+with the rest of the payload; eof 00: a RUN, one with the run of not-last packets after
+it when that is the same channel's, so that the reassembly sees the parts of the read
 together). Its header was checked in full before
 (length within max_payload), so nothing but the header of one packet is ever kept, and
 a large packet split by the reads is copied once, into the reassembly buffer, instead of
@@ -41,11 +56,12 @@ from types import MappingProxyType
 from typing import Any
 
 from mconn.errors import MalformedPacket, PacketTooLarge, UnknownPacketType
+from mconn.core.channel import KEEP_VIEW_MIN
 from mconn.core.wire import FIRST_EXTENSION_TYPE, PacketType
 from mconn.core.wire_primitives import MAX_UVARINT_SIZE
 from mconn.core.speedups import SPEEDUPS
 
-#: Not a wire type: a run of full, not-last msg packets of one channel (see feed).
+#: Not a wire type: a run of not-last msg packets of one channel (module docstring).
 RUN = 0x100
 PING = PacketType.PING.value
 PONG = PacketType.PONG.value
@@ -126,11 +142,9 @@ class FrameBuffer:
             if start == len(data):
                 return head, None
             out, pos, error, stopped = self._decode(data, start, len(data), stop_after_extension, 0)
-            if head and out and head[-1][0] == RUN and out[0][0] == RUN and head[-1][1] == out[0][1]:
-                # The end of one packet and the start of the next, of one channel, in one
-                # run: the reassembly sees how much of this read they are together.
-                head[-1][2].extend(out[0][2])
-                del out[0]
+            # The end of one packet and the packets after it, of one channel, in one run:
+            # the reassembly sees how much of this read they are together.
+            _join_runs(head, out)
             return head + out, self._keep(data, pos, error, stopped)
         tail = self._tail
         if tail:
@@ -193,6 +207,7 @@ class FrameBuffer:
         pos -= kept
         if not stopped:
             more, pos, error, stopped = self._decode(data, pos, len(data), stop_after_extension, kept)
+            _join_runs(out, more)  # the completed packet and the run after it: one step
             out += more
         return out, self._keep(data, pos, error, stopped)
 
@@ -222,6 +237,15 @@ class FrameBuffer:
         return out, pos, error, stopped
 
 
+def _join_runs(first: list[Any], then: list[Any]) -> None:
+    """When ``first`` ends with a run and ``then`` begins with one of the same channel
+    (the packets of one read decoded in two parts), make them one: the payloads of the
+    second go to the first, and it leaves ``then``."""
+    if first and then and first[-1][0] == RUN and then[0][0] == RUN and first[-1][1] == then[0][1]:
+        first[-1][2].extend(then[0][2])
+        del then[0]
+
+
 def decode_packets(
     data: bytes,
     pos: int,
@@ -246,34 +270,12 @@ def decode_packets(
     out: list[Any] = []
     append = out.append
     partial: list[Any] | None = None
-    startswith = data.startswith
-    full_skip = 2 + len(full_tail)
-    stride = full_skip + max_payload
     error: MalformedPacket | None = None
     stopped = False
-    run: list[Any] = []
-    run_channel = -1
     while pos < stop:
         t = data[pos]
         if t == MSG:
             # 03 | ch | eof | size | len (size bytes) | data
-            if startswith(full_tail, pos + 2) and pos + stride <= n:
-                # A full, not-last packet: consecutive ones of a channel form one run,
-                # and the packets after it are checked many at a time (_run_length).
-                channel_id = data[pos + 1]
-                count = min((n - pos) // stride, (stop - pos - 1) // stride + 1)
-                if count > 1:
-                    count = _run_length(data, pos, count, stride, bytes((MSG, channel_id)) + full_tail)
-                end = pos + count * stride
-                views = [mv[start : start + max_payload] for start in range(pos + full_skip, end, stride)]
-                if run_channel == channel_id and out and out[-1][0] == RUN:
-                    run += views
-                else:
-                    run_channel = channel_id
-                    run = views
-                    append((RUN, run_channel, run))
-                pos = end
-                continue
             if pos + 4 > n:
                 if pos + 2 < n and data[pos + 2] > 1:
                     error = _bad_eof(data[pos + 1], data[pos + 2])
@@ -312,10 +314,25 @@ def decode_packets(
                         append((RUN, data[pos + 1], [mv[start:n]]))
                     pos = n
                 break
-            # A message's last packet comes as bytes (usually the whole message: the
-            # connection hands it on as it is); others as a view, copied once later.
-            append((MSG, data[pos + 1], eof, data[start:end] if eof else mv[start:end]))
-            pos = end
+            if eof:
+                # A message's last packet comes as bytes: usually the whole message,
+                # which the connection hands on as it is.
+                append((MSG, data[pos + 1], 1, data[start:end]))
+                pos = end
+            elif length < KEEP_VIEW_MIN and not (
+                end < stop
+                and end + 4 <= n
+                and data[end] == MSG
+                and data[end + 1] == data[pos + 1]
+                and data[end + 2] == 0
+            ):
+                # A small not-last packet alone (no packet of its run follows): a view.
+                append((MSG, data[pos + 1], 0, mv[start:end]))
+                pos = end
+            else:
+                # It and the whole not-last packets of its channel after it: one run.
+                packet, pos = _run(data, mv, pos, stop, max_payload, full_tail)
+                append(packet)
         elif t == PING:
             append(_PING_PACKET)
             pos += 1
@@ -370,6 +387,57 @@ def _check_partial_length(head: bytes, size: int, limit: int, what: str) -> Malf
     if lower_bound > limit:
         return PacketTooLarge(f"{what} declares at least {lower_bound} bytes, over its limit {limit}")
     return None
+
+
+def _run(data: bytes, mv: memoryview, pos: int, stop: int, max_payload: int, full_tail: bytes) -> tuple[Any, int]:
+    """The run of not-last msg packets that starts at ``pos``: the whole, valid msg
+    packets with eof 00 of the channel of the one at ``pos``, one after the other, that
+    start before ``stop``. Returns ``(packet, position after the run)``: the position is
+    ``pos`` (and the packet None) when the packet at ``pos`` is not one: incomplete, or
+    malformed (``decode_packets`` reads it again and says what is wrong).
+
+    The packet is ``(RUN, channel_id, payloads)``: a payload of ``KEEP_VIEW_MIN`` bytes or
+    more is a view of ``data``; consecutive smaller ones are copied together into one
+    bytes object, so that the reassembly takes a read's small packets in one step
+    (mconn.core.channel: it would copy them anyway). A run of one small packet is the msg
+    packet it is, ``(MSG, channel_id, 0, view)``: a copy of it alone would gain nothing.
+    Full packets (``full_tail``: max_payload bytes) are found many at a time (_run_length).
+    """
+    n = len(data)
+    channel_id = data[pos + 1]
+    pieces: list[Any] = []
+    small: list[Any] = []  # the small payloads since the last view, to copy together
+    while pos < stop and pos + 4 <= n and data[pos] == MSG and data[pos + 1] == channel_id:
+        if data.startswith(full_tail, pos + 2) and pos + 2 + len(full_tail) + max_payload <= n:
+            full_skip = 2 + len(full_tail)
+            stride = full_skip + max_payload
+            count = min((n - pos) // stride, (stop - pos - 1) // stride + 1)
+            if count > 1:
+                count = _run_length(data, pos, count, stride, bytes((MSG, channel_id)) + full_tail)
+            end = pos + count * stride
+            views = [mv[start : start + max_payload] for start in range(pos + full_skip, end, stride)]
+        else:
+            size = data[pos + 3]
+            start = pos + 4 + size
+            if data[pos + 2] != 0 or size > MAX_UVARINT_SIZE or start > n:
+                break
+            end = start + int.from_bytes(data[pos + 4 : start], "big")
+            if end - start > max_payload or end > n:
+                break
+            views = [mv[start:end]]
+        if len(views[0]) < KEEP_VIEW_MIN:
+            small += views
+        else:
+            if small:
+                pieces.append(b"".join(small))
+                small = []
+            pieces += views
+        pos = end
+    if small:
+        if not pieces and len(small) == 1:
+            return (MSG, channel_id, 0, small[0]), pos
+        pieces.append(b"".join(small))
+    return ((RUN, channel_id, pieces) if pieces else None), pos
 
 
 def _run_length(data: bytes, pos: int, count: int, stride: int, header: bytes) -> int:

@@ -19,7 +19,7 @@ from types import ModuleType
 
 #: The interface version of the extension this source expects: a stale build (an
 #: older _speedups.pyx compiled) is not used, mconn runs on the pure functions instead.
-INTERFACE = 6
+INTERFACE = 7
 
 
 def load_extension(name: str, interface: int) -> tuple[ModuleType | None, str]:

@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mconn.core import wire
-from mconn.core.channel import Channel, ChannelDescriptor, Scheduler, msg_header
+from mconn.core.channel import KEEP_VIEW_MIN, Channel, ChannelDescriptor, Scheduler, msg_header
 from mconn.errors import MalformedPacket, PacketTooLarge
 from mconn.core.frame_buffer import FrameBuffer
 from mconn.core.wire import PacketType
-from tests.helpers_core import decode_stream, edited, feed_whole
+from tests.helpers_core import decode_stream, edited, feed_whole, merge_not_last
 
 #: Modest example counts keep tests/core fast; no deadline (CI machines vary).
 CORE = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -68,6 +68,51 @@ def malformed_bytes(draw) -> bytes:
     return draw(edited(packets, (0, 3), [0, 1, 2, 3, 4, 5, 8, 9, 0x7F, 0x80, 0xF1, 0xFF])) or b"\x00"
 
 
+#: Payload sizes where a run's pieces change kind (frame_buffer._run): copied below
+#: KEEP_VIEW_MIN, views from it on.
+AROUND_KEEP_VIEW_MIN = [KEEP_VIEW_MIN - 1, KEEP_VIEW_MIN, KEEP_VIEW_MIN + 1, 5000]
+
+
+@st.composite
+def run_packets(draw, max_data: int = 40, large: bool = True) -> list[bytes]:
+    """The packets of runs: msg packets of two channels, mostly not-last, small (up to
+    ``max_data`` bytes) and with ``large`` some around KEEP_VIEW_MIN, lengths sometimes
+    written non-minimally, with last packets (a message's end in the middle of a run),
+    pings and an extension among them."""
+    out = []
+    for _ in range(draw(st.integers(1, 24))):
+        kind = draw(st.sampled_from(["not_last"] * 6 + ["last", "last", "ping", "extension"]))
+        channel_id = draw(st.sampled_from([0x20, 0x21]))
+        if kind == "ping":
+            out.append(b"\x01")
+        elif kind == "extension":
+            out.append(bytes([0x80, 1, 2, 0xAB, 0xCD]))
+        else:
+            sizes = st.integers(0, max_data)
+            if large:
+                sizes = sizes | st.sampled_from(AROUND_KEEP_VIEW_MIN)
+            size = draw(sizes)
+            body = bytes([len(out) % 251]) * size  # distinct per packet, cheap to draw
+            out.append(bytes([PacketType.MSG, channel_id, kind == "last"]) + draw(uvarint_bytes(size)) + body)
+    return out
+
+
+@st.composite
+def run_streams(draw, broken: bool = False):
+    """Runs of not-last packets of two channels (frame_buffer._run), small and around
+    KEEP_VIEW_MIN, with last packets and pings among them; ``broken``: then bad bytes
+    (a bad eof or size byte, an unknown type, a too-long length) after a run."""
+    stream = b"".join(draw(run_packets(large=draw(st.booleans()))))
+    if broken:
+        stream += draw(
+            st.sampled_from(
+                [b"\x03\x20\x02\x01\x01", b"\x03\x20\x00\x09", b"\x00", b"\x03\x21\x00\x08" + b"\xff" * 8, b"\x03\x20"]
+            )
+        )
+        stream += b"".join(draw(run_packets(max_data=8, large=False)))
+    return stream
+
+
 def _split(data: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(data) + 1) for c in cuts})
     bounds = [0, *points, len(data)]
@@ -114,8 +159,42 @@ def test_frame_buffer_equals_declaration_on_packet_streams(packets, cuts):
         got, error = feed_whole(buffer, chunk)
         assert error is None
         out += got
-    assert out == [wire.decode_packet(p) for p in packets]
+    # Consecutive not-last packets of a channel are one run, their small payloads one piece.
+    assert merge_not_last(out) == merge_not_last([wire.decode_packet(p) for p in packets])
     assert buffer.buffered == 0
+
+
+@CORE
+@given(
+    packets=run_packets(),
+    max_payload=st.sampled_from([24, KEEP_VIEW_MIN, 65536, UNLIMITED]),
+    cuts=st.lists(st.integers(0, 30000), max_size=6),
+)
+def test_frame_buffer_equals_declaration_on_runs(packets, max_payload, cuts):
+    """Runs of not-last packets of a channel, of any sizes (small ones joined into one
+    piece, large ones views), cut anywhere: the declaration's packets up to the first
+    one over max_payload (their not-last payloads merged as runs merge them), and
+    PacketTooLarge naming that one."""
+    good = []
+    for packet in packets:
+        decoded = wire.decode_packet(packet)
+        if decoded[0] == PacketType.MSG and len(decoded[1][2]) > max_payload:
+            break
+        good.append(decoded)
+    buffer = FrameBuffer(max_payload=max_payload, default_extension_limit=1024)
+    out: list = []
+    error = None
+    for chunk in _split(b"".join(packets), cuts):
+        got, error = feed_whole(buffer, chunk)
+        out += got
+        if error is not None:
+            break
+    assert merge_not_last(out) == merge_not_last(good)
+    if len(good) == len(packets):
+        assert error is None and buffer.buffered == 0
+    else:
+        assert isinstance(error, PacketTooLarge), error
+        assert f"over max_packet_payload {max_payload}" in str(error) or f"over its limit {max_payload}" in str(error)
 
 
 # -- (b) the hand-written header == the declaration --------------------------------------
@@ -273,7 +352,7 @@ def test_frame_buffer_reads_scheduler_output_like_the_declaration(payload, sizes
         got, error = feed_whole(buffer, chunk)
         assert error is None
         out += got
-    assert out == decode_stream(stream)
+    assert merge_not_last(out) == merge_not_last(decode_stream(stream))
     assert buffer.buffered == 0
 
 

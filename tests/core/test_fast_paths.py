@@ -22,7 +22,7 @@ from mconn.core.frame_buffer import FrameBuffer
 from mconn.core.wire import PacketType
 from mconn.net.write_ahead import WriteAhead
 from tests.core.test_codec_equivalence import any_packets, malformed_bytes
-from tests.helpers_core import feed_whole
+from tests.helpers_core import decode_stream, feed_whole, merge_not_last
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -39,14 +39,15 @@ def _decode_in_chunks(data: bytes, cuts: list[int], splice_min: int, max_payload
         packets, error = feed_whole(buffer, data[a:b])
         out += packets
         if error is not None:
-            return out, (type(error), str(error)), None
-    return out, None, buffer.buffered
+            return merge_not_last(out), (type(error), str(error)), None
+    # A run's small payloads come as one piece, cut where the reads cut the run.
+    return merge_not_last(out), None, buffer.buffered
 
 
 @st.composite
-def full_packet_runs(draw) -> bytes:
+def full_packet_runs(draw) -> list[bytes]:
     """Full msg packets (max_payload 64) of one or two channels, with other packets
-    (a last packet, a ping, another channel) among them."""
+    (a last packet, a ping, another channel) among them; the packets, one by one."""
     parts = []
     for _ in range(draw(st.integers(1, 40))):
         kind = draw(st.sampled_from(["full", "full", "full", "full", "last", "ping", "other"]))
@@ -62,7 +63,7 @@ def full_packet_runs(draw) -> bytes:
         else:
             size = draw(st.integers(0, 70))  # over 64: PacketTooLarge
             parts.append(bytes([3, channel, 0, 1, size]) + bytes(size))
-    return b"".join(parts)
+    return parts
 
 
 @FAST
@@ -70,7 +71,7 @@ def full_packet_runs(draw) -> bytes:
     stream=st.one_of(
         st.lists(any_packets(max_data=60), min_size=1, max_size=12).map(b"".join),
         malformed_bytes(),
-        full_packet_runs(),
+        full_packet_runs().map(b"".join),
     ),
     cuts=st.lists(st.integers(0, 4000), max_size=8),
 )
@@ -84,20 +85,19 @@ def test_spliced_feed_decodes_and_fails_like_a_joined_feed(stream, cuts):
 
 
 @FAST
-@given(stream=full_packet_runs())
-def test_runs_of_full_packets_decode_packet_by_packet_as_declared(stream):
+@given(packets=full_packet_runs())
+def test_runs_of_full_packets_decode_packet_by_packet_as_declared(packets):
     """Checking a run's headers many at a time never swallows a packet that differs:
-    the output is the declaration's decode of each packet, up to the first bad one."""
-    out, error, _ = _decode_in_chunks(stream, [], splice_min=1 << 30)
-    buffer = FrameBuffer(max_payload=1 << 64, default_extension_limit=1 << 64)
-    declared, declared_error = feed_whole(buffer, stream)
-    assert declared_error is None
-    if error is None:
-        assert out == declared
+    the output is the declaration's decode of the packets up to the first one over
+    max_payload (64), and that one is PacketTooLarge."""
+    out, error, _ = _decode_in_chunks(b"".join(packets), [], splice_min=1 << 30)
+    good = list(itertools.takewhile(lambda p: p[0] != PacketType.MSG or p[4] <= 64, packets))
+    assert out == merge_not_last(decode_stream(b"".join(good)))
+    if len(good) == len(packets):
+        assert error is None
     else:
-        assert out == declared[: len(out)]
-        assert error[0].__name__ == "PacketTooLarge"
-        assert declared[len(out)][1][2] and len(declared[len(out)][1][2]) > 64
+        assert error is not None and error[0].__name__ == "PacketTooLarge"
+        assert f"declares {packets[len(good)][4]} payload bytes" in error[1]
 
 
 @FAST

@@ -171,28 +171,98 @@ def test_buffer_holds_at_most_one_incomplete_packet(payloads, cuts):
     assert buffer.buffered == 0
 
 
-def test_full_packets_of_one_channel_come_out_as_one_run():
-    """The bulk fast path: consecutive full, not-last packets of a channel are one RUN."""
+def _shaped(packets: list) -> list:
+    """Payloads as (type name, bytes), to tell views from copies."""
+    from mconn.core.frame_buffer import RUN
+
+    def shape(p):
+        if p[0] == RUN:
+            return (p[0], p[1], [(type(d).__name__, bytes(d)) for d in p[2]])
+        if p[0] == PacketType.MSG:
+            return (*p[:3], (type(p[3]).__name__, bytes(p[3])))
+        return p
+
+    return [shape(p) for p in packets]
+
+
+def test_not_last_packets_of_one_channel_come_out_as_one_run():
+    """Consecutive not-last packets of a channel are one RUN, full or not; small
+    payloads (under KEEP_VIEW_MIN) are copied together into one bytes object. A small
+    one alone is the msg packet it is, its payload a view (no copy of it alone)."""
     from mconn.core.frame_buffer import RUN
 
     buffer = frame_buffer(max_payload=4)
     stream = (
         msg(0x20, b"aaaa", eof=False)
-        + msg(0x20, b"bbbb", eof=False)
-        + msg(0x21, b"cccc", eof=False)  # another channel: a new run
-        + msg(0x20, b"dddd", eof=False)
-        + msg(0x20, b"ee")  # the last packet of a message is never part of a run
+        + msg(0x20, b"bb", eof=False)  # not full: the same run
+        + msg(0x20, b"", eof=False)
+        + msg(0x20, b"cccc", eof=False)
+        + msg(0x21, b"dddd", eof=False)  # another channel: a new run
+        + msg(0x20, b"eeee", eof=False)
+        + msg(0x20, b"ff")  # the last packet of a message is never part of a run
         + _hex("01")
-        + msg(0x20, b"ffff", eof=False)
+        + msg(0x20, b"g", eof=False)
     )
     packets, error = buffer.feed(stream)
     assert error is None
-    shaped = [(p[0], p[1], [bytes(d) for d in p[2]]) if p[0] == RUN else p for p in packets]
-    assert shaped[:3] == [
-        (RUN, 0x20, [b"aaaa", b"bbbb"]),
-        (RUN, 0x21, [b"cccc"]),
-        (RUN, 0x20, [b"dddd"]),
+    assert _shaped(packets) == [
+        (RUN, 0x20, [("bytes", b"aaaabbcccc")]),
+        (PacketType.MSG, 0x21, 0, ("memoryview", b"dddd")),
+        (PacketType.MSG, 0x20, 0, ("memoryview", b"eeee")),
+        (PacketType.MSG, 0x20, 1, ("bytes", b"ff")),
+        (PacketType.PING,),
+        (PacketType.MSG, 0x20, 0, ("memoryview", b"g")),
     ]
-    assert shaped[3][:3] == (PacketType.MSG, 0x20, 1) and bytes(shaped[3][3]) == b"ee"
-    assert shaped[4] == (PacketType.PING,)
-    assert shaped[5] == (RUN, 0x20, [b"ffff"])
+
+
+def test_a_run_keeps_large_payloads_as_views_between_its_copied_small_ones():
+    """Payloads of KEEP_VIEW_MIN bytes or more stay views of the read (the bulk path:
+    no copy before the reassembly's join); the small ones around them are joined."""
+    from mconn.core.channel import KEEP_VIEW_MIN
+    from mconn.core.frame_buffer import RUN
+
+    big = bytes(range(256)) * (KEEP_VIEW_MIN // 256)
+    full = bytes(8192)
+    buffer = frame_buffer(max_payload=8192)
+    stream = (
+        msg(0x20, b"a", eof=False)
+        + msg(0x20, b"bc", eof=False)
+        + msg(0x20, big, eof=False)
+        + msg(0x20, full, eof=False)
+        + msg(0x20, big[:-1], eof=False)  # one byte short: copied
+        + msg(0x20, b"d", eof=False)
+        + msg(0x20, b"end")
+    )
+    packets, error = buffer.feed(stream)
+    assert error is None
+    assert _shaped(packets) == [
+        (RUN, 0x20, [("bytes", b"abc"), ("memoryview", big), ("memoryview", full), ("bytes", big[:-1] + b"d")]),
+        (PacketType.MSG, 0x20, 1, ("bytes", b"end")),
+    ]
+    views = [d for d in packets[0][2] if type(d) is memoryview]
+    assert all(v.obj is stream for v in views)
+
+
+@pytest.mark.parametrize(
+    ("bad", "error_class", "words"),
+    [
+        ("03 20 02 01 01 00", MalformedPacket, ["eof byte 0x02"]),
+        ("03 20 00 09 00", MalformedPacket, ["size byte 0x09"]),
+        ("03 20 00 02 04 01", PacketTooLarge, ["declares 1025 payload bytes"]),
+        ("00", UnknownPacketType, ["0x00", "+16"]),
+    ],
+)
+def test_a_run_ends_at_a_bad_packet_with_the_packets_before_it_delivered(bad, error_class, words):
+    """The decoder stops at the first bad packet, as without runs: the run before it
+    comes out whole, and the error is the one that packet alone gives."""
+    from mconn.core.frame_buffer import RUN
+
+    stream = msg(0x20, b"abc", eof=False) + msg(0x20, b"de", eof=False) + _hex("01") + _hex(bad)
+    packets, error = frame_buffer().feed(stream)
+    assert _shaped(packets) == [(RUN, 0x20, [("bytes", b"abcde")]), (PacketType.PING,)]
+    assert type(error) is error_class and all(w in str(error) for w in words), error
+    # The same bytes before the bad packet as whole messages (no run): the same error.
+    plain = msg(0x20, b"abc") + msg(0x20, b"de") + _hex("01") + _hex(bad)
+    plain_packets, plain_error = frame_buffer().feed(plain)
+    assert len(plain_packets) == 3
+    assert (type(plain_error), str(plain_error)) == (type(error), str(error))

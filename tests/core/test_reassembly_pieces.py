@@ -6,9 +6,15 @@ never keeps much more alive than its own bytes.
 Sans-I/O: a Connection fed reads with an explicit ``now``.
 """
 
+import itertools
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mconn.core.channel import KEEP_VIEW_MIN, Channel, ChannelDescriptor
+from mconn.core.events import ConnectionFailed, MessageReceived
+from mconn.errors import MessageTooLarge
 from tests.helpers_core import msg, open_connection
 
 CH, OTHER = 0x20, 0x21
@@ -104,15 +110,80 @@ def test_the_packets_of_one_large_read_are_kept_as_views():
     assert conn.receive_data(data[-100:], 1.0)[0].message == message
 
 
-def test_a_run_of_small_packets_is_copied_even_when_it_fills_its_read():
+def test_a_run_of_small_packets_is_copied_once_into_one_piece():
     """Packets of 1024 bytes fill a read, but a view object per KiB would cost more than
-    a copy: a run is kept as views only when its pieces average KEEP_VIEW_MIN bytes."""
+    a copy, and a step per packet more than one per read: the frame buffer copies the
+    read's small payloads into one bytes object, which the channel keeps as it is (not
+    copied again) until the message is whole."""
     conn = open_connection(peer_payload=1024)
     message = bytes(range(256)) * 64
     data = _stream(message, 1024)
     conn.receive_data(data[:-100], 1.0)
-    assert [type(p) for p in conn.channels[CH].receiving] == [bytearray]
+    pieces = conn.channels[CH].receiving
+    assert [type(p) for p in pieces] == [bytes]
+    assert len(pieces[0]) == conn.channels[CH].receiving_size == len(message) - 1024
     assert conn.receive_data(data[-100:], 1.0)[0].message == message
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    messages=st.lists(st.tuples(st.sampled_from([CH, OTHER]), st.integers(0, 4500)), min_size=1, max_size=5),
+    payloads=st.lists(st.integers(1, 4200), min_size=1, max_size=4),
+    order=st.randoms(use_true_random=False),
+    cuts=st.lists(st.integers(0, 40000), max_size=8),
+)
+def test_small_packets_of_several_channels_cut_anywhere_reassemble_as_sent(messages, payloads, order, cuts):
+    """Messages of two channels in packets of changing sizes (a sender's packet size
+    may change between messages), interleaved a few packets at a time with pings
+    between, fed in reads cut anywhere: each message arrives whole and in order, the
+    same events as when the bytes are fed one at a time."""
+    sent = [(channel_id, bytes([i % 251]) * size) for i, (channel_id, size) in enumerate(messages)]
+    queues: dict[int, list[bytes]] = {CH: [], OTHER: []}
+    for i, (channel_id, message) in enumerate(sent):
+        payload = payloads[i % len(payloads)]
+        starts = range(0, len(message), payload) if message else [0]
+        for start in starts:
+            queues[channel_id].append(
+                msg(channel_id, message[start : start + payload], start + payload >= len(message))
+            )
+    stream = b""
+    pings = 0
+    while queues[CH] or queues[OTHER]:
+        channel_id = order.choice([c for c in queues if queues[c]])
+        take = order.randint(1, 3)
+        stream += b"".join(queues[channel_id][:take])
+        del queues[channel_id][:take]
+        if pings < 4 and order.random() < 0.2:  # within max_pings_per_interval
+            stream += b"\x01"
+            pings += 1
+    conn = open_connection(peer_payload=65536, channels=CHANNELS)
+    events = []
+    points = sorted({c % (len(stream) + 1) for c in cuts})
+    for start, end in itertools.pairwise([0, *points, len(stream)]):
+        events += conn.receive_data(stream[start:end], 1.0)
+    bytewise = open_connection(peer_payload=65536, channels=CHANNELS)
+    one_at_a_time = [e for i in range(len(stream)) for e in bytewise.receive_data(stream[i : i + 1], 1.0)]
+    assert [type(e) for e in events] == [MessageReceived] * len(sent), events[-1]
+    assert events == one_at_a_time
+    for channel_id in (CH, OTHER):
+        assert [e.message for e in events if e.channel_id == channel_id] == [m for c, m in sent if c == channel_id]
+
+
+def test_a_run_past_recv_message_capacity_names_the_size_after_the_run():
+    """The capacity is checked once for a read's run of a channel's packets, before it
+    is kept: MessageTooLarge names the size the message would reach with the whole run
+    (4000 here, where the packet that first crossed 2500 would say 3000), and the
+    message another channel completed before it in the read is delivered."""
+    conn = open_connection(
+        peer_payload=65536, channels=[ChannelDescriptor(CH, recv_message_capacity=2500), ChannelDescriptor(OTHER)]
+    )
+    stream = msg(OTHER, b"first") + b"".join(msg(CH, bytes(1000), eof=False) for _ in range(4)) + msg(CH, b"end")
+    events = conn.receive_data(stream, 1.0)
+    assert [type(e) for e in events] == [MessageReceived, ConnectionFailed]
+    assert events[0].message == b"first"
+    assert type(events[1].error) is MessageTooLarge
+    assert "reached 4000 bytes, over its recv_message_capacity 2500" in str(events[1].error)
+    assert conn.channels[CH].receiving is None
 
 
 def test_a_read_splitting_two_packets_keeps_both_parts_as_views():

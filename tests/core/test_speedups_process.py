@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mconn.core import connection, speedups
+from mconn.core import connection, frame_buffer, speedups
 from mconn.core.channel import Channel, ChannelDescriptor
-from mconn.core.events import MessageReceived
+from mconn.core.events import ConnectionFailed, MessageReceived
 from mconn.core.frame_buffer import MSG, PING, PONG, RUN
 from mconn.core.wire import PacketType
+from tests.core.test_codec_equivalence import run_streams
+from tests.helpers_core import open_connection
 
 try:
     compiled = importlib.import_module("mconn.core._speedups")
@@ -145,3 +149,38 @@ def test_the_twin_is_what_the_connection_uses_unless_mconn_pure():
         assert connection._process_msgs is connection.process_msgs
     else:
         assert connection._process_msgs is compiled.process_msgs
+
+
+def _receive(stream, cuts, capacity, decode, process):
+    """A connection that decodes with ``decode`` and processes with ``process`` fed
+    ``stream`` cut at ``cuts``: its events and its channels' state."""
+    channels = [ChannelDescriptor(0x20, recv_message_capacity=capacity), ChannelDescriptor(0x21)]
+    with (
+        mock.patch.object(frame_buffer, "_decode_packets", decode),
+        mock.patch.object(connection, "_process_msgs", process),
+    ):
+        conn = open_connection(peer_payload=65536, channels=channels)
+        events = []
+        points = sorted({c % (len(stream) + 1) for c in cuts})
+        for a, b in itertools.pairwise([0, *points, len(stream)]):
+            events += conn.receive_data(stream[a:b], 1.0)
+    said = [
+        ("failed", type(e.error).__name__, str(e.error))
+        if type(e) is ConnectionFailed
+        else (type(e).__name__, getattr(e, "channel_id", None), _bytes_of(getattr(e, "message", b"")))
+        for e in events
+    ]
+    return said, _state(conn.channels)
+
+
+@TWIN
+@given(st.data(), st.lists(st.integers(0, 30000), max_size=6), st.sampled_from([30, 5000, 1 << 30]))
+def test_receive_path_twin_on_runs_cut_anywhere(data, cuts, capacity):
+    """Decoder and msg fast path together, pure against compiled, on runs of small and
+    large packets of two channels (eof in the middle, pings between, bad bytes after a
+    run) cut anywhere, under a channel capacity that runs may cross: the same events,
+    errors and channel state."""
+    stream = data.draw(run_streams(broken=data.draw(st.booleans())))
+    pure = _receive(stream, cuts, capacity, frame_buffer.decode_packets, connection.process_msgs)
+    twin = _receive(stream, cuts, capacity, compiled.decode_packets, compiled.process_msgs)
+    assert twin == pure

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from mconn.core import channel, frame_buffer, speedups, wire, wire_primitives
 from mconn.core.frame_buffer import FrameBuffer
 from mconn.core.wire import PacketType
-from tests.core.test_codec_equivalence import any_packets, malformed_bytes
+from tests.core.test_codec_equivalence import any_packets, malformed_bytes, run_streams
 
 try:
     compiled = importlib.import_module("mconn.core._speedups")
@@ -49,6 +49,7 @@ def test_the_twin_is_current_and_its_constants_are_the_wire_constants():
     assert compiled.FIRST_EXTENSION_TYPE == wire.FIRST_EXTENSION_TYPE
     assert compiled.MAX_UVARINT_SIZE == wire_primitives.MAX_UVARINT_SIZE
     assert compiled.RUN == frame_buffer.RUN
+    assert compiled.KEEP_VIEW_MIN == channel.KEEP_VIEW_MIN
 
 
 @st.composite
@@ -90,12 +91,14 @@ def _full_packets(draw, max_payload: int) -> bytes:
 
 @st.composite
 def streams(draw):
-    kind = draw(st.sampled_from(["packets", "malformed", "full"]))
+    kind = draw(st.sampled_from(["packets", "malformed", "full", "runs", "broken runs"]))
     if kind == "packets":
         return b"".join(draw(st.lists(any_packets(max_data=40), max_size=6)))
     if kind == "malformed":
         return draw(malformed_bytes())
-    return _full_packets(draw, draw(st.sampled_from([1, 7, 16])))
+    if kind == "full":
+        return _full_packets(draw, draw(st.sampled_from([1, 7, 16])))
+    return draw(run_streams(broken=kind == "broken runs"))
 
 
 @TWIN
@@ -151,6 +154,23 @@ def test_frame_buffer_twin_on_streams_cut_anywhere(data, cuts, max_payload, stre
         stream = b"".join(data.draw(st.lists(any_packets(max_data=80), max_size=8)))
     else:
         stream = data.draw(malformed_bytes())
+    pure = _run_buffer(stream, cuts, max_payload, stream_payloads, splice, frame_buffer.decode_packets)
+    twin = _run_buffer(stream, cuts, max_payload, stream_payloads, splice, compiled.decode_packets)
+    assert twin == pure
+
+
+@TWIN
+@given(
+    run_streams(broken=False) | run_streams(broken=True),
+    st.lists(st.integers(0, 30000), max_size=6),
+    st.sampled_from([24, 4096, 4097, 65536]),
+    st.booleans(),
+    st.sampled_from([0, 4096]),
+)
+def test_frame_buffer_twin_on_runs_cut_anywhere(stream, cuts, max_payload, stream_payloads, splice):
+    """Streams of mixed small and large not-last packets of several channels, eof in the
+    middle, pings between, bad bytes after a run, cut anywhere: the twin's FrameBuffer
+    says what the reference's says, feed for feed (the same pieces, copies and views)."""
     pure = _run_buffer(stream, cuts, max_payload, stream_payloads, splice, frame_buffer.decode_packets)
     twin = _run_buffer(stream, cuts, max_payload, stream_payloads, splice, compiled.decode_packets)
     assert twin == pure

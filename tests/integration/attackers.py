@@ -58,6 +58,7 @@ from mconn.core import wire
 from mconn.core.frame_buffer import MSG, FrameBuffer
 from mconn.core.handshake import make_hello
 from mconn.net.websocket_frames import FrameReader, binary_frames
+from tests.helpers_core import PacketByPacket
 
 #: The victim's channels, announced by the attackers so that the node sends them data.
 CHANNELS = [
@@ -345,7 +346,8 @@ def flood(target: Target, index: int, deadline: float, counts: dict) -> None:
 def cut_small(peer: Wire, sock: socket.socket, deadline: float) -> bool:
     """Whether the node cuts a message into packets under MIN_CUT bytes, judged from the
     first 64 KiB it sends (or what comes within 1.5 s)."""
-    packets = FrameBuffer(max_payload=1 << 20, default_extension_limit=1 << 20)
+    # Packet by packet: a FrameBuffer alone joins a read's small not-last packets.
+    packets = PacketByPacket(FrameBuffer(max_payload=1 << 20, default_extension_limit=1 << 20))
     sock.settimeout(0.2)
     seen, until = 0, min(deadline, time.monotonic() + 1.5)
     while seen < 65536 and time.monotonic() < until:
@@ -356,7 +358,7 @@ def cut_small(peer: Wire, sock: socket.socket, deadline: float) -> bool:
         if not data:
             break
         seen += len(data)
-        found, error = packets.feed(data, stop_after_extension=False)
+        found, error = packets.feed(data)
         if any(p[0] == MSG and not p[2] and len(p[3]) < MIN_CUT for p in found):
             return True
         if error is not None or any(p[0] == wire.PacketType.CLOSE for p in found):

@@ -15,8 +15,7 @@ from twisted.protocols import portforward
 
 from helpers import RecordingReactor, bounded, stop_switches, the_reactor, until
 from mconn import ChannelDescriptor, Config, Switch
-from mconn.core.wire import PacketType
-from tests.helpers_core import expand_runs, frame_buffer
+from tests.helpers_core import msg_payload_sizes
 
 pytestmark = pytest.mark.integration
 
@@ -61,9 +60,7 @@ async def sent_through_relay(listener_config: Config) -> tuple[bytes, bytes, lis
 def packet_sizes(recorded: list) -> list[int]:
     """The payload sizes of the whole msg packets in the recorded bytes (the relay may
     have read part of a later packet, an ack, when the message arrived)."""
-    packets, error = frame_buffer(max_payload=1 << 20).feed(b"".join(recorded), stop_after_extension=False)
-    assert error is None
-    return [len(p[3]) for p in expand_runs(packets) if p[0] == PacketType.MSG]
+    return msg_payload_sizes(b"".join(recorded))
 
 
 @pytest_twisted.ensureDeferred

@@ -17,9 +17,8 @@ from twisted.protocols import portforward
 from helpers import RecordingReactor, bounded, stop_switches, the_reactor, until
 from mconn import ChannelDescriptor, Config, Switch
 from mconn.core.packet_size import UNMEASURED
-from mconn.core.wire import PacketType
 from mconn.net.websocket_frames import FrameReader
-from tests.helpers_core import expand_runs, frame_buffer
+from tests.helpers_core import msg_payload_sizes
 
 pytestmark = pytest.mark.integration
 
@@ -70,9 +69,7 @@ def packet_sizes(stream: bytes) -> list[int]:
     head_end = stream.index(b"\r\n\r\n") + 4
     payloads, stop, _ = FrameReader(masked=True, max_message=1 << 20).read(stream[head_end:])
     assert stop is None or stop[0] == "control", stop
-    packets, error = frame_buffer(max_payload=1 << 20).feed(b"".join(payloads), stop_after_extension=False)
-    assert error is None
-    return [len(p[3]) for p in expand_runs(packets) if p[0] == PacketType.MSG]
+    return msg_payload_sizes(b"".join(payloads))
 
 
 @pytest_twisted.ensureDeferred
