@@ -13,9 +13,11 @@ core's, since the adapter writes ``write_batch_bytes`` at a time whatever the pa
   of 1 MiB messages (1/64 of that at payload 1) with ``data_to_send``, its packet size at
   the negotiated maximum (what the adapter sets on loopback).
 * **receive**: a default ``Connection`` is fed, in 64 KiB reads, the streams the sender
-  cut at 65536 and at 1024, and two streams a peer may still send whatever it announces
-  (a receiver accepts any payload up to the negotiated maximum): messages cut into
-  1-byte packets, and empty messages (a 4-byte packet each). Per MiB of wire bytes.
+  cut at 65536 and at 1024, the 1024-byte packets of two channels' messages alternating
+  packet by packet (no two packets of a channel in a row: each alone, no run), and two
+  streams a peer may still send whatever it announces (a receiver accepts any payload up
+  to the negotiated maximum): messages cut into 1-byte packets, and empty messages (a
+  4-byte packet each). Per MiB of wire bytes.
 
 * **loopback**: the same through the whole stack, as the attack measured it: a default
   Switch in this process sends ``--loopback-mib`` MiB in 1 MiB messages over plain TCP on
@@ -47,6 +49,8 @@ from mconn.core.handshake import hello_packet, make_hello
 from mconn.core.wire import PacketType, encode_packet
 
 CHANNEL = 0x10
+#: The second channel of the alternating stream (receive only).
+OTHER = 0x11
 #: The bound on the whole stack's CPU per MiB at the floor over the default's (64 KiB packets).
 FLOOR_TARGET = 1.5
 CHANNELS = [ChannelDescriptor(CHANNEL, send_queue_capacity=64, recv_message_capacity=1 << 21)]
@@ -54,10 +58,10 @@ MIB = 1 << 20
 READ = 65536
 
 
-def connection(node_id: str) -> Connection:
+def connection(node_id: str, channels: list[ChannelDescriptor] = CHANNELS) -> Connection:
     config = Config()
-    hello = make_hello(node_id=node_id, channels=CHANNELS, max_packet_payload=config.max_packet_payload)
-    return Connection(config=config, hello=hello, channels=CHANNELS, now=0.0)
+    hello = make_hello(node_id=node_id, channels=channels, max_packet_payload=config.max_packet_payload)
+    return Connection(config=config, hello=hello, channels=channels, now=0.0)
 
 
 def sender_to(payload: int) -> Connection:
@@ -92,10 +96,10 @@ def send(payload: int, mib: float) -> tuple[float, bytes]:
     return spent / (count * len(message) / MIB), b"".join(out)
 
 
-def receive(stream: bytes) -> float:
+def receive(stream: bytes, channels: list[ChannelDescriptor] = CHANNELS) -> float:
     """Seconds of process time per MiB of ``stream`` fed to a receiver in 64 KiB reads."""
-    receiver = connection("b" * 40)
-    sender_hello = make_hello(node_id="a" * 40, channels=CHANNELS, max_packet_payload=65536)
+    receiver = connection("b" * 40, channels)
+    sender_hello = make_hello(node_id="a" * 40, channels=channels, max_packet_payload=65536)
     receiver.receive_data(hello_packet(sender_hello), 0.0)
     spent = 0.0
     for at in range(0, len(stream), READ):
@@ -104,6 +108,21 @@ def receive(stream: bytes) -> float:
         receiver.receive_data(chunk, 1.0)
         spent += time.process_time() - start
     return spent / (len(stream) / MIB)
+
+
+def alternating_packets(mib: float, payload: int = 1024) -> bytes:
+    """1 MiB messages of CHANNEL and OTHER, two at a time, their ``payload``-byte packets
+    alternating: ``mib`` MiB of payload in all."""
+    message = bytes(MIB)
+    count = MIB // payload
+    pair = b"".join(
+        encode_packet(
+            PacketType.MSG, channel_id=channel, eof=i == count - 1, data=message[i * payload : (i + 1) * payload]
+        )
+        for i in range(count)
+        for channel in (CHANNEL, OTHER)
+    )
+    return pair * max(1, int(mib / 2))
 
 
 def one_byte_packets(size: int) -> bytes:
@@ -124,6 +143,8 @@ def run(mib: float) -> dict:
         result[f"send_s_per_MiB_at_{payload}"] = seconds
     result["receive_s_per_MiB_of_65536_packets"] = receive(streams[65536])
     result["receive_s_per_MiB_of_1024_packets"] = receive(streams[1024])
+    two = [*CHANNELS, ChannelDescriptor(OTHER, send_queue_capacity=64, recv_message_capacity=1 << 21)]
+    result["receive_s_per_MiB_of_1024_packets_alternating"] = receive(alternating_packets(mib), two)
     result["receive_s_per_MiB_of_1_byte_packets"] = receive(one_byte_packets(int(mib * MIB / 64)))
     result["receive_s_per_MiB_of_empty_messages"] = receive(empty_messages(int(mib * MIB / 16)))
     return result
@@ -244,19 +265,19 @@ def main() -> None:
     base_receive = medians["receive_s_per_MiB_of_65536_packets"]
     for key, value in medians.items():
         base = base_send if key.startswith("send") else base_receive
-        print(f"{key:40} {value * 1000:9.2f} ms  {value / base:7.1f}x 64 KiB packets")
-    print(f"{'send at 1 / send at 1024':40} {medians['send_s_per_MiB_at_1'] / medians['send_s_per_MiB_at_1024']:9.1f}x")
+        print(f"{key:48} {value * 1000:9.2f} ms  {value / base:7.1f}x 64 KiB packets")
+    print(f"{'send at 1 / send at 1024':48} {medians['send_s_per_MiB_at_1'] / medians['send_s_per_MiB_at_1024']:9.1f}x")
     if args.loopback_mib:
         load = os.getloadavg()[0]
         wire = loopback_runs(args.loopback_mib, args.repeat)
         rounds = wire.pop("rounds_1024_over_65536")
         for key, value in wire.items():
             ratio = value / wire["loopback_s_per_MiB_at_65536"]
-            print(f"{key:40} {value * 1000:9.2f} ms  {ratio:7.2f}x 64 KiB packets")
+            print(f"{key:48} {value * 1000:9.2f} ms  {ratio:7.2f}x 64 KiB packets")
         # The target: at the floor a peer costs us at most FLOOR_TARGET x the default's CPU per MiB.
         ratio = statistics.median(rounds)
         print(
-            f"{'loopback, floor / 64 KiB, per round':40} {ratio:9.2f}x  "
+            f"{'loopback, floor / 64 KiB, per round':48} {ratio:9.2f}x  "
             f"({min(rounds):.2f}..{max(rounds):.2f}; target <= {FLOOR_TARGET}: "
             f"{'PASS' if ratio <= FLOOR_TARGET else 'MISS'}); load average {load:.1f} to {os.getloadavg()[0]:.1f}"
         )

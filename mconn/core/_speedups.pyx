@@ -232,7 +232,7 @@ cdef object _run(
     cdef Py_ssize_t small_at = 0
     cdef Py_ssize_t small_count = 0
     cdef Py_ssize_t small_bytes = 0
-    cdef list pieces = []
+    cdef list pieces = None  # made with its first payload: a small packet alone needs none
     while pos < stop and pos + 4 <= n and p[pos] == C_MSG and p[pos + 1] == channel_id and p[pos + 2] == 0:
         size = p[pos + 3]
         start = pos + 4 + size
@@ -248,6 +248,8 @@ cdef object _run(
             small_count += 1
             small_bytes += <Py_ssize_t> length
         else:
+            if pieces is None:
+                pieces = []
             if small_count:
                 pieces.append(_joined(p, small_at, small_count, small_bytes))
                 small_count = 0
@@ -256,11 +258,13 @@ cdef object _run(
         pos = end
     end_at[0] = pos
     if small_count:
-        if small_count == 1 and not pieces:
-            start = small_at + 4 + p[small_at + 3]
-            return (C_MSG, channel_id, 0, mv[start : start + small_bytes])
+        if pieces is None:
+            if small_count == 1:
+                start = small_at + 4 + p[small_at + 3]
+                return (C_MSG, channel_id, 0, mv[start : start + small_bytes])
+            pieces = []
         pieces.append(_joined(p, small_at, small_count, small_bytes))
-    return (C_RUN, channel_id, pieces) if pieces else None
+    return None if pieces is None else (C_RUN, channel_id, pieces)
 
 
 cdef bytes _joined(const unsigned char *p, Py_ssize_t pos, Py_ssize_t count, Py_ssize_t total):
