@@ -60,6 +60,33 @@ from zope.interface import Interface, implementer
 
 #: The transports whose buffer and ``writeSomeData`` this module knows (exact types).
 PLAIN_TCP = (tcp.Server, tcp.Client)
+#: What Twisted's ``doWrite`` sets on a transport the first time it sends from its buffer
+#: (class attributes of ``FileDescriptor`` until then).
+BUFFER_ATTRIBUTES = ("dataBuffer", "offset")
+
+
+def share_buffer_keys(classes=PLAIN_TCP) -> None:
+    """Put ``BUFFER_ATTRIBUTES`` in the attribute keys each class's instances share,
+    by setting them (to the class's own values) on one instance made for that.
+
+    CPython (3.11 on) keeps an instance's attributes in an array laid out by keys its
+    class shares, and closes those keys once its first instances have used up 30 slots
+    (each name added takes one, each instance made one); an instance that then sets a
+    name not among them gets a dict of its own, 832 bytes for a TCP transport. Without write-through every
+    connection's first write went through ``doWrite``, so the first transports of a
+    process put both names there. With write-through and read at accept a listener's
+    first connections may never send from Twisted's buffer, and every later one whose
+    buffer is used (the stats tick's probe, any send outside a read) built that dict:
+    0.8 KiB a peer (bench/RESULTS.md, "Memory per peer"). Done at import, before the
+    process has made any: where a class's keys are already closed, the one instance
+    made here gets the dict, and nothing else changes."""
+    for cls in classes:
+        seed = cls.__new__(cls)  # never initialised or used: only its attributes are set
+        for name in BUFFER_ATTRIBUTES:
+            setattr(seed, name, getattr(cls, name))
+
+
+share_buffer_keys()
 
 
 def plain_tcp(transport) -> bool:
