@@ -314,6 +314,8 @@ def process_msgs(list packets, Py_ssize_t i, dict channels, object append):
     cdef tuple packet
     cdef object kind, channel, message, stats, channel_id, event
     cdef object new_event = MessageReceived.__new__
+    if _Channel is None:
+        _init_slots()
     while i < n:
         packet = packets[i]  # a tuple (the decoder's packets); anything else: TypeError
         kind = packet[0]
@@ -331,6 +333,13 @@ def process_msgs(list packets, Py_ssize_t i, dict channels, object append):
                 stats = channel.stats
                 stats.bytes_received += size
                 stats.messages_received += 1
+            elif not packet[2] and type(channel) is _Channel and len(packet[3]) < C_KEEP_VIEW_MIN:
+                # A small not-last packet alone (channels that alternate packet by packet):
+                # Channel.reassemble and _collect inlined, the payload copied at the end
+                # of the message's trailing bytearray.
+                _collect_small(channel, packet[3])
+                i += 1
+                continue
             else:
                 message = channel.reassemble(packet[2], packet[3])
                 if message is None:
@@ -352,6 +361,32 @@ def process_msgs(list packets, Py_ssize_t i, dict channels, object append):
             return i
         i += 1
     return n
+
+
+cdef int _collect_small(object channel, object data) except -1:
+    """``Channel.reassemble(0, data)`` of a Channel for a payload under ``KEEP_VIEW_MIN``
+    bytes (``_collect`` copies it): the same checks, error, state and counters."""
+    cdef Py_ssize_t length = len(data)
+    cdef object parts, last
+    size = _get(channel, O_RECEIVING_SIZE) + length
+    if size > _get(channel, O_RECV_CAPACITY):
+        raise channel.too_large(size)
+    stats = _get(channel, O_STATS)
+    if type(stats) is _ChannelStats:
+        _set(stats, O_BYTES_RECEIVED, _get(stats, O_BYTES_RECEIVED) + length)
+    else:
+        stats.bytes_received += length
+    parts = _get(channel, O_RECEIVING)
+    if parts is None:
+        parts = []
+        _set(channel, O_RECEIVING, parts)
+    last = parts[len(parts) - 1] if parts else None  # (no negative indexing here)
+    if type(last) is bytearray:
+        last += data
+    else:
+        parts.append(bytearray(data))
+    _set(channel, O_RECEIVING_SIZE, size)
+    return 0
 
 
 cdef object _unknown_channel(object channel_id, dict channels):
@@ -394,6 +429,7 @@ cdef object _ChannelStats = None
 cdef object _reference_schedule = None
 cdef Py_ssize_t O_ID, O_PRIORITY, O_QUEUE, O_SENDING, O_OFFSET, O_STORED_SENT, O_STATS, O_STAMP_AT
 cdef Py_ssize_t O_MESSAGES_SENT, O_BYTES_SENT
+cdef Py_ssize_t O_RECEIVING, O_RECEIVING_SIZE, O_RECV_CAPACITY, O_BYTES_RECEIVED
 
 
 cdef Py_ssize_t _offset(object cls, str name) except -1:
@@ -410,6 +446,7 @@ cdef int _init_slots() except -1:
     global _Channel, _ChannelStats, _reference_schedule
     global O_ID, O_PRIORITY, O_QUEUE, O_SENDING, O_OFFSET, O_STORED_SENT, O_STATS, O_STAMP_AT
     global O_MESSAGES_SENT, O_BYTES_SENT
+    global O_RECEIVING, O_RECEIVING_SIZE, O_RECV_CAPACITY, O_BYTES_RECEIVED
     from mconn.core import channel  # not at import: channel imports this module
 
     O_ID = _offset(channel.Channel, "id")
@@ -422,6 +459,10 @@ cdef int _init_slots() except -1:
     O_STAMP_AT = _offset(channel.Channel, "_stamp_at")
     O_MESSAGES_SENT = _offset(channel.ChannelStats, "messages_sent")
     O_BYTES_SENT = _offset(channel.ChannelStats, "bytes_sent")
+    O_RECEIVING = _offset(channel.Channel, "receiving")
+    O_RECEIVING_SIZE = _offset(channel.Channel, "receiving_size")
+    O_RECV_CAPACITY = _offset(channel.Channel, "recv_capacity")
+    O_BYTES_RECEIVED = _offset(channel.ChannelStats, "bytes_received")
     _reference_schedule = channel.schedule
     _ChannelStats = channel.ChannelStats
     _Channel = channel.Channel

@@ -184,3 +184,18 @@ def test_receive_path_twin_on_runs_cut_anywhere(data, cuts, capacity):
     pure = _receive(stream, cuts, capacity, frame_buffer.decode_packets, connection.process_msgs)
     twin = _receive(stream, cuts, capacity, compiled.decode_packets, compiled.process_msgs)
     assert twin == pure
+
+
+def test_the_twin_takes_a_small_packet_alone_without_a_python_call():
+    """Channels whose packets alternate one by one leave no run to join: the twin copies
+    each small not-last payload onto the message's bytearray itself, with the state
+    Channel.reassemble leaves (the reference, run on a twin channel), and calls no
+    Python method for it."""
+    packets = [(MSG, 0x10, 0, memoryview(b"xab")[1:]), (MSG, 0x11, 0, b"cd"), (MSG, 0x10, 0, b"ef"), (PING,)]
+    expected = _channels((100, 100), {})
+    assert connection.process_msgs(packets, 0, expected, [].append) == 3
+    channels = _channels((100, 100), {})
+    with mock.patch.object(Channel, "reassemble", side_effect=AssertionError("a Python call")):
+        assert compiled.process_msgs(packets, 0, channels, [].append) == 3
+    assert _state(channels) == _state(expected)
+    assert channels[0x10].receiving == [bytearray(b"abef")] and channels[0x10].receiving_size == 4
