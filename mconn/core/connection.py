@@ -251,6 +251,10 @@ class Connection:
                 break
             # Decoding paused after an extension packet (limits may have changed): go on.
             packets, error = self._buffer.feed(b"")
+        if self.state is _CLOSED:
+            # Closed (a close received, a failure): nothing more is read, so the rest of
+            # the read the buffer kept after an extension packet goes too.
+            self._buffer.discard()
         return events
 
     def _process(self, packets: list[Any], events: list[object], now: float) -> None:
@@ -360,6 +364,7 @@ class Connection:
             text = str(error)[:CLOSE_TEXT_LIMIT]
             self._control[:] = [encode_extension(PacketType.CLOSE, encode_close(type(error).__name__, text))]
         self.state = _CLOSED
+        self._buffer.discard()  # nothing more is read (a pong timeout fails between reads)
         events.append(ConnectionFailed(error=error))
 
     # -- outbound ----------------------------------------------------------------

@@ -119,6 +119,13 @@ class FrameBuffer:
         """Bytes held back because their packet is not complete yet."""
         return len(self._tail)
 
+    def discard(self) -> None:
+        """Drop what is held: an incomplete packet, or the rest of a read kept after an
+        extension packet (``paused``). For a stream that has ended: nothing more is decoded."""
+        self._tail = b""
+        self._partial = None
+        self.paused = False
+
     #: Fed more than this many bytes while an incomplete packet is buffered, ``feed``
     #: completes that packet from a bounded prefix of the new bytes and decodes the rest
     #: in place, instead of copying all of them behind it (a bulk stream leaves a tail

@@ -25,7 +25,8 @@ from hypothesis import strategies as st
 
 from mconn import errors
 from mconn.core.connection import State
-from mconn.core.events import ConnectionFailed, HelloReceived
+from mconn.core import wire
+from mconn.core.events import CloseReceived, ConnectionFailed, HelloReceived
 from mconn.core.wire import PacketType
 
 from tests.fuzz.strategies import schedules, streams
@@ -96,3 +97,32 @@ def test_a_full_pong_queue_and_our_own_ping_stay_within_the_bound():
     pings = bytes([PacketType.PING]) * CONFIG.max_control_backlog
     run(conn, [(peer_hello() + pings, 0.0, False), (b"", CONFIG.ping_interval + 1, False)])
     assert conn.state is State.OPEN and len(conn._control) == CONFIG.max_control_backlog + 1
+
+
+def test_a_failed_connection_keeps_none_of_the_read_after_a_hello():
+    """Found by the fuzzer: a read with the peer's hello, a second hello and then more
+    bytes. Decoding pauses after each hello (limits may change), keeping the rest of the
+    read; the second hello fails the connection, and what was kept goes with it, since a
+    closed connection reads nothing more (without that, 3,000 bytes stayed held, past the
+    frame buffer's bound of one header and the largest body)."""
+    conn = new_connection(False)
+    conn.data_to_send(0.0)
+    events = conn.receive_data(peer_hello() + peer_hello() + bytes(3000), 0.0)
+    assert type(events[-1]) is ConnectionFailed
+    assert type(events[-1].error) is errors.UnexpectedPacket and "hello" in str(events[-1].error)
+    assert conn.state is State.CLOSED
+    assert conn._buffer.buffered == 0
+    assert conn.receive_data(b"\x01" * 10, 1.0) == []
+
+
+def test_a_close_received_keeps_none_of_the_read_after_it():
+    """Found by the fuzzer too: the peer's hello, its close and 3,000 more bytes in one
+    read. The close ends the connection and everything after it is ignored, including
+    what decoding kept of the read when it paused after the close packet."""
+    conn = new_connection(False)
+    conn.data_to_send(0.0)
+    close = wire.encode_extension(PacketType.CLOSE, wire.encode_close("shutdown", "bye"))
+    events = conn.receive_data(peer_hello() + close + bytes(3000), 0.0)
+    assert type(events[-1]) is CloseReceived and events[-1].code == "shutdown"
+    assert conn.state is State.CLOSED
+    assert conn._buffer.buffered == 0
