@@ -71,6 +71,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ),
     ("mconn.pipeline.ingest", "_jvm"): "pyspark's JVM gateway, for Hadoop's FileSystem, which pyspark does not wrap",
     ("mconn.pipeline.ingest", "_jsc"): "pyspark's Java SparkContext, for the Hadoop configuration of that FileSystem",
+    ("mconn.pipeline.spark", "_jvm"): "pyspark's JVM gateway, for Hadoop's local FileSystem (no .crc files written)",
+    ("mconn.pipeline.spark", "_jsc"): "pyspark's Java SparkContext, for the Hadoop configuration of that FileSystem",
     ("mconn.pipeline.spark", "_ensure_initialized"): (
         "under spark-submit, pyspark's gateway to the JVM that holds --master and --conf, before SparkConf reads them"
     ),
