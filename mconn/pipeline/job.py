@@ -79,7 +79,9 @@ def run(spark, inputs, out: str, *, since=None, until=None, report_path: str | N
             # The table from the collected row: a local relation, no second pass over the inputs.
             columns = StructType([f for f in query.schema.fields if f.name in summary.COLUMNS])
             row = spark.createDataFrame([tuple(headline[c] for c in summary.COLUMNS)], columns)
-            row.write.mode("overwrite").parquet(table_path(out, "summary"))
+            # One part file: the local relation would be cut into the session's default
+            # parallelism, a task and an empty file for each slice past the first.
+            row.coalesce(1).write.mode("overwrite").parquet(table_path(out, "summary"))
             stage.detail = (
                 f"{headline['events']:,} events, {headline['malformed_records']:,} malformed, "
                 f"{headline['unknown_events']:,} unknown; lost {headline['lost']}, duplicated {headline['duplicated']}"

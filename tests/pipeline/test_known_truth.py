@@ -14,6 +14,7 @@ replaces it. The run is module-scoped: the tests read its tables.
 import contextlib
 import io
 import json
+import pathlib
 
 import pytest
 
@@ -351,6 +352,13 @@ def test_summary_headline(out):
     # Connections lost to a break: B - C and D - B at both ends, E alone once (older nodes: by reason_type),
     # G - H at both ends and G alone once (current nodes: reason_kind link); closes and refusals are not.
     assert s["link_failures"] == 8
+
+
+def test_the_one_row_summary_is_one_part_file(out):
+    """The summary table's one row is written as one Parquet part, not one a slice of the
+    session's default parallelism (an empty file and a task for each other slice)."""
+    parts = sorted(p.name for p in pathlib.Path(out[2], "summary").glob("part-*"))
+    assert len(parts) == 1, parts
 
 
 def test_report_is_one_html_file_with_embedded_plots(out):
