@@ -331,7 +331,8 @@ class MConnectionProtocol(Protocol):
     def resumeProducing(self) -> None:
         self._paused = False
         if self._pause_after_write:
-            self._direct_bytes = 0  # a turn of the loop came between: a new bound
+            if self._direct_bytes:  # a class default until a bulk write: set only then (a late name)
+                self._direct_bytes = 0  # a turn of the loop came between: a new bound
             self._drained()
         self.pump(room_only=True)
 
@@ -556,7 +557,11 @@ class MConnectionProtocol(Protocol):
             self._timer_due = now
             self._timer = timers_of(self._clock).arm(now, self)  # the next turn
             return
-        self._after_stall = False
+        if self._after_stall:
+            # Set only after a stall: an instance attribute set on every run would be a
+            # 29th name, and past the one spare key it builds a dict per connection
+            # (bench/RESULTS.md, "Memory per peer").
+            self._after_stall = False
         for event in self.core.handle_timeout(now):
             _HANDLERS[type(event)](self, event)
         # A keepalive ping is one byte alone in its turn: it goes to the socket at once
