@@ -132,6 +132,15 @@ def listener(args) -> None:
             clock.callLater(0.5, wait)
 
     def measure() -> None:
+        try:
+            measured()
+        except Exception:  # an answer whatever failed: the orchestrator waits for one
+            import traceback
+
+            reply(error=traceback.format_exc())
+        clock.stop()
+
+    def measured() -> None:
         peers = connected()
         rss = rss_bytes()  # collects first
         result = {"peers": peers, "rss_per_peer": (rss - base["rss"]) / peers if peers else None}
@@ -140,7 +149,6 @@ def listener(args) -> None:
             tracemalloc.stop()
         result["objects"] = objects(base["objects"], peers)
         reply(**result)
-        clock.stop()
 
     switch.listen(f"tcp:0:interface=127.0.0.1:backlog={BACKLOG}").addCallback(listening)
     clock.run()
@@ -185,16 +193,24 @@ def traced(before, after, tree: str, peers: int) -> tuple[dict, dict]:
 
 
 def objects(before: set[int], peers: int) -> dict:
-    """Tracked objects a peer by type, and the most instance attributes of each kind."""
+    """Tracked objects a peer by type; for each kind with an instance a peer or more, the
+    most instance attributes of one, and the names only some of them set (``late``:
+    name -> instances), each of which a class's closed keys may give a dict of its own.
+    Measured last: ``vars`` builds the dict of each instance it is asked about."""
     found = new_objects_by_type(before)
     table = {}
     for name, instances in found.items():
-        row = {"per_peer": len(instances) / peers}
+        row: dict = {"per_peer": len(instances) / peers}
         if len(instances) >= peers and hasattr(instances[0], "__dict__") and not isinstance(instances[0], type):
-            # Only a few: vars() builds the dict of each one it is asked about.
-            sizes = [len(vars(obj)) for obj in instances[:5] if isinstance(getattr(obj, "__dict__", None), dict)]
-            if sizes:
-                row["max_attributes"] = max(sizes)
+            names = collections.Counter()
+            for obj in instances:
+                attributes = getattr(obj, "__dict__", None)
+                if isinstance(attributes, dict):
+                    names.update(attributes.keys())
+                    row["max_attributes"] = max(row.get("max_attributes", 0), len(attributes))
+            late = {key: count for key, count in names.items() if count < len(instances)}
+            if late:
+                row["late"] = late
         table[name] = row
     return table
 
@@ -224,7 +240,10 @@ def run_tree(args, tree: str, trace: bool, tmp: str) -> dict:
         line = listener_proc.stdout.readline()
         if not line:
             raise RuntimeError(f"the listener of {tree} ended ({listener_proc.wait()})")
-        return dict(json.loads(line), mconn_file=hello["mconn_file"])
+        result = json.loads(line)
+        if "error" in result:
+            raise RuntimeError(f"the listener of {tree} failed:\n{result['error']}")
+        return dict(result, mconn_file=hello["mconn_file"])
     finally:
         if dialer is not None:
             dialer.kill()
@@ -297,6 +316,10 @@ def objects_table(results: dict[str, dict]) -> list[str]:
                 else f"{row['per_peer']:.2f}" + (f" ({row['max_attributes']})" if "max_attributes" in row else "")
             )
         out.append(f"| {kind} | " + " | ".join(cells) + " |")
+    for n in names:
+        for kind, row in results[n]["objects"].items():
+            if row.get("late"):
+                out.append(f"{n}: {kind} names only some instances set: {row['late']}")
     return out
 
 
