@@ -561,6 +561,7 @@ def dialer(args) -> None:
         """Opens ``count`` connections, at most CONCURRENCY under way."""
 
         def __init__(self):
+            self.deadline = None
             self.reset("", 0, None)
 
         def reset(self, kind, port, factory):
@@ -572,7 +573,8 @@ def dialer(args) -> None:
         def start(self, kind, port, factory, count, answer_size=0):
             self.reset(kind, port, factory)
             self.count, self.answer_size = count, answer_size
-            clock.callLater(STORM_DEADLINE, self.report, True)
+            # This phase's deadline only: a later phase must not be cut short by it.
+            self.deadline = clock.callLater(STORM_DEADLINE, self.report, True)
             self.fill()
 
         def fill(self):
@@ -607,6 +609,8 @@ def dialer(args) -> None:
             if self.finished is not None:
                 return
             self.finished = time.time()
+            if not timed_out and self.deadline is not None and self.deadline.active():
+                self.deadline.cancel()
             Commands.reply(
                 kind=self.kind, done=self.done, seconds=self.finished - self.t0, timed_out=timed_out, **stats
             )
