@@ -412,15 +412,16 @@ def _run(data: bytes, mv: memoryview, pos: int, stop: int, max_payload: int, ful
     """
     n = len(data)
     channel_id = data[pos + 1]
+    full_skip = 2 + len(full_tail)  # a full packet's header
+    stride = full_skip + max_payload
+    full_header = bytes((MSG, channel_id)) + full_tail
     pieces: list[Any] = []
     small: list[Any] = []  # the small payloads since the last view, to copy together
     while pos < stop and pos + 4 <= n and data[pos] == MSG and data[pos + 1] == channel_id:
-        if data.startswith(full_tail, pos + 2) and pos + 2 + len(full_tail) + max_payload <= n:
-            full_skip = 2 + len(full_tail)
-            stride = full_skip + max_payload
+        if data.startswith(full_tail, pos + 2) and pos + stride <= n:
             count = min((n - pos) // stride, (stop - pos - 1) // stride + 1)
             if count > 1:
-                count = _run_length(data, pos, count, stride, bytes((MSG, channel_id)) + full_tail)
+                count = _run_length(data, pos, count, stride, full_header)
             end = pos + count * stride
             views = [mv[start : start + max_payload] for start in range(pos + full_skip, end, stride)]
         else:
