@@ -1,5 +1,8 @@
 """Peer exchange (PEX): nodes tell each other where the nodes they know listen (specs/pex.md).
 
+One reactor class, ``PexReactor``: requests, answers, their rate limits and the dialing
+they lead to share one per-peer state; the address book is reactors/addrbook.py.
+
 The peer-to-peer counterpart of the NATS client's discovered servers: a node that knows
 one seed asks it for addresses, dials what it learns, asks its new peers in turn, and so
 finds the rest of the fleet. Learnt addresses are kept in a bounded address book and fed

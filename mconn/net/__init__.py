@@ -14,6 +14,7 @@ through the interfaces declared in ``owner``. The modules, in reading order:
 * ``tls``: certificates, contexts and the node id a certificate proves (specs/tls.md);
 * ``tls_transport``: TLS beneath the protocol, and the pre-hello start;
 * ``websocket_frames``: RFC 6455 frames, sans I/O;
+* ``http_upgrade``: a WebSocket upgrade's head checked, the client behind a trusted proxy;
 * ``websocket``: the WebSocket carriers and their factories (specs/websocket.md);
 * ``websocket_endpoints``: ws:// and wss:// endpoints, HTTP proxies.
 """

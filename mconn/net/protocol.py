@@ -1,5 +1,9 @@
 """The Twisted adapter: a thin Protocol around the sans-I/O Connection.
 
+One class, ``MConnectionProtocol``, with its small factory: it is long because it is
+the one place where a transport's bytes, pauses and timers meet the core; its parts
+(write-ahead, write-through, timers, socket options) already live in modules of their own.
+
 As Twisted's HTTP/2 protocol wraps h2, this module only moves bytes, events and time
 between the transport and ``mconn.core.connection.Connection``; every decision about the
 connection's peer is its owner's (``IConnectionOwner``, provided for a Switch by

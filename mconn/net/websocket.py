@@ -5,7 +5,8 @@ between it and the protocol above, which sees an ordinary Twisted transport. Wha
 above is the mconn protocol, or mconn's TLS around it (``ws://`` on a Switch with TLS
 options). Their factories are at the end of this module; mconn.net.websocket_endpoints the endpoints
 that use those. One idea, kept in one module: the carrier (its server and client sides,
-the measured variant for plain TCP) and the factories that set it up.
+the measured variant for plain TCP) and the factories that set it up; the upgrade
+request's head checks and the client behind a proxy are mconn.net.http_upgrade.
 
 Theory of operation
 -------------------
@@ -50,8 +51,6 @@ beneath is gone, with the recorded ``WebSocketError`` if the WebSocket layer fai
 from __future__ import annotations
 
 import fnmatch
-import ipaddress
-import re
 from typing import TYPE_CHECKING, Any
 
 from autobahn.twisted.websocket import (
@@ -74,6 +73,14 @@ from zope.interface import implementer
 from mconn.config import MAX_HTTP_HEAD_BYTES
 from mconn.errors import ConnectionLost, WebSocketError
 from mconn.net.tls_transport import tls_error_of
+from mconn.net.http_upgrade import (
+    canonical_addresses,
+    forwarded_ip,
+    head_problem,
+    http_refusal,
+    is_trusted_proxy,
+    refusal_status,
+)
 from mconn.net.owner import IUpgradeAdmission
 from mconn.net.websocket_frames import FrameReader, frames_of, mask_keys, parts_frames_of, reader_type
 from mconn.net.write_through import IDirectWrites, idle, plain_tcp, send_buffers, unsent, write_now
@@ -424,7 +431,7 @@ class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):  # type: ignore
             if refusal is not None:
                 self._lost = True  # refused before anything: nothing above ever starts
                 log.info("WebSocket connection from {peer} refused: {why}", peer=str(peer), why=str(refusal))
-                self.transport.write(_http_refusal(refusal))
+                self.transport.write(http_refusal(refusal))
                 self.transport.loseConnection()
                 return
             self._admission = admission
@@ -433,7 +440,7 @@ class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):  # type: ignore
     def _give_way(self, rejection) -> None:
         """A newcomer evicted this pending upgrade: answer and drop it."""
         if self.state == _CONNECTING:
-            self.failHandshake(f"{rejection.reason}: {rejection}", _REFUSAL_STATUS.get(rejection.reason, 503))
+            self.failHandshake(f"{rejection.reason}: {rejection}", refusal_status(rejection.reason))
         else:
             self._note(f"{rejection.reason}: {rejection}")
             self.transport.abortConnection()
@@ -467,7 +474,7 @@ class WebSocketServerCarrier(_Carrier, WebSocketServerProtocol):  # type: ignore
                 refusal = self._admission.upgrade_addressed(self.above, self.getPeer().host)
                 if refusal is not None:
                     self._note(f"{refusal.reason}: {refusal}")
-                    raise ConnectionDeny(_REFUSAL_STATUS.get(refusal.reason, 503), f"{refusal.reason}: {refusal}")
+                    raise ConnectionDeny(refusal_status(refusal.reason), f"{refusal.reason}: {refusal}")
         return SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
 
     def _forwarded(self, header: str | None):
@@ -610,81 +617,6 @@ _MEASURED: dict[type, type] = {
     WebSocketServerCarrier: _MeasuredServerCarrier,
     WebSocketClientCarrier: _MeasuredClientCarrier,
 }
-
-
-#: The HTTP status of an upgrade refused by admission: 429 for the per-address limit
-#: (this client has too many), 503 for the others (the node is busy).
-_REFUSAL_STATUS = {"ip_limit": 429}
-#: A header line's name: an RFC 9110 token, then the colon at once.
-_HEADER_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+:")
-#: Any byte that is not printable ASCII, a tab, or part of a CRLF line end.
-_NOT_HEAD = re.compile(rb"[^\t\x20-\x7e\r\n]|\r(?!\n)|(?<!\r)\n")
-
-
-def head_problem(head: bytes) -> str | None:
-    """What is wrong with an HTTP upgrade's head (request line and headers, ending in
-    CRLF CRLF), or None: every byte printable ASCII or a tab, every line ended by CRLF,
-    every header line ``NAME: VALUE`` (no folded line), at most one X-Forwarded-For line.
-    A byte that a proxy passes on inside a value must not become a line break here."""
-    bad = _NOT_HEAD.search(head)
-    if bad is not None:
-        byte, at = head[bad.start()], bad.start()
-        what = {0x0D: "a CR without LF", 0x0A: "an LF without CR"}.get(byte) or (
-            "a non-ASCII byte" if byte >= 0x80 else "a control byte"
-        )
-        return f"{what} ({byte:#04x}) at offset {at} of the HTTP head; header lines are printable ASCII ending in CRLF"
-    forwarded = 0
-    for number, line in enumerate(head[:-4].split(b"\r\n")[1:], start=2):
-        if _HEADER_NAME.match(line) is None:
-            return f"header line {number} is not NAME: VALUE: {line[:60].decode('ascii')!r}"
-        forwarded += line[: line.index(b":")].lower() == b"x-forwarded-for"
-    if forwarded > 1:
-        return f"{forwarded} X-Forwarded-For header lines; a proxy writes one"
-    return None
-
-
-def forwarded_ip(header: str):
-    """The last hop of an X-Forwarded-For value (what the proxy in front of us wrote):
-    an IP address and nothing else.
-
-    :raises ValueError: naming the value.
-    """
-    hop = header.rpartition(",")[2].strip()
-    try:
-        if "%" in hop:
-            raise ValueError
-        return ipaddress.ip_address(hop)
-    except ValueError:
-        raise ValueError(f"X-Forwarded-For's last hop {hop[:60]!r} is not an IP address") from None
-
-
-def is_trusted_proxy(host: str | None, trusted: frozenset) -> bool:
-    """Whether ``host`` is one of ``trusted`` (IP addresses in their canonical form)."""
-    if not trusted or host is None:
-        return False
-    try:
-        return str(ipaddress.ip_address(host)) in trusted
-    except ValueError:
-        return host in trusted
-
-
-def canonical_addresses(addresses) -> frozenset:
-    """IP addresses in their canonical form (``Config.ws_trusted_proxies``); any other
-    text as it is."""
-    out = set()
-    for text in addresses:
-        try:
-            out.add(str(ipaddress.ip_address(text)))
-        except ValueError:
-            out.add(text)
-    return frozenset(out)
-
-
-def _http_refusal(refusal) -> bytes:
-    """An HTTP answer to a connection that admission refused at accept, before its request."""
-    status = _REFUSAL_STATUS.get(refusal.reason, 503)
-    text = f"{refusal.reason}: {refusal}".encode("ascii", "replace")
-    return b"HTTP/1.1 %d %s\r\nConnection: close\r\nContent-Length: 0\r\n\r\n" % (status, text)
 
 
 # -- the factories: a listener's, around the factory above (mconn's, or mconn's TLS), and a

@@ -1,5 +1,9 @@
 """Peer: one session with another node, as reactors see it; sending happens here.
 
+One class: the Peer's send API (``send``, ``try_send``, their batch and confirmed
+forms), its queues and its state across transports are one object's; what it
+delegates, delivery and its counters, is peer_delivery.py and peer_stats.py.
+
 A Peer outlives its transports (specs/resume.md): its state is a ``PeerState``
 (``mconn.core.session_table``; it compares equal to the strings ``"connected"``,
 ``"suspended"``: the transport broke and the session waits ``resume_grace`` to be resumed,
