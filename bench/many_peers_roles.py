@@ -98,8 +98,11 @@ class IdleWork:
     work counted, the same in either tree)."""
 
     def __init__(self, clock) -> None:
+        import mconn
         from mconn.net import timers
         from mconn.net.protocol import MConnectionProtocol
+
+        one_tree(mconn)
 
         self.counts = {"loop_turns": 0, "timer_runs": 0, "connection_timers": 0, "reads": 0}
         self._undo: list = []
@@ -167,6 +170,27 @@ def events_since(path: str, mark: tuple[int, int, float]) -> dict:
 # -- the listener -------------------------------------------------------------------------
 
 
+def in_tree(mconn, path: str) -> bool:
+    """Whether the tree ``mconn`` was imported from has the module file ``path`` (an import
+    would not tell: the working tree's editable install supplies what a tree lacks)."""
+    return os.path.exists(os.path.join(os.path.dirname(os.path.abspath(mconn.__file__)), path))
+
+
+def one_tree(mconn) -> None:
+    """Exit unless every mconn module loaded comes from the tree ``mconn`` came from: an
+    older tree on PYTHONPATH (``--before REV``) that lacks a module would otherwise take it,
+    silently, from the working tree through its editable install."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(mconn.__file__))) + os.sep
+    strays = sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if name.partition(".")[0] == "mconn"
+        and not os.path.abspath(getattr(module, "__file__", None) or root).startswith(root)
+    )
+    if strays:
+        sys.exit(f"mconn modules from outside {root}: {', '.join(strays)}; that tree lacks them")
+
+
 def listener(args) -> None:
     from twisted.internet import defer, protocol
     from twisted.internet import reactor as clock
@@ -175,7 +199,12 @@ def listener(args) -> None:
 
     import mconn
     from mconn import ChannelDescriptor, Config, Reactor, Switch
-    from mconn.ops.telemetry_file import TelemetryFileService
+
+    if in_tree(mconn, "ops/telemetry_file.py"):
+        from mconn.ops.telemetry_file import TelemetryFileService
+    else:  # a tree from before the layers were packages (--before REV)
+        from mconn.telemetry_file import TelemetryFileService  # type: ignore[no-redef]
+    one_tree(mconn)
 
     raise_nofile()
     globalLogBeginner.beginLoggingTo([], discardBuffer=True, redirectStandardIO=False)
@@ -449,7 +478,13 @@ def dialer(args) -> None:
     from twisted.internet import reactor as clock
     from twisted.internet.endpoints import TCP4ClientEndpoint
 
-    from mconn.core.wire import PacketType
+    import mconn
+
+    if in_tree(mconn, "core/wire.py"):
+        from mconn.core.wire import PacketType
+    else:  # a tree from before the layers were packages (--before REV)
+        from mconn.wire import PacketType  # type: ignore[no-redef]
+    one_tree(mconn)
 
     raise_nofile()
     rng = random.Random(args.index)
