@@ -60,22 +60,21 @@ def is_trusted_proxy(host: str | None, trusted: frozenset) -> bool:
     """Whether ``host`` is one of ``trusted`` (IP addresses in their canonical form)."""
     if not trusted or host is None:
         return False
-    try:
-        return str(ipaddress.ip_address(host)) in trusted
-    except ValueError:
-        return host in trusted
+    return _canonical(host) in trusted
 
 
 def canonical_addresses(addresses) -> frozenset:
     """IP addresses in their canonical form (``Config.ws_trusted_proxies``); any other
     text as it is."""
-    out = set()
-    for text in addresses:
-        try:
-            out.add(str(ipaddress.ip_address(text)))
-        except ValueError:
-            out.add(text)
-    return frozenset(out)
+    return frozenset(_canonical(text) for text in addresses)
+
+
+def _canonical(text: str) -> str:
+    """``text`` as an IP address in its canonical form, or as it is if it is none."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return text
 
 
 def refusal_status(reason: str) -> int:
